@@ -1,0 +1,174 @@
+"""Hook latency: nriplugin against the official Go NRI stub plugin, as the runtime sees it.
+
+Both plugins are driven by `nri-runtime-bench` (shared/peers: the runtime side on the
+containerd/nri v0.6.1 adaptation library containerd 1.7 runs), alternately, for several
+rounds in one run, so machine noise hits both alike. Reported: CreateContainer round trip
+p50/p99 per plugin, Synchronize of 300 pods, the ratios nriplugin / Go, and nriplugin's
+plugin-side handling time (bytes in -> response written, measured inside the process).
+
+Usage: .venv/bin/python -m bench.hook_latency [--rounds 4] [--calls 3000] [--sync-pods 300]
+       [--write BENCHMARKS.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.go_peers import go_peer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pct(values: list[float], p: float) -> float:
+    s = sorted(values)
+    return s[int((len(s) - 1) * p)] if s else float("nan")
+
+
+def runtime_bench(bench: Path, sock: Path, calls: int, sync_pods: int) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [str(bench), "-socket", str(sock), "-n", str(calls), "-sync-pods", str(sync_pods), "-wait", "30s"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    deadline = time.monotonic() + 10
+    while not sock.exists():
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("nri-runtime-bench did not start listening")
+        time.sleep(0.005)
+    return proc
+
+
+def run_external(bench: Path, plugin_cmd: list[str], calls: int, sync_pods: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as d:
+        sock = Path(d) / "nri.sock"
+        rt = runtime_bench(bench, sock, calls, sync_pods)
+        plugin = subprocess.Popen([*plugin_cmd, "-socket" if "go-nri" in plugin_cmd[0] else "--socket", str(sock)],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            out, _ = rt.communicate(timeout=300)
+        finally:
+            plugin.kill()
+            plugin.wait()
+        return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def run_inprocess(bench: Path, calls: int, sync_pods: int) -> tuple[dict[str, Any], list[float]]:
+    """nriplugin in this process, timing each data_received that answered a request."""
+    from nriplugin.nri import transport
+    from nriplugin.nri.stub import Stub, StubOptions
+    from nriplugin.plugin import QoSPlugin
+
+    handled: list[float] = []
+    original = transport.Trunk.data_received
+
+    def timed(self: transport.Trunk, data: bytes) -> None:
+        t0 = time.perf_counter_ns()
+        original(self, data)
+        handled.append((time.perf_counter_ns() - t0) / 1000)
+
+    async def main(sock: Path) -> dict[str, Any]:
+        transport.Trunk.data_received = timed  # type: ignore[method-assign]
+        stub = Stub(QoSPlugin(), StubOptions(socket_path=str(sock), backoff_initial=0.01))
+        task = asyncio.ensure_future(stub.run())
+        try:
+            rt = await asyncio.to_thread(runtime_bench, bench, sock, calls, sync_pods)
+            out, _ = await asyncio.to_thread(rt.communicate, None, 300)
+        finally:
+            stub.stop()
+            await task
+            transport.Trunk.data_received = original  # type: ignore[method-assign]
+        return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+    with tempfile.TemporaryDirectory() as d:
+        result = asyncio.run(main(Path(d) / "nri.sock"))
+    # The last `calls` reads are the timed CreateContainer calls (one request per read: the
+    # runtime waits for each answer before sending the next).
+    return result, handled[-calls:]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--calls", type=int, default=3000)
+    ap.add_argument("--sync-pods", type=int, default=300)
+    ap.add_argument("--write", type=Path, help="update this BENCHMARKS.md section")
+    args = ap.parse_args()
+    bench = go_peer("nri-runtime-bench")
+    goplugin = go_peer("go-nri-refplugin")
+    if bench is None or goplugin is None:
+        print("Go peers unavailable (need ../shared/peers)", file=sys.stderr)
+        return 2
+    ours = [sys.executable, "-m", "nriplugin", "run", "--metrics-address", "127.0.0.1:0"]
+    runs: dict[str, list[dict[str, Any]]] = {"go": [], "nriplugin": []}
+    for r in range(args.rounds):
+        order = [("go", [str(goplugin)]), ("nriplugin", ours)]
+        for name, cmd in order if r % 2 == 0 else order[::-1]:
+            res = run_external(bench, cmd, args.calls, args.sync_pods)
+            if not res.get("ready") or res.get("errors"):
+                print(f"{name} round {r}: {res}", file=sys.stderr)
+                return 1
+            runs[name].append(res)
+            print(f"round {r} {name:9s} p50 {res['p50_us']:7.1f} us  p99 {res['p99_us']:7.1f} us  "
+                  f"sync {res['sync_ms']:6.2f} ms", file=sys.stderr)
+    inproc, handled = run_inprocess(bench, args.calls, args.sync_pods)
+
+    def med(name: str, key: str) -> float:
+        return statistics.median(x[key] for x in runs[name])
+
+    summary = {
+        k: {"p50_us": med(k, "p50_us"), "p99_us": med(k, "p99_us"), "sync_ms": med(k, "sync_ms")} for k in runs
+    }
+    ratios = {key: summary["nriplugin"][key] / summary["go"][key] for key in ("p50_us", "p99_us", "sync_ms")}
+    plugin_side = {"p50_us": pct(handled, 0.5), "p99_us": pct(handled, 0.99), "n": len(handled),
+                   "be_adjusted": inproc.get("be_adjusted")}
+    out = {"rounds": args.rounds, "calls": args.calls, "sync_pods": args.sync_pods, "median_of_rounds": summary,
+           "ratio_nriplugin_over_go": ratios, "nriplugin_plugin_side": plugin_side, "runs": runs}
+    print(json.dumps(out, indent=1))
+    if args.write:
+        write_section(args.write, out, " ".join(["python -m bench.hook_latency", *sys.argv[1:]]))
+    return 0
+
+
+def write_section(path: Path, out: dict[str, Any], command: str) -> None:
+    s, r, p = out["median_of_rounds"], out["ratio_nriplugin_over_go"], out["nriplugin_plugin_side"]
+    host = f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}"
+    section = f"""<!-- hook_latency:begin -->
+## Hook latency: nriplugin vs the official Go stub (`bench/hook_latency.py`)
+
+Command: `.venv/bin/{command}` ({host}). The runtime side is `nri-runtime-bench`
+(containerd/nri v0.6.1 `pkg/adaptation`, what containerd 1.7 runs); the plugins run
+alternately, {out['rounds']} rounds x {out['calls']} CreateContainer calls (BE/LS alternating, realistic
+pods), {out['sync_pods']} pods at Synchronize. Figures are the median over rounds.
+
+| plugin | CreateContainer p50 | p99 | Synchronize ({out['sync_pods']} pods) |
+|---|---|---|---|
+| Go stub (`go-nri-refplugin`) | {s['go']['p50_us']:.0f} µs | {s['go']['p99_us']:.0f} µs | {s['go']['sync_ms']:.1f} ms |
+| nriplugin | {s['nriplugin']['p50_us']:.0f} µs | {s['nriplugin']['p99_us']:.0f} µs | {s['nriplugin']['sync_ms']:.1f} ms |
+| **ratio nriplugin / Go** | **{r['p50_us']:.2f}** | **{r['p99_us']:.2f}** | **{r['sync_ms']:.2f}** |
+
+nriplugin plugin-side handling of CreateContainer (bytes in -> response written, inside the
+process, {p['n']} calls): p50 {p['p50_us']:.0f} µs, p99 {p['p99_us']:.0f} µs.
+<!-- hook_latency:end -->
+"""
+    text = path.read_text() if path.exists() else "# Benchmarks\n\n"
+    if "<!-- hook_latency:begin -->" in text:
+        a = text.index("<!-- hook_latency:begin -->")
+        b = text.index("<!-- hook_latency:end -->") + len("<!-- hook_latency:end -->\n")
+        text = text[:a] + section + text[b:]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    path.write_text(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

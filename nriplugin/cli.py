@@ -1,0 +1,154 @@
+"""Command line: ``nriplugin run`` (the agent) and ``nriplugin install`` (pre-registered launcher).
+
+Start-up is on the runtime's clock in pre-registered mode (containerd 1.7 gives a plugin 5 s
+to register), so heavy imports (prometheus_client) happen after registration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import stat
+import sys
+from pathlib import Path
+
+log = logging.getLogger("nriplugin")
+
+
+def _address(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
+    return host or "127.0.0.1", int(port)
+
+
+def _idx(value: str) -> str:
+    if len(value) != 2 or not value.isdigit():
+        raise argparse.ArgumentTypeError(f"plugin index must be two digits, got {value!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nriplugin", description="containerd NRI plugin and node QoS agent")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the agent (connects to the runtime's NRI socket)")
+    run.add_argument(
+        "--socket",
+        default=os.environ.get("NRI_SOCKET", "/var/run/nri/nri.sock"),
+        help="runtime NRI socket (default %(default)s; ignored when started by the runtime)",
+    )
+    run.add_argument("--name", default="nriplugin", help="plugin name (default %(default)s)")
+    run.add_argument("--idx", type=_idx, default="10", help="two-digit plugin index (default %(default)s)")
+    run.add_argument(
+        "--metrics-address",
+        type=_address,
+        default=_address("127.0.0.1:9310"),
+        help="HOST:PORT for /metrics, /healthz, /readyz (default 127.0.0.1:9310; port 0 = off)",
+    )
+    run.add_argument("--hook-budget-ms", type=float, default=500.0, help="time budget per hook (default %(default)s)")
+    run.add_argument(
+        "--fail-closed", action="store_true", help="refuse containers whose hook fails or overruns (default: fail-open)"
+    )
+    run.add_argument("--log-format", choices=("json", "text"), default="json")
+    run.add_argument("--log-level", default="info")
+
+    inst = sub.add_parser("install", help="install a pre-registered launcher into the runtime's plugin dir")
+    inst.add_argument("--plugin-dir", default="/opt/nri/plugins", help="runtime plugin dir (default %(default)s)")
+    inst.add_argument("--name", default="nriplugin")
+    inst.add_argument("--idx", type=_idx, default="10")
+    inst.add_argument("args", nargs=argparse.REMAINDER, help="extra arguments for `nriplugin run`")
+    return p
+
+
+def launcher_script(python: str, args: list[str]) -> str:
+    """A launcher with absolute paths: the runtime starts plugins with no PATH at all."""
+    import shlex
+
+    quoted = " ".join(shlex.quote(a) for a in [python, "-m", "nriplugin", "run", *args])
+    return f"#!/bin/sh\n# Written by `nriplugin install`; started by the container runtime.\nexec {quoted}\n"
+
+
+def install(plugin_dir: str, name: str, idx: str, args: list[str]) -> Path:
+    if "/" in name or not name:
+        raise SystemExit(f"invalid plugin name {name!r}")
+    target = Path(plugin_dir) / f"{idx}-{name}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.write_text(launcher_script(os.path.abspath(sys.executable), args))
+    tmp.chmod(stat.S_IRWXU | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
+    tmp.replace(target)
+    return target
+
+
+async def run(ns: argparse.Namespace) -> int:
+    from .nri.stub import HookPolicy, Stub, StubOptions
+    from .plugin import QoSPlugin
+
+    opts = StubOptions.from_env(
+        name=ns.name,
+        idx=ns.idx,
+        socket_path=ns.socket,
+        default_policy=HookPolicy(budget=ns.hook_budget_ms / 1000.0, fail_closed=ns.fail_closed),
+    )
+    plugin = QoSPlugin()
+    stub = Stub(plugin, opts)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stub.stop)
+    runner = asyncio.ensure_future(stub.run())
+    # Register first; metrics and the HTTP endpoint come up right after (or after 1 s).
+    await asyncio.wait(
+        [runner, asyncio.ensure_future(stub.ready.wait())], timeout=1.0, return_when=asyncio.FIRST_COMPLETED
+    )
+    from . import http
+    from .metrics import Metrics, StubMetrics
+
+    metrics = Metrics()
+    observer = StubMetrics(metrics)
+    observer.connection_state("registered" if stub.trunk is not None else "disconnected")
+    stub.observer = observer
+    server = None
+    host, port = ns.metrics_address
+    if port:
+        server = await http.serve(
+            host,
+            port,
+            {
+                "/metrics": lambda: (200, "text/plain; version=0.0.4", metrics.render()),
+                "/healthz": lambda: (200, "text/plain", b"ok\n"),
+                "/readyz": lambda: (
+                    (200, "text/plain", b"ready\n")
+                    if stub.ready.is_set()
+                    else (503, "text/plain", b"not registered with the runtime\n")
+                ),
+            },
+        )
+        log.info("metrics on http://%s:%d/metrics", host, port, extra={"address": f"{host}:{port}"})
+    try:
+        await runner
+    finally:
+        if server is not None:
+            server.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    from . import logs
+
+    if ns.command == "install":
+        logs.setup("text")
+        extra = [a for a in ns.args if a != "--"]
+        target = install(ns.plugin_dir, ns.name, ns.idx, extra)
+        print(f"installed {target}")
+        return 0
+    logs.setup(ns.log_format, ns.log_level)
+    try:
+        return asyncio.run(run(ns))
+    except ValueError as exc:
+        log.error("%s", exc)
+        return 2

@@ -1,0 +1,105 @@
+"""Every Prometheus metric of the agent, defined in one place.
+
+``StubMetrics`` is the stub's observer: the stub calls it on the hook path, so each call is
+a single histogram/counter update on pre-resolved label children.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+# From 50 µs: the hook budget is milliseconds and the target p99 is under 1 ms.
+HOOK_BUCKETS = (
+    50e-6,
+    100e-6,
+    250e-6,
+    500e-6,
+    1e-3,
+    2.5e-3,
+    5e-3,
+    10e-3,
+    25e-3,
+    50e-3,
+    100e-3,
+    250e-3,
+    500e-3,
+    1.0,
+    2.0,
+)
+STATES = ("disconnected", "connecting", "registered")
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.hook_latency = Histogram(
+            "nriplugin_hook_duration_seconds",
+            "Plugin-side handling time of NRI requests, by event.",
+            ["event"],
+            buckets=HOOK_BUCKETS,
+            registry=r,
+        )
+        self.hook_failures = Counter(
+            "nriplugin_hook_failures_total",
+            "Hooks that failed (error, timeout, over_budget), by event and failure policy.",
+            ["event", "reason", "policy"],
+            registry=r,
+        )
+        self.connection_state = Gauge(
+            "nriplugin_connection_state", "1 for the current state of the runtime connection.", ["state"], registry=r
+        )
+        self.registrations = Counter(
+            "nriplugin_registrations_total", "Successful registrations with the runtime.", registry=r
+        )
+        self.sync_duration = Histogram(
+            "nriplugin_synchronize_duration_seconds",
+            "Time to handle Synchronize.",
+            buckets=(1e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1.0, 2.0),
+            registry=r,
+        )
+        self.sync_objects = Gauge(
+            "nriplugin_synchronize_objects", "Pods and containers in the last Synchronize.", ["kind"], registry=r
+        )
+        self.invalid_input = Counter(
+            "nriplugin_invalid_input_total",
+            "Pod labels/annotations rejected as invalid, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.adjustments = Counter(
+            "nriplugin_adjustments_total", "Container adjustments returned, by QoS class.", ["qos_class"], registry=r
+        )
+        for s in STATES:
+            self.connection_state.labels(s).set(1 if s == "disconnected" else 0)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class StubMetrics:
+    """Implements the stub's Observer protocol on :class:`Metrics`."""
+
+    def __init__(self, m: Metrics) -> None:
+        self.m = m
+        self._latency: dict[str, object] = {}
+
+    def hook_done(self, event: str, seconds: float) -> None:
+        child = self._latency.get(event)
+        if child is None:
+            child = self._latency[event] = self.m.hook_latency.labels(event)
+        child.observe(seconds)  # type: ignore[attr-defined]
+
+    def hook_failed(self, event: str, reason: str, fail_closed: bool) -> None:
+        self.m.hook_failures.labels(event, reason, "fail-closed" if fail_closed else "fail-open").inc()
+
+    def connection_state(self, state: str) -> None:
+        for s in STATES:
+            self.m.connection_state.labels(s).set(1 if s == state else 0)
+        if state == "registered":
+            self.m.registrations.inc()
+
+    def synchronized(self, seconds: float, pods: int, containers: int) -> None:
+        self.m.sync_duration.observe(seconds)
+        self.m.sync_objects.labels("pods").set(pods)
+        self.m.sync_objects.labels("containers").set(containers)

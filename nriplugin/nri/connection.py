@@ -1,0 +1,61 @@
+"""One NRI trunk, sans-IO: the multiplexer plus a ttrpc connection on each conn.
+
+Bytes in, ``(conn_id, event)`` out; requests and responses in, bytes out. The plugin side
+serves on conn 1 and calls on conn 2; the runtime side (used by the test peer) is the mirror
+image, so both are this one class with the roles as parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from . import mux, ttrpc
+
+
+class NriConnection:
+    __slots__ = ("_frame", "call_conn", "client", "demux", "serve_conn", "server")
+
+    def __init__(
+        self,
+        serve_conn: int = mux.PLUGIN_SERVICE_CONN,
+        call_conn: int = mux.RUNTIME_SERVICE_CONN,
+        frame: Callable[[int, bytes], bytes] = mux.encode_for_runtime,
+        max_message: int = ttrpc.MAX_MESSAGE,
+    ) -> None:
+        self.demux = mux.Demultiplexer(frozenset({serve_conn, call_conn}))
+        self.serve_conn = serve_conn
+        self.call_conn = call_conn
+        self.server = ttrpc.Connection(max_message)
+        self.client = ttrpc.Connection(max_message)
+        self._frame = frame
+
+    @classmethod
+    def runtime_side(cls) -> NriConnection:
+        """The runtime's end of the trunk (for tests and benchmarks): serves on conn 2."""
+        return cls(mux.RUNTIME_SERVICE_CONN, mux.PLUGIN_SERVICE_CONN, mux.encode_frame)
+
+    def receive_data(self, data: bytes) -> list[ttrpc.Event]:
+        """Feed trunk bytes; returns requests to serve and responses to our calls.
+
+        Raises :class:`~nriplugin.nri.errors.ProtocolError` on a corrupt stream.
+        """
+        events: list[ttrpc.Event] = []
+        for conn_id, chunk in self.demux.feed(data):
+            if conn_id == self.serve_conn:
+                # Only requests travel this way; a stray response here is dropped.
+                events += [ev for ev in self.server.receive_data(chunk) if not isinstance(ev, ttrpc.ResponseReceived)]
+            else:
+                # Only responses to our calls; the peer has no service to call on this conn.
+                events += [ev for ev in self.client.receive_data(chunk) if isinstance(ev, ttrpc.ResponseReceived)]
+        return events
+
+    def call(self, service: str, method: str, payload: bytes, timeout_nano: int = 0) -> tuple[int, bytes]:
+        sid, msg = self.client.send_request(service, method, payload, timeout_nano)
+        return sid, self._frame(self.call_conn, msg)
+
+    def respond(self, stream_id: int, payload: bytes = b"", code: int = 0, message: str = "") -> bytes:
+        return self._frame(self.serve_conn, self.server.send_response(stream_id, payload, code, message))
+
+    def reject(self, bad: ttrpc.BadRequest) -> bytes:
+        """Bytes answering a request that could not be dispatched (on the conn it came from)."""
+        return self.respond(bad.stream_id, code=bad.code, message=bad.message)

@@ -1,0 +1,93 @@
+"""The NRI connection multiplexer, sans-IO.
+
+NRI runs two ttrpc connections over one unix socket (the "trunk"). Each frame is an 8-byte
+big-endian header, ``uint32 conn_id | uint32 length``, then ``length`` bytes. Conn 1 carries
+the plugin's ttrpc *server* (the runtime calls Configure, Synchronize, hooks), conn 2 the
+plugin's ttrpc *client* (RegisterPlugin, UpdateContainers). A conn is a byte stream: a ttrpc
+message may be split over several frames and a frame may hold parts of several messages.
+
+The runtime's side reads a conn through a 4 KiB buffer and breaks the connection when one
+frame is larger than the read buffer (containerd/nri#102). :func:`encode_for_runtime` therefore
+sends a message of up to 4096 bytes as one frame and a larger one as a 4096-byte frame
+followed by the rest: the runtime's buffered reader then reads the rest straight into the
+message buffer, which always fits.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from .errors import ProtocolError
+
+HEADER = struct.Struct(">II")
+HEADER_LEN = HEADER.size  # 8
+PLUGIN_SERVICE_CONN = 1  # the plugin serves, the runtime calls
+RUNTIME_SERVICE_CONN = 2  # the runtime serves, the plugin calls
+MAX_FRAME = 1 << 24  # the Go mux refuses to write larger frames
+RUNTIME_READ_BUFFER = 4096
+
+
+def encode_frame(conn_id: int, data: bytes) -> bytes:
+    if conn_id == 0:
+        raise ValueError("conn id 0 is reserved")
+    if len(data) > MAX_FRAME:
+        raise ValueError(f"mux frame of {len(data)} bytes exceeds {MAX_FRAME}")
+    return HEADER.pack(conn_id, len(data)) + data
+
+
+def encode_for_runtime(conn_id: int, message: bytes) -> bytes:
+    """Frame one complete ttrpc message so the Go runtime's 4 KiB reader accepts it."""
+    if len(message) <= RUNTIME_READ_BUFFER:
+        return HEADER.pack(conn_id, len(message)) + message
+    head = message[:RUNTIME_READ_BUFFER]
+    rest = message[RUNTIME_READ_BUFFER:]
+    return HEADER.pack(conn_id, len(head)) + head + HEADER.pack(conn_id, len(rest)) + rest
+
+
+class Demultiplexer:
+    """Splits the trunk's byte stream into (conn id, bytes) chunks.
+
+    Frames for conns not in ``known`` are dropped and counted (the Go mux does the same)
+    rather than buffered, so a confused peer cannot make memory grow.
+    """
+
+    __slots__ = ("_buf", "_error", "dropped_frames", "known", "max_frame")
+
+    def __init__(self, known: frozenset[int] = frozenset({1, 2}), max_frame: int = MAX_FRAME) -> None:
+        self._buf = bytearray()
+        self._error: ProtocolError | None = None
+        self.known = known
+        self.max_frame = max_frame
+        self.dropped_frames = 0
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        if self._error is not None:
+            raise self._error
+        buf = self._buf
+        buf += data
+        out: list[tuple[int, bytes]] = []
+        pos = 0
+        end = len(buf)
+        while end - pos >= HEADER_LEN:
+            conn_id, length = HEADER.unpack_from(buf, pos)
+            if length > self.max_frame:
+                self._error = ProtocolError(f"mux frame of {length} bytes for conn {conn_id} exceeds {self.max_frame}")
+                raise self._error
+            if conn_id == 0:
+                self._error = ProtocolError("mux frame for reserved conn 0")
+                raise self._error
+            if end - pos - HEADER_LEN < length:
+                break
+            start = pos + HEADER_LEN
+            if conn_id in self.known:
+                out.append((conn_id, bytes(buf[start : start + length])))
+            else:
+                self.dropped_frames += 1
+            pos = start + length
+        if pos:
+            del buf[:pos]
+        return out
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)

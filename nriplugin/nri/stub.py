@@ -1,0 +1,504 @@
+"""The plugin stub: a :class:`Plugin` implements only the handlers it needs; :class:`Stub`
+registers it with the runtime, derives the event subscription from those handlers, dispatches
+requests, enforces each hook's time budget and failure policy, and reconnects forever.
+
+Handlers may be plain functions (the fast path: answered straight from the socket callback)
+or coroutines (run as a task under ``asyncio.wait_for`` with the hook's budget). A plain
+handler cannot be interrupted; if it overruns its budget it is counted as such and its
+answer is still sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import os
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from google.protobuf.message import DecodeError
+from google.protobuf.message import Message as PbMessage
+
+from . import api_pb2 as api
+from . import ttrpc
+from .transport import CallError, Trunk, open_trunk
+
+log = logging.getLogger("nriplugin.nri")
+
+DEFAULT_SOCKET = "/var/run/nri/nri.sock"
+PLUGIN_SERVICE = "nri.pkg.api.v1alpha1.Plugin"
+RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
+REGISTRATION_TIMEOUT = 5.0  # the runtime's own registration timeout
+DEADLINE_SHARE = 0.8  # of the runtime's per-request deadline that a hook may use
+ENV_SOCKET, ENV_NAME, ENV_IDX = "NRI_PLUGIN_SOCKET", "NRI_PLUGIN_NAME", "NRI_PLUGIN_IDX"
+
+# Every event of the vendored protocol (NRI v0.6.1), bit (event - 1) of the mask. The
+# runtime rejects bits it does not know, so nothing outside this set is ever subscribed.
+VALID_EVENTS = (1 << (api.LAST - 1)) - 1
+
+# handler name -> event it subscribes to
+HANDLER_EVENTS: dict[str, int] = {
+    "run_pod_sandbox": api.RUN_POD_SANDBOX,
+    "stop_pod_sandbox": api.STOP_POD_SANDBOX,
+    "remove_pod_sandbox": api.REMOVE_POD_SANDBOX,
+    "create_container": api.CREATE_CONTAINER,
+    "post_create_container": api.POST_CREATE_CONTAINER,
+    "start_container": api.START_CONTAINER,
+    "post_start_container": api.POST_START_CONTAINER,
+    "update_container": api.UPDATE_CONTAINER,
+    "post_update_container": api.POST_UPDATE_CONTAINER,
+    "stop_container": api.STOP_CONTAINER,
+    "remove_container": api.REMOVE_CONTAINER,
+}
+STATE_CHANGE_HANDLERS = {ev: name for name, ev in HANDLER_EVENTS.items()}
+
+Pod = api.PodSandbox
+Container = api.Container
+Updates = list[api.ContainerUpdate]
+
+
+class Plugin:
+    """Base class: override only the handlers you need; the rest are never subscribed.
+
+    ``create_container`` returns a ``ContainerAdjustment``, or ``(adjustment, updates)``, or
+    None. ``update_container`` and ``stop_container`` may return updates to other containers.
+    ``synchronize`` may return updates for existing containers.
+    """
+
+    def configure(self, config: str, runtime_name: str, runtime_version: str) -> Any:
+        return None
+
+    def synchronize(self, pods: list[Pod], containers: list[Container]) -> Any:
+        return None
+
+    def shutdown(self) -> Any:
+        return None
+
+    def run_pod_sandbox(self, pod: Pod) -> Any: ...
+    def stop_pod_sandbox(self, pod: Pod) -> Any: ...
+    def remove_pod_sandbox(self, pod: Pod) -> Any: ...
+    def create_container(self, pod: Pod, container: Container) -> Any: ...
+    def post_create_container(self, pod: Pod, container: Container) -> Any: ...
+    def start_container(self, pod: Pod, container: Container) -> Any: ...
+    def post_start_container(self, pod: Pod, container: Container) -> Any: ...
+    def update_container(self, pod: Pod, container: Container, resources: api.LinuxResources) -> Any: ...
+    def post_update_container(self, pod: Pod, container: Container) -> Any: ...
+    def stop_container(self, pod: Pod, container: Container) -> Any: ...
+    def remove_container(self, pod: Pod, container: Container) -> Any: ...
+
+
+def event_mask(plugin: Plugin) -> int:
+    """The subscription derived from the handlers ``plugin``'s class overrides."""
+    mask = 0
+    for name, ev in HANDLER_EVENTS.items():
+        if getattr(type(plugin), name) is not getattr(Plugin, name):
+            mask |= 1 << (ev - 1)
+    return mask & VALID_EVENTS
+
+
+@dataclass(frozen=True, slots=True)
+class HookPolicy:
+    """Time budget and failure policy of one hook.
+
+    fail-open: on error or overrun, answer with no adjustment (the reconciler repairs later);
+    fail-closed: answer with an error, so the runtime refuses the container.
+    """
+
+    budget: float = 0.5
+    fail_closed: bool = False
+
+
+class Observer(Protocol):
+    """What the stub reports; metrics.py implements it. All calls must be cheap."""
+
+    def hook_done(self, event: str, seconds: float) -> None: ...
+    def hook_failed(self, event: str, reason: str, fail_closed: bool) -> None: ...
+    def connection_state(self, state: str) -> None: ...
+    def synchronized(self, seconds: float, pods: int, containers: int) -> None: ...
+
+
+class NullObserver:
+    def hook_done(self, event: str, seconds: float) -> None:
+        pass
+
+    def hook_failed(self, event: str, reason: str, fail_closed: bool) -> None:
+        pass
+
+    def connection_state(self, state: str) -> None:
+        pass
+
+    def synchronized(self, seconds: float, pods: int, containers: int) -> None:
+        pass
+
+
+@dataclass(slots=True)
+class _HandlerScope:
+    active: bool = True
+
+
+_in_handler: contextvars.ContextVar[_HandlerScope | None] = contextvars.ContextVar("nri_in_handler", default=None)
+
+
+@dataclass(slots=True)
+class _Method:
+    request: type[PbMessage]
+    empty_response: bytes  # what fail-open answers
+    run: Callable[[Any], Any]  # parsed request -> handler result
+    encode: Callable[[Any], bytes]  # handler result -> response payload
+    event: str  # metrics/policy key
+
+
+def _as_updates(result: Any) -> Updates:
+    return list(result) if result else []
+
+
+def _encode_create(result: Any) -> bytes:
+    if result is None:
+        return b""
+    if isinstance(result, tuple):
+        adjust, updates = result
+        return api.CreateContainerResponse(adjust=adjust, update=_as_updates(updates)).SerializeToString()
+    return api.CreateContainerResponse(adjust=result).SerializeToString()
+
+
+@dataclass
+class StubOptions:
+    name: str = "nriplugin"
+    idx: str = "10"
+    socket_path: str = DEFAULT_SOCKET
+    fd: int | None = None  # inherited connection (pre-registered mode)
+    policies: dict[str, HookPolicy] = field(default_factory=dict)  # by event name
+    default_policy: HookPolicy = field(default_factory=HookPolicy)
+    backoff_initial: float = 0.1
+    backoff_max: float = 10.0
+    call_timeout: float = 2.0
+
+    @classmethod
+    def from_env(cls, **kw: Any) -> StubOptions:
+        """Options for a plugin the runtime started itself (name, index and fd in the env)."""
+        opts = cls(**kw)
+        if os.environ.get(ENV_SOCKET):
+            raw = os.environ[ENV_SOCKET]
+            if not raw.isdigit():
+                raise ValueError(f"invalid {ENV_SOCKET}={raw!r}: expected a file descriptor number")
+            opts.fd = int(raw)
+            opts.name = os.environ.get(ENV_NAME) or opts.name
+            opts.idx = os.environ.get(ENV_IDX) or opts.idx
+        return opts
+
+
+def check_identity(name: str, idx: str) -> None:
+    if not name:
+        raise ValueError("plugin name must not be empty")
+    if len(idx) != 2 or not idx.isdigit():
+        raise ValueError(f"plugin index must be two digits, got {idx!r}")
+
+
+class Stub:
+    def __init__(self, plugin: Plugin, options: StubOptions | None = None, observer: Observer | None = None) -> None:
+        self.plugin = plugin
+        self.opts = options or StubOptions()
+        check_identity(self.opts.name, self.opts.idx)
+        self.events = event_mask(plugin)
+        if not self.events:
+            # A zero mask means "everything" to the runtime: refuse rather than surprise.
+            raise ValueError(f"{type(plugin).__name__} implements no event handler")
+        self.observer: Observer = observer or NullObserver()
+        self.trunk: Trunk | None = None
+        self.ready = asyncio.Event()  # configured (and synchronized when the runtime does that)
+        self.runtime: tuple[str, str] = ("", "")
+        self.connections = 0
+        self._stopping = False
+        self._tasks: set[asyncio.Future[None]] = set()  # hooks in flight (kept referenced)
+        self._sync_pods: list[Pod] = []
+        self._sync_ctrs: list[Container] = []
+        self._methods = self._build_methods()
+
+    # dispatch table -----------------------------------------------------------------------
+
+    def _build_methods(self) -> dict[str, _Method]:
+        p = self.plugin
+        empty = b""
+
+        def state_change(req: api.StateChangeEvent) -> Any:
+            name = STATE_CHANGE_HANDLERS.get(req.event)
+            if name is None or not self.events & (1 << (req.event - 1)):
+                return None
+            handler = getattr(p, name)
+            if req.event in (api.RUN_POD_SANDBOX, api.STOP_POD_SANDBOX, api.REMOVE_POD_SANDBOX):
+                return handler(req.pod)
+            return handler(req.pod, req.container)
+
+        return {
+            "Configure": _Method(api.ConfigureRequest, empty, self._configure, self._encode_configure, "configure"),
+            "Synchronize": _Method(api.SynchronizeRequest, empty, self._synchronize, lambda r: r, "synchronize"),
+            "Shutdown": _Method(api.Empty, empty, lambda r: p.shutdown(), lambda r: b"", "shutdown"),
+            "CreateContainer": _Method(
+                api.CreateContainerRequest,
+                empty,
+                lambda r: p.create_container(r.pod, r.container),
+                _encode_create,
+                "create_container",
+            ),
+            "UpdateContainer": _Method(
+                api.UpdateContainerRequest,
+                empty,
+                lambda r: p.update_container(r.pod, r.container, r.linux_resources),
+                lambda res: api.UpdateContainerResponse(update=_as_updates(res)).SerializeToString(),
+                "update_container",
+            ),
+            "StopContainer": _Method(
+                api.StopContainerRequest,
+                empty,
+                lambda r: p.stop_container(r.pod, r.container),
+                lambda res: api.StopContainerResponse(update=_as_updates(res)).SerializeToString(),
+                "stop_container",
+            ),
+            "StateChange": _Method(api.StateChangeEvent, empty, state_change, lambda r: b"", "state_change"),
+        }
+
+    def _configure(self, req: api.ConfigureRequest) -> Any:
+        self.runtime = (req.runtime_name, req.runtime_version)
+        return self.plugin.configure(req.config, req.runtime_name, req.runtime_version)
+
+    def _encode_configure(self, _result: Any) -> bytes:
+        if self.opts.fd is not None:
+            self.ready.set()  # pre-registered plugins get no Synchronize on containerd 1.7
+        return api.ConfigureResponse(events=self.events).SerializeToString()
+
+    def _synchronize(self, req: api.SynchronizeRequest) -> Any:
+        """Collect split Synchronize requests (newer runtimes set ``more``) and call once."""
+        more = _unknown_bool(req, 3)
+        self._sync_pods.extend(req.pods)
+        self._sync_ctrs.extend(req.containers)
+        if more:
+            return b"\x10\x01"  # SynchronizeResponse.more = true (field 2 of newer protocol)
+        pods, ctrs = self._sync_pods, self._sync_ctrs
+        self._sync_pods, self._sync_ctrs = [], []
+        t0 = time.perf_counter()
+        result = self.plugin.synchronize(pods, ctrs)
+
+        def finish(res: Any) -> bytes:
+            self.observer.synchronized(time.perf_counter() - t0, len(pods), len(ctrs))
+            self.ready.set()
+            return api.SynchronizeResponse(update=_as_updates(res)).SerializeToString()
+
+        if isinstance(result, Awaitable):
+            return _then(result, finish)
+        return finish(result)
+
+    def policy(self, event: str) -> HookPolicy:
+        return self.opts.policies.get(event, self.opts.default_policy)
+
+    def _event_name(self, method: _Method, req: PbMessage) -> str:
+        if isinstance(req, api.StateChangeEvent):
+            return STATE_CHANGE_HANDLERS.get(req.event, "unknown")
+        return method.event
+
+    def _on_request(self, ev: ttrpc.RequestReceived) -> None:
+        t0 = time.perf_counter()
+        trunk = self.trunk
+        assert trunk is not None
+        r = ev.request
+        if r.service != PLUGIN_SERVICE:
+            trunk.respond(ev.stream_id, code=ttrpc.Code.UNIMPLEMENTED, message=f"service {r.service}")
+            return
+        method = self._methods.get(r.method)
+        if method is None:
+            trunk.respond(ev.stream_id, code=ttrpc.Code.UNIMPLEMENTED, message=f"method {r.method}")
+            return
+        try:
+            req = method.request.FromString(r.payload)
+        except DecodeError as exc:
+            trunk.respond(ev.stream_id, code=ttrpc.Code.INVALID_ARGUMENT, message=f"cannot decode {r.method}: {exc}")
+            return
+        event = self._event_name(method, req)
+        policy = self.policy(event)
+        budget = policy.budget
+        if r.timeout_nano > 0:
+            # Answer (even if only with the failure policy) before the runtime gives up.
+            budget = min(budget, r.timeout_nano / 1e9 * DEADLINE_SHARE)
+        scope = _HandlerScope()
+        token = _in_handler.set(scope)
+        try:
+            result = method.run(req)
+        except Exception as exc:
+            scope.active = False
+            self._failed(trunk, ev.stream_id, method, event, policy, "error", exc)
+            return
+        finally:
+            _in_handler.reset(token)
+        if isinstance(result, Awaitable):
+            # The scope stays active until the coroutine has answered.
+            task = asyncio.ensure_future(
+                self._finish_async(trunk, ev.stream_id, method, event, policy, budget, result, t0, scope)
+            )
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return
+        scope.active = False
+        try:
+            payload = result if isinstance(result, bytes) else method.encode(result)
+        except Exception as exc:
+            self._failed(trunk, ev.stream_id, method, event, policy, "error", exc)
+            return
+        trunk.respond(ev.stream_id, payload)
+        elapsed = time.perf_counter() - t0
+        self.observer.hook_done(event, elapsed)
+        if elapsed > budget:
+            self.observer.hook_failed(event, "over_budget", policy.fail_closed)
+
+    async def _finish_async(
+        self,
+        trunk: Trunk,
+        sid: int,
+        method: _Method,
+        event: str,
+        policy: HookPolicy,
+        budget: float,
+        aw: Awaitable[Any],
+        t0: float,
+        scope: _HandlerScope,
+    ) -> None:
+        token = _in_handler.set(scope)
+        try:
+            result = await asyncio.wait_for(_await(aw), max(0.0, budget - (time.perf_counter() - t0)))
+            payload = result if isinstance(result, bytes) else method.encode(result)
+        except TimeoutError as exc:
+            self._failed(trunk, sid, method, event, policy, "timeout", exc)
+            return
+        except Exception as exc:
+            self._failed(trunk, sid, method, event, policy, "error", exc)
+            return
+        finally:
+            scope.active = False
+            _in_handler.reset(token)
+        trunk.respond(sid, payload)
+        self.observer.hook_done(event, time.perf_counter() - t0)
+
+    def _failed(
+        self, trunk: Trunk, sid: int, method: _Method, event: str, policy: HookPolicy, reason: str, exc: BaseException
+    ) -> None:
+        self.observer.hook_failed(event, reason, policy.fail_closed)
+        mode = "fail-closed" if policy.fail_closed else "fail-open"
+        log.warning(
+            "hook %s %s (%s): %s",
+            event,
+            reason,
+            mode,
+            exc or type(exc).__name__,
+            extra={"event": event, "reason": reason, "policy": mode},
+        )
+        # Configure and Synchronize are not hooks: an error there is always reported.
+        if policy.fail_closed or event in ("configure", "synchronize"):
+            code = ttrpc.Code.DEADLINE_EXCEEDED if reason == "timeout" else ttrpc.Code.UNKNOWN
+            trunk.respond(sid, code=code, message=f"nriplugin {event} {reason}: {exc}")
+        else:
+            trunk.respond(sid, method.empty_response)
+
+    # outside event handlers ---------------------------------------------------------------
+
+    async def update_containers(
+        self, updates: Iterable[api.ContainerUpdate], evictions: Iterable[api.ContainerEviction] = ()
+    ) -> Updates:
+        """Push updates to running containers; returns the updates the runtime failed.
+
+        Must not be called from inside an event handler: the runtime holds its lock while it
+        waits for the handler's answer, so this call would dead-lock until both time out.
+        """
+        scope = _in_handler.get()
+        if scope is not None and scope.active:
+            raise RuntimeError("update_containers() called from inside an NRI event handler")
+        trunk = self.trunk
+        if trunk is None or not self.ready.is_set():
+            raise ConnectionError("not connected to the runtime")
+        req = api.UpdateContainersRequest(update=list(updates), evict=list(evictions))
+        payload = await trunk.call(RUNTIME_SERVICE, "UpdateContainers", req.SerializeToString(), self.opts.call_timeout)
+        return list(api.UpdateContainersResponse.FromString(payload).failed)
+
+    # connection lifecycle -----------------------------------------------------------------
+
+    async def connect_once(self) -> Trunk:
+        """Connect and register; returns the trunk once the runtime accepted us."""
+        self.ready.clear()
+        self._sync_pods, self._sync_ctrs = [], []
+        self.observer.connection_state("connecting")
+        trunk = await open_trunk(
+            self._on_request, path=self.opts.socket_path if self.opts.fd is None else None, fd=self.opts.fd
+        )
+        self.trunk = trunk
+        self.connections += 1
+        req = api.RegisterPluginRequest(plugin_name=self.opts.name, plugin_idx=self.opts.idx)
+        try:
+            await trunk.call(RUNTIME_SERVICE, "RegisterPlugin", req.SerializeToString(), REGISTRATION_TIMEOUT)
+        except BaseException:
+            trunk.close()
+            raise
+        self.observer.connection_state("registered")
+        log.info(
+            "registered with the runtime as %s-%s",
+            self.opts.idx,
+            self.opts.name,
+            extra={"plugin": f"{self.opts.idx}-{self.opts.name}"},
+        )
+        return trunk
+
+    async def run(self) -> None:
+        """Serve until :meth:`stop`; reconnect with capped exponential backoff.
+
+        In pre-registered mode (inherited fd) there is nothing to reconnect to: the runtime
+        starts a new instance, so this returns when the connection ends.
+        """
+        delay = self.opts.backoff_initial
+        while not self._stopping:
+            trunk: Trunk | None = None
+            try:
+                trunk = await self.connect_once()
+                exc = await trunk.closed
+                if exc is not None:
+                    log.warning("NRI connection lost: %s", exc)
+                else:
+                    log.info("NRI connection closed by the runtime")
+                delay = self.opts.backoff_initial
+            except (OSError, CallError, TimeoutError, ValueError) as exc:
+                log.warning(
+                    "cannot register with the runtime at %s: %s",
+                    self.opts.socket_path,
+                    exc,
+                    extra={"socket": self.opts.socket_path},
+                )
+            finally:
+                if trunk is not None:
+                    trunk.close()
+                self.trunk = None
+                self.ready.clear()
+                self.observer.connection_state("disconnected")
+            if self.opts.fd is not None or self._stopping:
+                return
+            await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+            delay = min(delay * 2, self.opts.backoff_max)
+
+    def stop(self) -> None:
+        self._stopping = True
+        if self.trunk is not None:
+            self.trunk.close()
+
+
+async def _await(aw: Awaitable[Any]) -> Any:
+    return await aw
+
+
+async def _then(aw: Awaitable[Any], fn: Callable[[Any], bytes]) -> bytes:
+    return fn(await aw)
+
+
+def _unknown_bool(msg: PbMessage, number: int) -> bool:
+    """Read a bool field the vendored proto does not know (e.g. ``more`` of newer NRI)."""
+    from google.protobuf.unknown_fields import UnknownFieldSet
+
+    fields = UnknownFieldSet(msg)
+    return any(fields[i].field_number == number and fields[i].data for i in range(len(fields)))

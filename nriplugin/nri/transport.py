@@ -1,0 +1,121 @@
+"""The thin asyncio driver of :class:`NriConnection` over a unix socket or an inherited fd.
+
+All protocol decisions live in the sans-IO layers; this only moves bytes, resolves call
+futures and hands incoming requests to a callback. It is an ``asyncio.Protocol`` (not
+streams) so a request is dispatched straight from ``data_received`` with no extra task hop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable
+
+from . import ttrpc
+from .connection import NriConnection
+from .errors import ProtocolError
+
+
+class CallError(Exception):
+    """A call to the peer was answered with an error status."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(f"{ttrpc.Code(code).name if code in ttrpc.Code._value2member_map_ else code}: {message}")
+        self.code = code
+        self.message = message
+
+
+class Trunk(asyncio.Protocol):
+    def __init__(self, conn: NriConnection, on_request: Callable[[ttrpc.RequestReceived], None]) -> None:
+        self.conn = conn
+        self.on_request = on_request
+        self.transport: asyncio.Transport | None = None
+        self.closed: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
+        self._calls: dict[int, asyncio.Future[ttrpc.Response]] = {}
+
+    # asyncio.Protocol ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            events = self.conn.receive_data(data)
+        except ProtocolError as exc:
+            self._fail(exc)
+            return
+        for ev in events:
+            if isinstance(ev, ttrpc.RequestReceived):
+                self.on_request(ev)
+            elif isinstance(ev, ttrpc.ResponseReceived):
+                fut = self._calls.pop(ev.stream_id, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(ev.response)
+            else:
+                self.write(self.conn.reject(ev))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        err = exc or ConnectionResetError("NRI connection closed by peer")
+        for fut in self._calls.values():
+            if not fut.done():
+                fut.set_exception(err)
+        self._calls.clear()
+        if not self.closed.done():
+            self.closed.set_result(exc)
+
+    # API ----------------------------------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def respond(self, stream_id: int, payload: bytes = b"", code: int = 0, message: str = "") -> None:
+        self.write(self.conn.respond(stream_id, payload, code, message))
+
+    async def call(self, service: str, method: str, payload: bytes, timeout: float) -> bytes:
+        """Call ``service/method`` on the peer; returns the response payload or raises."""
+        if self.transport is None or self.transport.is_closing():
+            raise ConnectionResetError("NRI connection is closed")
+        sid, data = self.conn.call(service, method, payload, int(timeout * 1e9))
+        fut: asyncio.Future[ttrpc.Response] = asyncio.get_running_loop().create_future()
+        self._calls[sid] = fut
+        self.write(data)
+        try:
+            resp = await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            self._calls.pop(sid, None)
+            self.conn.client.abandon(sid)
+            raise
+        if resp.code:
+            raise CallError(resp.code, resp.message)
+        return resp.payload
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def _fail(self, exc: Exception) -> None:
+        if not self.closed.done():
+            self.closed.set_result(exc)
+        if self.transport is not None:
+            self.transport.abort()
+
+
+async def open_trunk(
+    on_request: Callable[[ttrpc.RequestReceived], None],
+    *,
+    path: str | None = None,
+    fd: int | None = None,
+) -> Trunk:
+    """Connect to the runtime by socket path, or adopt an inherited connected socket fd."""
+    loop = asyncio.get_running_loop()
+    conn = NriConnection()
+    if fd is not None:
+        sock = socket.socket(fileno=fd)
+        _, proto = await loop.create_unix_connection(lambda: Trunk(conn, on_request), sock=sock)
+    elif path is not None:
+        _, proto = await loop.create_unix_connection(lambda: Trunk(conn, on_request), path)
+    else:
+        raise ValueError("need a socket path or an inherited fd")
+    return proto

@@ -1,0 +1,1 @@
+"""Policy: QoS classes and (for now) the embedded default policy."""

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Creates .venv with nriplugin and its test extra (idempotent). Needs Python >= 3.11 with venv;
+# installs Debian's python3-venv if the interpreter lacks it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! command -v python3 >/dev/null; then
+  apt-get update -qq && apt-get install -y -qq python3 python3-venv >/dev/null
+fi
+if [ ! -x .venv/bin/python ]; then
+  if ! python3 -m venv .venv 2>/dev/null; then
+    rm -rf .venv
+    apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null
+    python3 -m venv .venv
+  fi
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"

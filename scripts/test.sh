@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The test command: lint, type-check and the whole test suite (unit, interop with the official
+# Go NRI runtime library from ../shared/peers). Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/mypy nriplugin tests tools
+set +e
+.venv/bin/python -m pytest "$@"
+rc=$?
+set -e
+if [ "$rc" -eq 5 ]; then
+  echo "pytest collected no tests: failing" >&2
+  exit 1
+fi
+exit "$rc"

@@ -1,0 +1,127 @@
+"""`nriplugin run` and `nriplugin install` as real processes against the runtime peer."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from nriplugin.cli import install
+from tests.runtime_peer import RuntimePeer, make_container, make_pod
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_install_writes_an_absolute_launcher(tmp_path: Path) -> None:
+    target = install(str(tmp_path / "plugins"), "nriplugin", "07", ["--log-format", "text"])
+    assert target.name == "07-nriplugin"
+    text = target.read_text()
+    assert text.startswith("#!/bin/sh\n")
+    assert f"exec {sys.executable} -m nriplugin run --log-format text" in text
+    assert target.stat().st_mode & 0o111
+    with pytest.raises(SystemExit):
+        install(str(tmp_path), "../x", "07", [])
+
+
+def test_bad_arguments_are_refused_clearly() -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "nriplugin", "run", "--idx", "1"], capture_output=True, text=True, timeout=30
+    )
+    assert r.returncode == 2 and "two digits" in r.stderr
+
+
+def test_preregistered_launcher_runs_with_no_path(tmp_path: Path) -> None:
+    """The runtime starts `IDX-NAME` with an empty environment but NRI_PLUGIN_* and fd 3."""
+
+    async def main() -> None:
+        launcher = install(str(tmp_path / "plugins"), "nriplugin", "11", ["--metrics-address", "127.0.0.1:0"])
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        peer = RuntimePeer(synchronize=False)
+        await peer.adopt(ours)
+        # containerd passes fd 3; any inherited number exercises the same path.
+        env = {"NRI_PLUGIN_NAME": "nriplugin", "NRI_PLUGIN_IDX": "11", "NRI_PLUGIN_SOCKET": str(theirs.fileno())}
+        proc = await asyncio.create_subprocess_exec(
+            str(launcher), env=env, pass_fds=(theirs.fileno(),), stderr=subprocess.PIPE
+        )
+        theirs.close()
+        try:
+            s = await peer.next_session(timeout=10)
+            assert (s.name, s.idx) == ("nriplugin", "11")
+            pod = make_pod(1, "BE")
+            rsp = await s.create_container(pod, make_container(1, pod))
+            assert rsp.adjust.linux.resources.cpu.shares.value == 2
+            s.close()  # the runtime goes away: a pre-registered plugin exits
+            assert await asyncio.wait_for(proc.wait(), 10) == 0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            await peer.close()
+
+    asyncio.run(main())
+
+
+def test_run_serves_metrics_health_and_stops_on_sigterm(tmp_path: Path) -> None:
+    async def main() -> None:
+        sock = str(tmp_path / "nri.sock")
+        port = free_port()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "nriplugin",
+            "run",
+            "--socket",
+            sock,
+            "--metrics-address",
+            f"127.0.0.1:{port}",
+            stderr=subprocess.PIPE,
+        )
+        peer = RuntimePeer()
+        try:
+            await asyncio.sleep(1.5)  # not registered: retrying, metrics up after 1 s
+            code, body = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/readyz")
+            assert code == 503
+            await peer.listen(sock)
+            s = await peer.next_session(timeout=15)
+            for i in range(5):
+                pod = make_pod(i, "BE")
+                await s.create_container(pod, make_container(i, pod))
+            code, _ = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/readyz")
+            assert code == 200
+            code, body = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/metrics")
+            assert code == 200
+            assert 'nriplugin_hook_duration_seconds_count{event="create_container"} 5.0' in body
+            assert 'nriplugin_hook_duration_seconds_bucket{event="create_container",le="5e-05"}' in body
+            assert 'nriplugin_connection_state{state="registered"} 1.0' in body
+            assert "nriplugin_synchronize_duration_seconds_count 1.0" in body
+            assert (await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/nope"))[0] == 404
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(proc.wait(), 10) == 0
+            assert proc.stderr is not None
+            logs = (await proc.stderr.read()).decode()
+            assert '"msg": "registered with the runtime as 10-nriplugin"' in logs
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            await peer.close()
+
+    asyncio.run(main())

@@ -1,0 +1,426 @@
+"""The stub against the in-process runtime peer, over real unix sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nriplugin.nri import api_pb2 as api
+from nriplugin.nri import ttrpc
+from nriplugin.nri.stub import HookPolicy, Plugin, Stub, StubOptions, event_mask
+from tests.runtime_peer import PeerCallError, RuntimePeer, make_container, make_pod
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.done: list[str] = []
+        self.failed: list[tuple[str, str, bool]] = []
+        self.states: list[str] = []
+        self.syncs: list[tuple[int, int]] = []
+
+    def hook_done(self, event: str, seconds: float) -> None:
+        self.done.append(event)
+
+    def hook_failed(self, event: str, reason: str, fail_closed: bool) -> None:
+        self.failed.append((event, reason, fail_closed))
+
+    def connection_state(self, state: str) -> None:
+        self.states.append(state)
+
+    def synchronized(self, seconds: float, pods: int, containers: int) -> None:
+        self.syncs.append((pods, containers))
+
+
+class SharesPlugin(Plugin):
+    """BE gets shares 2; records what it saw."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+        self.synced: tuple[int, int] | None = None
+        self.configured: tuple[str, str] | None = None
+
+    def configure(self, config: str, runtime_name: str, runtime_version: str) -> None:
+        self.configured = (runtime_name, runtime_version)
+
+    def synchronize(self, pods: list[api.PodSandbox], containers: list[api.Container]) -> list[api.ContainerUpdate]:
+        self.synced = (len(pods), len(containers))
+        out = []
+        for c in containers:
+            u = api.ContainerUpdate(container_id=c.id)
+            u.linux.resources.cpu.shares.value = 2
+            out.append(u)
+        return out[:1]
+
+    def create_container(self, pod: api.PodSandbox, container: api.Container) -> api.ContainerAdjustment | None:
+        self.seen.append(("create", container.id))
+        if pod.labels.get("koordinator.sh/qosClass") != "BE":
+            return None
+        adj = api.ContainerAdjustment()
+        adj.linux.resources.cpu.shares.value = 2
+        return adj
+
+    def run_pod_sandbox(self, pod: api.PodSandbox) -> None:
+        self.seen.append(("run", pod.id))
+
+    def remove_container(self, pod: api.PodSandbox, container: api.Container) -> None:
+        self.seen.append(("remove", container.id))
+
+
+def run(coro_fn: Callable[[Path], Awaitable[Any]], tmp_path: Path) -> Any:
+    return asyncio.run(asyncio.wait_for(coro_fn(tmp_path), 30))
+
+
+async def started(peer: RuntimePeer, plugin: Plugin, tmp: Path, **kw: Any) -> tuple[Stub, asyncio.Task[None]]:
+    sock = str(tmp / "nri.sock")
+    await peer.listen(sock)
+    opts = StubOptions(socket_path=sock, backoff_initial=0.02, backoff_max=0.1, **kw)
+    stub = Stub(plugin, opts, observer=kw.pop("observer", None) if "observer" in kw else None)
+    task = asyncio.ensure_future(stub.run())
+    return stub, task
+
+
+async def stopped(stub: Stub, task: asyncio.Task[None], peer: RuntimePeer) -> None:
+    stub.stop()
+    await asyncio.wait_for(task, 5)
+    await peer.close()
+
+
+def test_event_mask_is_derived_from_handlers() -> None:
+    mask = event_mask(SharesPlugin())
+    assert mask == (1 << (api.CREATE_CONTAINER - 1)) | (1 << (api.RUN_POD_SANDBOX - 1)) | (
+        1 << (api.REMOVE_CONTAINER - 1)
+    )
+
+    class Nothing(Plugin):
+        pass
+
+    with pytest.raises(ValueError, match="no event handler"):
+        Stub(Nothing())
+    with pytest.raises(ValueError, match="two digits"):
+        Stub(SharesPlugin(), StubOptions(idx="1"))
+
+
+def test_register_configure_synchronize_and_events(tmp_path: Path) -> None:
+    async def main(tmp: Path) -> None:
+        pods = [make_pod(i, "BE" if i % 2 else "LS") for i in range(4)]
+        ctrs = [make_container(i, p) for i, p in enumerate(pods)]
+        peer = RuntimePeer(pods, ctrs)
+        plugin = SharesPlugin()
+        stub, task = await started(peer, plugin, tmp)
+        s = await peer.next_session()
+        assert (s.name, s.idx) == ("nriplugin", "10")
+        assert s.events == event_mask(plugin)
+        assert plugin.configured == ("runtime-peer", "v0.0.1")
+        assert plugin.synced == (4, 4)
+        assert [u.container_id for u in s.sync_updates] == [ctrs[0].id]
+        await asyncio.wait_for(stub.ready.wait(), 1)
+
+        be = make_pod(10, "BE")
+        rsp = await s.create_container(be, make_container(10, be))
+        assert rsp.adjust.linux.resources.cpu.shares.value == 2
+        ls = make_pod(11, "LS")
+        rsp = await s.create_container(ls, make_container(11, ls))
+        assert not rsp.adjust.HasField("linux")
+        await s.state_change(api.RUN_POD_SANDBOX, be)
+        await s.state_change(api.REMOVE_CONTAINER, be, make_container(10, be))
+        await s.state_change(api.STOP_CONTAINER, be, make_container(10, be))  # not subscribed: ignored
+        assert plugin.seen == [
+            ("create", make_container(10, be).id),
+            ("create", make_container(11, ls).id),
+            ("run", be.id),
+            ("remove", make_container(10, be).id),
+        ]
+        await stopped(stub, task, peer)
+
+    run(main, tmp_path)
+
+
+def test_unknown_service_and_method_are_unimplemented(tmp_path: Path) -> None:
+    async def main(tmp: Path) -> None:
+        peer = RuntimePeer()
+        stub, task = await started(peer, SharesPlugin(), tmp)
+        s = await peer.next_session()
+        with pytest.raises(PeerCallError) as e:
+            await s.call("NoSuchMethod", b"")
+        assert e.value.code == ttrpc.Code.UNIMPLEMENTED and "NoSuchMethod" in e.value.message
+        assert s.transport is not None
+        sid, data = s.conn.call("some.Other", "X", b"")
+        fut = asyncio.get_running_loop().create_future()
+        s.calls[sid] = fut
+        s.transport.write(data)
+        resp = await asyncio.wait_for(fut, 2)
+        assert resp.code == ttrpc.Code.UNIMPLEMENTED and "some.Other" in resp.message
+        with pytest.raises(PeerCallError) as e:
+            await s.call("CreateContainer", b"\x0a\x05ab")  # truncated protobuf
+        assert e.value.code == ttrpc.Code.INVALID_ARGUMENT
+        # The connection survives all of that.
+        pod = make_pod(1)
+        assert (await s.create_container(pod, make_container(1, pod))).adjust.linux.resources.cpu.shares.value == 2
+        await stopped(stub, task, peer)
+
+    run(main, tmp_path)
+
+
+def test_split_synchronize_echoes_more(tmp_path: Path) -> None:
+    async def main(tmp: Path) -> None:
+        pods = [make_pod(i) for i in range(25)]
+        peer = RuntimePeer(pods, [make_container(i, p) for i, p in enumerate(pods)], sync_chunk=10)
+        plugin = SharesPlugin()
+        stub, task = await started(peer, plugin, tmp)
+        s = await peer.next_session()
+        assert s.sync_error == ""
+        assert plugin.synced == (25, 25)  # one call with everything, after the last chunk
+        await stopped(stub, task, peer)
+
+    run(main, tmp_path)
+
+
+class SlowPlugin(Plugin):
+    def __init__(self, delay: float, raise_: bool = False) -> None:
+        self.delay = delay
+        self.raise_ = raise_
+
+    async def create_container(self, pod: api.PodSandbox, container: api.Container) -> api.ContainerAdjustment:
+        await asyncio.sleep(self.delay)
+        if self.raise_:
+            raise RuntimeError("boom")
+        adj = api.ContainerAdjustment()
+        adj.linux.resources.cpu.shares.value = 2
+        return adj
+
+
+@pytest.mark.parametrize("fail_closed", [False, True])
+def test_budget_and_failure_policy(tmp_path: Path, fail_closed: bool) -> None:
+    async def main(tmp: Path) -> None:
+        peer = RuntimePeer()
+        rec = Recorder()
+        plugin = SlowPlugin(0.3)
+        sock = str(tmp / "nri.sock")
+        await peer.listen(sock)
+        policy = HookPolicy(budget=0.05, fail_closed=fail_closed)
+        stub = Stub(plugin, StubOptions(socket_path=sock, policies={"create_container": policy}), observer=rec)
+        task = asyncio.ensure_future(stub.run())
+        s = await peer.next_session()
+        pod = make_pod(1)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        if fail_closed:
+            with pytest.raises(PeerCallError) as e:
+                await s.create_container(pod, make_container(1, pod))
+            assert e.value.code == ttrpc.Code.DEADLINE_EXCEEDED
+        else:
+            rsp = await s.create_container(pod, make_container(1, pod))
+            assert not rsp.HasField("adjust")  # no adjustment: the container starts as requested
+        assert loop.time() - t0 < 0.25  # answered within the budget, not after the slow handler
+        assert rec.failed == [("create_container", "timeout", fail_closed)]
+        # A handler that raises: same policy.
+        plugin.delay, plugin.raise_ = 0, True
+        if fail_closed:
+            with pytest.raises(PeerCallError, match="boom"):
+                await s.create_container(pod, make_container(2, pod))
+        else:
+            await s.create_container(pod, make_container(2, pod))
+        assert rec.failed[-1] == ("create_container", "error", fail_closed)
+        # And a good one still works on the same connection.
+        plugin.raise_ = False
+        rsp = await s.create_container(pod, make_container(3, pod))
+        assert rsp.adjust.linux.resources.cpu.shares.value == 2
+        assert "create_container" in rec.done
+        await stopped(stub, task, peer)
+
+    run(main, tmp_path)
+
+
+def test_runtime_timeout_caps_the_budget(tmp_path: Path) -> None:
+    """The request's own deadline (timeout_nano) wins over a longer policy budget."""
+
+    async def main(tmp: Path) -> None:
+        peer = RuntimePeer()
+        rec = Recorder()
+        sock = str(tmp / "nri.sock")
+        await peer.listen(sock)
+        stub = Stub(SlowPlugin(1.0), StubOptions(socket_path=sock, default_policy=HookPolicy(budget=5)), observer=rec)
+        task = asyncio.ensure_future(stub.run())
+        s = await peer.next_session()
+        pod = make_pod(1)
+        req = api.CreateContainerRequest(pod=pod, container=make_container(1, pod)).SerializeToString()
+        t0 = asyncio.get_running_loop().time()
+        await s.call("CreateContainer", req, timeout=0.5)
+        assert asyncio.get_running_loop().time() - t0 < 0.5
+        assert rec.failed == [("create_container", "timeout", False)]
+        await stopped(stub, task, peer)
+
+    run(main, tmp_path)
+
+
+def test_update_containers_outside_and_inside_handlers(tmp_path: Path) -> None:
+    async def main(tmp: Path) -> None:
+        peer = RuntimePeer()
+        peer.fail_updates = {"bad"}
+        calls: list[str] = []
+
+        class Pusher(Plugin):
+            stub: Stub
+
+            async def create_container(self, pod: api.PodSandbox, container: api.Container) -> None:
+                try:
+                    await self.stub.update_containers([api.ContainerUpdate(container_id="x")])
+                except RuntimeError as exc:
+                    calls.append(str(exc))
+
+        plugin = Pusher()
+        stub, task = await started(peer, plugin, tmp)
+        plugin.stub = stub
+        s = await peer.next_session()
+        u1 = api.ContainerUpdate(container_id="good")
+        u1.linux.resources.cpu.shares.value = 2
+        failed = await stub.update_containers([u1, api.ContainerUpdate(container_id="bad")])
+        assert [f.container_id for f in failed] == ["bad"]
+        assert peer.updates[0].update[0].linux.resources.cpu.shares.value == 2
+        pod = make_pod(1)
+        await s.create_container(pod, make_container(1, pod))
+        assert calls and "inside an NRI event handler" in calls[0]
+        assert len(peer.updates) == 1  # the in-handler call never reached the runtime
+        await stopped(stub, task, peer)
+        with pytest.raises(ConnectionError):
+            await stub.update_containers([u1])
+
+    run(main, tmp_path)
+
+
+def test_reconnect_after_runtime_restart(tmp_path: Path) -> None:
+    async def main(tmp: Path) -> None:
+        rec = Recorder()
+        sock = str(tmp / "nri.sock")
+        plugin = SharesPlugin()
+        stub = Stub(plugin, StubOptions(socket_path=sock, backoff_initial=0.02, backoff_max=0.1), observer=rec)
+        task = asyncio.ensure_future(stub.run())
+        await asyncio.sleep(0.2)  # no runtime yet: retrying
+        assert stub.connections == 0 and not stub.ready.is_set()
+        for round_ in range(3):
+            peer = RuntimePeer([make_pod(round_)], [make_container(round_, make_pod(round_))])
+            await peer.listen(sock)
+            s = await peer.next_session()
+            await asyncio.wait_for(stub.ready.wait(), 2)
+            pod = make_pod(100 + round_)
+            assert (
+                await s.create_container(pod, make_container(100, pod))
+            ).adjust.linux.resources.cpu.shares.value == 2
+            await peer.close()  # runtime goes away
+            os.unlink(sock)
+            await asyncio.wait_for(s.closed.wait(), 2)
+            await asyncio.sleep(0.05)
+            assert not stub.ready.is_set()
+        assert stub.connections == 3
+        assert rec.states.count("registered") == 3
+        stub.stop()
+        await asyncio.wait_for(task, 2)
+
+    run(main, tmp_path)
+
+
+def test_exactly_one_live_connection(tmp_path: Path) -> None:
+    async def main(tmp: Path) -> None:
+        peer = RuntimePeer()
+        stub, task = await started(peer, SharesPlugin(), tmp)
+        await peer.next_session()
+        await asyncio.sleep(0.3)
+        assert stub.connections == 1 and len(peer.sessions) == 1
+        await stopped(stub, task, peer)
+
+    run(main, tmp_path)
+
+
+def test_registration_refused_is_retried(tmp_path: Path) -> None:
+    """A runtime that never answers RegisterPlugin: the stub gives up on that connection
+    after the registration timeout and tries again, never holding two connections."""
+
+    async def main(tmp: Path) -> None:
+        sock = str(tmp / "nri.sock")
+        accepted: list[socket.socket] = []
+        srv = socket.socket(socket.AF_UNIX)
+        srv.bind(sock)
+        srv.listen(8)
+        srv.setblocking(False)
+        import nriplugin.nri.stub as stubmod
+
+        old = stubmod.REGISTRATION_TIMEOUT
+        stubmod.REGISTRATION_TIMEOUT = 0.1
+        try:
+            stub = Stub(SharesPlugin(), StubOptions(socket_path=sock, backoff_initial=0.01, backoff_max=0.02))
+            task = asyncio.ensure_future(stub.run())
+            loop = asyncio.get_running_loop()
+            for _ in range(2):
+                c, _ = await asyncio.wait_for(loop.sock_accept(srv), 2)
+                accepted.append(c)
+                c.setblocking(False)
+                assert await asyncio.wait_for(loop.sock_recv(c, 100), 2)  # the RegisterPlugin call
+                # the stub closes this connection after its timeout
+                assert await asyncio.wait_for(loop.sock_recv(c, 100), 2) == b""
+            stub.stop()
+            await asyncio.wait_for(task, 2)
+        finally:
+            stubmod.REGISTRATION_TIMEOUT = old
+            for c in accepted:
+                c.close()
+            srv.close()
+
+    run(main, tmp_path)
+
+
+def test_protocol_error_drops_the_connection_and_reconnects(tmp_path: Path) -> None:
+    async def main(tmp: Path) -> None:
+        peer = RuntimePeer()
+        stub, task = await started(peer, SharesPlugin(), tmp)
+        s = await peer.next_session()
+        assert s.transport is not None
+        s.transport.write(b"\x00\x00\x00\x01\xff\xff\xff\xff")  # frame far over the limit
+        await asyncio.wait_for(s.closed.wait(), 2)
+        s2 = await peer.next_session()
+        assert s2 is not s and stub.connections == 2
+        await stopped(stub, task, peer)
+
+    run(main, tmp_path)
+
+
+def test_inherited_fd_mode(tmp_path: Path) -> None:
+    """Pre-registered mode: the runtime hands over one end of a socketpair; Configure but
+    no Synchronize (containerd 1.7), and the plugin exits when the runtime closes it."""
+
+    async def main(tmp: Path) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        peer = RuntimePeer(synchronize=False)
+        await peer.adopt(ours)
+        os.environ.update({"NRI_PLUGIN_SOCKET": str(theirs.detach()), "NRI_PLUGIN_NAME": "pre", "NRI_PLUGIN_IDX": "42"})
+        try:
+            opts = StubOptions.from_env()
+        finally:
+            for k in ("NRI_PLUGIN_SOCKET", "NRI_PLUGIN_NAME", "NRI_PLUGIN_IDX"):
+                del os.environ[k]
+        stub = Stub(SharesPlugin(), opts)
+        task = asyncio.ensure_future(stub.run())
+        s = await peer.next_session()
+        assert (s.name, s.idx) == ("pre", "42")
+        await asyncio.wait_for(stub.ready.wait(), 2)
+        pod = make_pod(1)
+        assert (await s.create_container(pod, make_container(1, pod))).adjust.linux.resources.cpu.shares.value == 2
+        s.close()
+        await asyncio.wait_for(task, 2)  # returns: nothing to reconnect to
+        assert stub.connections == 1
+
+    run(main, tmp_path)
+
+
+def test_invalid_fd_in_environment() -> None:
+    os.environ["NRI_PLUGIN_SOCKET"] = "abc"
+    try:
+        with pytest.raises(ValueError, match="NRI_PLUGIN_SOCKET"):
+            StubOptions.from_env()
+    finally:
+        del os.environ["NRI_PLUGIN_SOCKET"]

@@ -1,0 +1,196 @@
+"""The ttrpc codec: framing, the envelope (checked against protobuf itself), errors."""
+
+from __future__ import annotations
+
+import contextlib
+import struct
+from typing import Any
+
+import pytest
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nriplugin.nri import ttrpc
+from nriplugin.nri.errors import ProtocolError
+
+
+def _oracle() -> tuple[Any, Any]:
+    """Request/Response classes built by protobuf from ttrpc's request.proto field layout
+    (status as google.rpc.Status), as an independent encoder/decoder to check ours against."""
+    f = descriptor_pb2.FileDescriptorProto(name="ttrpc_oracle.proto", package="oracle", syntax="proto3")
+    T = descriptor_pb2.FieldDescriptorProto
+    kv = f.message_type.add(name="KeyValue")
+    kv.field.add(name="key", number=1, type=T.TYPE_STRING, label=T.LABEL_OPTIONAL)
+    kv.field.add(name="value", number=2, type=T.TYPE_STRING, label=T.LABEL_OPTIONAL)
+    req = f.message_type.add(name="Request")
+    req.field.add(name="service", number=1, type=T.TYPE_STRING, label=T.LABEL_OPTIONAL)
+    req.field.add(name="method", number=2, type=T.TYPE_STRING, label=T.LABEL_OPTIONAL)
+    req.field.add(name="payload", number=3, type=T.TYPE_BYTES, label=T.LABEL_OPTIONAL)
+    req.field.add(name="timeout_nano", number=4, type=T.TYPE_INT64, label=T.LABEL_OPTIONAL)
+    req.field.add(name="metadata", number=5, type=T.TYPE_MESSAGE, label=T.LABEL_REPEATED, type_name=".oracle.KeyValue")
+    status = f.message_type.add(name="Status")
+    status.field.add(name="code", number=1, type=T.TYPE_INT32, label=T.LABEL_OPTIONAL)
+    status.field.add(name="message", number=2, type=T.TYPE_STRING, label=T.LABEL_OPTIONAL)
+    resp = f.message_type.add(name="Response")
+    resp.field.add(name="status", number=1, type=T.TYPE_MESSAGE, label=T.LABEL_OPTIONAL, type_name=".oracle.Status")
+    resp.field.add(name="payload", number=2, type=T.TYPE_BYTES, label=T.LABEL_OPTIONAL)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(f)
+    return (
+        message_factory.GetMessageClass(pool.FindMessageTypeByName("oracle.Request")),
+        message_factory.GetMessageClass(pool.FindMessageTypeByName("oracle.Response")),
+    )
+
+
+OracleRequest, OracleResponse = _oracle()
+text = st.text(max_size=40)
+requests = st.builds(
+    ttrpc.Request,
+    text,
+    text,
+    st.binary(max_size=300),
+    st.integers(0, 2**63 - 1),
+    st.lists(st.tuples(text, text), max_size=3),
+)
+responses = st.builds(ttrpc.Response, st.binary(max_size=300), st.integers(-(2**31), 2**31 - 1), text)
+
+
+@given(requests)
+def test_request_matches_protobuf(req: ttrpc.Request) -> None:
+    ours = ttrpc.encode_request(req)
+    o = OracleRequest.FromString(ours)
+    assert (o.service, o.method, o.payload, o.timeout_nano) == (req.service, req.method, req.payload, req.timeout_nano)
+    assert [(kv.key, kv.value) for kv in o.metadata] == req.metadata
+    assert ttrpc.decode_request(o.SerializeToString()) == req
+
+
+@given(responses)
+def test_response_matches_protobuf(resp: ttrpc.Response) -> None:
+    o = OracleResponse.FromString(ttrpc.encode_response(resp))
+    assert (o.payload, o.status.code, o.status.message) == (resp.payload, resp.code, resp.message)
+    assert ttrpc.decode_response(o.SerializeToString()) == resp
+
+
+def test_header_layout() -> None:
+    msg = ttrpc.encode_message(7, ttrpc.MessageType.RESPONSE, b"abc", flags=4)
+    assert msg == struct.pack(">IIBB", 3, 7, 2, 4) + b"abc"
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 2**32 - 1), st.sampled_from([1, 2, 3]), st.integers(0, 255), st.binary(max_size=200)),
+        max_size=8,
+    )
+)
+def test_stream_round_trip(msgs: list[tuple[int, int, int, bytes]]) -> None:
+    wire = b"".join(ttrpc.encode_message(s, t, p, f) for s, t, f, p in msgs)
+    got = ttrpc.MessageDecoder().feed(wire)
+    assert [(m.stream_id, m.type, m.flags, m.payload) for m in got] == [(s, t, f, p) for s, t, f, p in msgs]
+
+
+def test_split_at_every_byte_boundary() -> None:
+    wire = ttrpc.encode_message(1, 1, b"x" * 50) + ttrpc.encode_message(3, 1, b"") + ttrpc.encode_message(5, 2, b"yz")
+    for cut in range(len(wire) + 1):
+        dec = ttrpc.MessageDecoder()
+        got = dec.feed(wire[:cut]) + dec.feed(wire[cut:])
+        assert [(m.stream_id, m.payload) for m in got] == [(1, b"x" * 50), (3, b""), (5, b"yz")]
+        assert dec.buffered == 0
+    dec = ttrpc.MessageDecoder()
+    got = [m for b in wire for m in dec.feed(bytes([b]))]
+    assert len(got) == 3
+
+
+def test_oversized_message_is_refused_before_buffering() -> None:
+    dec = ttrpc.MessageDecoder()
+    with pytest.raises(ProtocolError, match="exceeds"):
+        dec.feed(struct.pack(">IIBB", ttrpc.MAX_MESSAGE + 1, 1, 1, 0))
+    with pytest.raises(ProtocolError):  # poisoned: no resynchronising on a corrupt stream
+        dec.feed(ttrpc.encode_message(1, 1, b""))
+    with pytest.raises(ValueError):
+        ttrpc.encode_message(1, 1, b"\0" * (ttrpc.MAX_MESSAGE + 1))
+
+
+def test_unknown_message_type() -> None:
+    with pytest.raises(ProtocolError, match="unknown ttrpc message type 9"):
+        ttrpc.MessageDecoder().feed(struct.pack(">IIBB", 0, 1, 9, 0))
+
+
+def test_truncated_input_waits_without_events() -> None:
+    dec = ttrpc.MessageDecoder()
+    wire = ttrpc.encode_message(1, 1, b"hello")
+    assert dec.feed(wire[:-1]) == []
+    assert dec.buffered == len(wire) - 1
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"\x0a\x05ab",  # length runs past the end
+        b"\x80",  # truncated varint key
+        b"\x0a",  # missing length
+        b"\x00\x00",  # field number 0
+        b"\x0f",  # wire type 7
+        b"\x22\x02\x0a\xff",  # metadata entry with a truncated key
+        b"\x0a\x02\xff\xfe",  # service not UTF-8
+        b"\x20" + b"\xff" * 11,  # varint too long
+        b"\x08\x01",  # service as a varint: wrong wire type
+    ],
+)
+def test_malformed_request(bad: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        ttrpc.decode_request(bad)
+
+
+@pytest.mark.parametrize("bad", [b"\x0a\x03\x08", b"\x12\x05ab", b"\x0a\x02\x12\x01", b"\x10\x01", b"\x0a\x01\x0a"])
+def test_malformed_response(bad: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        ttrpc.decode_response(bad)
+
+
+@settings(max_examples=300)
+@given(st.lists(st.binary(max_size=64), max_size=20))
+def test_random_bytes_raise_one_error_or_nothing(chunks: list[bytes]) -> None:
+    """Whatever arrives, the decoder returns messages or raises ProtocolError; its buffer is
+    bounded by one maximal message."""
+    dec = ttrpc.MessageDecoder(max_message=256)
+    for c in chunks:
+        try:
+            dec.feed(c)
+        except ProtocolError:
+            return
+        assert dec.buffered < ttrpc.HEADER_LEN + 256 + 64
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=200))
+def test_random_envelopes(data: bytes) -> None:
+    for fn in (ttrpc.decode_request, ttrpc.decode_response):
+        with contextlib.suppress(ProtocolError):
+            fn(data)
+
+
+def test_connection_stream_ids_and_errors() -> None:
+    client, server = ttrpc.Connection(), ttrpc.Connection()
+    s1, m1 = client.send_request("svc", "M", b"p")
+    s2, m2 = client.send_request("svc", "M", b"q")
+    assert (s1, s2) == (1, 3)
+    evs = server.receive_data(m1 + m2)
+    assert [type(e) for e in evs] == [ttrpc.RequestReceived] * 2
+    # Re-used and even stream ids are answered with an error, not dispatched.
+    bad = server.receive_data(ttrpc.encode_message(3, 1, ttrpc.encode_request(ttrpc.Request("s", "m"))))
+    assert isinstance(bad[0], ttrpc.BadRequest) and bad[0].code == ttrpc.Code.INVALID_ARGUMENT
+    bad = server.receive_data(ttrpc.encode_message(8, 1, b""))
+    assert isinstance(bad[0], ttrpc.BadRequest) and "odd" in bad[0].message
+    bad = server.receive_data(ttrpc.encode_message(9, 1, b"\x0a\x09"))
+    assert isinstance(bad[0], ttrpc.BadRequest) and "malformed" in bad[0].message
+    # Responses: matched to pending calls; late answers to abandoned calls dropped.
+    client.abandon(s2)
+    got = client.receive_data(server.send_response(s1, b"ok") + server.send_response(s2, b"late"))
+    assert len(got) == 1 and isinstance(got[0], ttrpc.ResponseReceived) and got[0].response.payload == b"ok"
+    err = server.send_response(5, code=ttrpc.Code.UNIMPLEMENTED, message="method X")
+    client.send_request("svc", "X", b"")
+    (r,) = client.receive_data(err)
+    assert isinstance(r, ttrpc.ResponseReceived) and r.response.code == 12 and r.response.message == "method X"
+    with pytest.raises(ProtocolError, match="streams"):
+        server.receive_data(ttrpc.encode_message(11, ttrpc.MessageType.DATA, b""))
