@@ -37,7 +37,9 @@ def pct(values: list[float], p: float) -> float:
 def runtime_bench(bench: Path, sock: Path, calls: int, sync_pods: int) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
         [str(bench), "-socket", str(sock), "-n", str(calls), "-sync-pods", str(sync_pods), "-wait", "30s"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     deadline = time.monotonic() + 10
     while not sock.exists():
@@ -52,8 +54,11 @@ def run_external(bench: Path, plugin_cmd: list[str], calls: int, sync_pods: int)
     with tempfile.TemporaryDirectory() as d:
         sock = Path(d) / "nri.sock"
         rt = runtime_bench(bench, sock, calls, sync_pods)
-        plugin = subprocess.Popen([*plugin_cmd, "-socket" if "go-nri" in plugin_cmd[0] else "--socket", str(sock)],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        plugin = subprocess.Popen(
+            [*plugin_cmd, "-socket" if "go-nri" in plugin_cmd[0] else "--socket", str(sock)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             out, _ = rt.communicate(timeout=300)
         finally:
@@ -118,25 +123,41 @@ def main() -> int:
                 print(f"{name} round {r}: {res}", file=sys.stderr)
                 return 1
             runs[name].append(res)
-            print(f"round {r} {name:9s} p50 {res['p50_us']:7.1f} us  p99 {res['p99_us']:7.1f} us  "
-                  f"sync {res['sync_ms']:6.2f} ms", file=sys.stderr)
+            print(
+                f"round {r} {name:9s} p50 {res['p50_us']:7.1f} us  p99 {res['p99_us']:7.1f} us  "
+                f"sync {res['sync_ms']:6.2f} ms",
+                file=sys.stderr,
+            )
     inproc, handled = run_inprocess(bench, args.calls, args.sync_pods)
 
     def med(name: str, key: str) -> float:
-        return statistics.median(x[key] for x in runs[name])
+        return float(statistics.median(float(x[key]) for x in runs[name]))
 
-    summary = {
-        k: {"p50_us": med(k, "p50_us"), "p99_us": med(k, "p99_us"), "sync_ms": med(k, "sync_ms")} for k in runs
-    }
+    summary = {k: {"p50_us": med(k, "p50_us"), "p99_us": med(k, "p99_us"), "sync_ms": med(k, "sync_ms")} for k in runs}
     ratios = {key: summary["nriplugin"][key] / summary["go"][key] for key in ("p50_us", "p99_us", "sync_ms")}
-    plugin_side = {"p50_us": pct(handled, 0.5), "p99_us": pct(handled, 0.99), "n": len(handled),
-                   "be_adjusted": inproc.get("be_adjusted")}
-    out = {"rounds": args.rounds, "calls": args.calls, "sync_pods": args.sync_pods, "median_of_rounds": summary,
-           "ratio_nriplugin_over_go": ratios, "nriplugin_plugin_side": plugin_side, "runs": runs}
+    plugin_side = {
+        "p50_us": pct(handled, 0.5),
+        "p99_us": pct(handled, 0.99),
+        "n": len(handled),
+        "be_adjusted": inproc.get("be_adjusted"),
+    }
+    out = {
+        "rounds": args.rounds,
+        "calls": args.calls,
+        "sync_pods": args.sync_pods,
+        "median_of_rounds": summary,
+        "ratio_nriplugin_over_go": ratios,
+        "nriplugin_plugin_side": plugin_side,
+        "runs": runs,
+    }
     print(json.dumps(out, indent=1))
     if args.write:
         write_section(args.write, out, " ".join(["python -m bench.hook_latency", *sys.argv[1:]]))
     return 0
+
+
+def row(name: str, x: dict[str, float]) -> str:
+    return f"| {name} | {x['p50_us']:.0f} µs | {x['p99_us']:.0f} µs | {x['sync_ms']:.1f} ms |"
 
 
 def write_section(path: Path, out: dict[str, Any], command: str) -> None:
@@ -147,17 +168,17 @@ def write_section(path: Path, out: dict[str, Any], command: str) -> None:
 
 Command: `.venv/bin/{command}` ({host}). The runtime side is `nri-runtime-bench`
 (containerd/nri v0.6.1 `pkg/adaptation`, what containerd 1.7 runs); the plugins run
-alternately, {out['rounds']} rounds x {out['calls']} CreateContainer calls (BE/LS alternating, realistic
-pods), {out['sync_pods']} pods at Synchronize. Figures are the median over rounds.
+alternately, {out["rounds"]} rounds x {out["calls"]} CreateContainer calls (BE/LS alternating, realistic
+pods), {out["sync_pods"]} pods at Synchronize. Figures are the median over rounds.
 
-| plugin | CreateContainer p50 | p99 | Synchronize ({out['sync_pods']} pods) |
+| plugin | CreateContainer p50 | p99 | Synchronize ({out["sync_pods"]} pods) |
 |---|---|---|---|
-| Go stub (`go-nri-refplugin`) | {s['go']['p50_us']:.0f} µs | {s['go']['p99_us']:.0f} µs | {s['go']['sync_ms']:.1f} ms |
-| nriplugin | {s['nriplugin']['p50_us']:.0f} µs | {s['nriplugin']['p99_us']:.0f} µs | {s['nriplugin']['sync_ms']:.1f} ms |
-| **ratio nriplugin / Go** | **{r['p50_us']:.2f}** | **{r['p99_us']:.2f}** | **{r['sync_ms']:.2f}** |
+{row("Go stub (`go-nri-refplugin`)", s["go"])}
+{row("nriplugin", s["nriplugin"])}
+| **ratio nriplugin / Go** | **{r["p50_us"]:.2f}** | **{r["p99_us"]:.2f}** | **{r["sync_ms"]:.2f}** |
 
 nriplugin plugin-side handling of CreateContainer (bytes in -> response written, inside the
-process, {p['n']} calls): p50 {p['p50_us']:.0f} µs, p99 {p['p99_us']:.0f} µs.
+process, {p["n"]} calls): p50 {p["p50_us"]:.0f} µs, p99 {p["p99_us"]:.0f} µs.
 <!-- hook_latency:end -->
 """
     text = path.read_text() if path.exists() else "# Benchmarks\n\n"
