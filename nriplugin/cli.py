@@ -85,7 +85,7 @@ def install(plugin_dir: str, name: str, idx: str, args: list[str]) -> Path:
 
 
 async def run(ns: argparse.Namespace) -> int:
-    from .nri.stub import HookPolicy, Stub, StubOptions
+    from .nri.stub import BufferedObserver, HookPolicy, Stub, StubOptions
     from .plugin import QoSPlugin
 
     opts = StubOptions.from_env(
@@ -95,7 +95,8 @@ async def run(ns: argparse.Namespace) -> int:
         default_policy=HookPolicy(budget=ns.hook_budget_ms / 1000.0, fail_closed=ns.fail_closed),
     )
     plugin = QoSPlugin()
-    stub = Stub(plugin, opts)
+    early = BufferedObserver()
+    stub = Stub(plugin, opts, observer=early)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stub.stop)
@@ -109,7 +110,7 @@ async def run(ns: argparse.Namespace) -> int:
 
     metrics = Metrics()
     observer = StubMetrics(metrics)
-    observer.connection_state("registered" if stub.trunk is not None else "disconnected")
+    early.replay(observer)
     stub.observer = observer
     server = None
     host, port = ns.metrics_address

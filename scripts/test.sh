@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-.venv/bin/mypy nriplugin tests tools bench
+.venv/bin/mypy nriplugin tests tools bench e2e
 set +e
 .venv/bin/python -m pytest "$@"
 rc=$?

@@ -14,7 +14,12 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_vendored_proto_is_the_recorded_version() -> None:
     """protos/README.md records the checksum of the verbatim upstream file."""
     readme = (ROOT / "protos" / "README.md").read_text()
-    for rel in ("nri/api.proto", "ttrpc/request.proto"):
+    for rel in (
+        "nri/api.proto",
+        "ttrpc/request.proto",
+        "cri/api.proto",
+        "github.com/gogo/protobuf/gogoproto/gogo.proto",
+    ):
         digest = hashlib.sha256((ROOT / "protos" / rel).read_bytes()).hexdigest()
         assert f"{digest}  {rel}" in readme, f"{rel} differs from the recorded upstream version"
     assert "Copyright The containerd Authors" in (ROOT / "protos" / "nri" / "api.proto").read_text()

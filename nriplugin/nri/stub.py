@@ -135,6 +135,36 @@ class NullObserver:
         pass
 
 
+class BufferedObserver(NullObserver):
+    """Keeps what happens before the real observer exists (metrics load after registration,
+    to keep start-up fast) and replays it into that observer once attached."""
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+        self.limit = limit
+
+    def _keep(self, name: str, *args: Any) -> None:
+        if len(self.calls) < self.limit:
+            self.calls.append((name, args))
+
+    def hook_done(self, event: str, seconds: float) -> None:
+        self._keep("hook_done", event, seconds)
+
+    def hook_failed(self, event: str, reason: str, fail_closed: bool) -> None:
+        self._keep("hook_failed", event, reason, fail_closed)
+
+    def connection_state(self, state: str) -> None:
+        self._keep("connection_state", state)
+
+    def synchronized(self, seconds: float, pods: int, containers: int) -> None:
+        self._keep("synchronized", seconds, pods, containers)
+
+    def replay(self, target: Observer) -> None:
+        for name, args in self.calls:
+            getattr(target, name)(*args)
+        self.calls.clear()
+
+
 @dataclass(slots=True)
 class _HandlerScope:
     active: bool = True

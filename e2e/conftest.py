@@ -1,0 +1,141 @@
+"""Fixtures for the end-to-end tests: a private containerd 1.7 with NRI, and nriplugin."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from e2e import harness
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "/e2e/" in str(item.fspath):
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session")
+def pkg_root() -> Path:
+    if os.geteuid() != 0:
+        pytest.skip("end-to-end tests need root (containerd, cgroups)")
+    return harness.install()
+
+
+@pytest.fixture
+def runtime_factory(pkg_root: Path) -> Iterator[object]:
+    made: list[harness.Containerd] = []
+
+    def make(nri: bool = True, start: bool = True) -> harness.Containerd:
+        base = Path(tempfile.mkdtemp(prefix="nriplugin-e2e-"))
+        c = harness.Containerd(pkg_root, base, nri=nri)
+        made.append(c)
+        if start:
+            c.start()
+            c.import_images()
+        return c
+
+    yield make
+    for c in made:
+        c.teardown()
+
+
+@pytest.fixture
+def runtime(runtime_factory: object) -> harness.Containerd:
+    return runtime_factory()  # type: ignore[operator,no-any-return]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class PluginProcess:
+    def __init__(self, nri_socket: str, *extra: str) -> None:
+        self.port = free_port()
+        self.log = tempfile.NamedTemporaryFile(prefix="nriplugin-", suffix=".log", delete=False)  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "nriplugin",
+                "run",
+                "--socket",
+                nri_socket,
+                "--metrics-address",
+                f"127.0.0.1:{self.port}",
+                *extra,
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+        except OSError:
+            return 0, ""
+
+    def wait_ready(self, timeout: float = 20.0, registrations: int = 1) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"nriplugin exited: {self.logs()}")
+            code, _ = self.get("/readyz")
+            if code == 200 and self.metric("nriplugin_registrations_total") >= registrations:
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"nriplugin not ready: {self.logs()[-3000:]}")
+
+    def metric(self, name: str) -> float:
+        _, body = self.get("/metrics")
+        for line in body.splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    def logs(self) -> str:
+        return Path(self.log.name).read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        os.unlink(self.log.name)
+
+
+@pytest.fixture
+def plugin_factory() -> Iterator[object]:
+    made: list[PluginProcess] = []
+
+    def make(nri_socket: str, *extra: str, wait: bool = True) -> PluginProcess:
+        p = PluginProcess(nri_socket, *extra)
+        made.append(p)
+        if wait:
+            p.wait_ready()
+        return p
+
+    yield make
+    for p in made:
+        p.stop()

@@ -1,0 +1,325 @@
+"""A private containerd 1.7 with NRI, brought up and torn down by tests and the demo.
+
+Everything lives under one base folder (root, state, sockets, NRI plugin dir, runc root, logs)
+and one top-level cgroup per controller (``/nriplugin-e2e-<pid>-<n>``), so teardown removes
+exactly what was created: our pods through CRI, our shims by their pid files, our mounts under
+the base folder, our cgroups, the folder itself. Nothing is killed by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import signal
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import images
+from .cri import CRI, msg
+
+ROOT = Path(__file__).resolve().parent.parent
+CGROUP_FS = Path("/sys/fs/cgroup")
+CONTROLLERS = (
+    "cpu",
+    "cpuacct",
+    "cpuset",
+    "memory",
+    "pids",
+    "blkio",
+    "devices",
+    "freezer",
+    "hugetlb",
+    "net_cls",
+    "perf_event",
+    "systemd",
+)
+_seq = itertools.count()
+
+
+def install() -> Path:
+    """Run e2e/install.sh (cached) and return the unpacked package root."""
+    r = subprocess.run(["bash", str(ROOT / "e2e" / "install.sh")], capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        raise RuntimeError(f"e2e/install.sh failed:\n{r.stderr[-3000:]}")
+    return Path(r.stdout.strip().splitlines()[-1])
+
+
+CONFIG = """\
+version = 2
+root = "{base}/root"
+state = "{base}/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+                    "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs",
+                    "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+
+[grpc]
+  address = "{base}/containerd.sock"
+
+[ttrpc]
+  address = "{base}/containerd.sock.ttrpc"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{base}/opt"
+
+[plugins."io.containerd.nri.v1.nri"]
+  disable = {nri_disable}
+  disable_connections = false
+  plugin_config_path = "{base}/nri/conf.d"
+  plugin_path = "{base}/nri/plugins"
+  plugin_registration_timeout = "5s"
+  plugin_request_timeout = "2s"
+  socket_path = "{base}/nri/nri.sock"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{pause}"
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  enable_selinux = false
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{base}/cni/bin"
+    conf_dir = "{base}/cni/conf"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        BinaryName = "{runc}"
+        Root = "{base}/runc"
+        SystemdCgroup = false
+"""
+
+
+@dataclass
+class Containerd:
+    pkg_root: Path
+    base: Path
+    nri: bool = True
+    cgroup_root: str = field(default_factory=lambda: f"nriplugin-e2e-{os.getpid()}-{next(_seq)}")
+    proc: subprocess.Popen[bytes] | None = None
+    cri: CRI | None = None
+
+    @property
+    def address(self) -> str:
+        return str(self.base / "containerd.sock")
+
+    @property
+    def nri_socket(self) -> str:
+        return str(self.base / "nri" / "nri.sock")
+
+    @property
+    def plugin_dir(self) -> Path:
+        return self.base / "nri" / "plugins"
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.pkg_root / "usr" / "bin"
+
+    def env(self) -> dict[str, str]:
+        path = f"{self.bin_dir}:{self.pkg_root / 'usr' / 'sbin'}:/usr/sbin:/usr/bin:/sbin:/bin"
+        return {"PATH": path, "HOME": os.environ.get("HOME", "/root")}
+
+    def write_config(self) -> Path:
+        for d in ("root", "state", "opt", "nri/conf.d", "nri/plugins", "cni/bin", "cni/conf", "runc", "logs"):
+            (self.base / d).mkdir(parents=True, exist_ok=True)
+        cfg = self.base / "config.toml"
+        cfg.write_text(
+            CONFIG.format(
+                base=self.base,
+                nri_disable=str(not self.nri).lower(),
+                pause=images.PAUSE,
+                runc=self.pkg_root / "usr" / "sbin" / "runc",
+            )
+        )
+        return cfg
+
+    def start(self, timeout: float = 60.0) -> None:
+        cfg = self.write_config()
+        log = open(self.base / "logs" / "containerd.log", "ab")  # noqa: SIM115 - lives as long as the process
+        self.proc = subprocess.Popen(
+            [str(self.bin_dir / "containerd"), "--config", str(cfg)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self.env(),
+            start_new_session=True,
+        )
+        log.close()
+        self.cri = CRI(self.address)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"containerd exited with {self.proc.returncode}; see {self.base}/logs/containerd.log"
+                )
+            try:
+                self.cri.call("Version", msg("VersionRequest"), timeout=2)
+                # CRI answers Version before the image service is ready; wait for that too.
+                self.cri.call("ListImages", msg("ListImagesRequest"), timeout=2)
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def ctr(self, *args: str) -> str:
+        r = subprocess.run(
+            [str(self.bin_dir / "ctr"), "--address", self.address, "--namespace", "k8s.io", *args],
+            capture_output=True,
+            text=True,
+            env=self.env(),
+            timeout=120,
+        )
+        if r.returncode != 0:
+            raise RuntimeError(f"ctr {' '.join(args)} failed: {r.stderr}")
+        return r.stdout
+
+    def import_images(self) -> None:
+        have = self.ctr("images", "ls", "-q")
+        busybox = self.pkg_root / "bin" / "busybox"
+        for name, entry in (
+            (images.PAUSE, ["/bin/sleep", "2147483647"]),
+            (images.WORKLOAD, ["/bin/sleep", "2147483647"]),
+        ):
+            if name in have.split():
+                continue
+            archive = images.oci_archive(busybox, name, entry, self.base / f"{name.rsplit('/', 1)[1]}.tar")
+            self.ctr("images", "import", str(archive))
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """Stop containerd only (containers keep running in their shims, as in production)."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.cri is not None:
+            self.cri.close()
+            self.cri = None
+        self.proc = None
+
+    def remove_all_pods(self) -> None:
+        assert self.cri is not None
+        pods = self.cri.call("ListPodSandbox", msg("ListPodSandboxRequest")).items
+        for p in pods:
+            with contextlib.suppress(Exception):
+                self.cri.call("StopPodSandbox", msg("StopPodSandboxRequest", pod_sandbox_id=p.id))
+            with contextlib.suppress(Exception):
+                self.cri.call("RemovePodSandbox", msg("RemovePodSandboxRequest", pod_sandbox_id=p.id))
+
+    def teardown(self) -> None:
+        """Remove everything this runtime created; safe to call more than once."""
+        if self.proc is not None and self.proc.poll() is None and self.cri is not None:
+            with contextlib.suppress(Exception):
+                self.remove_all_pods()
+        self.stop()
+        for pidfile in (self.base / "state").glob("io.containerd.runtime.v2.task/*/*/shim.pid"):
+            with contextlib.suppress(ValueError, OSError):
+                os.kill(int(pidfile.read_text().strip()), signal.SIGKILL)
+        for pidfile in (self.base / "state").glob("io.containerd.runtime.v2.task/*/*/init.pid"):
+            with contextlib.suppress(ValueError, OSError):
+                os.kill(int(pidfile.read_text().strip()), signal.SIGKILL)
+        time.sleep(0.2)
+        unmount_under(self.base)
+        remove_cgroups(self.cgroup_root)
+        subprocess.run(["rm", "-rf", "--one-file-system", str(self.base)], check=False)
+
+    # CRI helpers -----------------------------------------------------------------------------
+
+    def pod_parent(self, qos: str, uid: str) -> str:
+        sub = {"BestEffort": "besteffort/", "Burstable": "burstable/", "Guaranteed": ""}[qos]
+        return f"/{self.cgroup_root}/kubepods/{sub}pod{uid}"
+
+    def run_pod(
+        self,
+        name: str,
+        k8s_qos: str = "Burstable",
+        labels: dict[str, str] | None = None,
+        annotations: dict[str, str] | None = None,
+    ) -> Pod:
+        assert self.cri is not None
+        uid = str(uuid.uuid4())
+        cfg = msg("PodSandboxConfig")
+        cfg.metadata.name, cfg.metadata.uid, cfg.metadata.namespace = name, uid, "default"
+        cfg.log_directory = str(self.base / "logs" / name)
+        cfg.labels.update({"io.kubernetes.pod.name": name, "io.kubernetes.pod.namespace": "default", **(labels or {})})
+        cfg.annotations.update(annotations or {})
+        cfg.linux.cgroup_parent = self.pod_parent(k8s_qos, uid)
+        cfg.linux.security_context.namespace_options.network = 2  # NODE: host network, no CNI
+        pod_id = self.cri.call("RunPodSandbox", msg("RunPodSandboxRequest", config=cfg)).pod_sandbox_id
+        return Pod(pod_id, cfg)
+
+    def create_container(
+        self, pod: Pod, name: str, cpu_shares: int = 0, cpu_quota: int = 0, memory: int = 0, start: bool = True
+    ) -> str:
+        assert self.cri is not None
+        c = container_config(name, cpu_shares, cpu_quota, memory)
+        req = msg("CreateContainerRequest", pod_sandbox_id=pod.id, config=c, sandbox_config=pod.config)
+        cid: str = self.cri.call("CreateContainer", req).container_id
+        if start:
+            self.cri.call("StartContainer", msg("StartContainerRequest", container_id=cid))
+        return cid
+
+    def container_cgroup(self, pod: Pod, cid: str, controller: str = "cpu") -> Path:
+        parent: str = pod.config.linux.cgroup_parent
+        return CGROUP_FS / controller / parent.lstrip("/") / cid
+
+
+@dataclass
+class Pod:
+    id: str
+    config: Any
+
+
+def container_config(name: str, cpu_shares: int = 0, cpu_quota: int = 0, memory: int = 0) -> Any:
+    c = msg("ContainerConfig")
+    c.metadata.name = name
+    c.image.image = images.WORKLOAD
+    c.command.extend(["/bin/sleep", "2147483647"])
+    c.log_path = f"{name}.log"
+    r = c.linux.resources
+    r.cpu_shares, r.cpu_quota, r.memory_limit_in_bytes = cpu_shares, cpu_quota, memory
+    if cpu_quota:
+        r.cpu_period = 100000
+    c.linux.security_context.namespace_options.network = 2
+    return c
+
+
+def read_cgroup(path: Path, name: str) -> str:
+    return (path / name).read_text().strip()
+
+
+def unmount_under(base: Path) -> None:
+    prefix = str(base.resolve()) + "/"
+    mounts = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            mp = line.split()[4].replace("\\040", " ")
+            if mp.startswith(prefix):
+                mounts.append(mp)
+    for mp in sorted(mounts, key=len, reverse=True):
+        subprocess.run(["umount", "-l", mp], check=False, capture_output=True)
+
+
+def remove_cgroups(top: str) -> None:
+    """rmdir our cgroup subtree in every v1 controller, deepest first."""
+    if not top or "/" in top or top in (".", ".."):
+        raise ValueError(f"refusing to remove cgroup {top!r}")
+    for ctrl in CONTROLLERS:
+        root = CGROUP_FS / ctrl / top
+        if not root.is_dir():
+            continue
+        dirs = sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
+        for d in [*dirs, root]:
+            with contextlib.suppress(OSError):
+                d.rmdir()

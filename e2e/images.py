@@ -1,0 +1,108 @@
+"""OCI images built locally from Debian's busybox-static (nothing is pulled from a registry).
+
+``oci_archive`` writes an OCI image layout as a tar that ``ctr images import`` accepts; the
+layer holds /bin/busybox and the applet links the tests use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+from pathlib import Path
+
+WORKLOAD = "nriplugin.local/e2e/busybox:1"
+PAUSE = "nriplugin.local/e2e/pause:1"
+APPLETS = ("sh", "sleep", "cat", "true", "echo", "yes", "ls")
+
+
+def _tar_bytes(add: list[tuple[tarfile.TarInfo, bytes | None]]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as t:
+        for info, data in add:
+            info.mtime = 0
+            info.uid = info.gid = 0
+            t.addfile(info, io.BytesIO(data) if data is not None else None)
+    return buf.getvalue()
+
+
+def _dir(name: str) -> tuple[tarfile.TarInfo, None]:
+    i = tarfile.TarInfo(name)
+    i.type, i.mode = tarfile.DIRTYPE, 0o755
+    return i, None
+
+
+def busybox_layer(busybox: Path) -> bytes:
+    data = busybox.read_bytes()
+    f = tarfile.TarInfo("bin/busybox")
+    f.size, f.mode = len(data), 0o755
+    entries: list[tuple[tarfile.TarInfo, bytes | None]] = [_dir("bin"), (f, data)]
+    for a in APPLETS:
+        link = tarfile.TarInfo(f"bin/{a}")
+        link.type, link.linkname, link.mode = tarfile.SYMTYPE, "busybox", 0o777
+        entries.append((link, None))
+    for d in ("dev", "proc", "sys", "etc", "tmp", "var", "run"):
+        entries.append(_dir(d))
+    return _tar_bytes(entries)
+
+
+def oci_archive(busybox: Path, name: str, entrypoint: list[str], out: Path) -> Path:
+    layer = busybox_layer(busybox)
+    layer_digest = "sha256:" + hashlib.sha256(layer).hexdigest()
+    config = json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {"Entrypoint": entrypoint, "Env": ["PATH=/bin"], "WorkingDir": "/"},
+            "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+        },
+        sort_keys=True,
+    ).encode()
+    config_digest = "sha256:" + hashlib.sha256(config).hexdigest()
+    manifest = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": config_digest,
+                "size": len(config),
+            },
+            "layers": [
+                {"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer_digest, "size": len(layer)}
+            ],
+        },
+        sort_keys=True,
+    ).encode()
+    manifest_digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
+    index = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.index.v1+json",
+            "manifests": [
+                {
+                    "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                    "digest": manifest_digest,
+                    "size": len(manifest),
+                    "platform": {"architecture": "amd64", "os": "linux"},
+                    "annotations": {
+                        "io.containerd.image.name": name,
+                        "org.opencontainers.image.ref.name": name.rsplit(":", 1)[1],
+                    },
+                }
+            ],
+        },
+        sort_keys=True,
+    ).encode()
+    entries: list[tuple[tarfile.TarInfo, bytes | None]] = [_dir("blobs"), _dir("blobs/sha256")]
+    for blob in (layer, config, manifest):
+        i = tarfile.TarInfo("blobs/sha256/" + hashlib.sha256(blob).hexdigest())
+        i.size, i.mode = len(blob), 0o644
+        entries.append((i, blob))
+    for fname, content in (("oci-layout", b'{"imageLayoutVersion":"1.0.0"}'), ("index.json", index)):
+        i = tarfile.TarInfo(fname)
+        i.size, i.mode = len(content), 0o644
+        entries.append((i, content))
+    out.write_bytes(_tar_bytes(entries))
+    return out

@@ -1,0 +1,182 @@
+"""End to end on a real containerd 1.7.24 with NRI, driven through CRI like kubelet."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from e2e.conftest import PluginProcess, free_port
+from e2e.harness import Containerd, read_cgroup
+from nriplugin.cli import install
+from nriplugin.nri import api_pb2 as api
+from nriplugin.nri.stub import HookPolicy, Plugin, Stub, StubOptions
+from nriplugin.plugin import QoSPlugin
+
+BE = {"koordinator.sh/qosClass": "BE"}
+LS = {"koordinator.sh/qosClass": "LS"}
+
+
+def shares(rt: Containerd, pod: Any, cid: str) -> int:
+    return int(read_cgroup(rt.container_cgroup(pod, cid), "cpu.shares"))
+
+
+def test_be_adjusted_ls_left_as_requested(runtime: Containerd, plugin_factory: Callable[..., PluginProcess]) -> None:
+    plugin_factory(runtime.nri_socket)
+    be = runtime.run_pod("be", "BestEffort", BE)
+    be_c = runtime.create_container(be, "main", cpu_shares=1024)
+    ls = runtime.run_pod("ls", "Burstable", LS)
+    ls_c = runtime.create_container(ls, "main", cpu_shares=512, cpu_quota=50000)
+    plain_be = runtime.run_pod("k8s-besteffort", "BestEffort")  # no label: Kubernetes QoS decides
+    plain_c = runtime.create_container(plain_be, "main", cpu_shares=1024)
+    assert shares(runtime, be, be_c) == 2
+    assert shares(runtime, ls, ls_c) == 512
+    assert read_cgroup(runtime.container_cgroup(ls, ls_c), "cpu.cfs_quota_us") == "50000"
+    assert shares(runtime, plain_be, plain_c) == 2
+
+
+def test_preregistered_plugin_started_by_containerd(runtime_factory: Callable[..., Containerd]) -> None:
+    rt = runtime_factory(start=False)
+    port = free_port()
+    install(str(rt.plugin_dir), "nriplugin", "05", ["--metrics-address", f"127.0.0.1:{port}"])
+    rt.start()
+    rt.import_images()
+    assert rt.proc is not None
+    children = _children(rt.proc.pid)
+    assert children, "containerd did not start the pre-registered plugin"
+    try:
+        pod = rt.run_pod("be", "BestEffort", BE)
+        cid = rt.create_container(pod, "main", cpu_shares=1024)
+        assert shares(rt, pod, cid) == 2
+        rt.remove_all_pods()
+        rt.stop()  # the runtime goes away: the plugin, its child, must exit by itself
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in children) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(_alive(p) for p in children)
+    finally:
+        for p in children:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text().split()
+        out += [int(c) for c in text if "nriplugin" in Path(f"/proc/{c}/cmdline").read_bytes().decode(errors="replace")]
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_plugin_reconnects_after_containerd_restart(
+    runtime: Containerd, plugin_factory: Callable[..., PluginProcess]
+) -> None:
+    plugin = plugin_factory(runtime.nri_socket)
+    pod = runtime.run_pod("before", "BestEffort", BE)
+    before = runtime.create_container(pod, "main", cpu_shares=1024)
+    runtime.stop()
+    time.sleep(0.3)
+    assert plugin.get("/readyz")[0] == 503
+    runtime.start()
+    plugin.wait_ready(registrations=2)
+    assert shares(runtime, pod, before) == 2  # still running, untouched by the restart
+    pod2 = runtime.run_pod("after", "BestEffort", BE)
+    after = runtime.create_container(pod2, "main", cpu_shares=1024)
+    assert shares(runtime, pod2, after) == 2
+
+
+def test_synchronize_200_existing_pods(runtime: Containerd, plugin_factory: Callable[..., PluginProcess]) -> None:
+    """200 pods before the plugin connects: Synchronize (a message far over 4 KiB) succeeds
+    within the runtime's deadline and its updates reach the running BE containers."""
+
+    def make(i: int) -> tuple[Any, str, bool]:
+        qos = BE if i % 2 == 0 else LS
+        pod = runtime.run_pod(f"pre-{i}", "BestEffort" if i % 2 == 0 else "Burstable", qos)
+        return pod, runtime.create_container(pod, "main", cpu_shares=1024), i % 2 == 0
+
+    with ThreadPoolExecutor(8) as ex:
+        made = list(ex.map(make, range(200)))
+    plugin = plugin_factory(runtime.nri_socket)
+    assert plugin.metric('nriplugin_synchronize_objects{kind="pods"}') == 200
+    assert plugin.metric("nriplugin_synchronize_duration_seconds_sum") < 2.0
+    assert "synchronized 200 pods, 200 containers, 100 updates" in plugin.logs()
+    # The runtime applies the returned updates (one runc update each) after the answer.
+    want = [2 if is_be else 1024 for _, _, is_be in made]
+    deadline = time.monotonic() + 60
+    while (got := [shares(runtime, pod, cid) for pod, cid, _ in made]) != want and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert got == want
+
+
+def _inprocess(rt: Containerd, plugin: Plugin, body: Callable[[Stub], Any], **opts: Any) -> Any:
+    async def main() -> Any:
+        stub = Stub(plugin, StubOptions(socket_path=rt.nri_socket, idx="20", **opts))
+        task = asyncio.ensure_future(stub.run())
+        try:
+            await asyncio.wait_for(stub.ready.wait(), 20)
+            return await body(stub)
+        finally:
+            stub.stop()
+            await asyncio.wait_for(task, 10)
+
+    return asyncio.run(main())
+
+
+def test_pushed_update_changes_a_running_container(runtime: Containerd) -> None:
+    pod = runtime.run_pod("ls", "Burstable", LS)
+    cid = runtime.create_container(pod, "main", cpu_shares=1024)
+
+    async def push(stub: Stub) -> list[api.ContainerUpdate]:
+        u = api.ContainerUpdate(container_id=cid)
+        u.linux.resources.cpu.shares.value = 77
+        u.linux.resources.cpu.quota.value = 30000
+        u.linux.resources.cpu.period.value = 100000
+        return await stub.update_containers([u])
+
+    assert _inprocess(runtime, QoSPlugin(), push) == []
+    cg = runtime.container_cgroup(pod, cid)
+    assert read_cgroup(cg, "cpu.shares") == "77"
+    assert read_cgroup(cg, "cpu.cfs_quota_us") == "30000"
+
+
+class SlowPlugin(Plugin):
+    async def create_container(self, pod: api.PodSandbox, container: api.Container) -> api.ContainerAdjustment:
+        await asyncio.sleep(1.5)
+        adj = api.ContainerAdjustment()
+        adj.linux.resources.cpu.shares.value = 2
+        return adj
+
+
+@pytest.mark.parametrize("fail_closed", [False, True])
+def test_hook_over_budget(runtime: Containerd, fail_closed: bool) -> None:
+    pod = runtime.run_pod("be", "BestEffort", BE)
+
+    async def create(stub: Stub) -> str | Exception:
+        try:
+            return await asyncio.to_thread(runtime.create_container, pod, "main", 1024)
+        except grpc.RpcError as exc:
+            return exc
+
+    policy = HookPolicy(budget=0.2, fail_closed=fail_closed)
+    result = _inprocess(runtime, SlowPlugin(), create, policies={"create_container": policy})
+    if fail_closed:
+        assert isinstance(result, grpc.RpcError) and "create_container timeout" in str(result.details())
+    else:
+        assert isinstance(result, str)
+        assert shares(runtime, pod, result) == 1024  # started as requested, no adjustment
