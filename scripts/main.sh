@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The main job: install nriplugin into .venv and run it with the embedded default policy
-# against the runtime's NRI socket (default /var/run/nri/nri.sock; pass --socket PATH).
-# It retries until the runtime is there; metrics on http://127.0.0.1:9310/metrics.
+# The main job on a fresh machine: brings up a private containerd 1.7 with NRI (installed into
+# ~/.cache/nriplugin), runs nriplugin against it with the embedded default policy, creates
+# sample LS and BE pods, prints what each container got (real cgroup values next to what CRI
+# asked for) and where the metrics are, and tears everything down on Ctrl-C.
+# Extra arguments go to e2e/demo.py (e.g. --duration 30). On a real node: `nriplugin run`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/nriplugin run --log-format text "$@"
+exec .venv/bin/python -m e2e.demo "$@"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import inspect
 import logging
 import os
 import random
@@ -182,6 +183,10 @@ class _Method:
     event: str  # metrics/policy key
 
 
+# Results that are answered synchronously, checked before the slower awaitable test.
+_SYNC_RESULTS = (type(None), bytes, list, tuple, PbMessage)
+
+
 def _as_updates(result: Any) -> Updates:
     return list(result) if result else []
 
@@ -317,7 +322,7 @@ class Stub:
             self.ready.set()
             return api.SynchronizeResponse(update=_as_updates(res)).SerializeToString()
 
-        if isinstance(result, Awaitable):
+        if inspect.isawaitable(result):
             return _then(result, finish)
         return finish(result)
 
@@ -352,25 +357,18 @@ class Stub:
         if r.timeout_nano > 0:
             # Answer (even if only with the failure policy) before the runtime gives up.
             budget = min(budget, r.timeout_nano / 1e9 * DEADLINE_SHARE)
-        scope = _HandlerScope()
-        token = _in_handler.set(scope)
         try:
             result = method.run(req)
         except Exception as exc:
-            scope.active = False
             self._failed(trunk, ev.stream_id, method, event, policy, "error", exc)
             return
-        finally:
-            _in_handler.reset(token)
-        if isinstance(result, Awaitable):
-            # The scope stays active until the coroutine has answered.
+        if not isinstance(result, _SYNC_RESULTS) and inspect.isawaitable(result):
             task = asyncio.ensure_future(
-                self._finish_async(trunk, ev.stream_id, method, event, policy, budget, result, t0, scope)
+                self._finish_async(trunk, ev.stream_id, method, event, policy, budget, result, t0)
             )
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             return
-        scope.active = False
         try:
             payload = result if isinstance(result, bytes) else method.encode(result)
         except Exception as exc:
@@ -392,8 +390,9 @@ class Stub:
         budget: float,
         aw: Awaitable[Any],
         t0: float,
-        scope: _HandlerScope,
     ) -> None:
+        # Marks this task (and tasks it spawns) as inside a handler until it has answered.
+        scope = _HandlerScope()
         token = _in_handler.set(scope)
         try:
             result = await asyncio.wait_for(_await(aw), max(0.0, budget - (time.perf_counter() - t0)))

@@ -36,8 +36,7 @@ class Trunk(asyncio.Protocol):
     # asyncio.Protocol ---------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]  # uvloop's are not asyncio.Transport
 
     def data_received(self, data: bytes) -> None:
         try:

@@ -6,9 +6,8 @@ A ttrpc message on the wire is a 10-byte big-endian header followed by the paylo
 
 Type 1 is a Request, 2 a Response, 3 Data (streams, unused by NRI). Clients use odd stream
 ids that only ever grow. The payload of a Request/Response is the protobuf envelope from
-containerd/ttrpc ``request.proto`` (vendored in ``protos/ttrpc/`` for reference); the status
-in a Response is ``google.rpc.Status`` (code 1, message 2). The envelope has five fields, so
-it is encoded here by hand: no generated code, no I/O, every malformed input raises
+containerd/ttrpc ``request.proto`` (vendored in ``protos/ttrpc/``); the status in a Response
+is ``google.rpc.Status`` (code 1, message 2). No I/O here; every malformed input raises
 :class:`ProtocolError`.
 """
 
@@ -17,6 +16,10 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Any
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import DecodeError
 
 from .errors import ProtocolError
 
@@ -119,158 +122,81 @@ class MessageDecoder:
         return len(self._buf)
 
 
-# --- protobuf wire helpers for the envelope ------------------------------------------------
+# --- the envelope ----------------------------------------------------------------------------
 
 
-def _varint(value: int) -> bytes:
-    if value < 0:
-        value += 1 << 64
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+def _envelope_classes() -> tuple[Any, Any, Any]:
+    """Request, Response and KeyValue with the field layout of ttrpc's request.proto (status as
+    google.rpc.Status). Built from a descriptor here, parsed by protobuf's C core: no generated
+    module, and tests check the layout against the vendored .proto."""
+    t = descriptor_pb2.FieldDescriptorProto
+    f = descriptor_pb2.FileDescriptorProto(name="nriplugin/ttrpc.proto", package="nriplugin.ttrpc", syntax="proto3")
+
+    def message(name: str, *fields: tuple[str, int, int, int, str]) -> None:
+        m = f.message_type.add(name=name)
+        for fname, number, ftype, label, type_name in fields:
+            fd = m.field.add(name=fname, number=number, type=ftype, label=label)
+            if type_name:
+                fd.type_name = type_name
+
+    opt, rep = t.LABEL_OPTIONAL, t.LABEL_REPEATED
+    message("KeyValue", ("key", 1, t.TYPE_STRING, opt, ""), ("value", 2, t.TYPE_STRING, opt, ""))
+    message(
+        "Request",
+        ("service", 1, t.TYPE_STRING, opt, ""),
+        ("method", 2, t.TYPE_STRING, opt, ""),
+        ("payload", 3, t.TYPE_BYTES, opt, ""),
+        ("timeout_nano", 4, t.TYPE_INT64, opt, ""),
+        ("metadata", 5, t.TYPE_MESSAGE, rep, ".nriplugin.ttrpc.KeyValue"),
+    )
+    message("Status", ("code", 1, t.TYPE_INT32, opt, ""), ("message", 2, t.TYPE_STRING, opt, ""))
+    message(
+        "Response",
+        ("status", 1, t.TYPE_MESSAGE, opt, ".nriplugin.ttrpc.Status"),
+        ("payload", 2, t.TYPE_BYTES, opt, ""),
+    )
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(f)
+    get = message_factory.GetMessageClass
+    return (
+        get(pool.FindMessageTypeByName("nriplugin.ttrpc.Request")),
+        get(pool.FindMessageTypeByName("nriplugin.ttrpc.Response")),
+        get(pool.FindMessageTypeByName("nriplugin.ttrpc.KeyValue")),
+    )
 
 
-def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
-    result = 0
-    shift = 0
-    end = len(data)
-    while True:
-        if pos >= end:
-            raise ProtocolError("truncated varint in ttrpc envelope")
-        b = data[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, pos
-        shift += 7
-        if shift >= 70:
-            raise ProtocolError("varint too long in ttrpc envelope")
-
-
-def _fields(data: bytes) -> list[tuple[int, int, int | bytes]]:
-    """Split a protobuf message into (field number, wire type, value); skips nothing."""
-    out: list[tuple[int, int, int | bytes]] = []
-    pos = 0
-    end = len(data)
-    while pos < end:
-        key, pos = _read_varint(data, pos)
-        num, wt = key >> 3, key & 7
-        if num == 0:
-            raise ProtocolError("field number 0 in ttrpc envelope")
-        if wt == 0:
-            val, pos = _read_varint(data, pos)
-            out.append((num, wt, val))
-        elif wt == 2:
-            n, pos = _read_varint(data, pos)
-            if n > end - pos:
-                raise ProtocolError("length-delimited field runs past the end of the ttrpc envelope")
-            out.append((num, wt, bytes(data[pos : pos + n])))
-            pos += n
-        elif wt == 1:
-            if pos + 8 > end:
-                raise ProtocolError("truncated fixed64 in ttrpc envelope")
-            pos += 8
-        elif wt == 5:
-            if pos + 4 > end:
-                raise ProtocolError("truncated fixed32 in ttrpc envelope")
-            pos += 4
-        else:
-            raise ProtocolError(f"unsupported wire type {wt} in ttrpc envelope")
-    return out
-
-
-def _str(value: int | bytes, what: str) -> str:
-    if not isinstance(value, bytes):
-        raise ProtocolError(f"{what} has the wrong wire type")
-    try:
-        return value.decode()
-    except UnicodeDecodeError as exc:
-        raise ProtocolError(f"{what} is not valid UTF-8") from exc
-
-
-def _bytes(value: int | bytes, what: str) -> bytes:
-    if not isinstance(value, bytes):
-        raise ProtocolError(f"{what} has the wrong wire type")
-    return value
-
-
-def _int(value: int | bytes, what: str, bits: int = 64) -> int:
-    if not isinstance(value, int):
-        raise ProtocolError(f"{what} has the wrong wire type")
-    value &= (1 << 64) - 1
-    if value >= 1 << 63:
-        value -= 1 << 64
-    if bits == 32:
-        value = ((value + (1 << 31)) & 0xFFFFFFFF) - (1 << 31)
-    return value
-
-
-def _ld(num: int, data: bytes) -> bytes:
-    return _varint(num << 3 | 2) + _varint(len(data)) + data
+RequestPb, ResponsePb, KeyValuePb = _envelope_classes()
 
 
 def encode_request(req: Request) -> bytes:
-    out = _ld(1, req.service.encode()) + _ld(2, req.method.encode())
-    if req.payload:
-        out += _ld(3, req.payload)
-    if req.timeout_nano:
-        out += _varint(4 << 3) + _varint(req.timeout_nano)
+    m = RequestPb(service=req.service, method=req.method, payload=req.payload, timeout_nano=req.timeout_nano)
     for k, v in req.metadata:
-        out += _ld(5, _ld(1, k.encode()) + _ld(2, v.encode()))
-    return out
+        m.metadata.add(key=k, value=v)
+    return m.SerializeToString()  # type: ignore[no-any-return]
 
 
 def decode_request(data: bytes) -> Request:
-    req = Request("", "")
-    for num, _wt, val in _fields(data):
-        if num == 1:
-            req.service = _str(val, "request service")
-        elif num == 2:
-            req.method = _str(val, "request method")
-        elif num == 3:
-            req.payload = _bytes(val, "request payload")
-        elif num == 4:
-            req.timeout_nano = _int(val, "request timeout")
-        elif num == 5:
-            key = value = ""
-            for n2, _w2, v2 in _fields(_bytes(val, "request metadata")):
-                if n2 == 1:
-                    key = _str(v2, "metadata key")
-                elif n2 == 2:
-                    value = _str(v2, "metadata value")
-            req.metadata.append((key, value))
-    return req
+    try:
+        m = RequestPb.FromString(data)
+    except DecodeError as exc:
+        raise ProtocolError(f"malformed ttrpc request: {exc}") from exc
+    return Request(m.service, m.method, m.payload, m.timeout_nano, [(kv.key, kv.value) for kv in m.metadata])
 
 
 def encode_response(resp: Response) -> bytes:
-    out = b""
+    m = ResponsePb(payload=resp.payload)
     if resp.code or resp.message:
-        status = b""
-        if resp.code:
-            status += _varint(1 << 3) + _varint(resp.code)
-        if resp.message:
-            status += _ld(2, resp.message.encode())
-        out += _ld(1, status)
-    if resp.payload:
-        out += _ld(2, resp.payload)
-    return out
+        m.status.code = resp.code
+        m.status.message = resp.message
+    return m.SerializeToString()  # type: ignore[no-any-return]
 
 
 def decode_response(data: bytes) -> Response:
-    resp = Response()
-    for num, _wt, val in _fields(data):
-        if num == 1:
-            for n2, _w2, v2 in _fields(_bytes(val, "response status")):
-                if n2 == 1:
-                    resp.code = _int(v2, "status code", bits=32)
-                elif n2 == 2:
-                    resp.message = _str(v2, "status message")
-        elif num == 2:
-            resp.payload = _bytes(val, "response payload")
-    return resp
+    try:
+        m = ResponsePb.FromString(data)
+    except DecodeError as exc:
+        raise ProtocolError(f"malformed ttrpc response: {exc}") from exc
+    return Response(m.payload, m.status.code, m.status.message)
 
 
 # --- one ttrpc connection, either side ------------------------------------------------------
