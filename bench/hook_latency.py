@@ -6,8 +6,13 @@ rounds in one run, so machine noise hits both alike. Reported: CreateContainer r
 p50/p99 per plugin, Synchronize of 300 pods, the ratios nriplugin / Go, and nriplugin's
 plugin-side handling time (bytes in -> response written, measured inside the process).
 
+With --containerd (root, the e2e harness's private containerd 1.7): CRI CreateContainer
+latency with no plugin, the Go plugin and nriplugin, alternating; and pre-registered
+"process start -> registered" for both plugins. --plot draws the distributions to a PNG.
+
 Usage: .venv/bin/python -m bench.hook_latency [--rounds 4] [--calls 3000] [--sync-pods 300]
-       [--write BENCHMARKS.md]
+       [--containerd] [--write BENCHMARKS.md] [--plot bench/hook_latency.png]
+(--plot needs the bench extra: pip install -e '.[bench]')
 """
 
 from __future__ import annotations
@@ -107,6 +112,11 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=3000)
     ap.add_argument("--sync-pods", type=int, default=300)
     ap.add_argument("--write", type=Path, help="update this BENCHMARKS.md section")
+    ap.add_argument("--plot", type=Path, help="write the latency distributions to this PNG")
+    ap.add_argument("--containerd", action="store_true", help="also measure on the private containerd")
+    ap.add_argument("--cri-rounds", type=int, default=5)
+    ap.add_argument("--cri-per-round", type=int, default=60)
+    ap.add_argument("--start-reps", type=int, default=6)
     args = ap.parse_args()
     bench = go_peer("nri-runtime-bench")
     goplugin = go_peer("go-nri-refplugin")
@@ -141,7 +151,7 @@ def main() -> int:
         "n": len(handled),
         "be_adjusted": inproc.get("be_adjusted"),
     }
-    out = {
+    out: dict[str, Any] = {
         "rounds": args.rounds,
         "calls": args.calls,
         "sync_pods": args.sync_pods,
@@ -150,14 +160,104 @@ def main() -> int:
         "nriplugin_plugin_side": plugin_side,
         "runs": runs,
     }
-    print(json.dumps(out, indent=1))
+    raw: dict[str, Any] = {}
+    if args.containerd:
+        from bench import containerd_latency as cl
+
+        raw["cri"] = cl.cri_create_latency(goplugin, args.cri_rounds, args.cri_per_round)
+        raw["start"] = cl.preregistered_start(goplugin, args.start_reps)
+        out["cri_create_ms"] = {k: cl.summary(v) for k, v in raw["cri"].items()}
+        out["preregistered_start_ms"] = {k: cl.summary(v) for k, v in raw["start"].items()}
+        out["cri_added_ci_ms"] = {
+            k: {q: cl.diff_ci(raw["cri"][k], raw["cri"]["none"], x) for q, x in (("p50", 0.5), ("p99", 0.99))}
+            for k in ("go", "nriplugin")
+        }
+    if args.plot:
+        plot(args.plot, out, handled, raw)
+    print(json.dumps({k: v for k, v in out.items() if k != "runs"}, indent=1))
     if args.write:
         write_section(args.write, out, " ".join(["python -m bench.hook_latency", *sys.argv[1:]]))
     return 0
 
 
+def plot(path: Path, out: dict[str, Any], handled: list[float], raw: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    ax = axes[0][0]
+    names = ["go", "nriplugin"]
+    for i, q in enumerate(("p50_us", "p90_us", "p99_us")):
+        vals = [statistics.median(float(r[q]) for r in out["runs"][n]) for n in names]
+        ax.bar([j * 4 + i for j in range(2)], vals, label=q.split("_")[0])
+    ax.set_xticks([1, 5], ["Go stub plugin", "nriplugin"])
+    ax.set_ylabel("µs")
+    ax.set_title("CreateContainer round trip as the runtime sees it\n(nri-runtime-bench, median of rounds)")
+    ax.legend()
+    ax = axes[0][1]
+    ax.hist(handled, bins=[10 * 1.1**k for k in range(60)], color="tab:orange")
+    ax.set_xscale("log")
+    ax.set_xlabel("µs")
+    ax.set_title("nriplugin plugin-side handling of CreateContainer")
+    ax = axes[1][0]
+    if raw.get("cri"):
+        for name, vals in raw["cri"].items():
+            s = sorted(vals)
+            ax.plot(s, [(k + 1) / len(s) for k in range(len(s))], label=name)
+        ax.set_xlabel("ms")
+        ax.set_ylabel("fraction of calls")
+        ax.legend()
+    ax.set_title("CRI CreateContainer on containerd 1.7.24 (CDF)")
+    ax = axes[1][1]
+    if raw.get("start"):
+        for j, vals in enumerate(raw["start"].values()):
+            ax.scatter([j] * len(vals), vals)
+        ax.set_xticks(range(len(raw["start"])), list(raw["start"]))
+        ax.axhline(300, color="grey", linestyle="--", label="target 300 ms")
+        ax.set_ylabel("ms")
+        ax.legend()
+    ax.set_title("pre-registered: process start -> registered")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
 def row(name: str, x: dict[str, float]) -> str:
     return f"| {name} | {x['p50_us']:.0f} µs | {x['p99_us']:.0f} µs | {x['sync_ms']:.1f} ms |"
+
+
+def containerd_part(out: dict[str, Any]) -> str:
+    if "cri_create_ms" not in out:
+        return ""
+    c, st = out["cri_create_ms"], out["preregistered_start_ms"]
+    lines = [
+        "",
+        "On the private containerd 1.7.24 (e2e harness): CRI CreateContainer (not started; a BE pod, so both",
+        f"plugins adjust it), {c['none']['n']} calls per configuration, configurations alternating by round:",
+        "",
+        "| plugin | p50 | p90 | p99 | added at p50 (95 % CI) | added at p99 (95 % CI) |",
+        "|---|---|---|---|---|---|",
+    ]
+    ci = out["cri_added_ci_ms"]
+    for name in ("none", "go", "nriplugin"):
+        x = c[name]
+        added = ["-", "-"]
+        if name != "none":
+            added = [
+                f"{x[q] - c['none'][q]:+.2f} ms ({ci[name][q][0]:+.2f} .. {ci[name][q][1]:+.2f})"
+                for q in ("p50", "p99")
+            ]
+        lines.append(
+            f"| {name} | {x['p50']:.2f} ms | {x['p90']:.2f} ms | {x['p99']:.2f} ms | {added[0]} | {added[1]} |"
+        )
+    lines += [
+        "",
+        f"Pre-registered mode, launcher start -> containerd logs the registration ({st['go']['n']} starts each):",
+        f"Go stub p50 {st['go']['p50']:.0f} ms (max {st['go']['max']:.0f} ms); "
+        f"nriplugin p50 {st['nriplugin']['p50']:.0f} ms (max {st['nriplugin']['max']:.0f} ms).",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def write_section(path: Path, out: dict[str, Any], command: str) -> None:
@@ -179,6 +279,8 @@ pods), {out["sync_pods"]} pods at Synchronize. Figures are the median over round
 
 nriplugin plugin-side handling of CreateContainer (bytes in -> response written, inside the
 process, {p["n"]} calls): p50 {p["p50_us"]:.0f} µs, p99 {p["p99_us"]:.0f} µs.
+{containerd_part(out)}
+![latency distributions](bench/hook_latency.png)
 <!-- hook_latency:end -->
 """
     text = path.read_text() if path.exists() else "# Benchmarks\n\n"

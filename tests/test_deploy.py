@@ -1,0 +1,63 @@
+"""The kind config, the DaemonSet and the image recipe: checked by parsing, since kind and a
+container engine cannot run on the CI machines."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nriplugin.cli import build_parser
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def docs(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((ROOT / "kind" / name).read_text()) if d]
+
+
+def test_kind_cluster_enables_nri() -> None:
+    (cluster,) = docs("cluster.yaml")
+    assert cluster["kind"] == "Cluster" and cluster["apiVersion"] == "kind.x-k8s.io/v1alpha4"
+    (patch,) = cluster["containerdConfigPatches"]
+    nri = tomllib.loads(patch)["plugins"]["io.containerd.nri.v1.nri"]
+    assert nri["disable"] is False and nri["disable_connections"] is False
+    assert nri["socket_path"] == "/var/run/nri/nri.sock"
+    workers = [n for n in cluster["nodes"] if n["role"] == "worker"]
+    assert workers and all(n["labels"]["nriplugin.io/colocation"] == "true" for n in workers)
+
+
+def test_daemonset_matches_cli_and_cluster() -> None:
+    ns, ds = docs("daemonset.yaml")
+    assert ns["kind"] == "Namespace" and ds["kind"] == "DaemonSet" and ds["apiVersion"] == "apps/v1"
+    assert ds["metadata"]["namespace"] == ns["metadata"]["name"]
+    spec = ds["spec"]["template"]["spec"]
+    assert ds["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    (ctr,) = spec["containers"]
+    # The container's args must be accepted by the real CLI.
+    args = build_parser().parse_args(["run", *ctr["args"]])
+    (cluster,) = docs("cluster.yaml")
+    nri = tomllib.loads(cluster["containerdConfigPatches"][0])["plugins"]["io.containerd.nri.v1.nri"]
+    assert args.socket == nri["socket_path"]
+    mounts = {m["name"]: m["mountPath"] for m in ctr["volumeMounts"]}
+    vols = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
+    assert mounts["nri"] == vols["nri"] == str(Path(args.socket).parent)
+    port = args.metrics_address[1]
+    assert ctr["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port}
+    assert ctr["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port}
+    assert spec["nodeSelector"].items() <= next(n for n in cluster["nodes"] if n["role"] == "worker")["labels"].items()
+
+
+def test_containerfile_installs_the_package() -> None:
+    text = (ROOT / "image" / "Containerfile").read_text()
+    for src in re.findall(r"^COPY (.+) \S+$", text, re.M):
+        for path in src.split():
+            assert (ROOT / path).exists(), f"Containerfile copies missing {path}"
+    entry = re.search(r"^ENTRYPOINT (\[.*\])$", text, re.M)
+    assert entry is not None and yaml.safe_load(entry.group(1)) == ["nriplugin", "run"]
+    cmd = re.search(r"^CMD (\[.*\])$", text, re.M)
+    assert cmd is not None
+    build_parser().parse_args(["run", *yaml.safe_load(cmd.group(1))])
