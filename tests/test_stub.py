@@ -424,3 +424,28 @@ def test_invalid_fd_in_environment() -> None:
             StubOptions.from_env()
     finally:
         del os.environ["NRI_PLUGIN_SOCKET"]
+
+
+def test_failed_synchronize_drops_the_connection_and_retries(tmp_path: Path) -> None:
+    """The runtime ignores a plugin whose Synchronize failed; the stub must not sit on that
+    dead connection but register again."""
+
+    class FlakySync(SharesPlugin):
+        calls = 0
+
+        def synchronize(self, pods: list[api.PodSandbox], containers: list[api.Container]) -> list[api.ContainerUpdate]:
+            FlakySync.calls += 1
+            if FlakySync.calls == 1:
+                raise RuntimeError("state not loaded yet")
+            return super().synchronize(pods, containers)
+
+    async def main(tmp: Path) -> None:
+        pods = [make_pod(1)]
+        peer = RuntimePeer(pods, [make_container(1, pods[0])])
+        stub, task = await started(peer, FlakySync(), tmp)
+        s = await peer.next_session()
+        assert FlakySync.calls == 2 and stub.connections == 2 and s.sync_error == ""
+        assert stub.ready.is_set()
+        await stopped(stub, task, peer)
+
+    run(main, tmp_path)

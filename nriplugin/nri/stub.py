@@ -177,7 +177,6 @@ _in_handler: contextvars.ContextVar[_HandlerScope | None] = contextvars.ContextV
 @dataclass(slots=True)
 class _Method:
     request: type[PbMessage]
-    empty_response: bytes  # what fail-open answers
     run: Callable[[Any], Any]  # parsed request -> handler result
     encode: Callable[[Any], bytes]  # handler result -> response payload
     event: str  # metrics/policy key
@@ -185,6 +184,14 @@ class _Method:
 
 # Results that are answered synchronously, checked before the slower awaitable test.
 _SYNC_RESULTS = (type(None), bytes, list, tuple, PbMessage)
+
+
+def _identity(payload: Any) -> bytes:
+    return payload  # type: ignore[no-any-return]
+
+
+def _empty(_result: Any) -> bytes:
+    return b""
 
 
 def _as_updates(result: Any) -> Updates:
@@ -257,7 +264,6 @@ class Stub:
 
     def _build_methods(self) -> dict[str, _Method]:
         p = self.plugin
-        empty = b""
 
         def state_change(req: api.StateChangeEvent) -> Any:
             name = STATE_CHANGE_HANDLERS.get(req.event)
@@ -269,41 +275,42 @@ class Stub:
             return handler(req.pod, req.container)
 
         return {
-            "Configure": _Method(api.ConfigureRequest, empty, self._configure, self._encode_configure, "configure"),
-            "Synchronize": _Method(api.SynchronizeRequest, empty, self._synchronize, lambda r: r, "synchronize"),
-            "Shutdown": _Method(api.Empty, empty, lambda r: p.shutdown(), lambda r: b"", "shutdown"),
+            "Configure": _Method(api.ConfigureRequest, self._configure, _identity, "configure"),
+            "Synchronize": _Method(api.SynchronizeRequest, self._synchronize, _identity, "synchronize"),
+            "Shutdown": _Method(api.Empty, lambda r: p.shutdown(), _empty, "shutdown"),
             "CreateContainer": _Method(
                 api.CreateContainerRequest,
-                empty,
                 lambda r: p.create_container(r.pod, r.container),
                 _encode_create,
                 "create_container",
             ),
             "UpdateContainer": _Method(
                 api.UpdateContainerRequest,
-                empty,
                 lambda r: p.update_container(r.pod, r.container, r.linux_resources),
                 lambda res: api.UpdateContainerResponse(update=_as_updates(res)).SerializeToString(),
                 "update_container",
             ),
             "StopContainer": _Method(
                 api.StopContainerRequest,
-                empty,
                 lambda r: p.stop_container(r.pod, r.container),
                 lambda res: api.StopContainerResponse(update=_as_updates(res)).SerializeToString(),
                 "stop_container",
             ),
-            "StateChange": _Method(api.StateChangeEvent, empty, state_change, lambda r: b"", "state_change"),
+            "StateChange": _Method(api.StateChangeEvent, state_change, _empty, "state_change"),
         }
 
     def _configure(self, req: api.ConfigureRequest) -> Any:
         self.runtime = (req.runtime_name, req.runtime_version)
-        return self.plugin.configure(req.config, req.runtime_name, req.runtime_version)
+        result = self.plugin.configure(req.config, req.runtime_name, req.runtime_version)
 
-    def _encode_configure(self, _result: Any) -> bytes:
-        if self.opts.fd is not None:
-            self.ready.set()  # pre-registered plugins get no Synchronize on containerd 1.7
-        return api.ConfigureResponse(events=self.events).SerializeToString()
+        def finish(_res: Any) -> bytes:
+            if self.opts.fd is not None:
+                self.ready.set()  # pre-registered plugins get no Synchronize on containerd 1.7
+            return api.ConfigureResponse(events=self.events).SerializeToString()
+
+        if inspect.isawaitable(result):
+            return _then(result, finish)
+        return finish(result)
 
     def _synchronize(self, req: api.SynchronizeRequest) -> Any:
         """Collect split Synchronize requests (newer runtimes set ``more``) and call once."""
@@ -360,7 +367,7 @@ class Stub:
         try:
             result = method.run(req)
         except Exception as exc:
-            self._failed(trunk, ev.stream_id, method, event, policy, "error", exc)
+            self._failed(trunk, ev.stream_id, event, policy, "error", exc)
             return
         if not isinstance(result, _SYNC_RESULTS) and inspect.isawaitable(result):
             task = asyncio.ensure_future(
@@ -372,7 +379,7 @@ class Stub:
         try:
             payload = result if isinstance(result, bytes) else method.encode(result)
         except Exception as exc:
-            self._failed(trunk, ev.stream_id, method, event, policy, "error", exc)
+            self._failed(trunk, ev.stream_id, event, policy, "error", exc)
             return
         trunk.respond(ev.stream_id, payload)
         elapsed = time.perf_counter() - t0
@@ -398,10 +405,10 @@ class Stub:
             result = await asyncio.wait_for(_await(aw), max(0.0, budget - (time.perf_counter() - t0)))
             payload = result if isinstance(result, bytes) else method.encode(result)
         except TimeoutError as exc:
-            self._failed(trunk, sid, method, event, policy, "timeout", exc)
+            self._failed(trunk, sid, event, policy, "timeout", exc)
             return
         except Exception as exc:
-            self._failed(trunk, sid, method, event, policy, "error", exc)
+            self._failed(trunk, sid, event, policy, "error", exc)
             return
         finally:
             scope.active = False
@@ -409,25 +416,31 @@ class Stub:
         trunk.respond(sid, payload)
         self.observer.hook_done(event, time.perf_counter() - t0)
 
-    def _failed(
-        self, trunk: Trunk, sid: int, method: _Method, event: str, policy: HookPolicy, reason: str, exc: BaseException
-    ) -> None:
+    def _failed(self, trunk: Trunk, sid: int, event: str, policy: HookPolicy, reason: str, exc: BaseException) -> None:
         self.observer.hook_failed(event, reason, policy.fail_closed)
+        detail = str(exc) or type(exc).__name__
         mode = "fail-closed" if policy.fail_closed else "fail-open"
         log.warning(
             "hook %s %s (%s): %s",
             event,
             reason,
             mode,
-            exc or type(exc).__name__,
+            detail,
             extra={"event": event, "reason": reason, "policy": mode},
         )
-        # Configure and Synchronize are not hooks: an error there is always reported.
-        if policy.fail_closed or event in ("configure", "synchronize"):
+        # Configure and Synchronize are not hooks: an error there is always reported, and the
+        # runtime then ignores this connection, so drop it and register afresh after backoff.
+        if event in ("configure", "synchronize"):
+            trunk.respond(
+                sid, code=ttrpc.Code.UNKNOWN, message=f"nriplugin {event} {reason}: {str(exc) or type(exc).__name__}"
+            )
+            asyncio.get_running_loop().call_soon(trunk.close)
+            return
+        if policy.fail_closed:
             code = ttrpc.Code.DEADLINE_EXCEEDED if reason == "timeout" else ttrpc.Code.UNKNOWN
-            trunk.respond(sid, code=code, message=f"nriplugin {event} {reason}: {exc}")
+            trunk.respond(sid, code=code, message=f"nriplugin {event} {reason}: {detail}")
         else:
-            trunk.respond(sid, method.empty_response)
+            trunk.respond(sid, b"")  # the empty response: no adjustment, no updates
 
     # outside event handlers ---------------------------------------------------------------
 
