@@ -37,7 +37,7 @@ def _start_plugin(kind: str, rt: harness.Containerd, goplugin: Path) -> subproce
 def cri_create_latency(goplugin: Path, rounds: int, per_round: int) -> dict[str, list[float]]:
     """CRI CreateContainer round trips (ms) per configuration, configurations alternating."""
     pkg = harness.install()
-    rt = harness.Containerd(pkg, Path(tempfile.mkdtemp(prefix="nriplugin-bench-")))
+    rt = harness.Containerd(pkg, Path(tempfile.mkdtemp(prefix="nriplugin-bench-")), tmpfs=True)
     samples: dict[str, list[float]] = {"none": [], "go": [], "nriplugin": []}
     connects = {"go": 0, "nriplugin": 0}
     try:
