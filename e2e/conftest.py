@@ -49,6 +49,9 @@ def runtime_factory(pkg_root: Path) -> Iterator[object]:
     yield make
     for c in made:
         c.teardown()
+    for c in made:  # teardown leaves nothing behind
+        assert not harness.cgroup_dirs(c.cgroup_root), f"cgroups left: {harness.cgroup_dirs(c.cgroup_root)}"
+        assert not c.base.exists()
 
 
 @pytest.fixture

@@ -24,20 +24,6 @@ from .cri import CRI, msg
 
 ROOT = Path(__file__).resolve().parent.parent
 CGROUP_FS = Path("/sys/fs/cgroup")
-CONTROLLERS = (
-    "cpu",
-    "cpuacct",
-    "cpuset",
-    "memory",
-    "pids",
-    "blkio",
-    "devices",
-    "freezer",
-    "hugetlb",
-    "net_cls",
-    "perf_event",
-    "systemd",
-)
 _seq = itertools.count()
 
 
@@ -318,14 +304,16 @@ def unmount_under(base: Path) -> None:
         subprocess.run(["umount", "-l", mp], check=False, capture_output=True)
 
 
-def remove_cgroups(top: str) -> None:
-    """rmdir our cgroup subtree in every v1 controller, deepest first."""
+def cgroup_dirs(top: str) -> list[Path]:
+    """Our top-level cgroup in every mounted hierarchy (v1 controllers and the v2 one)."""
     if not top or "/" in top or top in (".", ".."):
-        raise ValueError(f"refusing to remove cgroup {top!r}")
-    for ctrl in CONTROLLERS:
-        root = CGROUP_FS / ctrl / top
-        if not root.is_dir():
-            continue
+        raise ValueError(f"refusing cgroup name {top!r}")
+    return [h / top for h in CGROUP_FS.iterdir() if (h / top).is_dir()]
+
+
+def remove_cgroups(top: str) -> None:
+    """rmdir our cgroup subtree in every hierarchy, deepest first."""
+    for root in cgroup_dirs(top):
         dirs = sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
         for d in [*dirs, root]:
             with contextlib.suppress(OSError):
