@@ -1,0 +1,272 @@
+"""cgroup v1 and v2 behind one interface: logical resource names (the v1 names), their file in
+each version, value conversions, validated writes, and the "unsupported" memory.
+
+Writes are range-checked, refuse any path that resolves outside the root, and turn the
+kernel's EINVAL/EPERM/ENOENT for a file the kernel does not have into "unsupported": reported
+once (the caller logs it), then skipped without touching the file again.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import IntEnum
+from pathlib import Path
+
+MAX_SHARES, MIN_SHARES = 262144, 2
+MAX_WEIGHT, MIN_WEIGHT = 10000, 1
+
+
+class Version(IntEnum):
+    V1 = 1
+    V2 = 2
+
+
+def shares_to_weight(shares: int) -> int:
+    """cgroup v1 cpu.shares -> v2 cpu.weight (the mapping runc and the kernel docs use)."""
+    shares = min(max(shares, MIN_SHARES), MAX_SHARES)
+    return 1 + ((shares - MIN_SHARES) * (MAX_WEIGHT - 1)) // (MAX_SHARES - MIN_SHARES)
+
+
+def weight_to_shares(weight: int) -> int:
+    weight = min(max(weight, MIN_WEIGHT), MAX_WEIGHT)
+    return MIN_SHARES + ((weight - 1) * (MAX_SHARES - MIN_SHARES) + MAX_WEIGHT - 2) // (MAX_WEIGHT - 1)
+
+
+class InvalidValue(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One logical setting. ``v1``: (controller, file); ``v2``: file; None where absent."""
+
+    name: str
+    v1: tuple[str, str] | None
+    v2: str | None
+    lo: int | None = None  # inclusive range of the logical (v1) value; None: not an integer
+    hi: int | None = None
+    unlimited: int | None = None  # the logical value meaning "no limit" (-1), written "max" on v2
+    to_v2: Callable[[int], int] | None = None
+    from_v2: Callable[[int], int] | None = None
+
+    def check(self, value: int | str) -> int | str:
+        if self.lo is None:
+            if not isinstance(value, str) or len(value) > 4096 or "\n" in value.rstrip("\n"):
+                raise InvalidValue(f"{self.name}: expected a single-line string, got {value!r:.80}")
+            return value
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidValue(f"{self.name}: expected an integer, got {value!r:.80}")
+        if value == self.unlimited:
+            return value
+        assert self.hi is not None
+        if not self.lo <= value <= self.hi:
+            raise InvalidValue(f"{self.name}={value} is outside [{self.lo}, {self.hi}]")
+        return value
+
+
+RESOURCES: dict[str, Resource] = {
+    r.name: r
+    for r in (
+        Resource(
+            "cpu.shares",
+            ("cpu", "cpu.shares"),
+            "cpu.weight",
+            MIN_SHARES,
+            MAX_SHARES,
+            None,
+            shares_to_weight,
+            weight_to_shares,
+        ),
+        # cpu.max on v2 is "QUOTA PERIOD"; quota and period are handled as one pair below.
+        Resource("cpu.cfs_quota_us", ("cpu", "cpu.cfs_quota_us"), "cpu.max", 1000, 2**44, -1),
+        Resource("cpu.cfs_period_us", ("cpu", "cpu.cfs_period_us"), "cpu.max", 1000, 1_000_000),
+        Resource("cpu.cfs_burst_us", ("cpu", "cpu.cfs_burst_us"), "cpu.max.burst", 0, 2**44),
+        Resource("cpu.bvt_warp_ns", ("cpu", "cpu.bvt_warp_ns"), "cpu.bvt_warp_ns", -1, 2),
+        Resource("cpu.idle", ("cpu", "cpu.idle"), "cpu.idle", 0, 1),
+        Resource("cpuset.cpus", ("cpuset", "cpuset.cpus"), "cpuset.cpus"),
+        Resource("cpuset.mems", ("cpuset", "cpuset.mems"), "cpuset.mems"),
+        Resource("memory.limit_in_bytes", ("memory", "memory.limit_in_bytes"), "memory.max", 4096, 2**62, -1),
+        # Mainline v1 has no min/low/high (some kernels, e.g. Anolis, add them under these names).
+        Resource("memory.min", ("memory", "memory.min"), "memory.min", 0, 2**62),
+        Resource("memory.low", ("memory", "memory.low"), "memory.low", 0, 2**62),
+        Resource("memory.high", ("memory", "memory.high"), "memory.high", 0, 2**62, -1),
+        Resource("memory.oom.group", None, "memory.oom.group", 0, 1),
+        Resource(
+            "blkio.weight",
+            ("blkio", "blkio.weight"),
+            "io.weight",
+            10,
+            1000,
+            None,
+            lambda w: max(1, min(10000, w * 10)),
+            lambda w: max(10, min(1000, w // 10)),
+        ),
+    )
+}
+
+
+@dataclass
+class Outcome:
+    status: str  # "written", "unchanged", "unsupported", "missing" (cgroup gone), "rejected"
+    errno: int = 0
+    detail: str = ""
+
+
+@dataclass
+class Cgroups:
+    """The cgroup tree at ``root`` (``/sys/fs/cgroup`` in production)."""
+
+    root: Path = Path("/sys/fs/cgroup")
+    version: Version | None = None  # detected from the tree when None
+    unsupported: set[str] = field(default_factory=set)
+    on_unsupported: Callable[[str, str], None] | None = None  # (resource, why): reported once
+
+    def __post_init__(self) -> None:
+        self.root = Path(self.root)
+        if self.version is None:
+            self.version = detect_version(self.root)
+
+    # paths -----------------------------------------------------------------------------------
+
+    def file(self, group: str, resource: str) -> Path:
+        """The file of ``resource`` for cgroup ``group`` (relative, as from paths.relative)."""
+        res = RESOURCES[resource]
+        if self.version is Version.V1:
+            if res.v1 is None:
+                raise KeyError(f"{resource} has no cgroup v1 file")
+            base = self.root / res.v1[0]
+            name = res.v1[1]
+        else:
+            if res.v2 is None:
+                raise KeyError(f"{resource} has no cgroup v2 file")
+            base = self.root
+            name = res.v2
+        path = base / group / name if group else base / name
+        return self._contained(base, path)
+
+    def group_dir(self, group: str, controller: str = "cpu") -> Path:
+        base = self.root / controller if self.version is Version.V1 else self.root
+        return self._contained(base, base / group)
+
+    @staticmethod
+    def _contained(base: Path, path: Path) -> Path:
+        real_base = os.path.realpath(base)
+        real = os.path.realpath(path)
+        if real != real_base and not real.startswith(real_base + os.sep):
+            raise PermissionError(f"refusing {path}: resolves outside {base}")
+        return path
+
+    # values ----------------------------------------------------------------------------------
+
+    def encode(self, resource: str, value: int | str, period: int | None = None) -> str:
+        res = RESOURCES[resource]
+        value = res.check(value)
+        if self.version is Version.V1 or isinstance(value, str):
+            return str(value)
+        if resource == "cpu.cfs_quota_us":
+            return f"{'max' if value == -1 else value} {period or 100000}"
+        if res.unlimited is not None and value == res.unlimited:
+            return "max"
+        return str(res.to_v2(value) if res.to_v2 else value)
+
+    def decode(self, resource: str, text: str) -> int | str:
+        res = RESOURCES[resource]
+        text = text.strip()
+        if res.lo is None:
+            return text
+        if self.version is Version.V2:
+            if resource in ("cpu.cfs_quota_us", "cpu.cfs_period_us"):
+                quota, _, period = text.partition(" ")
+                text = quota if resource == "cpu.cfs_quota_us" else period
+            if resource == "blkio.weight" and text.startswith("default "):
+                text = text.split()[1]
+            if text == "max":
+                return res.unlimited if res.unlimited is not None else -1
+            v = int(text)
+            return res.from_v2(v) if res.from_v2 else v
+        return int(text)
+
+    def read(self, group: str, resource: str) -> int | str | None:
+        try:
+            return self.decode(resource, self.file(group, resource).read_text())
+        except (FileNotFoundError, KeyError):
+            return None
+
+    def write(
+        self, group: str, resource: str, value: int | str, *, period: int | None = None, force: bool = False
+    ) -> Outcome:
+        """Write one value (validated first; raises InvalidValue). Skips unchanged values."""
+        text = self.encode(resource, value, period)
+        if resource in self.unsupported:
+            return Outcome("unsupported")
+        try:
+            path = self.file(group, resource)
+        except KeyError as exc:
+            self._mark_unsupported(resource, str(exc))
+            return Outcome("unsupported")
+        if not path.parent.is_dir():
+            return Outcome("missing", errno.ENOENT, f"cgroup {group} does not exist")
+        if not force:
+            try:
+                if path.read_text().strip() == text:
+                    return Outcome("unchanged")
+            except FileNotFoundError:
+                pass
+            except OSError:
+                pass  # write-only or racing: just write
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            self._mark_unsupported(resource, f"{path.name} does not exist on this kernel")
+            return Outcome("unsupported", errno.ENOENT)
+        try:
+            os.write(fd, text.encode())
+        except OSError as exc:
+            # The kernel refused: either it lacks the feature or the value is out of its own
+            # bounds. Re-probe the feature at the top of the hierarchy before deciding.
+            refused = exc.errno in (errno.EINVAL, errno.EPERM, errno.EACCES, errno.EOPNOTSUPP)
+            if refused and not self.supported(resource):
+                self._mark_unsupported(resource, f"{exc.strerror} writing {path.name}")
+                return Outcome("unsupported", exc.errno or 0)
+            return Outcome("rejected", exc.errno or 0, f"{exc.strerror} writing {text!r} to {path}")
+        finally:
+            os.close(fd)
+        return Outcome("written")
+
+    def supported(self, resource: str) -> bool:
+        """Does the kernel have ``resource``'s file (probed at the top of its hierarchy)?"""
+        res = RESOURCES[resource]
+        if self.version is Version.V1:
+            return res.v1 is not None and (self.root / res.v1[0] / res.v1[1]).exists()
+        if res.v2 is None:
+            return False
+        # v2 has no cpu.max/memory.max at the root: look one level down.
+        probe = _first_child(self.root)
+        return probe is not None and (probe / res.v2).exists()
+
+    def _mark_unsupported(self, resource: str, why: str) -> None:
+        if resource not in self.unsupported:
+            self.unsupported.add(resource)
+            if self.on_unsupported is not None:
+                self.on_unsupported(resource, why)
+
+
+def detect_version(root: Path) -> Version:
+    """v2 when the root is a unified hierarchy with controllers; v1 (incl. hybrid) otherwise."""
+    ctl = root / "cgroup.controllers"
+    if ctl.exists() and ctl.read_text().split():
+        return Version.V2
+    return Version.V1
+
+
+def _first_child(root: Path) -> Path | None:
+    for name in ("kubepods.slice", "kubepods", "system.slice"):
+        if (root / name).is_dir():
+            return root / name
+    try:
+        return next((p for p in sorted(root.iterdir()) if p.is_dir()), None)
+    except OSError:
+        return None

@@ -1,0 +1,193 @@
+"""The kernel layer on temporary trees (v1 and v2, both drivers) and on this machine's real
+cgroup v1 files."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nriplugin.kernel import paths
+from nriplugin.kernel.cgroup import Cgroups, InvalidValue, Version, shares_to_weight, weight_to_shares
+from nriplugin.kernel.probe import format_cpulist, parse_cpulist, probe
+from tests.kernel_tree import resctrl_tree, sys_tree, v1_tree, v2_tree
+
+POD_FS = "/kubepods/burstable/pod1234"
+CTR_FS = "/kubepods/burstable/pod1234/abcd"
+POD_SD = "kubepods-burstable-pod12_34.slice"
+CTR_SD = "kubepods-burstable-pod12_34.slice:cri-containerd:abcd"
+
+
+def test_paths_for_both_drivers() -> None:
+    assert paths.relative(CTR_FS) == "kubepods/burstable/pod1234/abcd"
+    assert paths.pod_dir(POD_SD) == "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod12_34.slice"
+    assert paths.container_dir(CTR_SD) == (
+        "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod12_34.slice/cri-containerd-abcd.scope"
+    )
+    assert paths.container_dir("", "/kubepods/pod1", "abcd") == "kubepods/pod1/abcd"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "/kubepods/../../etc",
+        "/kubepods/./x",
+        "../x",
+        "/kubepods/a b",
+        "/kubepods/x\0y",
+        "",
+        "a" * 5000,
+        "kubepods--x.slice",
+        "-kubepods.slice",
+        "kubepods.slice:cri-containerd:../../x",
+        "/kubepods/%2e%2e/x",
+        "/kubepods/x\ny",
+    ],
+)
+def test_hostile_paths_are_refused(bad: str) -> None:
+    with pytest.raises(paths.BadCgroupPath):
+        paths.container_dir(bad)
+
+
+@given(st.integers(2, 262144))
+def test_shares_weight_round_trip(shares: int) -> None:
+    w = shares_to_weight(shares)
+    assert 1 <= w <= 10000
+    back = weight_to_shares(w)
+    assert shares_to_weight(back) == w  # the inverse lands in the same weight bucket
+    assert abs(back - shares) <= 27
+
+
+@given(st.integers(2, 262143))
+def test_shares_to_weight_is_monotonic(shares: int) -> None:
+    assert shares_to_weight(shares) <= shares_to_weight(shares + 1)
+
+
+def test_v1_write_read_and_validation(tmp_path: Path) -> None:
+    root = v1_tree(tmp_path, ["kubepods/burstable/pod1234/abcd"])
+    reported: list[tuple[str, str]] = []
+    cg = Cgroups(root, on_unsupported=lambda r, why: reported.append((r, why)))
+    assert cg.version is Version.V1
+    g = paths.container_dir(CTR_FS)
+    assert cg.write(g, "cpu.shares", 2).status == "written"
+    assert (root / "cpu" / g / "cpu.shares").read_text() == "2"
+    assert cg.read(g, "cpu.shares") == 2
+    assert cg.write(g, "cpu.shares", 2).status == "unchanged"
+    assert cg.write(g, "cpu.cfs_quota_us", -1).status == "unchanged"
+    for resource, value in (
+        ("cpu.shares", 1),
+        ("cpu.shares", 10**9),
+        ("cpu.cfs_quota_us", 5),
+        ("cpu.shares", "2"),
+        ("cpu.shares", True),
+        ("cpu.bvt_warp_ns", 3),
+        ("cpuset.cpus", "0\n1"),
+    ):
+        with pytest.raises(InvalidValue):
+            cg.write(g, resource, value)
+    # The kernel has no bvt: unsupported, reported once, never written again.
+    assert cg.write(g, "cpu.bvt_warp_ns", 2).status == "unsupported"
+    assert cg.write(g, "cpu.bvt_warp_ns", 1).status == "unsupported"
+    assert [r for r, _ in reported] == ["cpu.bvt_warp_ns"]
+    assert not (root / "cpu" / g / "cpu.bvt_warp_ns").exists()
+    assert cg.write("kubepods/gone", "cpu.shares", 2).status == "missing"
+    assert cg.write(g, "memory.oom.group", 1).status == "unsupported"  # no v1 file at all
+
+
+def test_writes_never_leave_the_root(tmp_path: Path) -> None:
+    root = v1_tree(tmp_path / "cg", ["kubepods"])
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "cpu.shares").write_text("1024")
+    (root / "cpu" / "kubepods" / "evil").symlink_to(outside)
+    cg = Cgroups(root)
+    with pytest.raises(PermissionError):
+        cg.write("kubepods/evil", "cpu.shares", 2)
+    assert (outside / "cpu.shares").read_text() == "1024"
+    # A file that is itself a link is refused by O_NOFOLLOW.
+    (root / "cpu" / "kubepods" / "cpu.shares").unlink()
+    (root / "cpu" / "kubepods" / "cpu.shares").symlink_to(outside / "cpu.shares")
+    with pytest.raises(PermissionError):
+        cg.write("kubepods", "cpu.shares", 2)
+    assert (outside / "cpu.shares").read_text() == "1024"
+
+
+def test_v2_names_and_conversions(tmp_path: Path) -> None:
+    g = paths.container_dir(CTR_SD)
+    root = v2_tree(tmp_path, ["kubepods.slice", g])
+    cg = Cgroups(root)
+    assert cg.version is Version.V2
+    assert cg.write(g, "cpu.shares", 2).status == "written"
+    assert (root / g / "cpu.weight").read_text() == "1"
+    assert cg.read(g, "cpu.shares") == 2
+    cg.write(g, "cpu.cfs_quota_us", 50000, period=100000)
+    assert (root / g / "cpu.max").read_text() == "50000 100000"
+    assert cg.read(g, "cpu.cfs_quota_us") == 50000 and cg.read(g, "cpu.cfs_period_us") == 100000
+    cg.write(g, "cpu.cfs_quota_us", -1)
+    assert (root / g / "cpu.max").read_text() == "max 100000" and cg.read(g, "cpu.cfs_quota_us") == -1
+    cg.write(g, "memory.limit_in_bytes", -1)
+    assert (root / g / "memory.max").read_text().strip() == "max"
+    cg.write(g, "cpu.cfs_burst_us", 20000)
+    assert (root / g / "cpu.max.burst").read_text() == "20000"
+    assert cg.write(g, "memory.oom.group", 1).status == "written"
+    assert cg.read(g, "blkio.weight") == 10  # io.weight "default 100"
+    assert cg.supported("memory.min") and not cg.supported("cpu.bvt_warp_ns")
+
+
+def test_probe_on_a_fake_node(tmp_path: Path) -> None:
+    caps = probe(
+        cgroup_root=v1_tree(tmp_path / "cg", ["kubepods"]),
+        resctrl_root=resctrl_tree(tmp_path / "resctrl"),
+        proc_root=tmp_path / "proc",
+        sys_root=sys_tree(tmp_path / "sys", cores=4, smt=2, numa_nodes=2),
+        core_sched=False,
+    )
+    assert caps.cgroup_version is Version.V1
+    assert caps.controllers == ["blkio", "cpu", "cpuset", "memory"]
+    assert caps.files["cpu.cfs_burst_us"] and not caps.files["cpu.bvt_warp_ns"]
+    assert caps.resctrl.mounted and caps.resctrl.l3_closids == 16 and caps.resctrl.cache_ways == 11
+    assert caps.resctrl.mb_granularity == 10
+    assert not caps.psi
+    t = caps.topology
+    assert t.online == list(range(8)) and t.smt and t.siblings[1] == [1, 5]
+    assert t.numa[0] == 0 and t.numa[3] == 1 and t.numa[7] == 1
+
+
+@given(st.sets(st.integers(0, 200), max_size=40))
+def test_cpulist_round_trip(cpus: set[int]) -> None:
+    assert parse_cpulist(format_cpulist(cpus)) == sorted(cpus)
+
+
+@pytest.mark.parametrize("bad", ["a", "3-1", "-1", "1,,2", "0-999999"])
+def test_bad_cpulists(bad: str) -> None:
+    with pytest.raises(ValueError):
+        parse_cpulist(bad)
+
+
+REAL = Path("/sys/fs/cgroup")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not (REAL / "cpu" / "cpu.shares").exists(), reason="needs root + cgroup v1")
+def test_real_cgroup_v1(tmp_path: Path) -> None:
+    """On this machine's real cpu controller: writes land, the kernel's own EINVAL for a value
+    it rejects is 'rejected' (the feature exists), and nothing is left behind."""
+    group = f"nriplugin-test-{os.getpid()}"
+    d = REAL / "cpu" / group
+    d.mkdir()
+    try:
+        cg = Cgroups(REAL)
+        assert cg.write(group, "cpu.shares", 3).status == "written"
+        assert (d / "cpu.shares").read_text().strip() == "3"
+        assert cg.write(group, "cpu.cfs_quota_us", 20000).status == "written"
+        assert cg.read(group, "cpu.cfs_quota_us") == 20000
+        if cg.supported("cpu.cfs_burst_us"):
+            assert cg.write(group, "cpu.cfs_burst_us", 10000).status == "written"
+            bad = cg.write(group, "cpu.cfs_burst_us", 50000)  # burst above quota: the kernel says EINVAL
+            assert bad.status == "rejected" and bad.errno == 22
+            assert "cpu.cfs_burst_us" not in cg.unsupported
+        assert cg.write(group, "cpu.bvt_warp_ns", 1).status == "unsupported"  # not an Anolis kernel
+    finally:
+        d.rmdir()
