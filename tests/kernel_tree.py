@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 V1_FILES = {
@@ -45,14 +46,14 @@ def v1_group(root: Path, group: str, extra: dict[str, dict[str, str]] | None = N
             (d / name).write_text(value + "\n")
 
 
-def v1_tree(root: Path, groups: list[str] = (), extra: dict[str, dict[str, str]] | None = None) -> Path:
+def v1_tree(root: Path, groups: Sequence[str] = (), extra: dict[str, dict[str, str]] | None = None) -> Path:
     v1_group(root, "", extra)
     for g in groups:
         v1_group(root, g, extra)
     return root
 
 
-def v2_tree(root: Path, groups: list[str] = ()) -> Path:
+def v2_tree(root: Path, groups: Sequence[str] = ()) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     (root / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
     (root / "cgroup.procs").write_text("")
