@@ -180,3 +180,51 @@ def test_hook_over_budget(runtime: Containerd, fail_closed: bool) -> None:
     else:
         assert isinstance(result, str)
         assert shares(runtime, pod, result) == 1024  # started as requested, no adjustment
+
+
+BATCH = (
+    '{"containers":{"main":{"requests":{"kubernetes.io/batch-cpu":"500","kubernetes.io/batch-memory":"256Mi"},'
+    '"limits":{"kubernetes.io/batch-cpu":"1k","kubernetes.io/batch-memory":"512Mi"}}}}'
+)
+
+
+def test_features_land_in_the_real_cgroups(
+    runtime: Containerd, plugin_factory: Callable[..., PluginProcess], tmp_path: Path
+) -> None:
+    """BE sized from batch resources (NRI adjustment) and LS burst (written after creation on
+    cgroup v1), present right after CRI returns; then a hot-reloaded coreSched policy puts the
+    next BE pod and its container in SCHED_IDLE."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("cpuBurstStrategy: {policy: cpuBurstOnly}\n")
+    plugin = plugin_factory(runtime.nri_socket, "--policy", str(policy))
+    be = runtime.run_pod("batch", "BestEffort", BE, {"node.koordinator.sh/extended-resource-spec": BATCH})
+    be_c = runtime.create_container(be, "main", cpu_shares=2)
+    cpu = runtime.container_cgroup(be, be_c)
+    assert read_cgroup(cpu, "cpu.shares") == "512"
+    assert read_cgroup(cpu, "cpu.cfs_quota_us") == "100000"
+    assert read_cgroup(runtime.container_cgroup(be, be_c, "memory"), "memory.limit_in_bytes") == str(512 << 20)
+    assert read_cgroup(cpu.parent, "cpu.shares") == "512"  # the pod's cgroup, at RunPodSandbox
+    ls = runtime.run_pod("web", "Burstable", LS)
+    ls_c = runtime.create_container(ls, "main", cpu_shares=512, cpu_quota=40000)
+    lcpu = runtime.container_cgroup(ls, ls_c)
+    assert read_cgroup(lcpu, "cpu.shares") == "512"
+    if (lcpu / "cpu.cfs_burst_us").exists():
+        assert read_cgroup(lcpu, "cpu.cfs_burst_us") == "40000"
+    # A hostile annotation: the batch feature is skipped (fail-open), BE still gets its floor.
+    bad = runtime.run_pod("bad", "BestEffort", BE, {"node.koordinator.sh/extended-resource-spec": '{"containers":5}'})
+    bad_c = runtime.create_container(bad, "main", cpu_shares=1024)
+    assert read_cgroup(runtime.container_cgroup(bad, bad_c), "cpu.shares") == "2"
+    assert plugin.metric('nriplugin_invalid_input_total{reason="batchResource"}') >= 1
+    if not (cpu / "cpu.idle").exists():
+        return
+    assert read_cgroup(cpu, "cpu.idle") == "0"
+    policy.write_text("resourceQOSStrategy: {policies: {cpuPolicy: coreSched}}\n")
+    deadline = time.monotonic() + 10
+    while plugin.metric("nriplugin_policy_version") < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert plugin.metric("nriplugin_policy_version") == 2
+    idle = runtime.run_pod("idle", "BestEffort", BE)
+    idle_c = runtime.create_container(idle, "main", cpu_shares=2)
+    icpu = runtime.container_cgroup(idle, idle_c)
+    assert read_cgroup(icpu, "cpu.idle") == "1"
+    assert read_cgroup(icpu.parent, "cpu.idle") == "1"

@@ -53,8 +53,21 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--fail-closed", action="store_true", help="refuse containers whose hook fails or overruns (default: fail-open)"
     )
+    run.add_argument("--policy", help="policy YAML (ours or a NodeSLO object); hot-reloaded; default: embedded")
+    run.add_argument("--cgroup-root", default="/sys/fs/cgroup", help="cgroup mount (default %(default)s)")
     run.add_argument("--log-format", choices=("json", "text"), default="json")
     run.add_argument("--log-level", default="info")
+
+    ex = sub.add_parser("explain", help="what each feature would set for a pod description (YAML/JSON) and why")
+    ex.add_argument("description", help="file with {pod: {...}, containers: [...]} (see README)")
+    ex.add_argument("--policy", help="policy file (default: embedded)")
+    ex.add_argument("--cgroup-root", default="/sys/fs/cgroup")
+    ex.add_argument("--format", choices=("yaml", "json"), default="yaml")
+
+    doc = sub.add_parser("doctor", help="this node's capability matrix and which features can work here")
+    doc.add_argument("--cgroup-root", default="/sys/fs/cgroup")
+    doc.add_argument("--socket", default="/var/run/nri/nri.sock")
+    doc.add_argument("--format", choices=("yaml", "json"), default="yaml")
 
     inst = sub.add_parser("install", help="install a pre-registered launcher into the runtime's plugin dir")
     inst.add_argument("--plugin-dir", default="/opt/nri/plugins", help="runtime plugin dir (default %(default)s)")
@@ -85,8 +98,10 @@ def install(plugin_dir: str, name: str, idx: str, args: list[str]) -> Path:
 
 
 async def run(ns: argparse.Namespace) -> int:
+    from .kernel.cgroup import Cgroups
     from .nri.stub import BufferedObserver, HookPolicy, Stub, StubOptions
     from .plugin import QoSPlugin
+    from .policy.cache import PolicyError, RuleCache
 
     opts = StubOptions.from_env(
         name=ns.name,
@@ -94,7 +109,16 @@ async def run(ns: argparse.Namespace) -> int:
         socket_path=ns.socket,
         default_policy=HookPolicy(budget=ns.hook_budget_ms / 1000.0, fail_closed=ns.fail_closed),
     )
-    plugin = QoSPlugin()
+    rules = RuleCache()
+    if ns.policy:
+        try:
+            rules.load_file(Path(ns.policy))
+        except PolicyError as exc:
+            # Refusing to start would stop registration (containerd 1.7 exits when a
+            # pre-registered plugin fails to register): run on the embedded default, loudly.
+            log.error("policy rejected, running with the embedded default: %s", exc)
+    invalid: list[str] = []
+    plugin = QoSPlugin(rules, cgroups=Cgroups(Path(ns.cgroup_root)), on_invalid=invalid.append)
     early = BufferedObserver()
     stub = Stub(plugin, opts, observer=early)
     loop = asyncio.get_running_loop()
@@ -112,6 +136,17 @@ async def run(ns: argparse.Namespace) -> int:
     observer = StubMetrics(metrics)
     early.replay(observer)
     stub.observer = observer
+    for reason in invalid:
+        metrics.invalid_input.labels(reason).inc()
+    plugin.on_invalid = lambda reason: metrics.invalid_input.labels(reason).inc()
+    metrics.policy_version.set(rules.current.version)
+    rules.subscribe(lambda v: metrics.policy_version.set(v.version))
+    watcher = None
+    if ns.policy:
+        from .policy.cache import PolicyWatcher
+
+        watcher = PolicyWatcher(Path(ns.policy), rules, asyncio.get_running_loop())
+        watcher.start()
     server = None
     host, port = ns.metrics_address
     if port:
@@ -134,6 +169,8 @@ async def run(ns: argparse.Namespace) -> int:
     finally:
         if server is not None:
             server.close()
+        if watcher is not None:
+            watcher.stop()
     return 0
 
 
@@ -146,6 +183,25 @@ def main(argv: list[str] | None = None) -> int:
         extra = [a for a in ns.args if a != "--"]
         target = install(ns.plugin_dir, ns.name, ns.idx, extra)
         print(f"installed {target}")
+        return 0
+    if ns.command in ("explain", "doctor"):
+        logs.setup("text", "warning")
+        from . import explain
+
+        try:
+            if ns.command == "explain":
+                plugin = explain.make_plugin(ns.policy, ns.cgroup_root)
+                out = explain.explain(explain.load_description(Path(ns.description)), plugin)
+            else:
+                from .kernel.cgroup import Cgroups
+                from .kernel.probe import probe
+
+                cg = Cgroups(Path(ns.cgroup_root))
+                out = explain.doctor(probe(cg.root), cg, ns.socket)
+        except (ValueError, OSError) as exc:
+            print(f"nriplugin {ns.command}: {exc}", file=sys.stderr)
+            return 2
+        print(explain.render(out, ns.format), end="")
         return 0
     logs.setup(ns.log_format, ns.log_level)
     try:

@@ -70,6 +70,7 @@ class Metrics:
         self.adjustments = Counter(
             "nriplugin_adjustments_total", "Container adjustments returned, by QoS class.", ["qos_class"], registry=r
         )
+        self.policy_version = Gauge("nriplugin_policy_version", "Version of the policy in force.", registry=r)
         for s in STATES:
             self.connection_state.labels(s).set(1 if s == "disconnected" else 0)
 

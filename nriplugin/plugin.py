@@ -1,28 +1,91 @@
-"""The QoS plugin: turns the policy's desired state into NRI adjustments and updates."""
+"""The QoS plugin: runs the feature pipeline (one desired state) and turns it into NRI
+adjustments at creation, cgroup writes for what NRI cannot carry on cgroup v1, pod-level
+writes at RunPodSandbox, and updates at Synchronize and UpdateContainer."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Callable
+from pathlib import Path
 
+from .features import Context, FeatureFailed, Intent, desired_state
+from .kernel import paths
+from .kernel.cgroup import Cgroups, InvalidValue, Version
+from .kernel.probe import Capabilities, probe
 from .nri import api_pb2 as api
 from .nri.stub import Plugin
-from .policy.default import DefaultPolicy, desired_cpu_shares
+from .policy.cache import RuleCache
 from .policy.qos import InvalidQoSLabel, QoSClass, qos_class
 
 log = logging.getLogger("nriplugin.plugin")
 
+# Logical resources the NRI adjustment carries itself (LinuxResources fields).
+NRI_FIELDS = (
+    "cpu.shares",
+    "cpu.cfs_quota_us",
+    "cpu.cfs_period_us",
+    "cpuset.cpus",
+    "cpuset.mems",
+    "memory.limit_in_bytes",
+)
+
+
+def to_resources(intent: Intent, cg: Cgroups, out: api.LinuxResources) -> bool:
+    """Fill ``out`` with the values NRI can carry (on cgroup v2 everything else goes in
+    ``unified``); returns whether anything was set."""
+    v = intent.values
+    if "cpu.shares" in v:
+        out.cpu.shares.value = int(v["cpu.shares"])
+    if "cpu.cfs_quota_us" in v:
+        out.cpu.quota.value = int(v["cpu.cfs_quota_us"])
+    if "cpu.cfs_period_us" in v:
+        out.cpu.period.value = int(v["cpu.cfs_period_us"])
+    if "cpuset.cpus" in v:
+        out.cpu.cpus = str(v["cpuset.cpus"])
+    if "cpuset.mems" in v:
+        out.cpu.mems = str(v["cpuset.mems"])
+    if "memory.limit_in_bytes" in v:
+        out.memory.limit.value = int(v["memory.limit_in_bytes"])
+    if cg.version is Version.V2:
+        from .kernel.cgroup import RESOURCES
+
+        for name, value in v.items():
+            res = RESOURCES.get(name)
+            if name not in NRI_FIELDS and res is not None and res.v2 is not None:
+                out.unified[res.v2] = cg.encode(name, value)
+    if intent.rdt_class:
+        out.rdt_class.value = intent.rdt_class
+    return bool(v) or bool(intent.rdt_class)
+
+
+def file_only(intent: Intent) -> dict[str, int | str]:
+    return {k: val for k, val in intent.values.items() if k not in NRI_FIELDS}
+
 
 class QoSPlugin(Plugin):
-    def __init__(self, policy: DefaultPolicy | None = None) -> None:
-        self.policy = policy or DefaultPolicy()
+    def __init__(
+        self,
+        rules: RuleCache | None = None,
+        caps: Capabilities | None = None,
+        cgroups: Cgroups | None = None,
+        on_invalid: Callable[[str], None] | None = None,
+    ) -> None:
+        self.rules = rules or RuleCache()
+        self.cgroups = cgroups or Cgroups(Path("/sys/fs/cgroup"))
+        self.caps = caps or probe(self.cgroups.root)
+        self.on_invalid = on_invalid or (lambda reason: None)
         self.rejected_labels = 0
         self.adjusted = 0
+
+    # desired state ---------------------------------------------------------------------------
 
     def _qos(self, pod: api.PodSandbox) -> QoSClass | None:
         try:
             return qos_class(pod.labels, pod.linux.cgroup_parent)
         except InvalidQoSLabel as exc:
             self.rejected_labels += 1
+            self.on_invalid("qos_label")
             log.warning(
                 "pod %s/%s: %s; leaving it untouched",
                 pod.namespace,
@@ -32,44 +95,154 @@ class QoSPlugin(Plugin):
             )
             return None
 
-    def _shares(self, pod: api.PodSandbox) -> int | None:
+    def intent(self, pod: api.PodSandbox, container: api.Container | None) -> Intent | None:
+        """The one desired state of a container (or of the pod when ``container`` is None)."""
         qos = self._qos(pod)
-        return None if qos is None else desired_cpu_shares(self.policy, qos)
+        if qos is None or qos is QoSClass.SYSTEM:
+            return None
+        ctx = Context(pod, container, qos, self.rules.policy, self.caps)
+        out = desired_state(ctx)
+        for feature, reason in out.failed:
+            self.on_invalid(feature)
+            log.warning(
+                "pod %s/%s: %s skipped: %s",
+                pod.namespace,
+                pod.name,
+                feature,
+                reason,
+                extra={"pod": f"{pod.namespace}/{pod.name}", "feature": feature, "reason": "invalid_input"},
+            )
+        return out.intent
+
+    # hooks -----------------------------------------------------------------------------------
 
     def create_container(self, pod: api.PodSandbox, container: api.Container) -> api.ContainerAdjustment | None:
-        shares = self._shares(pod)
-        if shares is None:
+        try:
+            intent = self.intent(pod, container)
+        except FeatureFailed as exc:
+            raise RuntimeError(f"refusing {pod.namespace}/{pod.name}/{container.name}: {exc}") from exc
+        if intent is None:
             return None
         adj = api.ContainerAdjustment()
-        adj.linux.resources.cpu.shares.value = shares
+        if not to_resources(intent, self.cgroups, adj.linux.resources):
+            return None
         self.adjusted += 1
         return adj
+
+    def start_container(self, pod: api.PodSandbox, container: api.Container) -> None:
+        """cgroup v1: values NRI cannot carry (burst, identity, idle) go to the files now: the
+        runtime created the task (so the cgroup exists) and has not started it yet."""
+        if self.cgroups.version is not Version.V1:
+            return
+        intent = self.intent(pod, container)
+        if intent is not None:
+            self._write(
+                paths.container_dir(container.linux.cgroups_path, pod.linux.cgroup_parent, container.id),
+                file_only(intent),
+                f"{pod.namespace}/{pod.name}/{container.name}",
+            )
+
+    def run_pod_sandbox(self, pod: api.PodSandbox) -> None:
+        """Pod-level values (NRI has no pod adjustment) go to the pod's cgroup."""
+        intent = self.intent(pod, None)
+        if intent is not None and intent.values:
+            self._write(paths.pod_dir(pod.linux.cgroup_parent), intent.values, f"{pod.namespace}/{pod.name}")
 
     def update_container(
         self, pod: api.PodSandbox, container: api.Container, resources: api.LinuxResources
     ) -> list[api.ContainerUpdate]:
-        """Keep the desired shares when kubelet updates a container's resources."""
-        shares = self._shares(pod)
-        if shares is None or resources.cpu.shares.value == shares:
+        """Keep the desired values when kubelet updates a container's resources."""
+        intent = self.intent(pod, container)
+        if intent is None:
             return []
-        return [_shares_update(container.id, shares)]
+        u = api.ContainerUpdate(container_id=container.id)
+        if not to_resources(intent, self.cgroups, u.linux.resources) or _covers(resources, u.linux.resources):
+            return []
+        return [u]
 
     def synchronize(self, pods: list[api.PodSandbox], containers: list[api.Container]) -> list[api.ContainerUpdate]:
-        """Bring containers that existed before we connected to the desired state."""
+        """Bring containers that existed before we connected to the desired state: NRI updates
+        now, file-only values right after the answer (off the hook path)."""
         by_id = {p.id: p for p in pods}
         updates = []
+        later: list[tuple[str, dict[str, int | str], str]] = []
         for c in containers:
             pod = by_id.get(c.pod_sandbox_id)
             if pod is None:
                 continue
-            shares = self._shares(pod)
-            if shares is not None and c.linux.resources.cpu.shares.value != shares:
-                updates.append(_shares_update(c.id, shares))
+            try:
+                intent = self.intent(pod, c)
+            except FeatureFailed as exc:
+                log.warning("%s", exc)
+                continue
+            if intent is None:
+                continue
+            u = api.ContainerUpdate(container_id=c.id)
+            if to_resources(intent, self.cgroups, u.linux.resources) and not _covers(
+                c.linux.resources, u.linux.resources
+            ):
+                updates.append(u)
+            extra = file_only(intent)
+            if extra and self.cgroups.version is Version.V1:
+                try:
+                    later.append(
+                        (
+                            paths.container_dir(c.linux.cgroups_path, pod.linux.cgroup_parent, c.id),
+                            extra,
+                            f"{pod.namespace}/{pod.name}/{c.name}",
+                        )
+                    )
+                except paths.BadCgroupPath as exc:
+                    log.warning("%s", exc)
+        if later:
+            try:
+                asyncio.get_running_loop().call_soon(self._write_all, later)
+            except RuntimeError:  # no loop (explain, tests): write now
+                self._write_all(later)
         log.info("synchronized %d pods, %d containers, %d updates", len(pods), len(containers), len(updates))
         return updates
 
+    def _write_all(self, writes: list[tuple[str, dict[str, int | str], str]]) -> None:
+        for group, values, who in writes:
+            self._write(group, values, who)
 
-def _shares_update(container_id: str, shares: int) -> api.ContainerUpdate:
-    u = api.ContainerUpdate(container_id=container_id)
-    u.linux.resources.cpu.shares.value = shares
-    return u
+    def _write(self, group: str, values: dict[str, int | str], who: str) -> None:
+        period = values.get("cpu.cfs_period_us")
+        # quota before burst: the kernel checks burst against the current quota
+        order = sorted(values, key=lambda r: (r == "cpu.cfs_burst_us", r))
+        for resource in order:
+            try:
+                res = self.cgroups.write(
+                    group, resource, values[resource], period=period if isinstance(period, int) else None
+                )
+            except (InvalidValue, PermissionError) as exc:
+                self.on_invalid("write_refused")
+                log.warning("%s: not writing %s: %s", who, resource, exc)
+                continue
+            if res.status == "missing":  # gone already, or not created yet: the reconciler's job
+                log.debug("%s: %s: %s", who, resource, res.detail)
+            elif res.status == "rejected":
+                log.warning(
+                    "%s: %s %s: %s",
+                    who,
+                    resource,
+                    res.status,
+                    res.detail,
+                    extra={"resource": resource, "errno": res.errno},
+                )
+
+
+def _covers(have: api.LinuxResources, want: api.LinuxResources) -> bool:
+    """Does ``have`` already hold every value ``want`` sets?"""
+    for f in ("shares", "quota", "period"):
+        if want.cpu.HasField(f) and (
+            not have.cpu.HasField(f) or getattr(have.cpu, f).value != getattr(want.cpu, f).value
+        ):
+            return False
+    if want.cpu.cpus and have.cpu.cpus != want.cpu.cpus:
+        return False
+    if want.memory.HasField("limit") and (
+        not have.memory.HasField("limit") or have.memory.limit.value != want.memory.limit.value
+    ):
+        return False
+    return all(have.unified.get(k) == v for k, v in want.unified.items())

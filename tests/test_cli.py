@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import signal
 import socket
 import subprocess
@@ -133,3 +135,80 @@ def test_run_serves_metrics_health_and_stops_on_sigterm(tmp_path: Path) -> None:
             await peer.close()
 
     asyncio.run(main())
+
+
+def test_explain_and_doctor(tmp_path: Path) -> None:
+    desc = tmp_path / "pod.yaml"
+    desc.write_text(
+        "pod:\n  labels: {koordinator.sh/qosClass: LS}\n  cgroupParent: /kubepods/burstable/pod1\n"
+        "containers:\n  - name: main\n    resources: {cpuShares: 512, cpuQuota: 30000}\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "nriplugin", "explain", str(desc), "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["qosClass"] == "LS" and out["policyVersion"] == 1
+    burst = out["containers"]["main"].get("cpu.cfs_burst_us")
+    if Path("/sys/fs/cgroup/cpu/cpu.cfs_burst_us").exists():
+        assert burst["value"] == 30000 and "capped at the quota" in burst["why"]
+    desc.write_text("pod: {labels: {koordinator.sh/qosClass: '../x'}}\ncontainers: [{name: a}]\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "nriplugin", "explain", str(desc), "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode == 0 and "invalid label" in json.loads(r.stdout)["qosClass"]
+    desc.write_text("pod: {labels: []}\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "nriplugin", "explain", str(desc)], capture_output=True, text=True, timeout=30
+    )
+    assert r.returncode == 2 and "pod.labels" in r.stderr
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("beMinCPUShares: 0\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "nriplugin", "explain", str(desc), "--policy", str(policy)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode == 2 and "beMinCPUShares" in r.stderr and "(got 0)" in r.stderr
+    r = subprocess.run(
+        [sys.executable, "-m", "nriplugin", "doctor", "--format", "json"], capture_output=True, text=True, timeout=30
+    )
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["cgroup"]["version"] in (1, 2) and "cpuBurst" in doc["features"]
+    assert doc["cpu"]["online"]
+
+
+def test_bad_policy_at_start_runs_on_the_default(tmp_path: Path) -> None:
+    """A pre-registered plugin that refused to start would make containerd 1.7 exit."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("cpuBurstStrategy: {policy: sometimes}\n")
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nriplugin",
+            "run",
+            "--socket",
+            str(tmp_path / "none.sock"),
+            "--policy",
+            str(policy),
+            "--metrics-address",
+            "127.0.0.1:0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ},
+        input=None,
+        preexec_fn=lambda: signal.alarm(2),
+    )
+    assert "policy rejected, running with the embedded default" in r.stderr
+    assert "cpuBurstStrategy.policy" in r.stderr

@@ -26,14 +26,14 @@ def test_go_runtime_drives_nriplugin(tmp_path: Path) -> None:
         text=True,
     )
     plugin = None
+    log = open(tmp_path / "plugin.log", "w")  # noqa: SIM115 - a file, not a pipe nobody drains
     try:
         deadline = time.monotonic() + 10
         while not sock.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
         plugin = subprocess.Popen(
             [sys.executable, "-m", "nriplugin", "run", "--socket", str(sock), "--metrics-address", "127.0.0.1:0"],
-            stderr=subprocess.PIPE,
-            text=True,
+            stderr=log,
         )
         out, err = runtime.communicate(timeout=60)
     finally:
@@ -41,8 +41,9 @@ def test_go_runtime_drives_nriplugin(tmp_path: Path) -> None:
             if p is not None and p.poll() is None:
                 p.kill()
                 p.wait()
+        log.close()
     result = json.loads(out.strip().splitlines()[-1])
     # 300 pods at Synchronize: a ~200 KiB message, framed for the Go reader.
-    assert result["ready"] is True and result["sync_error"] == "", (result, err)
-    assert result["errors"] == 0
+    assert result["ready"] is True and result["sync_error"] == "", (result, err, (tmp_path / "plugin.log").read_text())
+    assert result["errors"] == 0, (tmp_path / "plugin.log").read_text()[-3000:]
     assert result["be_adjusted"] == 150  # every BE pod got its shares, as the runtime merged them

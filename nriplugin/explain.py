@@ -1,0 +1,196 @@
+"""`nriplugin explain` and `nriplugin doctor`: what each feature would set for a pod and why,
+and what this node's kernel can do."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .features import FeatureFailed
+from .kernel.cgroup import RESOURCES, Cgroups
+from .kernel.probe import Capabilities, format_cpulist
+from .nri import api_pb2 as api
+from .plugin import NRI_FIELDS, QoSPlugin
+from .policy.cache import RuleCache, describe
+
+
+class _M(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PodIn(_M):
+    name: str = "pod"
+    namespace: str = "default"
+    uid: str = "00000000-0000-0000-0000-000000000000"
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    cgroupParent: str = "/kubepods/burstable/pod00000000-0000-0000-0000-000000000000"
+
+
+class ResourcesIn(_M):
+    cpuShares: int | None = Field(default=None, ge=0)
+    cpuQuota: int | None = None
+    cpuPeriod: int | None = Field(default=None, ge=0)
+    memoryLimit: int | None = None
+
+
+class ContainerIn(_M):
+    name: str = "main"
+    resources: ResourcesIn = ResourcesIn()
+
+
+class Description(_M):
+    pod: PodIn = PodIn()
+    containers: list[ContainerIn] = [ContainerIn()]
+
+
+def load_description(path: Path) -> Description:
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+    try:
+        return Description.model_validate(doc or {})
+    except ValidationError as exc:
+        raise ValueError(f"{path}: {describe(exc)}") from exc
+
+
+def to_nri(d: Description) -> tuple[api.PodSandbox, list[api.Container]]:
+    p = api.PodSandbox(id="pod", name=d.pod.name, namespace=d.pod.namespace, uid=d.pod.uid)
+    p.labels.update(d.pod.labels)
+    p.annotations.update(d.pod.annotations)
+    p.linux.cgroup_parent = d.pod.cgroupParent
+    out = []
+    for i, c in enumerate(d.containers):
+        ctr = api.Container(id=f"container-{i}", pod_sandbox_id="pod", name=c.name)
+        ctr.linux.cgroups_path = f"{d.pod.cgroupParent.rstrip('/')}/container-{i}"
+        r = c.resources
+        if r.cpuShares is not None:
+            ctr.linux.resources.cpu.shares.value = r.cpuShares
+        if r.cpuQuota is not None:
+            ctr.linux.resources.cpu.quota.value = r.cpuQuota
+        if r.cpuPeriod is not None:
+            ctr.linux.resources.cpu.period.value = r.cpuPeriod
+        if r.memoryLimit is not None:
+            ctr.linux.resources.memory.limit.value = r.memoryLimit
+        out.append(ctr)
+    return p, out
+
+
+def explain(d: Description, plugin: QoSPlugin) -> dict[str, Any]:
+    pod, ctrs = to_nri(d)
+    qos = plugin._qos(pod)
+    report: dict[str, Any] = {
+        "policyVersion": plugin.rules.current.version,
+        "policySource": plugin.rules.current.source,
+        "qosClass": qos.value if qos else "invalid label: left untouched",
+        "pod": {},
+        "containers": {},
+    }
+    failures: list[str] = []
+    plugin.on_invalid = failures.append
+
+    def entry(intent: Any, requested: dict[str, int] | None, pod_level: bool = False) -> dict[str, Any]:
+        if intent is None:
+            return {"note": "not managed (SYSTEM class or invalid label)"}
+        rows = {}
+        for res, value in intent.values.items():
+            if pod_level:
+                how = "written to the pod cgroup at RunPodSandbox"
+            elif res in NRI_FIELDS:
+                how = "NRI adjustment"
+            else:
+                how = "cgroup v2 unified (NRI)" if plugin.cgroups.version == 2 else "written to the cgroup file"
+            rows[res] = {"value": value, "why": intent.why.get(res, ""), "via": how}
+            if requested and res in requested:
+                rows[res]["criAsked"] = requested[res]
+        return rows
+
+    try:
+        report["pod"] = entry(plugin.intent(pod, None), None, pod_level=True)
+        for c in ctrs:
+            asked = {
+                k: v
+                for k, v in (
+                    ("cpu.shares", c.linux.resources.cpu.shares.value),
+                    ("cpu.cfs_quota_us", c.linux.resources.cpu.quota.value),
+                    ("memory.limit_in_bytes", c.linux.resources.memory.limit.value),
+                )
+                if v
+            }
+            report["containers"][c.name] = entry(plugin.intent(pod, c), asked)
+    except FeatureFailed as exc:
+        report["refused"] = f"a fail-closed feature failed, the container would be refused: {exc}"
+    if failures:
+        report["skippedFeatures"] = sorted(set(failures))
+    return report
+
+
+FEATURE_NEEDS: dict[str, tuple[str, list[str]]] = {
+    "cpuQOS": ("implemented", ["cpu.shares"]),
+    "cpuQOS.groupIdentity": ("implemented", ["cpu.bvt_warp_ns"]),
+    "cpuQOS.schedIdle": ("implemented", ["cpu.idle"]),
+    "batchResource": ("implemented", ["cpu.shares", "cpu.cfs_quota_us", "memory.limit_in_bytes"]),
+    "cpuBurst": ("implemented", ["cpu.cfs_burst_us"]),
+    "memoryQOS": ("planned", ["memory.min", "memory.low", "memory.high"]),
+    "cpuset": ("planned", ["cpuset.cpus"]),
+    "blkio": ("planned", ["blkio.weight"]),
+}
+
+
+def doctor(caps: Capabilities, cg: Cgroups, nri_socket: str) -> dict[str, Any]:
+    t = caps.topology
+    numa = sorted(set(t.numa.values()))
+    features = {}
+    for name, (state, needs) in FEATURE_NEEDS.items():
+        missing = [n for n in needs if not caps.files.get(n)]
+        features[name] = {"status": state, "works_here": not missing, **({"missing": missing} if missing else {})}
+    features["resctrl"] = {
+        "status": "planned",
+        "works_here": caps.resctrl.mounted,
+        **({} if caps.resctrl.mounted else {"missing": ["resctrl mount"]}),
+    }
+    return {
+        "kernel": platform.release(),
+        "cgroup": {
+            "version": int(caps.cgroup_version),
+            "root": str(cg.root),
+            "controllers": caps.controllers,
+            "files": {k: v for k, v in caps.files.items() if k in RESOURCES},
+        },
+        "cpu": {
+            "online": format_cpulist(t.online),
+            "smt": t.smt,
+            "numaNodes": len(numa),
+            "cores": len(set(t.core.values())),
+        },
+        "resctrl": {
+            "mounted": caps.resctrl.mounted,
+            "l3Closids": caps.resctrl.l3_closids,
+            "cacheWays": caps.resctrl.cache_ways,
+            "mbaClosids": caps.resctrl.mb_closids,
+        },
+        "psi": caps.psi,
+        "coreScheduling": caps.core_sched,
+        "nri": {"socket": nri_socket, "present": os.path.exists(nri_socket)},
+        "features": features,
+    }
+
+
+def render(doc: dict[str, Any], fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(doc, indent=2, default=str)
+    return yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
+
+
+def make_plugin(policy: str | None, cgroup_root: str) -> QoSPlugin:
+    rules = RuleCache()
+    if policy:
+        rules.load_file(Path(policy))
+    return QoSPlugin(rules, cgroups=Cgroups(Path(cgroup_root)))

@@ -1,0 +1,55 @@
+"""Feature modules: each computes its desired values once, in ``desired(ctx, intent)``; the NRI
+hook and the reconciler both call :func:`desired_state`. Order matters: later features see the
+values earlier ones set (batch sizes BE before CPU QoS floors it; burst follows the quota)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from . import batch, cpu_burst, cpu_qos
+from .base import Context, Intent, InvalidInput
+
+log = logging.getLogger("nriplugin.features")
+
+# (policy feature name, desired function) in evaluation order
+PIPELINE: tuple[tuple[str, Callable[[Context, Intent], None]], ...] = (
+    ("batchResource", batch.desired),
+    ("cpuQOS", cpu_qos.desired),
+    ("cpuBurst", cpu_burst.desired),
+)
+
+
+class FeatureFailed(Exception):
+    """A fail-closed feature could not compute its values: the container must be refused."""
+
+
+@dataclass
+class Outcome:
+    intent: Intent
+    failed: list[tuple[str, str]] = field(default_factory=list)  # (feature, reason) skipped fail-open
+
+
+def desired_state(ctx: Context) -> Outcome:
+    """Run every enabled feature for ``ctx``. Bad input in a fail-open feature skips that
+    feature (recorded in ``failed``); in a fail-closed one it raises FeatureFailed."""
+    out = Outcome(Intent())
+    switches = ctx.policy.features
+    for name, fn in PIPELINE:
+        sw = getattr(switches, name)
+        if not sw.enable:
+            continue
+        trial = Intent(dict(out.intent.values), dict(out.intent.why), out.intent.rdt_class)
+        try:
+            fn(ctx, trial)
+        except InvalidInput as exc:
+            if sw.failurePolicy == "fail-closed":
+                raise FeatureFailed(f"{name}: {exc}") from exc
+            out.failed.append((name, str(exc)))
+            continue
+        out.intent = trial
+    return out
+
+
+__all__ = ["PIPELINE", "Context", "FeatureFailed", "Intent", "InvalidInput", "Outcome", "desired_state"]

@@ -1,0 +1,92 @@
+"""Batch resources: BE containers sized from Koordinator's ``kubernetes.io/batch-cpu`` (in
+milli-cores) and ``kubernetes.io/batch-memory`` in ``node.koordinator.sh/extended-resource-spec``.
+
+shares = clamp(request * 1024 / 1000, 2, 262144); quota = limit * 100 µs per 100 ms period
+(-1 without a limit); memory limit = batch-memory limit.
+"""
+
+from __future__ import annotations
+
+from .base import Context, Intent, InvalidInput
+from .quantity import parse_quantity
+
+ANNOTATION = "node.koordinator.sh/extended-resource-spec"
+BATCH_CPU, BATCH_MEMORY = "kubernetes.io/batch-cpu", "kubernetes.io/batch-memory"
+PERIOD = 100_000
+MAX_MILLI = 1 << 30  # a billion cores: anything above is garbage, not a node
+
+
+def container_batch(ctx: Context, name: str) -> tuple[dict[str, int], dict[str, int]] | None:
+    """(requests, limits) of one container: batch-cpu in milli-cores, batch-memory in bytes."""
+    spec = ctx.annotation_json(ANNOTATION)
+    if spec is None:
+        return None
+    if not isinstance(spec, dict) or not isinstance(spec.get("containers", {}), dict):
+        raise InvalidInput(ANNOTATION, 'expected {"containers": {NAME: {...}}}')
+    entry = spec.get("containers", {}).get(name)
+    if entry is None:
+        return None
+    if not isinstance(entry, dict):
+        raise InvalidInput(ANNOTATION, f"containers.{name[:64]} is not an object")
+    out: list[dict[str, int]] = []
+    for part in ("requests", "limits"):
+        section = entry.get(part) or {}
+        if not isinstance(section, dict):
+            raise InvalidInput(ANNOTATION, f"containers.{name[:64]}.{part} is not an object")
+        vals: dict[str, int] = {}
+        for key, hi in ((BATCH_CPU, MAX_MILLI), (BATCH_MEMORY, 1 << 62)):
+            if key not in section:
+                continue
+            try:
+                q = parse_quantity(section[key])
+            except ValueError as exc:
+                raise InvalidInput(ANNOTATION, f"containers.{name[:64]}.{part}.{key}: {exc}") from exc
+            if q < 0 or q > hi or q != q.to_integral_value():
+                raise InvalidInput(ANNOTATION, f"containers.{name[:64]}.{part}.{key}={section[key]!r:.40} out of range")
+            vals[key] = int(q)
+        out.append(vals)
+    return out[0], out[1]
+
+
+def pod_batch(ctx: Context) -> tuple[dict[str, int], dict[str, int]] | None:
+    """Pod-level sums; a limit counts only if every container has one."""
+    spec = ctx.annotation_json(ANNOTATION)
+    if spec is None:
+        return None
+    names = list((spec.get("containers") or {}) if isinstance(spec, dict) else [])
+    if not names:
+        return None
+    req: dict[str, int] = {}
+    lim: dict[str, int] = {}
+    per = [container_batch(ctx, str(n)) for n in names[:256]]
+    for key in (BATCH_CPU, BATCH_MEMORY):
+        rs = [p[0][key] for p in per if p and key in p[0]]
+        if rs:
+            req[key] = sum(rs)
+        ls = [p[1].get(key) for p in per if p]
+        if ls and all(v is not None for v in ls):
+            lim[key] = sum(v for v in ls if v is not None)
+    return req, lim
+
+
+def desired(ctx: Context, intent: Intent) -> None:
+    if ctx.qos != "BE":
+        return
+    if ctx.container is None:
+        found = pod_batch(ctx)
+        src = f"{ANNOTATION}, summed over the pod's containers"
+    else:
+        found = container_batch(ctx, ctx.container.name)
+        src = f"{ANNOTATION} of container {ctx.container.name}"
+    if found is None:
+        return
+    req, lim = found
+    if BATCH_CPU in req:
+        shares = min(max(req[BATCH_CPU] * 1024 // 1000, 2), 262144)
+        intent.set("cpu.shares", shares, f"batch-cpu request {req[BATCH_CPU]}m -> {shares} shares ({src})")
+    if BATCH_CPU in lim:
+        quota = max(lim[BATCH_CPU] * PERIOD // 1000, 1000)
+        intent.set("cpu.cfs_quota_us", quota, f"batch-cpu limit {lim[BATCH_CPU]}m -> {quota} us per {PERIOD} us")
+        intent.set("cpu.cfs_period_us", PERIOD, "batch quota period")
+    if BATCH_MEMORY in lim and lim[BATCH_MEMORY] >= 4096:
+        intent.set("memory.limit_in_bytes", lim[BATCH_MEMORY], f"batch-memory limit ({src})")

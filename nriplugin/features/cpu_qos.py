@@ -1,0 +1,23 @@
+"""CPU QoS: BE yields CPU (lowest shares unless batch resources size it), and each class gets
+its scheduling identity by the policy's cpuPolicy: groupIdentity (``cpu.bvt_warp_ns``, where
+the kernel has it) or coreSched (``cpu.idle`` = schedIdle: the whole group runs SCHED_IDLE;
+the kernel then gives it the idle weight, so it is never a silent fallback)."""
+
+from __future__ import annotations
+
+from .base import Context, Intent
+
+
+def desired(ctx: Context, intent: Intent) -> None:
+    cfg = ctx.policy.class_qos(ctx.qos).cpuQOS
+    if not cfg.enable:
+        return
+    if ctx.qos == "BE" and "cpu.shares" not in intent.values:
+        shares = ctx.policy.beMinCPUShares
+        intent.set("cpu.shares", shares, f"BE: lowest CPU weight (beMinCPUShares={shares})")
+    policy = ctx.policy.resourceQOSStrategy.policies.cpuPolicy
+    if policy == "groupIdentity" and cfg.groupIdentity is not None and ctx.has("cpu.bvt_warp_ns"):
+        intent.set("cpu.bvt_warp_ns", cfg.groupIdentity, f"group identity of {ctx.qos}")
+        return
+    if policy == "coreSched" and cfg.schedIdle is not None and ctx.has("cpu.idle"):
+        intent.set("cpu.idle", cfg.schedIdle, f"{ctx.qos} schedIdle={cfg.schedIdle} (coreSched policy)")

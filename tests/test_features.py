@@ -1,0 +1,274 @@
+"""Feature modules, the policy model and rule cache, and the plugin's hook outputs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from nriplugin.features import Context, FeatureFailed, desired_state
+from nriplugin.features.quantity import parse_quantity
+from nriplugin.kernel.cgroup import Cgroups, Version
+from nriplugin.kernel.probe import Capabilities, Resctrl, Topology
+from nriplugin.nri import api_pb2 as api
+from nriplugin.plugin import QoSPlugin, to_resources
+from nriplugin.policy.cache import PolicyError, PolicyWatcher, RuleCache, parse
+from nriplugin.policy.model import Policy
+from nriplugin.policy.qos import QoSClass
+from tests.kernel_tree import v1_tree, v2_tree
+from tests.runtime_peer import make_container, make_pod
+
+SPEC = "node.koordinator.sh/extended-resource-spec"
+BATCH = json.dumps(
+    {
+        "containers": {
+            "main": {
+                "requests": {"kubernetes.io/batch-cpu": "500", "kubernetes.io/batch-memory": "256Mi"},
+                "limits": {"kubernetes.io/batch-cpu": "1k", "kubernetes.io/batch-memory": "512Mi"},
+            }
+        }
+    }
+)
+
+
+def caps(**files: bool) -> Capabilities:
+    base = {
+        "cpu.shares": True,
+        "cpu.cfs_quota_us": True,
+        "cpu.cfs_burst_us": True,
+        "cpu.idle": True,
+        "cpu.bvt_warp_ns": False,
+    }
+    base.update(files)
+    return Capabilities(Version.V1, ["cpu"], base, Resctrl(), True, False, Topology())
+
+
+def ctx(
+    qos: str,
+    annotations: dict[str, str] | None = None,
+    quota: int | None = None,
+    policy: Policy | None = None,
+    c: Capabilities | None = None,
+    container: bool = True,
+) -> Context:
+    pod = make_pod(1, qos)
+    pod.annotations.update(annotations or {})
+    ctr = make_container(1, pod)
+    if quota is not None:
+        ctr.linux.resources.cpu.quota.value = quota
+    return Context(pod, ctr if container else None, QoSClass(qos), policy or Policy(), c or caps())
+
+
+def test_batch_sizes_be_containers_and_pods() -> None:
+    out = desired_state(ctx("BE", {SPEC: BATCH}))
+    v = out.intent.values
+    assert v["cpu.shares"] == 512 and v["cpu.cfs_quota_us"] == 100000 and v["cpu.cfs_period_us"] == 100000
+    assert v["memory.limit_in_bytes"] == 512 << 20 and "cpu.idle" not in v
+    assert "batch-cpu request 500m" in out.intent.why["cpu.shares"]
+    two = json.dumps(
+        {
+            "containers": {
+                "a": {"requests": {"kubernetes.io/batch-cpu": "250"}, "limits": {"kubernetes.io/batch-cpu": "500"}},
+                "b": {"requests": {"kubernetes.io/batch-cpu": "750"}},
+            }
+        }
+    )
+    pod = desired_state(ctx("BE", {SPEC: two}, container=False)).intent.values
+    assert pod["cpu.shares"] == 1024 and "cpu.cfs_quota_us" not in pod  # b has no limit: no pod quota
+    assert desired_state(ctx("LS", {SPEC: BATCH})).intent.values.get("cpu.shares") is None
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "{not json",
+        '"a string"',
+        '{"containers": []}',
+        '{"containers": {"main": 5}}',
+        '{"containers": {"main": {"requests": {"kubernetes.io/batch-cpu": "-5"}}}}',
+        '{"containers": {"main": {"requests": {"kubernetes.io/batch-cpu": "1e300"}}}}',
+        '{"containers": {"main": {"requests": {"kubernetes.io/batch-cpu": "0.5"}}}}',
+        '{"containers": {"main": {"limits": {"kubernetes.io/batch-memory": "12XB"}}}}',
+        '{"containers": {"main": {"limits": {"kubernetes.io/batch-memory": true}}}}',
+        '{"containers": {"main": {"limits": {"kubernetes.io/batch-memory": ["1"]}}}}',
+        "x" * 20000,
+    ],
+)
+def test_hostile_batch_annotation_fails_open_or_closed(bad: str) -> None:
+    out = desired_state(ctx("BE", {SPEC: bad}))
+    assert [f for f, _ in out.failed] == ["batchResource"]
+    assert out.intent.values["cpu.shares"] == 2  # CPU QoS still applies; batch values are not guessed
+    closed = Policy.model_validate({"features": {"batchResource": {"failurePolicy": "fail-closed"}}})
+    with pytest.raises(FeatureFailed, match="batchResource"):
+        desired_state(ctx("BE", {SPEC: bad}, policy=closed))
+
+
+def test_quantities() -> None:
+    assert parse_quantity("1k") == 1000 and parse_quantity("512Mi") == 512 << 20 and parse_quantity("2e3") == 2000
+    assert parse_quantity("1.5Gi") == 3 << 29 and parse_quantity(500) == 500
+    for bad in ("", "1kk", "Mi", "1 k", "0x10", True, None, 1.5, "1" * 70):
+        with pytest.raises(ValueError):
+            parse_quantity(bad)
+
+
+def test_cpu_identity_by_kernel_capability() -> None:
+    assert desired_state(ctx("BE", c=caps(**{"cpu.bvt_warp_ns": True}))).intent.values["cpu.bvt_warp_ns"] == -1
+    ls = desired_state(ctx("LS", c=caps(**{"cpu.bvt_warp_ns": True}))).intent.values
+    assert ls == {"cpu.bvt_warp_ns": 2}
+    assert desired_state(ctx("BE")).intent.values == {"cpu.shares": 2}  # no bvt here, no silent idle
+    core = Policy.model_validate({"resourceQOSStrategy": {"policies": {"cpuPolicy": "coreSched"}}})
+    assert desired_state(ctx("BE", policy=core)).intent.values == {"cpu.shares": 2, "cpu.idle": 1}
+    assert desired_state(ctx("BE", policy=core, c=caps(**{"cpu.idle": False}))).intent.values == {"cpu.shares": 2}
+    off = Policy.model_validate({"resourceQOSStrategy": {"beClass": {"cpuQOS": {"enable": False}}}})
+    assert desired_state(ctx("BE", policy=off)).intent.values == {}
+    assert (
+        desired_state(
+            ctx("LS", policy=Policy.model_validate({"features": {"cpuQOS": {"enable": False}}}))
+        ).intent.values
+        == {}
+    )
+
+
+def test_cpu_burst() -> None:
+    assert desired_state(ctx("LS", quota=50000)).intent.values["cpu.cfs_burst_us"] == 50000  # 1000% capped
+    half = {"koordinator.sh/cpuBurst": '{"cpuBurstPercent": 50}'}
+    assert desired_state(ctx("LS", half, quota=50000)).intent.values["cpu.cfs_burst_us"] == 25000
+    assert (
+        "cpu.cfs_burst_us"
+        not in desired_state(ctx("LS", {"koordinator.sh/cpuBurst": '{"policy": "none"}'}, quota=50000)).intent.values
+    )
+    assert "cpu.cfs_burst_us" not in desired_state(ctx("LS")).intent.values  # no quota, nothing to bank
+    assert "cpu.cfs_burst_us" not in desired_state(ctx("BE", {SPEC: BATCH})).intent.values
+    assert (
+        "cpu.cfs_burst_us"
+        not in desired_state(ctx("LS", quota=50000, c=caps(**{"cpu.cfs_burst_us": False}))).intent.values
+    )
+    for bad in ('{"cpuBurstPercent": 0}', '{"cpuBurstPercent": "10"}', '{"policy": "yes"}', "[]", "{"):
+        out = desired_state(ctx("LS", {"koordinator.sh/cpuBurst": bad}, quota=50000))
+        assert [f for f, _ in out.failed] == ["cpuBurst"] and "cpu.cfs_burst_us" not in out.intent.values
+
+
+def test_v2_adjustment_carries_file_values_in_unified(tmp_path: Path) -> None:
+    out = desired_state(ctx("BE", {SPEC: BATCH}))
+    res = api.LinuxResources()
+    to_resources(out.intent, Cgroups(v2_tree(tmp_path, ["kubepods"])), res)
+    assert res.cpu.shares.value == 512 and dict(res.unified) == {}
+    core = Policy.model_validate({"resourceQOSStrategy": {"policies": {"cpuPolicy": "coreSched"}}})
+    out = desired_state(ctx("BE", {SPEC: BATCH}, policy=core))
+    res = api.LinuxResources()
+    to_resources(out.intent, Cgroups(v2_tree(tmp_path, ["kubepods"])), res)
+    assert dict(res.unified) == {"cpu.idle": "1"}
+    res1 = api.LinuxResources()
+    to_resources(out.intent, Cgroups(v1_tree(tmp_path / "v1")), res1)
+    assert dict(res1.unified) == {}
+
+
+def test_policy_merge_nodeslo_and_errors() -> None:
+    p, notes = parse("resourceQOSStrategy:\n  lsrClass:\n    cpuQOS:\n      enable: false\n")
+    assert not p.resourceQOSStrategy.lsrClass.cpuQOS.enable
+    assert p.resourceQOSStrategy.beClass.cpuQOS.groupIdentity == -1  # defaults kept (deep merge)
+    slo = (
+        "apiVersion: slo.koordinator.sh/v1alpha1\nkind: NodeSLO\nspec:\n  cpuBurstStrategy:\n"
+        "    policy: none\n  systemStrategy:\n    minFreeKbytesFactor: 100\n"
+    )
+    p, notes = parse(slo)
+    assert p.cpuBurstStrategy.policy == "none" and notes and "systemStrategy" in notes[0]
+    for text, where in (
+        ("cpuBurstStrategy:\n  cpuBurstPercent: 0\n", "cpuBurstStrategy.cpuBurstPercent"),
+        (
+            "resourceQOSStrategy:\n  beClass:\n    resctrlQOS:\n      catRangeStartPercent: 90\n"
+            "      catRangeEndPercent: 10\n",
+            "catRangeStartPercent (90)",
+        ),
+        ("features:\n  cpuQOS:\n    failurePolicy: maybe\n", "features.cpuQOS.failurePolicy"),
+        ("cpuBurstStrategy: {polcy: auto}\n", "cpuBurstStrategy.polcy"),
+        ("- a list\n", "must be a mapping"),
+        ("a: [\n", "not valid YAML"),
+    ):
+        with pytest.raises(PolicyError, match=where.replace("(", r"\(").replace(")", r"\)")):
+            parse(text, "p.yaml")
+
+
+def test_rule_cache_versions_and_keeps_last_good(tmp_path: Path) -> None:
+    cache = RuleCache()
+    seen: list[int] = []
+    cache.subscribe(lambda v: seen.append(v.version))
+    f = tmp_path / "policy.yaml"
+    f.write_text("beMinCPUShares: 4\n")
+    assert cache.load_file(f).version == 2 and cache.policy.beMinCPUShares == 4
+    f.write_text("beMinCPUShares: 1\n")
+    with pytest.raises(PolicyError, match="beMinCPUShares"):
+        cache.load_file(f)
+    assert cache.current.version == 2 and cache.policy.beMinCPUShares == 4 and cache.rejected == 1
+    f.write_text("beMinCPUShares: 4\n")
+    assert cache.load_file(f).version == 2  # same content, same version
+    assert seen == [2]
+
+
+def test_hot_reload(tmp_path: Path) -> None:
+    async def main() -> None:
+        f = tmp_path / "policy.yaml"
+        f.write_text("beMinCPUShares: 3\n")
+        cache = RuleCache()
+        cache.load_file(f)
+        w = PolicyWatcher(f, cache, asyncio.get_running_loop(), debounce=0.05)
+        w.start()
+        try:
+            tmp = tmp_path / "policy.yaml.new"  # as editors and ConfigMaps do: write, then rename
+            tmp.write_text("beMinCPUShares: 8\n")
+            tmp.replace(f)
+            for _ in range(100):
+                await asyncio.sleep(0.05)
+                if cache.policy.beMinCPUShares == 8:
+                    break
+            assert cache.policy.beMinCPUShares == 8 and cache.current.version == 3
+            f.write_text("beMinCPUShares: nope\n")
+            await asyncio.sleep(0.5)
+            assert cache.policy.beMinCPUShares == 8 and cache.rejected == 1
+        finally:
+            w.stop()
+
+    asyncio.run(main())
+
+
+def test_plugin_writes_what_nri_cannot_carry(tmp_path: Path) -> None:
+    """cgroup v1: cpu.idle for BE at StartContainer and on the pod at RunPodSandbox; burst for LS."""
+    be = make_pod(1, "BE")
+    be.annotations[SPEC] = BATCH
+    ctr = make_container(1, be)
+    ls = make_pod(2, "LS")
+    lsc = make_container(2, ls)
+    lsc.linux.resources.cpu.quota.value = 40000
+    groups = [
+        be.linux.cgroup_parent.lstrip("/"),
+        ctr.linux.cgroups_path.lstrip("/"),
+        lsc.linux.cgroups_path.lstrip("/"),
+    ]
+    root = v1_tree(tmp_path, groups)
+    cg = Cgroups(root)
+    invalid: list[str] = []
+    core = Policy.model_validate({"resourceQOSStrategy": {"policies": {"cpuPolicy": "coreSched"}}})
+    p = QoSPlugin(RuleCache(core), caps=caps(), cgroups=cg, on_invalid=invalid.append)
+    adj = p.create_container(be, ctr)
+    assert adj is not None and adj.linux.resources.cpu.shares.value == 512
+    p.start_container(be, ctr)
+    assert (root / "cpu" / groups[1] / "cpu.idle").read_text() == "1"
+    p.run_pod_sandbox(be)
+    assert (root / "cpu" / groups[0] / "cpu.idle").read_text() == "1"
+    assert (root / "cpu" / groups[0] / "cpu.shares").read_text() == "512"
+    (root / "cpu" / groups[2] / "cpu.cfs_quota_us").write_text("40000")
+    p.start_container(ls, lsc)
+    assert (root / "cpu" / groups[2] / "cpu.cfs_burst_us").read_text() == "40000"
+    # Hostile cgroup path from the runtime: refused, nothing written anywhere.
+    evil = make_container(3, be)
+    evil.linux.cgroups_path = "/kubepods/../../../etc"
+    with pytest.raises(ValueError):
+        p.start_container(be, evil)
+    assert invalid == []
+    t0 = time.perf_counter()
+    for _ in range(200):
+        p.create_container(be, ctr)
+    assert time.perf_counter() - t0 < 5  # sanity only; speed is measured in bench/
