@@ -98,10 +98,11 @@ def install(plugin_dir: str, name: str, idx: str, args: list[str]) -> Path:
 
 
 async def run(ns: argparse.Namespace) -> int:
-    from .kernel.cgroup import Cgroups
-    from .nri.stub import BufferedObserver, HookPolicy, Stub, StubOptions
-    from .plugin import QoSPlugin
-    from .policy.cache import PolicyError, RuleCache
+    from .nri.stub import BufferedObserver, HookPolicy, Plugin, Stub, StubOptions
+
+    class Placeholder(Plugin):
+        def create_container(self, pod: object, container: object) -> None:
+            return None
 
     opts = StubOptions.from_env(
         name=ns.name,
@@ -109,6 +110,24 @@ async def run(ns: argparse.Namespace) -> int:
         socket_path=ns.socket,
         default_policy=HookPolicy(budget=ns.hook_budget_ms / 1000.0, fail_closed=ns.fail_closed),
     )
+    # Register first with a placeholder (RegisterPlugin is what the runtime's 5 s start-up
+    # timeout waits for); the real plugin (pydantic, probes) loads while Configure is on its way.
+    early = BufferedObserver()
+    stub = Stub(Placeholder(), opts, observer=early, placeholder=True)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stub.stop)
+    runner = asyncio.ensure_future(stub.run())
+    for _ in range(50):  # until the RegisterPlugin call is on the wire (or 50 ms without a runtime)
+        if stub.connections:
+            break
+        await asyncio.sleep(0.001)
+    await asyncio.sleep(0)
+
+    from .kernel.cgroup import Cgroups
+    from .plugin import QoSPlugin
+    from .policy.cache import PolicyError, RuleCache
+
     rules = RuleCache()
     if ns.policy:
         try:
@@ -119,12 +138,7 @@ async def run(ns: argparse.Namespace) -> int:
             log.error("policy rejected, running with the embedded default: %s", exc)
     invalid: list[str] = []
     plugin = QoSPlugin(rules, cgroups=Cgroups(Path(ns.cgroup_root)), on_invalid=invalid.append)
-    early = BufferedObserver()
-    stub = Stub(plugin, opts, observer=early)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stub.stop)
-    runner = asyncio.ensure_future(stub.run())
+    stub.replace_plugin(plugin)
     # Register first; metrics and the HTTP endpoint come up right after (or after 1 s).
     await asyncio.wait(
         [runner, asyncio.ensure_future(stub.ready.wait())], timeout=1.0, return_when=asyncio.FIRST_COMPLETED

@@ -449,3 +449,32 @@ def test_failed_synchronize_drops_the_connection_and_retries(tmp_path: Path) -> 
         await stopped(stub, task, peer)
 
     run(main, tmp_path)
+
+
+def test_placeholder_registers_first_and_holds_requests(tmp_path: Path) -> None:
+    """Start-up: register with a light placeholder, answer Configure with the real plugin's
+    events once it is loaded."""
+
+    class Placeholder(Plugin):
+        def create_container(self, pod: api.PodSandbox, container: api.Container) -> None:
+            return None
+
+    async def main(tmp: Path) -> None:
+        sock = str(tmp / "nri.sock")
+        peer = RuntimePeer([make_pod(1)], [make_container(1, make_pod(1))])
+        await peer.listen(sock)
+        stub = Stub(Placeholder(), StubOptions(socket_path=sock), placeholder=True)
+        task = asyncio.ensure_future(stub.run())
+        for _ in range(200):
+            if peer.sessions or stub.connections:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        assert not stub.ready.is_set()  # Configure is held until the real plugin is there
+        real = SharesPlugin()
+        stub.replace_plugin(real)
+        s = await peer.next_session()
+        assert s.events == event_mask(real) and real.synced == (1, 1)
+        await stopped(stub, task, peer)
+
+    run(main, tmp_path)

@@ -34,22 +34,22 @@ class Outcome:
 def desired_state(ctx: Context) -> Outcome:
     """Run every enabled feature for ``ctx``. Bad input in a fail-open feature skips that
     feature (recorded in ``failed``); in a fail-closed one it raises FeatureFailed."""
-    out = Outcome(Intent())
+    intent = Intent()
+    failed: list[tuple[str, str]] = []
     switches = ctx.policy.features
     for name, fn in PIPELINE:
         sw = getattr(switches, name)
         if not sw.enable:
             continue
-        trial = Intent(dict(out.intent.values), dict(out.intent.why), out.intent.rdt_class)
+        values, why = dict(intent.values), dict(intent.why)  # to undo a failed feature's writes
         try:
-            fn(ctx, trial)
+            fn(ctx, intent)
         except InvalidInput as exc:
             if sw.failurePolicy == "fail-closed":
                 raise FeatureFailed(f"{name}: {exc}") from exc
-            out.failed.append((name, str(exc)))
-            continue
-        out.intent = trial
-    return out
+            intent.values, intent.why = values, why
+            failed.append((name, str(exc)))
+    return Outcome(intent, failed)
 
 
 __all__ = ["PIPELINE", "Context", "FeatureFailed", "Intent", "InvalidInput", "Outcome", "desired_state"]

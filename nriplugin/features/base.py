@@ -20,6 +20,7 @@ class InvalidInput(ValueError):
     def __init__(self, key: str, why: str) -> None:
         super().__init__(f"{key}: {why}")
         self.key = key
+        self.why = why
 
 
 @dataclass(frozen=True)
@@ -51,14 +52,16 @@ class Context:
 
     def annotation_json(self, key: str) -> Any:
         raw = self.pod.annotations.get(key)
-        if raw is None:
-            return None
-        if len(raw) > MAX_ANNOTATION:
-            raise InvalidInput(key, f"longer than {MAX_ANNOTATION} bytes")
-        try:
-            return json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise InvalidInput(key, f"not valid JSON ({exc.msg})") from exc
+        return None if raw is None else annotation_json(key, raw)
+
+
+def annotation_json(key: str, raw: str) -> Any:
+    if len(raw) > MAX_ANNOTATION:
+        raise InvalidInput(key, f"longer than {MAX_ANNOTATION} bytes")
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(key, f"not valid JSON ({exc.msg})") from exc
 
 
 @dataclass

@@ -7,7 +7,9 @@ shares = clamp(request * 1024 / 1000, 2, 262144); quota = limit * 100 µs per 10
 
 from __future__ import annotations
 
-from .base import Context, Intent, InvalidInput
+from functools import lru_cache
+
+from .base import Context, Intent, InvalidInput, annotation_json
 from .quantity import parse_quantity
 
 ANNOTATION = "node.koordinator.sh/extended-resource-spec"
@@ -16,16 +18,34 @@ PERIOD = 100_000
 MAX_MILLI = 1 << 30  # a billion cores: anything above is garbage, not a node
 
 
-def container_batch(ctx: Context, name: str) -> tuple[dict[str, int], dict[str, int]] | None:
+Limits = tuple[dict[str, int], dict[str, int]]
+
+
+def container_batch(ctx: Context, name: str) -> Limits | None:
     """(requests, limits) of one container: batch-cpu in milli-cores, batch-memory in bytes."""
-    spec = ctx.annotation_json(ANNOTATION)
-    if spec is None:
+    raw = ctx.pod.annotations.get(ANNOTATION)
+    if raw is None:
         return None
-    if not isinstance(spec, dict) or not isinstance(spec.get("containers", {}), dict):
-        raise InvalidInput(ANNOTATION, 'expected {"containers": {NAME: {...}}}')
-    entry = spec.get("containers", {}).get(name)
-    if entry is None:
-        return None
+    parsed = _parse(raw)
+    if isinstance(parsed, InvalidInput):
+        raise InvalidInput(parsed.key, parsed.why)  # a fresh one: a cached exception's traceback grows
+    return parsed.get(name)
+
+
+@lru_cache(maxsize=1024)
+def _parse(raw: str) -> dict[str, Limits] | InvalidInput:
+    """The whole annotation, parsed and validated once per distinct text (pods of one workload
+    share it; Synchronize sees it hundreds of times)."""
+    try:
+        spec = annotation_json(ANNOTATION, raw)
+        if not isinstance(spec, dict) or not isinstance(spec.get("containers", {}), dict):
+            raise InvalidInput(ANNOTATION, 'expected {"containers": {NAME: {...}}}')
+        return {str(n): _container(str(n), e) for n, e in list(spec.get("containers", {}).items())[:256]}
+    except InvalidInput as exc:
+        return exc
+
+
+def _container(name: str, entry: object) -> Limits:
     if not isinstance(entry, dict):
         raise InvalidInput(ANNOTATION, f"containers.{name[:64]} is not an object")
     out: list[dict[str, int]] = []
@@ -48,17 +68,19 @@ def container_batch(ctx: Context, name: str) -> tuple[dict[str, int], dict[str, 
     return out[0], out[1]
 
 
-def pod_batch(ctx: Context) -> tuple[dict[str, int], dict[str, int]] | None:
+def pod_batch(ctx: Context) -> Limits | None:
     """Pod-level sums; a limit counts only if every container has one."""
-    spec = ctx.annotation_json(ANNOTATION)
-    if spec is None:
+    raw = ctx.pod.annotations.get(ANNOTATION)
+    if raw is None:
         return None
-    names = list((spec.get("containers") or {}) if isinstance(spec, dict) else [])
-    if not names:
+    parsed = _parse(raw)
+    if isinstance(parsed, InvalidInput):
+        raise InvalidInput(parsed.key, parsed.why)  # a fresh one: a cached exception's traceback grows
+    if not parsed:
         return None
     req: dict[str, int] = {}
     lim: dict[str, int] = {}
-    per = [container_batch(ctx, str(n)) for n in names[:256]]
+    per = list(parsed.values())
     for key in (BATCH_CPU, BATCH_MEMORY):
         rs = [p[0][key] for p in per if p and key in p[0]]
         if rs:

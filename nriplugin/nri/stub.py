@@ -241,7 +241,14 @@ def check_identity(name: str, idx: str) -> None:
 
 
 class Stub:
-    def __init__(self, plugin: Plugin, options: StubOptions | None = None, observer: Observer | None = None) -> None:
+    def __init__(
+        self,
+        plugin: Plugin,
+        options: StubOptions | None = None,
+        observer: Observer | None = None,
+        *,
+        placeholder: bool = False,
+    ) -> None:
         self.plugin = plugin
         self.opts = options or StubOptions()
         check_identity(self.opts.name, self.opts.idx)
@@ -259,8 +266,22 @@ class Stub:
         self._sync_pods: list[Pod] = []
         self._sync_ctrs: list[Container] = []
         self._methods = self._build_methods()
+        # With a placeholder plugin, requests wait here until replace_plugin() brings the real one.
+        self._held: list[ttrpc.RequestReceived] | None = [] if placeholder else None
 
     # dispatch table -----------------------------------------------------------------------
+
+    def replace_plugin(self, plugin: Plugin) -> None:
+        """Swap in the real plugin after registering with a light placeholder (start-up is on
+        the runtime's clock). Requests that arrived meanwhile are answered now, in order."""
+        mask = event_mask(plugin)
+        if not mask:
+            raise ValueError(f"{type(plugin).__name__} implements no event handler")
+        self.plugin, self.events = plugin, mask
+        self._methods = self._build_methods()
+        held, self._held = self._held or [], None
+        for ev in held:
+            self._on_request(ev)
 
     def _build_methods(self) -> dict[str, _Method]:
         p = self.plugin
@@ -342,6 +363,9 @@ class Stub:
         return method.event
 
     def _on_request(self, ev: ttrpc.RequestReceived) -> None:
+        if self._held is not None:
+            self._held.append(ev)
+            return
         t0 = time.perf_counter()
         trunk = self.trunk
         assert trunk is not None
@@ -468,6 +492,8 @@ class Stub:
         """Connect and register; returns the trunk once the runtime accepted us."""
         self.ready.clear()
         self._sync_pods, self._sync_ctrs = [], []
+        if self._held is not None:
+            self._held.clear()  # requests of a previous connection must not be answered here
         self.observer.connection_state("connecting")
         trunk = await open_trunk(
             self._on_request, path=self.opts.socket_path if self.opts.fd is None else None, fd=self.opts.fd
