@@ -15,8 +15,10 @@ import grpc
 import pytest
 
 from e2e.conftest import PluginProcess, free_port
+from e2e.cri import msg
 from e2e.harness import Containerd, read_cgroup
 from nriplugin.cli import install
+from nriplugin.kernel.probe import parse_cpulist
 from nriplugin.nri import api_pb2 as api
 from nriplugin.nri.stub import HookPolicy, Plugin, Stub, StubOptions
 from nriplugin.plugin import QoSPlugin
@@ -228,3 +230,34 @@ def test_features_land_in_the_real_cgroups(
     icpu = runtime.container_cgroup(idle, idle_c)
     assert read_cgroup(icpu, "cpu.idle") == "1"
     assert read_cgroup(icpu.parent, "cpu.idle") == "1"
+
+
+def test_lsr_gets_exclusive_cores_and_sharers_follow(
+    runtime: Containerd, plugin_factory: Callable[..., PluginProcess]
+) -> None:
+    """On this node's real topology: an LSR container is pinned to whole cores, a running LS
+    container is moved off them in the same CreateContainer answer, and gets them back when the
+    LSR container goes (pushed with UpdateContainers from outside the handler)."""
+    online = parse_cpulist(Path("/sys/devices/system/cpu/online").read_text())
+    if len(online) < 2:
+        pytest.skip("needs at least two CPUs")
+    plugin_factory(runtime.nri_socket)
+    ls = runtime.run_pod("web", "Burstable", LS)
+    ls_c = runtime.create_container(ls, "main", cpu_shares=512)
+    ls_set = runtime.container_cgroup(ls, ls_c, "cpuset")
+    assert parse_cpulist(read_cgroup(ls_set, "cpuset.cpus")) == online
+    lsr = runtime.run_pod("db", "Guaranteed", {"koordinator.sh/qosClass": "LSR"})
+    lsr_c = runtime.create_container(lsr, "main", cpu_shares=1024, cpu_quota=100000)
+    pinned = set(parse_cpulist(read_cgroup(runtime.container_cgroup(lsr, lsr_c, "cpuset"), "cpuset.cpus")))
+    assert pinned and pinned < set(online)
+    deadline = time.monotonic() + 10
+    while set(parse_cpulist(read_cgroup(ls_set, "cpuset.cpus"))) != set(online) - pinned:
+        assert time.monotonic() < deadline, read_cgroup(ls_set, "cpuset.cpus")
+        time.sleep(0.05)
+    assert runtime.cri is not None
+    runtime.cri.call("StopContainer", msg("StopContainerRequest", container_id=lsr_c, timeout=0))
+    runtime.cri.call("RemoveContainer", msg("RemoveContainerRequest", container_id=lsr_c))
+    deadline = time.monotonic() + 10
+    while parse_cpulist(read_cgroup(ls_set, "cpuset.cpus")) != online:
+        assert time.monotonic() < deadline, read_cgroup(ls_set, "cpuset.cpus")
+        time.sleep(0.05)

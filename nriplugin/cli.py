@@ -137,7 +137,9 @@ async def run(ns: argparse.Namespace) -> int:
             # pre-registered plugin fails to register): run on the embedded default, loudly.
             log.error("policy rejected, running with the embedded default: %s", exc)
     invalid: list[str] = []
-    plugin = QoSPlugin(rules, cgroups=Cgroups(Path(ns.cgroup_root)), on_invalid=invalid.append)
+    plugin = QoSPlugin(
+        rules, cgroups=Cgroups(Path(ns.cgroup_root)), on_invalid=invalid.append, push=stub.update_containers
+    )
     stub.replace_plugin(plugin)
     # Register first; metrics and the HTTP endpoint come up right after (or after 1 s).
     await asyncio.wait(

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from .features import Context, FeatureFailed, Intent, desired_state
+from .features.cpuset import CPUAllocator
 from .kernel import paths
 from .kernel.cgroup import Cgroups, InvalidValue, Version
-from .kernel.probe import Capabilities, probe
+from .kernel.probe import Capabilities, format_cpulist, probe
 from .nri import api_pb2 as api
 from .nri.stub import Plugin
 from .policy.cache import RuleCache
@@ -70,11 +71,17 @@ class QoSPlugin(Plugin):
         caps: Capabilities | None = None,
         cgroups: Cgroups | None = None,
         on_invalid: Callable[[str], None] | None = None,
+        push: Callable[[list[api.ContainerUpdate]], Awaitable[object]] | None = None,
     ) -> None:
         self.rules = rules or RuleCache()
         self.cgroups = cgroups or Cgroups(Path("/sys/fs/cgroup"))
         self.caps = caps or probe(self.cgroups.root)
         self.on_invalid = on_invalid or (lambda reason: None)
+        self.push = push  # UpdateContainers from outside handlers (the stub's)
+        self.cpus = CPUAllocator(self.caps.topology)
+        # Containers whose cpuset is the share pool: they follow it when exclusive cores change.
+        self.sharers: dict[str, tuple[api.PodSandbox, api.Container]] = {}
+        self._logged: set[tuple[str, str]] = set()
         self.rejected_labels = 0
         self.adjusted = 0
 
@@ -100,34 +107,72 @@ class QoSPlugin(Plugin):
         qos = self._qos(pod)
         if qos is None or qos is QoSClass.SYSTEM:
             return None
-        ctx = Context(pod, container, qos, self.rules.policy, self.caps)
+        ctx = Context(pod, container, qos, self.rules.policy, self.caps, self.cpus)
         out = desired_state(ctx)
         for feature, reason in out.failed:
             self.on_invalid(feature)
-            log.warning(
-                "pod %s/%s: %s skipped: %s",
-                pod.namespace,
-                pod.name,
-                feature,
-                reason,
-                extra={"pod": f"{pod.namespace}/{pod.name}", "feature": feature, "reason": "invalid_input"},
-            )
+            if (feature, reason) not in self._logged:  # once per distinct reason; the metric counts all
+                if len(self._logged) > 1000:
+                    self._logged.clear()
+                self._logged.add((feature, reason))
+                log.warning(
+                    "pod %s/%s: %s skipped: %s",
+                    pod.namespace,
+                    pod.name,
+                    feature,
+                    reason,
+                    extra={"pod": f"{pod.namespace}/{pod.name}", "feature": feature, "reason": "invalid_input"},
+                )
         return out.intent
+
+    def _track(self, pod: api.PodSandbox, container: api.Container, intent: Intent | None) -> None:
+        cpuset_on = self.rules.policy.features.cpuset.enable and self.caps.files.get("cpuset.cpus", False)
+        if container.id in self.cpus.exclusive or intent is None or not cpuset_on:
+            self.sharers.pop(container.id, None)
+        else:
+            self.sharers[container.id] = (pod, container)
+
+    def _pool_updates(self, skip: str = "") -> list[api.ContainerUpdate]:
+        """Updates moving every sharer to the current share pool."""
+        pool = format_cpulist(self.cpus.share_pool())
+        out = []
+        for cid in self.sharers:
+            if cid == skip:
+                continue
+            u = api.ContainerUpdate(container_id=cid, ignore_failure=True)
+            u.linux.resources.cpu.cpus = pool
+            out.append(u)
+        return out
 
     # hooks -----------------------------------------------------------------------------------
 
-    def create_container(self, pod: api.PodSandbox, container: api.Container) -> api.ContainerAdjustment | None:
+    def create_container(
+        self, pod: api.PodSandbox, container: api.Container
+    ) -> api.ContainerAdjustment | tuple[api.ContainerAdjustment, list[api.ContainerUpdate]] | None:
+        exclusive_before = len(self.cpus.exclusive)
         try:
             intent = self.intent(pod, container)
         except FeatureFailed as exc:
             raise RuntimeError(f"refusing {pod.namespace}/{pod.name}/{container.name}: {exc}") from exc
+        self._track(pod, container, intent)
         if intent is None:
             return None
         adj = api.ContainerAdjustment()
         if not to_resources(intent, self.cgroups, adj.linux.resources):
             return None
         self.adjusted += 1
+        if len(self.cpus.exclusive) != exclusive_before:  # cores left the share pool: sharers follow
+            return adj, self._pool_updates(skip=container.id)
         return adj
+
+    def remove_container(self, pod: api.PodSandbox, container: api.Container) -> None:
+        self.sharers.pop(container.id, None)
+        if self.cpus.release(container.id) and self.push is not None:
+            # The share pool grew. UpdateContainers must not be called from inside a handler.
+            updates = self._pool_updates()
+            if updates:
+                push = self.push
+                asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(push(updates)))
 
     def start_container(self, pod: api.PodSandbox, container: api.Container) -> None:
         """cgroup v1: values NRI cannot carry (burst, identity, idle) go to the files now: the
@@ -175,6 +220,7 @@ class QoSPlugin(Plugin):
             except FeatureFailed as exc:
                 log.warning("%s", exc)
                 continue
+            self._track(pod, c, intent)
             if intent is None:
                 continue
             u = api.ContainerUpdate(container_id=c.id)

@@ -253,7 +253,7 @@ def test_plugin_writes_what_nri_cannot_carry(tmp_path: Path) -> None:
     core = Policy.model_validate({"resourceQOSStrategy": {"policies": {"cpuPolicy": "coreSched"}}})
     p = QoSPlugin(RuleCache(core), caps=caps(), cgroups=cg, on_invalid=invalid.append)
     adj = p.create_container(be, ctr)
-    assert adj is not None and adj.linux.resources.cpu.shares.value == 512
+    assert isinstance(adj, api.ContainerAdjustment) and adj.linux.resources.cpu.shares.value == 512
     p.start_container(be, ctr)
     assert (root / "cpu" / groups[1] / "cpu.idle").read_text() == "1"
     p.run_pod_sandbox(be)

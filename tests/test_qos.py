@@ -44,7 +44,7 @@ def test_plugin_adjusts_only_be() -> None:
     p = QoSPlugin()
     be = make_pod(1, "BE")
     adj = p.create_container(be, make_container(1, be))
-    assert adj is not None and adj.linux.resources.cpu.shares.value == 2
+    assert isinstance(adj, api.ContainerAdjustment) and adj.linux.resources.cpu.shares.value == 2
     for qos in ("LS", "LSR", "LSE", "SYSTEM"):
         pod = make_pod(2, qos)
         assert p.create_container(pod, make_container(2, pod)) is None

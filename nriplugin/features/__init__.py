@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import batch, cpu_burst, cpu_qos
+from . import batch, cpu_burst, cpu_qos, cpuset
 from .base import Context, Intent, InvalidInput
 
 log = logging.getLogger("nriplugin.features")
@@ -18,6 +18,7 @@ PIPELINE: tuple[tuple[str, Callable[[Context, Intent], None]], ...] = (
     ("batchResource", batch.desired),
     ("cpuQOS", cpu_qos.desired),
     ("cpuBurst", cpu_burst.desired),
+    ("cpuset", cpuset.desired),
 )
 
 

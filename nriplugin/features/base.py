@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..kernel.probe import Capabilities
 from ..nri import api_pb2 as api
 from ..policy.model import Policy
 from ..policy.qos import QoSClass
+
+if TYPE_CHECKING:
+    from .cpuset import CPUAllocator
 
 MAX_ANNOTATION = 16 * 1024
 
@@ -30,6 +33,7 @@ class Context:
     qos: QoSClass
     policy: Policy
     caps: Capabilities
+    cpus: CPUAllocator | None = None  # node CPU state (cpuset feature)
 
     def has(self, resource: str) -> bool:
         return self.caps.files.get(resource, False)

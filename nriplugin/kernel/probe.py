@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,7 +67,7 @@ def parse_cpulist(text: str) -> list[int]:
     return sorted(set(out))
 
 
-def format_cpulist(cpus: list[int] | set[int]) -> str:
+def format_cpulist(cpus: Iterable[int]) -> str:
     s = sorted(set(cpus))
     out: list[str] = []
     i = 0

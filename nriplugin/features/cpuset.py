@@ -1,0 +1,135 @@
+"""CPUSet pools from the node's real topology: LSE/LSR containers get exclusive whole cores
+(SMT siblings together, one NUMA node where it fits), everyone else shares the rest.
+
+Exclusive cores come from Koordinator's scheduler decision in
+``scheduling.koordinator.sh/resource-status`` ({"cpuset": "2-3"}) when present, else from the
+local allocator sized by the container's CFS quota (limit == request for these classes). Only
+pods labelled LSE/LSR explicitly are pinned: a Guaranteed pod without the label is left to
+kubelet's CPU manager rather than fought over.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..kernel.probe import Topology, format_cpulist, parse_cpulist
+from ..policy.qos import QOS_LABEL
+from .base import Context, Intent, InvalidInput
+
+RESOURCE_STATUS = "scheduling.koordinator.sh/resource-status"
+
+
+class NoCapacity(Exception):
+    pass
+
+
+@dataclass
+class CPUAllocator:
+    """Which CPUs belong to whom. Exclusive sets never overlap; the share pool is the rest."""
+
+    topo: Topology
+    reserved: set[int] = field(default_factory=set)  # kept for the system, never handed out
+    exclusive: dict[str, frozenset[int]] = field(default_factory=dict)  # owner (container id) -> cpus
+
+    def __post_init__(self) -> None:
+        self.online = frozenset(self.topo.online)
+        # Physical cores as sibling groups, in a stable order.
+        cores: dict[tuple[int, ...], None] = {}
+        for c in sorted(self.online):
+            cores[tuple(sorted(set(self.topo.siblings.get(c, [c])) & self.online))] = None
+        self.cores = list(cores)
+
+    def taken(self) -> set[int]:
+        return set().union(*self.exclusive.values()) if self.exclusive else set()
+
+    def share_pool(self) -> frozenset[int]:
+        pool = self.online - self.taken() - self.reserved
+        return pool if pool else self.online - self.reserved  # never leave sharers with nothing
+
+    def claim(self, owner: str, cpus: set[int]) -> frozenset[int]:
+        have = self.exclusive.get(owner)
+        if have is not None:
+            return have
+        if not cpus or not cpus <= self.online:
+            raise NoCapacity(f"cpus {format_cpulist(cpus)} are not all online ({format_cpulist(self.online)})")
+        clash = cpus & (self.taken() | self.reserved)
+        if clash:
+            raise NoCapacity(f"cpus {format_cpulist(clash)} are already exclusive to another container")
+        self.exclusive[owner] = frozenset(cpus)
+        return self.exclusive[owner]
+
+    def allocate(self, owner: str, ncpus: int) -> frozenset[int]:
+        """Whole free cores, from one NUMA node if possible, else the fewest nodes."""
+        have = self.exclusive.get(owner)
+        if have is not None:
+            return have
+        busy = self.taken() | self.reserved
+        free = [core for core in self.cores if not set(core) & busy]
+        per = max(1, max((len(c) for c in self.cores), default=1))
+        need = math.ceil(ncpus / per)
+        if need > len(free) - 1:  # at least one core stays in the share pool
+            raise NoCapacity(f"{ncpus} CPUs ({need} whole cores) requested, {len(free)} free cores")
+        by_node: dict[int, list[tuple[int, ...]]] = {}
+        for core in free:
+            by_node.setdefault(self.topo.numa.get(core[0], 0), []).append(core)
+        fits = [n for n, cs in sorted(by_node.items()) if len(cs) >= need]
+        if fits:
+            # the node with the fewest free cores that still fits: keeps big holes for big asks
+            node = min(fits, key=lambda n: (len(by_node[n]), n))
+            chosen = by_node[node][:need]
+        else:
+            chosen = [c for n in sorted(by_node, key=lambda n: -len(by_node[n])) for c in by_node[n]][:need]
+        self.exclusive[owner] = frozenset(c for core in chosen for c in core)
+        return self.exclusive[owner]
+
+    def release(self, owner: str) -> bool:
+        return self.exclusive.pop(owner, None) is not None
+
+
+def scheduled_cpus(ctx: Context) -> set[int] | None:
+    status = ctx.annotation_json(RESOURCE_STATUS)
+    if status is None:
+        return None
+    if not isinstance(status, dict):
+        raise InvalidInput(RESOURCE_STATUS, "expected a JSON object")
+    raw = status.get("cpuset")
+    if raw is None:
+        return None
+    if not isinstance(raw, str):
+        raise InvalidInput(RESOURCE_STATUS, "cpuset must be a cpu list string")
+    try:
+        return set(parse_cpulist(raw))
+    except ValueError as exc:
+        raise InvalidInput(RESOURCE_STATUS, f"cpuset {raw[:40]!r}: {exc}") from exc
+
+
+def desired(ctx: Context, intent: Intent) -> None:
+    alloc = ctx.cpus
+    if alloc is None or ctx.container is None or not ctx.has("cpuset.cpus"):
+        return
+    explicit = ctx.pod.labels.get(QOS_LABEL) in ("LSE", "LSR")
+    owner = ctx.container.id
+    if explicit:
+        try:
+            wanted = scheduled_cpus(ctx)
+            if wanted is not None:
+                cpus = alloc.claim(owner, wanted)
+                intent.set(
+                    "cpuset.cpus", format_cpulist(cpus), f"{ctx.qos}: exclusive, as scheduled ({RESOURCE_STATUS})"
+                )
+                return
+            quota, period = ctx.requested("cpu.cfs_quota_us"), ctx.requested("cpu.cfs_period_us") or 100000
+            if quota and quota > 0:
+                cpus = alloc.allocate(owner, math.ceil(quota / period))
+                intent.set(
+                    "cpuset.cpus",
+                    format_cpulist(cpus),
+                    f"{ctx.qos}: {math.ceil(quota / period)} CPUs as whole cores from the node's topology",
+                )
+                return
+        except NoCapacity as exc:
+            raise InvalidInput(RESOURCE_STATUS, f"cannot pin {ctx.qos} container: {exc}") from exc
+    pool = alloc.share_pool()
+    if pool != alloc.online:  # while nothing is exclusive, the runtime's default (all CPUs) is right
+        intent.set("cpuset.cpus", format_cpulist(pool), f"{ctx.qos}: the share pool (online CPUs minus exclusive ones)")
