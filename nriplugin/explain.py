@@ -138,8 +138,8 @@ FEATURE_NEEDS: dict[str, tuple[str, list[str]]] = {
     "cpuQOS.schedIdle": ("implemented", ["cpu.idle"]),
     "batchResource": ("implemented", ["cpu.shares", "cpu.cfs_quota_us", "memory.limit_in_bytes"]),
     "cpuBurst": ("implemented", ["cpu.cfs_burst_us"]),
-    "memoryQOS": ("planned", ["memory.min", "memory.low", "memory.high"]),
-    "cpuset": ("planned", ["cpuset.cpus"]),
+    "memoryQOS": ("implemented", ["memory.min", "memory.low", "memory.high"]),
+    "cpuset": ("implemented", ["cpuset.cpus"]),
     "blkio": ("planned", ["blkio.weight"]),
 }
 

@@ -14,6 +14,7 @@ from .features.cpuset import CPUAllocator
 from .kernel import paths
 from .kernel.cgroup import Cgroups, InvalidValue, Version
 from .kernel.probe import Capabilities, format_cpulist, probe
+from .kernel.resctrl import ResctrlError, ResctrlFS
 from .nri import api_pb2 as api
 from .nri.stub import Plugin
 from .policy.cache import RuleCache
@@ -61,7 +62,8 @@ def to_resources(intent: Intent, cg: Cgroups, out: api.LinuxResources) -> bool:
 
 
 def file_only(intent: Intent) -> dict[str, int | str]:
-    return {k: val for k, val in intent.values.items() if k not in NRI_FIELDS}
+    """cgroup values NRI cannot carry (resctrl is handled on its own)."""
+    return {k: val for k, val in intent.values.items() if k not in NRI_FIELDS and k != "resctrl.group"}
 
 
 class QoSPlugin(Plugin):
@@ -72,12 +74,14 @@ class QoSPlugin(Plugin):
         cgroups: Cgroups | None = None,
         on_invalid: Callable[[str], None] | None = None,
         push: Callable[[list[api.ContainerUpdate]], Awaitable[object]] | None = None,
+        resctrl_root: Path = Path("/sys/fs/resctrl"),
     ) -> None:
         self.rules = rules or RuleCache()
         self.cgroups = cgroups or Cgroups(Path("/sys/fs/cgroup"))
         self.caps = caps or probe(self.cgroups.root)
         self.on_invalid = on_invalid or (lambda reason: None)
         self.push = push  # UpdateContainers from outside handlers (the stub's)
+        self.resctrl = ResctrlFS(resctrl_root, self.caps.resctrl)
         self.cpus = CPUAllocator(self.caps.topology)
         # Containers whose cpuset is the share pool: they follow it when exclusive cores change.
         self.sharers: dict[str, tuple[api.PodSandbox, api.Container]] = {}
@@ -176,16 +180,33 @@ class QoSPlugin(Plugin):
 
     def start_container(self, pod: api.PodSandbox, container: api.Container) -> None:
         """cgroup v1: values NRI cannot carry (burst, identity, idle) go to the files now: the
-        runtime created the task (so the cgroup exists) and has not started it yet."""
-        if self.cgroups.version is not Version.V1:
-            return
+        runtime created the task (so the cgroup exists and the pid is known) and has not
+        started it yet. The task joins its class's resctrl group too."""
         intent = self.intent(pod, container)
-        if intent is not None:
+        if intent is None:
+            return
+        who = f"{pod.namespace}/{pod.name}/{container.name}"
+        if self.cgroups.version is Version.V1:
             self._write(
                 paths.container_dir(container.linux.cgroups_path, pod.linux.cgroup_parent, container.id),
                 file_only(intent),
-                f"{pod.namespace}/{pod.name}/{container.name}",
+                who,
             )
+        group = intent.values.get("resctrl.group")
+        if isinstance(group, str) and container.pid:
+            self._join_resctrl(group, container.pid, pod, container, who)
+
+    def _join_resctrl(self, group: str, pid: int, pod: api.PodSandbox, container: api.Container, who: str) -> None:
+        qos = self._qos(pod)
+        cfg = self.rules.policy.class_qos(qos.value if qos else "BE").resctrlQOS
+        try:
+            self.resctrl.ensure_group(
+                group, self.resctrl.schemata(cfg.catRangeStartPercent, cfg.catRangeEndPercent, cfg.mbaPercent)
+            )
+            self.resctrl.add_task(group, pid)
+        except (OSError, ResctrlError) as exc:
+            self.on_invalid("resctrl")
+            log.warning("%s: cannot join resctrl group %s: %s", who, group, exc)
 
     def run_pod_sandbox(self, pod: api.PodSandbox) -> None:
         """Pod-level values (NRI has no pod adjustment) go to the pod's cgroup."""

@@ -272,3 +272,26 @@ def test_plugin_writes_what_nri_cannot_carry(tmp_path: Path) -> None:
     for _ in range(200):
         p.create_container(be, ctr)
     assert time.perf_counter() - t0 < 5  # sanity only; speed is measured in bench/
+
+
+def test_memory_qos_formulas_where_the_kernel_has_them() -> None:
+    on = Policy.model_validate(
+        {
+            "resourceQOSStrategy": {
+                "lsrClass": {"memoryQOS": {"enable": True, "minLimitPercent": 100, "oomKillGroup": 1}},
+                "beClass": {"memoryQOS": {"enable": True, "lowLimitPercent": 50, "throttlingPercent": 50}},
+            }
+        }
+    )
+    v2 = caps(**{"memory.min": True, "memory.low": True, "memory.high": True, "memory.oom.group": True})
+    lsr = ctx("LSR", policy=on, c=v2)
+    assert lsr.container is not None
+    lsr.container.linux.resources.memory.limit.value = 1 << 30
+    vals = desired_state(lsr).intent.values
+    assert vals["memory.min"] == 1 << 30 and vals["memory.oom.group"] == 1
+    be = desired_state(ctx("BE", {SPEC: BATCH}, policy=on, c=v2)).intent.values
+    assert be["memory.low"] == 128 << 20  # 50% of the 256Mi batch request
+    assert be["memory.high"] == (256 << 20) + (256 << 20) // 2  # request + 50% of (512Mi - 256Mi)
+    assert "memory.min" not in desired_state(ctx("LS", policy=on, c=v2)).intent.values  # request unknown
+    v1 = desired_state(ctx("BE", {SPEC: BATCH}, policy=on)).intent.values  # mainline v1: no such files
+    assert not {"memory.low", "memory.high", "memory.min"} & set(v1)

@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import batch, cpu_burst, cpu_qos, cpuset
+from . import batch, cpu_burst, cpu_qos, cpuset, memory_qos, resctrl
 from .base import Context, Intent, InvalidInput
 
 log = logging.getLogger("nriplugin.features")
@@ -19,6 +19,8 @@ PIPELINE: tuple[tuple[str, Callable[[Context, Intent], None]], ...] = (
     ("cpuQOS", cpu_qos.desired),
     ("cpuBurst", cpu_burst.desired),
     ("cpuset", cpuset.desired),
+    ("memoryQOS", memory_qos.desired),
+    ("resctrl", resctrl.desired),
 )
 
 

@@ -1,0 +1,50 @@
+"""Memory QoS: memcg protection and throttling by class, Koordinator's formulas:
+
+    memory.min  = request * minLimitPercent / 100
+    memory.low  = request * lowLimitPercent / 100
+    memory.high = request + throttlingPercent / 100 * (limit - request), page aligned
+    memory.oom.group = oomKillGroup
+
+The request is what the runtime does not tell NRI: it is known for Guaranteed containers
+(request == limit) and for BE from batch-memory; otherwise protection is skipped (explain
+says so). Mainline cgroup v1 has none of these files: the probe makes it a no-op there.
+"""
+
+from __future__ import annotations
+
+from . import batch
+from .base import Context, Intent
+
+PAGE = 4096
+
+
+def _request(ctx: Context) -> tuple[int | None, int | None, str]:
+    limit = ctx.requested("memory.limit_in_bytes")
+    if ctx.qos == "BE" and ctx.container is not None:
+        found = batch.container_batch(ctx, ctx.container.name)
+        if found:
+            req, lim = found
+            return req.get(batch.BATCH_MEMORY), lim.get(batch.BATCH_MEMORY, limit), "batch-memory"
+    if ctx.qos in ("LSE", "LSR") and limit and limit > 0:
+        return limit, limit, "Guaranteed: request = limit"
+    return None, limit, ""
+
+
+def desired(ctx: Context, intent: Intent) -> None:
+    cfg = ctx.policy.class_qos(ctx.qos).memoryQOS
+    if not cfg.enable or ctx.container is None:
+        return
+    request, limit, source = _request(ctx)
+    if request is None or request <= 0:
+        return
+    if cfg.minLimitPercent and ctx.has("memory.min"):
+        v = request * cfg.minLimitPercent // 100 // PAGE * PAGE
+        intent.set("memory.min", v, f"{cfg.minLimitPercent}% of request {request} ({source})")
+    if cfg.lowLimitPercent and ctx.has("memory.low"):
+        v = request * cfg.lowLimitPercent // 100 // PAGE * PAGE
+        intent.set("memory.low", v, f"{cfg.lowLimitPercent}% of request {request} ({source})")
+    if cfg.throttlingPercent and limit and limit > request and ctx.has("memory.high"):
+        v = (request + (limit - request) * cfg.throttlingPercent // 100) // PAGE * PAGE
+        intent.set("memory.high", v, f"request + {cfg.throttlingPercent}% of (limit - request)")
+    if cfg.oomKillGroup is not None and ctx.has("memory.oom.group"):
+        intent.set("memory.oom.group", cfg.oomKillGroup, "oomKillGroup")
