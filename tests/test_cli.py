@@ -212,3 +212,28 @@ def test_bad_policy_at_start_runs_on_the_default(tmp_path: Path) -> None:
     )
     assert "policy rejected, running with the embedded default" in r.stderr
     assert "cpuBurstStrategy.policy" in r.stderr
+
+
+def test_examples_in_the_readme_work() -> None:
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nriplugin",
+            "explain",
+            str(root / "examples" / "pod-be.yaml"),
+            "--policy",
+            str(root / "examples" / "policy.yaml"),
+            "--format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    main = out["containers"]["main"]
+    assert out["policyVersion"] == 2 and main["cpu.shares"]["value"] == 512
+    assert main["cpu.cfs_quota_us"]["value"] == 200000 and main["memory.limit_in_bytes"]["value"] == 2 << 30

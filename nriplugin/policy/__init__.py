@@ -1,1 +1,1 @@
-"""Policy: QoS classes and (for now) the embedded default policy."""
+"""Policy: the model and its embedded default, the versioned rule cache with hot reload, QoS classes."""
