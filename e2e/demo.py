@@ -19,13 +19,26 @@ from typing import Any
 
 from e2e import harness
 
-SAMPLES: list[tuple[str, str, dict[str, str], int, int, int]] = [
-    # name, Kubernetes QoS (cgroup parent), labels, CRI cpu_shares, cpu_quota, memory
-    ("web-ls", "Burstable", {"koordinator.sh/qosClass": "LS"}, 1024, 200000, 256 << 20),
-    ("cache-lsr", "Guaranteed", {}, 2048, 200000, 512 << 20),
-    ("batch-be", "BestEffort", {"koordinator.sh/qosClass": "BE"}, 1024, 0, 0),
-    ("job-besteffort", "BestEffort", {}, 2, 0, 0),
-    ("spark-be-labelled", "Burstable", {"koordinator.sh/qosClass": "BE"}, 512, 100000, 0),
+BATCH = (
+    '{"containers":{"main":{"requests":{"kubernetes.io/batch-cpu":"500","kubernetes.io/batch-memory":"256Mi"},'
+    '"limits":{"kubernetes.io/batch-cpu":"1k","kubernetes.io/batch-memory":"512Mi"}}}}'
+)
+SAMPLES: list[tuple[str, str, dict[str, str], dict[str, str], int, int, int]] = [
+    # name, Kubernetes QoS (cgroup parent), labels, annotations, CRI cpu_shares, cpu_quota, memory
+    ("web-ls", "Burstable", {"koordinator.sh/qosClass": "LS"}, {}, 1024, 200000, 256 << 20),
+    ("cache-guaranteed", "Guaranteed", {}, {}, 2048, 200000, 512 << 20),
+    ("db-lsr", "Guaranteed", {"koordinator.sh/qosClass": "LSR"}, {}, 1024, 100000, 512 << 20),
+    ("batch-be", "BestEffort", {"koordinator.sh/qosClass": "BE"}, {}, 1024, 0, 0),
+    (
+        "spark-be-batch",
+        "BestEffort",
+        {"koordinator.sh/qosClass": "BE"},
+        {"node.koordinator.sh/extended-resource-spec": BATCH},
+        2,
+        0,
+        0,
+    ),
+    ("job-besteffort", "BestEffort", {}, {}, 2, 0, 0),
 ]
 
 
@@ -70,25 +83,27 @@ def main() -> int:
             ],
         )
         wait_ready(metrics, plugin)
-        rows = []
-        for name, k8s, labels, shares, quota, mem in SAMPLES:
-            pod = rt.run_pod(name, k8s, labels)
+        made = []
+        for name, k8s, labels, annotations, shares, quota, mem in SAMPLES:
+            pod = rt.run_pod(name, k8s, labels, annotations)
             cid = rt.create_container(pod, "main", cpu_shares=shares, cpu_quota=quota, memory=mem)
+            made.append((name, labels.get("koordinator.sh/qosClass", f"({k8s})"), shares, quota, mem, pod, cid))
+        time.sleep(0.3)  # share-pool moves for running containers are applied right after
+        head = "CRI asked: shares/quota/mem     cgroup has: shares/quota/mem/burst/cpuset"
+        print(f"\n{'container':18s} {'class':13s} {head}")
+        for name, cls, shares, quota, mem, pod, cid in made:
             cpu = rt.container_cgroup(pod, cid, "cpu")
-            memcg = rt.container_cgroup(pod, cid, "memory")
-            rows.append(
-                (
-                    name,
-                    labels.get("koordinator.sh/qosClass", f"({k8s})"),
-                    f"{shares}/{fmt(str(quota))}/{fmt(str(mem))}",
-                    f"{harness.read_cgroup(cpu, 'cpu.shares')}/{fmt(harness.read_cgroup(cpu, 'cpu.cfs_quota_us'))}"
-                    f"/{fmt(harness.read_cgroup(memcg, 'memory.limit_in_bytes'))}",
-                    str(cpu),
-                )
+            have = "/".join(
+                [
+                    harness.read_cgroup(cpu, "cpu.shares"),
+                    fmt(harness.read_cgroup(cpu, "cpu.cfs_quota_us")),
+                    fmt(harness.read_cgroup(rt.container_cgroup(pod, cid, "memory"), "memory.limit_in_bytes")),
+                    fmt(harness.read_cgroup(cpu, "cpu.cfs_burst_us")) if (cpu / "cpu.cfs_burst_us").exists() else "n/a",
+                    harness.read_cgroup(rt.container_cgroup(pod, cid, "cpuset"), "cpuset.cpus"),
+                ]
             )
-        print("\ncontainer          class         CRI asked (shares/quota/mem)  cgroup has (shares/quota/mem)")
-        for r in rows:
-            print(f"{r[0]:18s} {r[1]:13s} {r[2]:29s} {r[3]}")
+            asked = f"{shares}/{fmt(str(quota))}/{fmt(str(mem))}"
+            print(f"{name:18s} {cls:13s} {asked:31s} {have}")
         print("\ncgroup files: /sys/fs/cgroup/{cpu,memory}/" + rt.cgroup_root + "/kubepods/...")
         print(f"metrics: {metrics}/metrics   health: {metrics}/healthz   ready: {metrics}/readyz")
         print("Ctrl-C to tear everything down." if not args.duration else f"stopping in {args.duration:.0f} s.")
