@@ -140,7 +140,8 @@ FEATURE_NEEDS: dict[str, tuple[str, list[str]]] = {
     "cpuBurst": ("implemented", ["cpu.cfs_burst_us"]),
     "memoryQOS": ("implemented", ["memory.min", "memory.low", "memory.high"]),
     "cpuset": ("implemented", ["cpuset.cpus"]),
-    "blkio": ("planned", ["blkio.weight"]),
+    "blkio": ("implemented (device blocks)", ["blkio.throttle.read_bps_device"]),
+    "blkio.weight": ("implemented", ["blkio.weight"]),
 }
 
 

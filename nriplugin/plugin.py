@@ -186,11 +186,12 @@ class QoSPlugin(Plugin):
         if intent is None:
             return
         who = f"{pod.namespace}/{pod.name}/{container.name}"
-        if self.cgroups.version is Version.V1:
+        extra = file_only(intent)
+        if self.cgroups.version is not Version.V1:  # NRI's unified carried the rest on v2
+            extra = {k: v for k, v in extra.items() if " " in k}
+        if extra:
             self._write(
-                paths.container_dir(container.linux.cgroups_path, pod.linux.cgroup_parent, container.id),
-                file_only(intent),
-                who,
+                paths.container_dir(container.linux.cgroups_path, pod.linux.cgroup_parent, container.id), extra, who
             )
         group = intent.values.get("resctrl.group")
         if isinstance(group, str) and container.pid:
@@ -277,11 +278,12 @@ class QoSPlugin(Plugin):
         period = values.get("cpu.cfs_period_us")
         # quota before burst: the kernel checks burst against the current quota
         order = sorted(values, key=lambda r: (r == "cpu.cfs_burst_us", r))
-        for resource in order:
+        for key in order:
+            # per-device rules are keyed "RESOURCE MAJOR:MINOR"; the file takes "MAJOR:MINOR N"
+            resource, _, device = key.partition(" ")
+            value: int | str = f"{device} {values[key]}" if device else values[key]
             try:
-                res = self.cgroups.write(
-                    group, resource, values[resource], period=period if isinstance(period, int) else None
-                )
+                res = self.cgroups.write(group, resource, value, period=period if isinstance(period, int) else None)
             except (InvalidValue, PermissionError) as exc:
                 self.on_invalid("write_refused")
                 log.warning("%s: not writing %s: %s", who, resource, exc)

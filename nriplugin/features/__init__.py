@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import batch, cpu_burst, cpu_qos, cpuset, memory_qos, resctrl
+from . import batch, blkio, cpu_burst, cpu_qos, cpuset, memory_qos, resctrl
 from .base import Context, Intent, InvalidInput
 
 log = logging.getLogger("nriplugin.features")
@@ -21,6 +21,7 @@ PIPELINE: tuple[tuple[str, Callable[[Context, Intent], None]], ...] = (
     ("cpuset", cpuset.desired),
     ("memoryQOS", memory_qos.desired),
     ("resctrl", resctrl.desired),
+    ("blkio", blkio.desired),
 )
 
 

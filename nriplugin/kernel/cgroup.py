@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -94,6 +95,11 @@ RESOURCES: dict[str, Resource] = {
         Resource("memory.low", ("memory", "memory.low"), "memory.low", 0, 2**62),
         Resource("memory.high", ("memory", "memory.high"), "memory.high", 0, 2**62, -1),
         Resource("memory.oom.group", None, "memory.oom.group", 0, 1),
+        # Per-device throttles: the value is "MAJOR:MINOR N" (v2: one io.max key per resource).
+        Resource("blkio.throttle.read_bps_device", ("blkio", "blkio.throttle.read_bps_device"), "io.max"),
+        Resource("blkio.throttle.write_bps_device", ("blkio", "blkio.throttle.write_bps_device"), "io.max"),
+        Resource("blkio.throttle.read_iops_device", ("blkio", "blkio.throttle.read_iops_device"), "io.max"),
+        Resource("blkio.throttle.write_iops_device", ("blkio", "blkio.throttle.write_iops_device"), "io.max"),
         Resource(
             "blkio.weight",
             ("blkio", "blkio.weight"),
@@ -106,6 +112,15 @@ RESOURCES: dict[str, Resource] = {
         ),
     )
 }
+
+
+DEVICE_RULES = {
+    "blkio.throttle.read_bps_device": "rbps",
+    "blkio.throttle.write_bps_device": "wbps",
+    "blkio.throttle.read_iops_device": "riops",
+    "blkio.throttle.write_iops_device": "wiops",
+}
+_DEVICE_RULE = re.compile(r"^([0-9]{1,4}):([0-9]{1,7}) ([0-9]{1,19})$")
 
 
 @dataclass
@@ -164,6 +179,13 @@ class Cgroups:
     def encode(self, resource: str, value: int | str, period: int | None = None) -> str:
         res = RESOURCES[resource]
         value = res.check(value)
+        if resource in DEVICE_RULES:
+            m = _DEVICE_RULE.match(str(value))
+            if not m or int(m.group(3)) >= 2**63:
+                raise InvalidValue(f"{resource}: expected 'MAJOR:MINOR N', got {str(value)[:60]!r}")
+            if self.version is Version.V2:
+                return f"{m.group(1)}:{m.group(2)} {DEVICE_RULES[resource]}={m.group(3)}"
+            return str(value)
         if self.version is Version.V1 or isinstance(value, str):
             return str(value)
         if resource == "cpu.cfs_quota_us":

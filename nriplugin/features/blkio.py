@@ -1,0 +1,54 @@
+"""Block I/O by class: a weight (``blkio.weight`` / ``io.weight``) and per-device throttles
+(``blkio.throttle.*_device`` / ``io.max``) for the devices the policy names. Devices are
+resolved to MAJOR:MINOR from real block device nodes under /dev; other block types
+(volumegroup, podvolume) need the volume inventory and are skipped for now."""
+
+from __future__ import annotations
+
+import os
+import stat
+from functools import lru_cache
+
+from .base import Context, Intent
+
+THROTTLES = (
+    ("readBPS", "blkio.throttle.read_bps_device"),
+    ("writeBPS", "blkio.throttle.write_bps_device"),
+    ("readIOPS", "blkio.throttle.read_iops_device"),
+    ("writeIOPS", "blkio.throttle.write_iops_device"),
+)
+
+
+@lru_cache(maxsize=256)
+def resolve_device(name: str) -> str | None:
+    """``/dev/vda`` -> ``"253:0"``; None for anything that is not a block device under /dev."""
+    real = os.path.realpath(name)
+    if not real.startswith("/dev/"):
+        return None
+    try:
+        st = os.stat(real)
+    except OSError:
+        return None
+    if not stat.S_ISBLK(st.st_mode):
+        return None
+    return f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
+
+
+def desired(ctx: Context, intent: Intent) -> None:
+    cfg = ctx.policy.class_qos(ctx.qos).blkioQOS
+    if not cfg.enable or ctx.container is None or "blkio" not in ctx.caps.controllers:
+        return
+    for block in cfg.blocks:
+        if block.type != "device":
+            continue
+        dev = resolve_device(block.name)
+        if dev is None:
+            continue
+        io = block.ioCfg
+        if io.ioWeightPercent is not None and ctx.has("blkio.weight"):
+            w = max(10, min(1000, io.ioWeightPercent * 10))
+            intent.set("blkio.weight", w, f"{ctx.qos}: ioWeightPercent {io.ioWeightPercent}")
+        for field, resource in THROTTLES:
+            value = getattr(io, field)
+            if value:
+                intent.set(f"{resource} {dev}", value, f"{ctx.qos}: {field} on {block.name} ({dev})")
