@@ -85,3 +85,20 @@ def test_plugin_puts_tasks_in_their_class_group(tmp_path: Path) -> None:
     p.on_invalid = invalid.append
     p.start_container(ls, lsc)  # the fake tree has no tasks file for a fresh group: reported, no crash
     assert invalid == ["resctrl"]
+
+
+def test_rdt_class_in_the_adjustment_is_opt_in(tmp_path: Path) -> None:
+    root = resctrl_tree(tmp_path)
+    c = caps()
+    c.resctrl = resctrl(root)
+    on = {"resourceQOSStrategy": {"beClass": {"resctrlQOS": {"enable": True}}}}
+    be = make_pod(1, "BE")
+    plain = QoSPlugin(RuleCache(Policy.model_validate(on)), caps=c, resctrl_root=root)
+    adj = plain.create_container(be, make_container(1, be))
+    assert adj is not None and not isinstance(adj, tuple) and not adj.linux.resources.HasField("rdt_class")
+    runtime = QoSPlugin(
+        RuleCache(Policy.model_validate({**on, "resctrlRuntimeClasses": True})), caps=c, resctrl_root=root
+    )
+    adj = runtime.create_container(be, make_container(1, be))
+    assert adj is not None and not isinstance(adj, tuple)
+    assert adj.linux.resources.rdt_class.value == "koordlet-BE"

@@ -19,6 +19,8 @@ def desired(ctx: Context, intent: Intent) -> None:
     if not cfg.enable or ctx.container is None or not ctx.caps.resctrl.mounted:
         return
     group = group_name(ctx.qos)
+    if ctx.policy.resctrlRuntimeClasses:
+        intent.rdt_class = group
     intent.set(
         "resctrl.group",
         group,

@@ -137,6 +137,10 @@ class Policy(_M):
 
     features: Features = Features()
     beMinCPUShares: Annotated[int, Field(ge=2, le=262144)] = 2
+    # Also name the class in the NRI adjustment (LinuxResources.rdt_class) so the runtime places
+    # the container itself. Only for runtimes with RDT configured (containerd's rdt_config_file
+    # defining these classes): elsewhere the runtime refuses the container.
+    resctrlRuntimeClasses: bool = False
     resourceQOSStrategy: ResourceQOSStrategy = ResourceQOSStrategy()
     cpuBurstStrategy: CPUBurstStrategy = CPUBurstStrategy()
     resourceUsedThresholdWithBE: ResourceThresholdStrategy = ResourceThresholdStrategy()
