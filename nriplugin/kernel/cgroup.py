@@ -211,6 +211,42 @@ class Cgroups:
             return res.from_v2(v) if res.from_v2 else v
         return int(text)
 
+    def matches(self, group: str, resource: str, value: int | str, period: int | None = None) -> bool | None:
+        """Does the file already hold ``value``? None when the cgroup or file is gone. Compared in
+        the file's own terms, so kernel normalisation (cpu lists, page rounding, "max", the
+        v1 "unlimited" number) is not mistaken for drift."""
+        try:
+            text = self.file(group, resource).read_text().strip()
+        except (FileNotFoundError, KeyError, NotADirectoryError):
+            return None
+        want = self.encode(resource, value, period)
+        if text == want:
+            return True
+        if resource in ("cpuset.cpus", "cpuset.mems"):
+            from .probe import parse_cpulist
+
+            try:
+                return parse_cpulist(text) == parse_cpulist(want)
+            except ValueError:
+                return False
+        if resource in DEVICE_RULES:
+            dev, _, kv = want.partition(" ")
+            return any(ln.split(" ")[0] == dev and kv in ln.split(" ")[1:] for ln in text.splitlines())
+        res = RESOURCES[resource]
+        if res.lo is None or not isinstance(value, int):
+            return False
+        try:
+            have = self.decode(resource, text)
+        except ValueError:
+            return False
+        if res.unlimited is not None and value == res.unlimited:
+            return have == res.unlimited or (isinstance(have, int) and have >= 2**62)
+        if resource.startswith("memory."):
+            return isinstance(have, int) and have == value // 4096 * 4096
+        if self.version is Version.V2 and res.to_v2 is not None:
+            return isinstance(have, int) and res.to_v2(have) == res.to_v2(value)
+        return have == value
+
     def read(self, group: str, resource: str) -> int | str | None:
         try:
             return self.decode(resource, self.file(group, resource).read_text())

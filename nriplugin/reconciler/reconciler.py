@@ -1,0 +1,264 @@
+"""Drift repair. The desired values come from the plugin's feature pipeline (the same
+``intent()`` the hooks use); this module only compares files with them and writes back.
+
+Events: inotify (watchdog) on each managed cgroup directory tells us within a millisecond that
+a file changed; we re-read it and repair if it differs (our own writes read back as equal, so
+they are not drift). A periodic full pass is the safety net. A file that keeps being reverted
+by someone else is a fight: repairs back off exponentially and the conflict is reported, until
+the policy changes or the other writer stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..kernel import paths
+from ..kernel.cgroup import RESOURCES, Cgroups, InvalidValue
+from ..nri import api_pb2 as api
+
+log = logging.getLogger("nriplugin.reconciler")
+
+FIGHT_WINDOW = 10.0  # seconds
+FIGHT_REPAIRS = 3  # repairs of one file within the window that make it a fight
+BACKOFF_MIN, BACKOFF_MAX = 1.0, 300.0
+
+
+@dataclass
+class Entry:
+    """One managed cgroup: a container (or a pod when ``container`` is None)."""
+
+    pod: api.PodSandbox
+    container: api.Container | None
+    group: str  # relative cgroup path
+
+
+@dataclass
+class FileState:
+    repairs: list[float] = field(default_factory=list)
+    backoff: float = 0.0
+    blocked_until: float = 0.0
+    conflicts: int = 0
+
+
+class Observer:
+    """What the reconciler reports (metrics.py implements it)."""
+
+    def drift(self, resource: str) -> None: ...
+    def repaired(self, resource: str, seconds: float) -> None: ...
+    def write_error(self, errno: int) -> None: ...
+    def conflict(self, resource: str, path: str) -> None: ...
+    def pass_done(self, seconds: float, cpu_seconds: float, entries: int) -> None: ...
+
+
+class Reconciler:
+    def __init__(
+        self,
+        intent: Callable[[api.PodSandbox, api.Container | None], Any],
+        cgroups: Cgroups,
+        observer: Observer | None = None,
+        resync_period: float = 60.0,
+        watch: bool = True,
+    ) -> None:
+        self.intent = intent
+        self.cgroups = cgroups
+        self.observer = observer or Observer()
+        self.resync_period = resync_period
+        self.entries: dict[str, Entry] = {}  # key: container id, or "pod:<id>"
+        self.by_dir: dict[str, str] = {}  # watched directory -> entry key
+        self.files: dict[str, FileState] = {}  # file path -> fight state
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._watch_enabled = watch
+        self._observer: Any = None
+        self._watches: dict[str, Any] = {}
+        self._pending: dict[str, float] = {}  # path -> event time, coalesced per loop turn
+        self._task: asyncio.Task[None] | None = None
+        self.passes = 0
+
+    # inventory -------------------------------------------------------------------------------
+
+    def track(self, pod: api.PodSandbox, container: api.Container | None) -> None:
+        try:
+            if container is None:
+                key, group = f"pod:{pod.id}", paths.pod_dir(pod.linux.cgroup_parent)
+            else:
+                key = container.id
+                group = paths.container_dir(container.linux.cgroups_path, pod.linux.cgroup_parent, container.id)
+        except paths.BadCgroupPath as exc:
+            log.warning("not tracking %s/%s: %s", pod.namespace, pod.name, exc)
+            return
+        self.entries[key] = Entry(pod, container, group)
+        for d in self._dirs(group):
+            self.by_dir[str(d)] = key
+            self._add_watch(d)
+
+    def forget(self, key: str) -> None:
+        entry = self.entries.pop(key, None)
+        if entry is None:
+            return
+        for d in self._dirs(entry.group):
+            self.by_dir.pop(str(d), None)
+            self._remove_watch(d)
+
+    def _dirs(self, group: str) -> list[Path]:
+        ctrls = ("cpu", "cpuset", "memory", "blkio") if self.cgroups.version == 1 else ("",)
+        out = []
+        for c in ctrls:
+            try:
+                out.append(self.cgroups.group_dir(group, c) if c else self.cgroups.group_dir(group))
+            except PermissionError:
+                continue
+        return out
+
+    # desired vs actual -----------------------------------------------------------------------
+
+    def desired(self, entry: Entry) -> dict[str, int | str]:
+        intent = self.intent(entry.pod, entry.container)
+        if intent is None:
+            return {}
+        return {k: v for k, v in intent.values.items() if k in RESOURCES or " " in k}
+
+    def check(self, key: str, only: str | None = None, event_time: float | None = None) -> int:
+        """Compare one entry's files with its desired values and repair; returns repairs made."""
+        entry = self.entries.get(key)
+        if entry is None:
+            return 0
+        try:
+            want = self.desired(entry)
+        except Exception as exc:
+            log.debug("no desired state for %s: %s", key, exc)
+            return 0
+        period = want.get("cpu.cfs_period_us")
+        repairs = 0
+        for name, value in want.items():
+            resource, _, device = name.partition(" ")
+            if only is not None and resource != only:
+                continue
+            v: int | str = f"{device} {value}" if device else value
+            try:
+                ok = self.cgroups.matches(entry.group, resource, v, period if isinstance(period, int) else None)
+            except InvalidValue:
+                continue
+            if ok is None or ok:
+                continue  # gone (the runtime will tell us) or right
+            path = str(self.cgroups.file(entry.group, resource))
+            self.observer.drift(resource)
+            if not self._may_repair(path, resource):
+                continue
+            res = self.cgroups.write(
+                entry.group, resource, v, period=period if isinstance(period, int) else None, force=True
+            )
+            if res.status == "written":
+                repairs += 1
+                t = event_time if event_time is not None else time.perf_counter()
+                self.observer.repaired(resource, time.perf_counter() - t)
+            elif res.status == "rejected":
+                self.observer.write_error(res.errno)
+        return repairs
+
+    def _may_repair(self, path: str, resource: str) -> bool:
+        now = time.monotonic()
+        st = self.files.setdefault(path, FileState())
+        if now < st.blocked_until:
+            return False
+        st.repairs = [t for t in st.repairs if now - t < FIGHT_WINDOW]
+        st.repairs.append(now)
+        if len(st.repairs) > FIGHT_REPAIRS:
+            st.backoff = min(BACKOFF_MAX, max(BACKOFF_MIN, st.backoff * 2))
+            st.blocked_until = now + st.backoff
+            st.conflicts += 1
+            self.observer.conflict(resource, path)
+            log.warning(
+                "another writer keeps reverting %s; backing off %.0f s",
+                path,
+                st.backoff,
+                extra={"path": path, "resource": resource, "backoff_s": st.backoff},
+            )
+        return True
+
+    def policy_changed(self) -> None:
+        """A new policy: forget backoffs and re-apply everything now."""
+        self.files.clear()
+        self.full_pass()
+
+    def full_pass(self) -> int:
+        t0, c0 = time.perf_counter(), time.process_time()
+        repairs = sum(self.check(k) for k in list(self.entries))
+        self.passes += 1
+        self.observer.pass_done(time.perf_counter() - t0, time.process_time() - c0, len(self.entries))
+        return repairs
+
+    # event plumbing --------------------------------------------------------------------------
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        if self._watch_enabled:
+            from watchdog.observers.inotify import InotifyObserver
+
+            self._observer = InotifyObserver()
+            self._observer.daemon = True
+            self._observer.start()
+            for d in list(self.by_dir):
+                self._add_watch(Path(d))
+        self._task = loop.create_task(self._resync())
+
+    async def _resync(self) -> None:
+        while True:
+            await asyncio.sleep(self.resync_period)
+            self.full_pass()
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        if self._observer is not None:
+            self._observer.stop()
+            self._observer.join(5)
+            self._observer = None
+
+    def _add_watch(self, d: Path) -> None:
+        if self._observer is None or str(d) in self._watches or not d.is_dir():
+            return
+        from watchdog.events import FileSystemEvent, FileSystemEventHandler
+
+        rec = self
+
+        class Handler(FileSystemEventHandler):
+            def on_modified(self, event: FileSystemEvent) -> None:
+                if not event.is_directory and rec.loop is not None:
+                    rec.loop.call_soon_threadsafe(rec._on_change, str(event.src_path), time.perf_counter())
+
+        try:
+            self._watches[str(d)] = self._observer.schedule(Handler(), str(d), recursive=False)
+        except OSError as exc:  # the cgroup went away meanwhile
+            log.debug("cannot watch %s: %s", d, exc)
+
+    def _remove_watch(self, d: Path) -> None:
+        w = self._watches.pop(str(d), None)
+        if w is not None and self._observer is not None:
+            with contextlib.suppress(KeyError, OSError):
+                self._observer.unschedule(w)
+
+    def _on_change(self, path: str, when: float) -> None:
+        p = Path(path)
+        key = self.by_dir.get(str(p.parent))
+        if key is None:
+            return
+        for resource in _BY_FILE.get(p.name, ()):
+            self.check(key, only=resource, event_time=when)
+
+
+def _by_file() -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for name, res in RESOURCES.items():
+        for f in ([res.v1[1]] if res.v1 else []) + ([res.v2] if res.v2 else []):
+            out.setdefault(f, []).append(name)
+    return out
+
+
+_BY_FILE = _by_file()
