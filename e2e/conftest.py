@@ -125,7 +125,8 @@ class PluginProcess:
                 self.proc.kill()
                 self.proc.wait()
         self.log.close()
-        os.unlink(self.log.name)
+        if os.path.exists(self.log.name):
+            os.unlink(self.log.name)
 
 
 @pytest.fixture

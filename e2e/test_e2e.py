@@ -261,3 +261,33 @@ def test_lsr_gets_exclusive_cores_and_sharers_follow(
     while parse_cpulist(read_cgroup(ls_set, "cpuset.cpus")) != online:
         assert time.monotonic() < deadline, read_cgroup(ls_set, "cpuset.cpus")
         time.sleep(0.05)
+
+
+def test_reconciler_repairs_drift_and_converges_after_plugin_restart(
+    runtime: Containerd, plugin_factory: Callable[..., PluginProcess]
+) -> None:
+    """Kill the plugin, create containers without it, start it again: every container
+    converges (Synchronize updates + the reconciler). Then an external write is repaired."""
+    first = plugin_factory(runtime.nri_socket)
+    first.stop()
+    be = runtime.run_pod("batch", "BestEffort", BE, {"node.koordinator.sh/extended-resource-spec": BATCH})
+    be_c = runtime.create_container(be, "main", cpu_shares=2)
+    ls = runtime.run_pod("web", "Burstable", LS)
+    ls_c = runtime.create_container(ls, "main", cpu_shares=512, cpu_quota=40000)
+    cpu, lcpu = runtime.container_cgroup(be, be_c), runtime.container_cgroup(ls, ls_c)
+    assert read_cgroup(cpu, "cpu.shares") == "2"  # born without the plugin
+    plugin = plugin_factory(runtime.nri_socket)
+    want = {(cpu, "cpu.shares"): "512", (cpu, "cpu.cfs_quota_us"): "100000", (cpu.parent, "cpu.shares"): "512"}
+    if (lcpu / "cpu.cfs_burst_us").exists():
+        want[(lcpu, "cpu.cfs_burst_us")] = "40000"
+    deadline = time.monotonic() + 10
+    while any(read_cgroup(d, f) != v for (d, f), v in want.items()):
+        assert time.monotonic() < deadline, {f"{d.name}/{f}": read_cgroup(d, f) for (d, f) in want}
+        time.sleep(0.05)
+    (cpu / "cpu.shares").write_text("1024")  # someone else rewrites a managed file
+    deadline = time.monotonic() + 5
+    while read_cgroup(cpu, "cpu.shares") != "512":
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert plugin.metric('nriplugin_repaired_total{resource="cpu.shares"}') >= 1
+    assert plugin.metric("nriplugin_repair_latency_seconds_count") >= 1

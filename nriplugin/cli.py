@@ -55,6 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--policy", help="policy YAML (ours or a NodeSLO object); hot-reloaded; default: embedded")
     run.add_argument("--cgroup-root", default="/sys/fs/cgroup", help="cgroup mount (default %(default)s)")
+    run.add_argument(
+        "--resync-seconds",
+        type=float,
+        default=60.0,
+        help="full reconciler pass every N seconds (default %(default)s; drift is repaired on inotify)",
+    )
     run.add_argument("--log-format", choices=("json", "text"), default="json")
     run.add_argument("--log-level", default="info")
 
@@ -140,18 +146,31 @@ async def run(ns: argparse.Namespace) -> int:
     plugin = QoSPlugin(
         rules, cgroups=Cgroups(Path(ns.cgroup_root)), on_invalid=invalid.append, push=stub.update_containers
     )
+    from .reconciler import Reconciler
+
+    reconciler = Reconciler(
+        plugin.intent, plugin.cgroups, resync_period=ns.resync_seconds, version=plugin.state_version
+    )
+    plugin.reconciler = reconciler
     stub.replace_plugin(plugin)
+    reconciler.start(loop)
+
+    def reapply(_version: object) -> None:
+        loop.call_soon(reconciler.policy_changed)
+
+    rules.subscribe(reapply)
     # Register first; metrics and the HTTP endpoint come up right after (or after 1 s).
     await asyncio.wait(
         [runner, asyncio.ensure_future(stub.ready.wait())], timeout=1.0, return_when=asyncio.FIRST_COMPLETED
     )
     from . import http
-    from .metrics import Metrics, StubMetrics
+    from .metrics import Metrics, ReconcilerMetrics, StubMetrics
 
     metrics = Metrics()
     observer = StubMetrics(metrics)
     early.replay(observer)
     stub.observer = observer
+    reconciler.observer = ReconcilerMetrics(metrics)
     for reason in invalid:
         metrics.invalid_input.labels(reason).inc()
     plugin.on_invalid = lambda reason: metrics.invalid_input.labels(reason).inc()
@@ -187,6 +206,7 @@ async def run(ns: argparse.Namespace) -> int:
             server.close()
         if watcher is not None:
             watcher.stop()
+        reconciler.stop()
     return 0
 
 

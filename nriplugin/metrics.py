@@ -70,6 +70,29 @@ class Metrics:
         self.adjustments = Counter(
             "nriplugin_adjustments_total", "Container adjustments returned, by QoS class.", ["qos_class"], registry=r
         )
+        self.reconcile_passes = Counter("nriplugin_reconcile_passes_total", "Full reconciler passes.", registry=r)
+        self.reconcile_pass = Histogram(
+            "nriplugin_reconcile_pass_seconds",
+            "Wall time of a full reconciler pass.",
+            buckets=(1e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1.0, 5.0),
+            registry=r,
+        )
+        self.reconcile_pass_cpu = Counter(
+            "nriplugin_reconcile_pass_cpu_seconds_total", "CPU time spent in full passes.", registry=r
+        )
+        self.reconcile_entries = Gauge("nriplugin_reconcile_entries", "Cgroups the reconciler keeps.", registry=r)
+        self.drift = Counter("nriplugin_drift_total", "Files found off their desired value.", ["resource"], registry=r)
+        self.repaired = Counter("nriplugin_repaired_total", "Files written back.", ["resource"], registry=r)
+        self.repair_latency = Histogram(
+            "nriplugin_repair_latency_seconds",
+            "Change noticed -> written back.",
+            buckets=(100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 1.0),
+            registry=r,
+        )
+        self.write_errors = Counter("nriplugin_write_errors_total", "Rejected writes, by errno.", ["errno"], registry=r)
+        self.conflicts = Counter(
+            "nriplugin_conflicts_total", "Files another writer keeps reverting.", ["resource"], registry=r
+        )
         self.policy_version = Gauge("nriplugin_policy_version", "Version of the policy in force.", registry=r)
         for s in STATES:
             self.connection_state.labels(s).set(1 if s == "disconnected" else 0)
@@ -104,3 +127,29 @@ class StubMetrics:
         self.m.sync_duration.observe(seconds)
         self.m.sync_objects.labels("pods").set(pods)
         self.m.sync_objects.labels("containers").set(containers)
+
+
+class ReconcilerMetrics:
+    """Implements the reconciler's Observer on :class:`Metrics`."""
+
+    def __init__(self, m: Metrics) -> None:
+        self.m = m
+
+    def drift(self, resource: str) -> None:
+        self.m.drift.labels(resource).inc()
+
+    def repaired(self, resource: str, seconds: float) -> None:
+        self.m.repaired.labels(resource).inc()
+        self.m.repair_latency.observe(seconds)
+
+    def write_error(self, errno: int) -> None:
+        self.m.write_errors.labels(str(errno)).inc()
+
+    def conflict(self, resource: str, path: str) -> None:
+        self.m.conflicts.labels(resource).inc()
+
+    def pass_done(self, seconds: float, cpu_seconds: float, entries: int) -> None:
+        self.m.reconcile_passes.inc()
+        self.m.reconcile_pass.observe(seconds)
+        self.m.reconcile_pass_cpu.inc(cpu_seconds)
+        self.m.reconcile_entries.set(entries)

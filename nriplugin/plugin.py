@@ -19,6 +19,7 @@ from .nri import api_pb2 as api
 from .nri.stub import Plugin
 from .policy.cache import RuleCache
 from .policy.qos import InvalidQoSLabel, QoSClass, qos_class
+from .reconciler import Reconciler
 
 log = logging.getLogger("nriplugin.plugin")
 
@@ -86,6 +87,7 @@ class QoSPlugin(Plugin):
         # Containers whose cpuset is the share pool: they follow it when exclusive cores change.
         self.sharers: dict[str, tuple[api.PodSandbox, api.Container]] = {}
         self._logged: set[tuple[str, str]] = set()
+        self.reconciler: Reconciler | None = None  # keeps the files true while containers run
         self.rejected_labels = 0
         self.adjusted = 0
 
@@ -129,6 +131,11 @@ class QoSPlugin(Plugin):
                 )
         return out.intent
 
+    def state_version(self) -> tuple[int, int]:
+        """Changes whenever a container's desired values may have: a new policy, or exclusive
+        CPUs handed out or returned (the share pool). Pod/container data is fixed per entry."""
+        return self.rules.current.version, self.cpus.generation
+
     def _track(self, pod: api.PodSandbox, container: api.Container, intent: Intent | None) -> None:
         cpuset_on = self.rules.policy.features.cpuset.enable and self.caps.files.get("cpuset.cpus", False)
         if container.id in self.cpus.exclusive or intent is None or not cpuset_on:
@@ -171,6 +178,8 @@ class QoSPlugin(Plugin):
 
     def remove_container(self, pod: api.PodSandbox, container: api.Container) -> None:
         self.sharers.pop(container.id, None)
+        if self.reconciler is not None:
+            self.reconciler.forget(container.id)
         if self.cpus.release(container.id) and self.push is not None:
             # The share pool grew. UpdateContainers must not be called from inside a handler.
             updates = self._pool_updates()
@@ -193,6 +202,8 @@ class QoSPlugin(Plugin):
             self._write(
                 paths.container_dir(container.linux.cgroups_path, pod.linux.cgroup_parent, container.id), extra, who
             )
+        if self.reconciler is not None:
+            self.reconciler.track(pod, container)
         group = intent.values.get("resctrl.group")
         if isinstance(group, str) and container.pid:
             self._join_resctrl(group, container.pid, pod, container, who)
@@ -214,6 +225,12 @@ class QoSPlugin(Plugin):
         intent = self.intent(pod, None)
         if intent is not None and intent.values:
             self._write(paths.pod_dir(pod.linux.cgroup_parent), intent.values, f"{pod.namespace}/{pod.name}")
+            if self.reconciler is not None:
+                self.reconciler.track(pod, None)
+
+    def remove_pod_sandbox(self, pod: api.PodSandbox) -> None:
+        if self.reconciler is not None:
+            self.reconciler.forget(f"pod:{pod.id}")
 
     def update_container(
         self, pod: api.PodSandbox, container: api.Container, resources: api.LinuxResources
@@ -262,11 +279,20 @@ class QoSPlugin(Plugin):
                     )
                 except paths.BadCgroupPath as exc:
                     log.warning("%s", exc)
-        if later:
+        if self.reconciler is None and later:
             try:
                 asyncio.get_running_loop().call_soon(self._write_all, later)
             except RuntimeError:  # no loop (explain, tests): write now
                 self._write_all(later)
+        if self.reconciler is not None:
+            for c in containers:
+                pod = by_id.get(c.pod_sandbox_id)
+                if pod is not None and c.state in (api.CONTAINER_CREATED, api.CONTAINER_RUNNING):
+                    self.reconciler.track(pod, c)
+            for pod in pods:
+                self.reconciler.track(pod, None)
+            # Right after the answer: file-only and pod-level values of everything that existed.
+            asyncio.get_running_loop().call_soon(self.reconciler.full_pass)
         log.info("synchronized %d pods, %d containers, %d updates", len(pods), len(containers), len(updates))
         return updates
 

@@ -17,7 +17,7 @@ from nriplugin.kernel.cgroup import Cgroups
 from nriplugin.nri import api_pb2 as api
 from nriplugin.plugin import QoSPlugin
 from nriplugin.reconciler import Reconciler
-from nriplugin.reconciler.reconciler import FIGHT_REPAIRS, Observer
+from nriplugin.reconciler.reconciler import FIGHT_REPAIRS
 from tests.runtime_peer import make_container, make_pod
 
 ROOT = Path("/sys/fs/cgroup")
@@ -29,7 +29,7 @@ BATCH = (
 )
 
 
-class Recorder(Observer):
+class Recorder:
     def __init__(self) -> None:
         self.drifts: list[str] = []
         self.repairs: list[tuple[str, float]] = []
@@ -41,6 +41,9 @@ class Recorder(Observer):
 
     def repaired(self, resource: str, seconds: float) -> None:
         self.repairs.append((resource, seconds))
+
+    def write_error(self, errno: int) -> None:
+        pass
 
     def conflict(self, resource: str, path: str) -> None:
         self.conflicts.append(resource)
@@ -86,7 +89,7 @@ def test_external_writes_are_repaired(workload: tuple[api.PodSandbox, api.Contai
     async def main() -> None:
         rec = Recorder()
         plugin = QoSPlugin(cgroups=Cgroups(ROOT))
-        r = Reconciler(plugin.intent, plugin.cgroups, observer=rec, resync_period=3600)
+        r = Reconciler(plugin.intent, plugin.cgroups, observer=rec, resync_period=3600, version=plugin.state_version)
         r.track(pod, ctr)
         r.start(asyncio.get_running_loop())
         try:

@@ -31,6 +31,7 @@ class CPUAllocator:
     topo: Topology
     reserved: set[int] = field(default_factory=set)  # kept for the system, never handed out
     exclusive: dict[str, frozenset[int]] = field(default_factory=dict)  # owner (container id) -> cpus
+    generation: int = 0  # bumped whenever the exclusive sets change (the share pool with them)
 
     def __post_init__(self) -> None:
         self.online = frozenset(self.topo.online)
@@ -57,6 +58,7 @@ class CPUAllocator:
         if clash:
             raise NoCapacity(f"cpus {format_cpulist(clash)} are already exclusive to another container")
         self.exclusive[owner] = frozenset(cpus)
+        self.generation += 1
         return self.exclusive[owner]
 
     def allocate(self, owner: str, ncpus: int) -> frozenset[int]:
@@ -81,10 +83,14 @@ class CPUAllocator:
         else:
             chosen = [c for n in sorted(by_node, key=lambda n: -len(by_node[n])) for c in by_node[n]][:need]
         self.exclusive[owner] = frozenset(c for core in chosen for c in core)
+        self.generation += 1
         return self.exclusive[owner]
 
     def release(self, owner: str) -> bool:
-        return self.exclusive.pop(owner, None) is not None
+        if self.exclusive.pop(owner, None) is None:
+            return False
+        self.generation += 1
+        return True
 
 
 def scheduled_cpus(ctx: Context) -> set[int] | None:

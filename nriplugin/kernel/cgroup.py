@@ -141,6 +141,7 @@ class Cgroups:
 
     def __post_init__(self) -> None:
         self.root = Path(self.root)
+        self._dirs: dict[tuple[str, str], Path] = {}
         if self.version is None:
             self.version = detect_version(self.root)
 
@@ -152,19 +153,27 @@ class Cgroups:
         if self.version is Version.V1:
             if res.v1 is None:
                 raise KeyError(f"{resource} has no cgroup v1 file")
-            base = self.root / res.v1[0]
-            name = res.v1[1]
-        else:
-            if res.v2 is None:
-                raise KeyError(f"{resource} has no cgroup v2 file")
-            base = self.root
-            name = res.v2
-        path = base / group / name if group else base / name
-        return self._contained(base, path)
+            return self._dir(res.v1[0], group) / res.v1[1]
+        if res.v2 is None:
+            raise KeyError(f"{resource} has no cgroup v2 file")
+        return self._dir("", group) / res.v2
 
     def group_dir(self, group: str, controller: str = "cpu") -> Path:
-        base = self.root / controller if self.version is Version.V1 else self.root
-        return self._contained(base, base / group)
+        return self._dir(controller if self.version is Version.V1 else "", group)
+
+    def _dir(self, controller: str, group: str) -> Path:
+        """A group's directory, checked once to resolve inside the root (then cached: the
+        reconciler asks for the same few thousand directories on every pass). File names are
+        fixed resource names and are opened with O_NOFOLLOW, so no per-file check is needed."""
+        key = (controller, group)
+        d = self._dirs.get(key)
+        if d is None:
+            base = self.root / controller if controller else self.root
+            d = self._contained(base, base / group if group else base)
+            if len(self._dirs) > 65536:
+                self._dirs.clear()
+            self._dirs[key] = d
+        return d
 
     @staticmethod
     def _contained(base: Path, path: Path) -> Path:
@@ -216,7 +225,7 @@ class Cgroups:
         the file's own terms, so kernel normalisation (cpu lists, page rounding, "max", the
         v1 "unlimited" number) is not mistaken for drift."""
         try:
-            text = self.file(group, resource).read_text().strip()
+            text = _read(self.file(group, resource))
         except (FileNotFoundError, KeyError, NotADirectoryError):
             return None
         want = self.encode(resource, value, period)
@@ -280,6 +289,10 @@ class Cgroups:
         except FileNotFoundError:
             self._mark_unsupported(resource, f"{path.name} does not exist on this kernel")
             return Outcome("unsupported", errno.ENOENT)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # the file is a symbolic link: never followed
+                raise PermissionError(f"refusing {path}: a symbolic link") from exc
+            raise
         try:
             os.write(fd, text.encode())
         except OSError as exc:
@@ -310,6 +323,15 @@ class Cgroups:
             self.unsupported.add(resource)
             if self.on_unsupported is not None:
                 self.on_unsupported(resource, why)
+
+
+def _read(path: Path) -> str:
+    """A small kernel file, without the text-IO layers (the reconciler reads thousands)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        return os.read(fd, 65536).decode().strip()
+    finally:
+        os.close(fd)
 
 
 def detect_version(root: Path) -> Version:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..kernel import paths
 from ..kernel.cgroup import RESOURCES, Cgroups, InvalidValue
@@ -37,6 +37,7 @@ class Entry:
     pod: api.PodSandbox
     container: api.Container | None
     group: str  # relative cgroup path
+    cache: tuple[object, dict[str, int | str]] | None = None  # (state version, desired values)
 
 
 @dataclass
@@ -47,14 +48,31 @@ class FileState:
     conflicts: int = 0
 
 
-class Observer:
-    """What the reconciler reports (metrics.py implements it)."""
+class Observer(Protocol):
+    """What the reconciler reports (metrics.ReconcilerMetrics implements it)."""
 
     def drift(self, resource: str) -> None: ...
     def repaired(self, resource: str, seconds: float) -> None: ...
     def write_error(self, errno: int) -> None: ...
     def conflict(self, resource: str, path: str) -> None: ...
     def pass_done(self, seconds: float, cpu_seconds: float, entries: int) -> None: ...
+
+
+class _Quiet:
+    def drift(self, resource: str) -> None:
+        pass
+
+    def repaired(self, resource: str, seconds: float) -> None:
+        pass
+
+    def write_error(self, errno: int) -> None:
+        pass
+
+    def conflict(self, resource: str, path: str) -> None:
+        pass
+
+    def pass_done(self, seconds: float, cpu_seconds: float, entries: int) -> None:
+        pass
 
 
 class Reconciler:
@@ -65,10 +83,12 @@ class Reconciler:
         observer: Observer | None = None,
         resync_period: float = 60.0,
         watch: bool = True,
+        version: Callable[[], object] = lambda: None,
     ) -> None:
         self.intent = intent
+        self.version = version  # desired values are cached per entry until this changes
         self.cgroups = cgroups
-        self.observer = observer or Observer()
+        self.observer: Observer = observer or _Quiet()
         self.resync_period = resync_period
         self.entries: dict[str, Entry] = {}  # key: container id, or "pod:<id>"
         self.by_dir: dict[str, str] = {}  # watched directory -> entry key
@@ -119,10 +139,13 @@ class Reconciler:
     # desired vs actual -----------------------------------------------------------------------
 
     def desired(self, entry: Entry) -> dict[str, int | str]:
+        v = self.version()
+        if entry.cache is not None and entry.cache[0] == v:
+            return entry.cache[1]
         intent = self.intent(entry.pod, entry.container)
-        if intent is None:
-            return {}
-        return {k: v for k, v in intent.values.items() if k in RESOURCES or " " in k}
+        want = {} if intent is None else {k: x for k, x in intent.values.items() if k in RESOURCES or " " in k}
+        entry.cache = (v, want)
+        return want
 
     def check(self, key: str, only: str | None = None, event_time: float | None = None) -> int:
         """Compare one entry's files with its desired values and repair; returns repairs made."""
@@ -224,7 +247,7 @@ class Reconciler:
     def _add_watch(self, d: Path) -> None:
         if self._observer is None or str(d) in self._watches or not d.is_dir():
             return
-        from watchdog.events import FileSystemEvent, FileSystemEventHandler
+        from watchdog.events import FileModifiedEvent, FileSystemEvent, FileSystemEventHandler
 
         rec = self
 
@@ -234,7 +257,11 @@ class Reconciler:
                     rec.loop.call_soon_threadsafe(rec._on_change, str(event.src_path), time.perf_counter())
 
         try:
-            self._watches[str(d)] = self._observer.schedule(Handler(), str(d), recursive=False)
+            # Only IN_MODIFY (and IN_ATTRIB): our own reads of thousands of files on every pass
+            # must not wake the watcher thread.
+            self._watches[str(d)] = self._observer.schedule(
+                Handler(), str(d), recursive=False, event_filter=[FileModifiedEvent]
+            )
         except OSError as exc:  # the cgroup went away meanwhile
             log.debug("cannot watch %s: %s", d, exc)
 
