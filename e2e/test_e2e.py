@@ -95,6 +95,13 @@ def test_plugin_reconnects_after_containerd_restart(
     runtime.stop()
     time.sleep(0.3)
     assert plugin.get("/readyz")[0] == 503
+    # Runtime down: the reconciler keeps working on its own.
+    cpu = runtime.container_cgroup(pod, before)
+    (cpu / "cpu.shares").write_text("1024")
+    deadline = time.monotonic() + 5
+    while read_cgroup(cpu, "cpu.shares") != "2":
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     runtime.start()
     plugin.wait_ready(registrations=2)
     assert shares(runtime, pod, before) == 2  # still running, untouched by the restart

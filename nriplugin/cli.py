@@ -73,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     doc = sub.add_parser("doctor", help="this node's capability matrix and which features can work here")
     doc.add_argument("--cgroup-root", default="/sys/fs/cgroup")
     doc.add_argument("--socket", default="/var/run/nri/nri.sock")
+    doc.add_argument("--agent", default="127.0.0.1:9310", help="running agent's metrics address (default %(default)s)")
     doc.add_argument("--format", choices=("yaml", "json"), default="yaml")
 
     inst = sub.add_parser("install", help="install a pre-registered launcher into the runtime's plugin dir")
@@ -234,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 cg = Cgroups(Path(ns.cgroup_root))
                 out = explain.doctor(probe(cg.root), cg, ns.socket)
+                out["agent"] = explain.agent_state(ns.agent)
         except (ValueError, OSError) as exc:
             print(f"nriplugin {ns.command}: {exc}", file=sys.stderr)
             return 2

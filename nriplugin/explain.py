@@ -184,6 +184,47 @@ def doctor(caps: Capabilities, cg: Cgroups, nri_socket: str) -> dict[str, Any]:
     }
 
 
+AGENT_METRICS = {
+    "nriplugin_connection_state": "connection",
+    "nriplugin_policy_version": "policyVersion",
+    "nriplugin_reconcile_entries": "reconcilerEntries",
+    "nriplugin_reconcile_passes_total": "reconcilerPasses",
+    "nriplugin_drift_total": "driftFound",
+    "nriplugin_repaired_total": "repaired",
+    "nriplugin_conflicts_total": "conflicts",
+    "nriplugin_write_errors_total": "writeErrors",
+}
+
+
+def agent_state(address: str) -> dict[str, Any]:
+    """The running agent's state, from its /metrics (doctor runs as a separate process)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=2) as r:
+            text = r.read().decode()
+    except OSError as exc:
+        return {"reachable": False, "address": address, "error": str(exc)}
+    out: dict[str, Any] = {"reachable": True, "address": address}
+    for line in text.splitlines():
+        if line.startswith("#") or " " not in line:
+            continue
+        name_labels, value = line.rsplit(" ", 1)
+        name, _, labels = name_labels.partition("{")
+        key = AGENT_METRICS.get(name)
+        if key is None:
+            continue
+        v = float(value)
+        if name == "nriplugin_connection_state":
+            if v == 1:
+                out[key] = labels.split('"')[1]
+        elif labels:
+            out.setdefault(key, {})[labels.split('"')[1]] = v
+        else:
+            out[key] = v
+    return out
+
+
 def render(doc: dict[str, Any], fmt: str) -> str:
     if fmt == "json":
         return json.dumps(doc, indent=2, default=str)

@@ -123,6 +123,16 @@ def test_run_serves_metrics_health_and_stops_on_sigterm(tmp_path: Path) -> None:
             assert 'nriplugin_connection_state{state="registered"} 1.0' in body
             assert "nriplugin_synchronize_duration_seconds_count 1.0" in body
             assert (await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/nope"))[0] == 404
+            doc = await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-m", "nriplugin", "doctor", "--format", "json", "--agent", f"127.0.0.1:{port}"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            agent = json.loads(doc.stdout)["agent"]
+            assert agent["reachable"] and agent["connection"] == "registered" and agent["policyVersion"] == 1
+            assert agent["reconcilerPasses"] >= 1  # the pass right after Synchronize
             proc.send_signal(signal.SIGTERM)
             assert await asyncio.wait_for(proc.wait(), 10) == 0
             assert proc.stderr is not None
