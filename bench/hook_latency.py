@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.report import replace_section
 from tests.go_peers import go_peer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -291,14 +292,7 @@ process, {p["n"]} calls): p50 {p["p50_us"]:.0f} µs, p99 {p["p99_us"]:.0f} µs.
 ![latency distributions](bench/hook_latency.png)
 <!-- hook_latency:end -->
 """
-    text = path.read_text() if path.exists() else "# Benchmarks\n\n"
-    if "<!-- hook_latency:begin -->" in text:
-        a = text.index("<!-- hook_latency:begin -->")
-        b = text.index("<!-- hook_latency:end -->") + len("<!-- hook_latency:end -->\n")
-        text = text[:a] + section + text[b:]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
+    replace_section(path, "hook_latency", section)
 
 
 if __name__ == "__main__":

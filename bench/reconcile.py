@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.report import replace_section
 from nriplugin.kernel.cgroup import Cgroups
 from nriplugin.plugin import QoSPlugin
 from nriplugin.reconciler import Reconciler
@@ -166,14 +167,7 @@ Koordinator's periodic reconcile loops repair drift on their period (seconds); h
 is driven by inotify and the periodic pass (default 60 s) is only the safety net.
 <!-- reconcile:end -->
 """
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if "<!-- reconcile:begin -->" in text:
-        a = text.index("<!-- reconcile:begin -->")
-        b = text.index("<!-- reconcile:end -->") + len("<!-- reconcile:end -->\n")
-        text = text[:a] + section + text[b:]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
+    replace_section(path, "reconcile", section)
 
 
 if __name__ == "__main__":

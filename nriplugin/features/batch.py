@@ -23,13 +23,18 @@ Limits = tuple[dict[str, int], dict[str, int]]
 
 def container_batch(ctx: Context, name: str) -> Limits | None:
     """(requests, limits) of one container: batch-cpu in milli-cores, batch-memory in bytes."""
+    parsed = _annotation(ctx)
+    return None if parsed is None else parsed.get(name)
+
+
+def _annotation(ctx: Context) -> dict[str, Limits] | None:
     raw = ctx.pod.annotations.get(ANNOTATION)
     if raw is None:
         return None
     parsed = _parse(raw)
     if isinstance(parsed, InvalidInput):
         raise InvalidInput(parsed.key, parsed.why)  # a fresh one: a cached exception's traceback grows
-    return parsed.get(name)
+    return parsed
 
 
 @lru_cache(maxsize=1024)
@@ -70,12 +75,7 @@ def _container(name: str, entry: object) -> Limits:
 
 def pod_batch(ctx: Context) -> Limits | None:
     """Pod-level sums; a limit counts only if every container has one."""
-    raw = ctx.pod.annotations.get(ANNOTATION)
-    if raw is None:
-        return None
-    parsed = _parse(raw)
-    if isinstance(parsed, InvalidInput):
-        raise InvalidInput(parsed.key, parsed.why)  # a fresh one: a cached exception's traceback grows
+    parsed = _annotation(ctx)
     if not parsed:
         return None
     req: dict[str, int] = {}

@@ -1,0 +1,19 @@
+"""Writing a benchmark's section into BENCHMARKS.md, between its begin/end markers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def replace_section(path: Path, name: str, section: str) -> None:
+    """``section`` must start with ``<!-- NAME:begin -->`` and end with ``<!-- NAME:end -->``."""
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    assert section.startswith(begin) and section.rstrip().endswith(end)
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    if begin in text:
+        a = text.index(begin)
+        b = text.index(end) + len(end) + 1
+        text = text[:a] + section + text[b:]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    path.write_text(text)
