@@ -285,16 +285,24 @@ class QoSPlugin(Plugin):
             except RuntimeError:  # no loop (explain, tests): write now
                 self._write_all(later)
         if self.reconciler is not None:
-            for c in containers:
-                pod = by_id.get(c.pod_sandbox_id)
-                if pod is not None and c.state in (api.CONTAINER_CREATED, api.CONTAINER_RUNNING):
-                    self.reconciler.track(pod, c)
-            for pod in pods:
-                self.reconciler.track(pod, None)
-            # Right after the answer: file-only and pod-level values of everything that existed.
-            asyncio.get_running_loop().call_soon(self.reconciler.full_pass)
+            # Right after the answer (not on the runtime's clock): track everything that existed
+            # and converge its file-only and pod-level values.
+            asyncio.get_running_loop().call_soon(self._track_all, pods, containers)
         log.info("synchronized %d pods, %d containers, %d updates", len(pods), len(containers), len(updates))
         return updates
+
+    def _track_all(self, pods: list[api.PodSandbox], containers: list[api.Container]) -> None:
+        rec = self.reconciler
+        if rec is None:
+            return
+        by_id = {p.id: p for p in pods}
+        for c in containers:
+            pod = by_id.get(c.pod_sandbox_id)
+            if pod is not None and c.state in (api.CONTAINER_CREATED, api.CONTAINER_RUNNING):
+                rec.track(pod, c)
+        for pod in pods:
+            rec.track(pod, None)
+        rec.full_pass()
 
     def _write_all(self, writes: list[tuple[str, dict[str, int | str], str]]) -> None:
         for group, values, who in writes:

@@ -1,17 +1,16 @@
 """Drift repair. The desired values come from the plugin's feature pipeline (the same
 ``intent()`` the hooks use); this module only compares files with them and writes back.
 
-Events: inotify (watchdog) on each managed cgroup directory tells us within a millisecond that
-a file changed; we re-read it and repair if it differs (our own writes read back as equal, so
-they are not drift). A periodic full pass is the safety net. A file that keeps being reverted
-by someone else is a fight: repairs back off exponentially and the conflict is reported, until
-the policy changes or the other writer stops.
+Events: inotify on each managed cgroup directory (one instance, read from the event loop, no
+threads) tells us within a millisecond that a file changed; we re-read it and repair if it
+differs (our own writes read back as equal, so they are not drift). A periodic full pass is
+the safety net. A file that keeps being reverted by someone else is a fight: repairs back off
+exponentially and the conflict is reported, until the policy changes or the other writer stops.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from typing import Any, Protocol
 
 from ..kernel import paths
 from ..kernel.cgroup import RESOURCES, Cgroups, InvalidValue
+from ..kernel.inotify import IN_MODIFY, IN_Q_OVERFLOW, Inotify
 from ..nri import api_pb2 as api
 
 log = logging.getLogger("nriplugin.reconciler")
@@ -95,9 +95,8 @@ class Reconciler:
         self.files: dict[str, FileState] = {}  # file path -> fight state
         self.loop: asyncio.AbstractEventLoop | None = None
         self._watch_enabled = watch
-        self._observer: Any = None
-        self._watches: dict[str, Any] = {}
-        self._pending: dict[str, float] = {}  # path -> event time, coalesced per loop turn
+        self._inotify: Inotify | None = None
+        self._watches: dict[str, int] = {}  # directory -> inotify watch descriptor
         self._task: asyncio.Task[None] | None = None
         self.passes = 0
 
@@ -222,11 +221,8 @@ class Reconciler:
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         if self._watch_enabled:
-            from watchdog.observers.inotify import InotifyObserver
-
-            self._observer = InotifyObserver()
-            self._observer.daemon = True
-            self._observer.start()
+            self._inotify = Inotify()
+            loop.add_reader(self._inotify.fd, self._on_readable)
             for d in list(self.by_dir):
                 self._add_watch(Path(d))
         self._task = loop.create_task(self._resync())
@@ -239,37 +235,37 @@ class Reconciler:
     def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-        if self._observer is not None:
-            self._observer.stop()
-            self._observer.join(5)
-            self._observer = None
+        if self._inotify is not None:
+            if self.loop is not None:
+                self.loop.remove_reader(self._inotify.fd)
+            self._inotify.close()
+            self._inotify = None
+        self._watches.clear()
 
     def _add_watch(self, d: Path) -> None:
-        if self._observer is None or str(d) in self._watches or not d.is_dir():
+        if self._inotify is None or str(d) in self._watches:
             return
-        from watchdog.events import FileModifiedEvent, FileSystemEvent, FileSystemEventHandler
-
-        rec = self
-
-        class Handler(FileSystemEventHandler):
-            def on_modified(self, event: FileSystemEvent) -> None:
-                if not event.is_directory and rec.loop is not None:
-                    rec.loop.call_soon_threadsafe(rec._on_change, str(event.src_path), time.perf_counter())
-
         try:
-            # Only IN_MODIFY (and IN_ATTRIB): our own reads of thousands of files on every pass
-            # must not wake the watcher thread.
-            self._watches[str(d)] = self._observer.schedule(
-                Handler(), str(d), recursive=False, event_filter=[FileModifiedEvent]
-            )
-        except OSError as exc:  # the cgroup went away meanwhile
+            # IN_MODIFY only: our own reads of thousands of files on every pass wake nothing.
+            self._watches[str(d)] = self._inotify.add(str(d), IN_MODIFY)
+        except OSError as exc:  # not there (yet, or any more): the next event or pass will do
             log.debug("cannot watch %s: %s", d, exc)
 
     def _remove_watch(self, d: Path) -> None:
-        w = self._watches.pop(str(d), None)
-        if w is not None and self._observer is not None:
-            with contextlib.suppress(KeyError, OSError):
-                self._observer.unschedule(w)
+        wd = self._watches.pop(str(d), None)
+        if wd is not None and self._inotify is not None:
+            self._inotify.remove(wd)
+
+    def _on_readable(self) -> None:
+        assert self._inotify is not None
+        now = time.perf_counter()
+        events = self._inotify.read()
+        if any(mask & IN_Q_OVERFLOW for _, _, mask in events):
+            log.warning("inotify queue overflowed: running a full pass")
+            self.full_pass()
+            return
+        for d, name, _mask in events:
+            self._on_change(f"{d}/{name}", now)
 
     def _on_change(self, path: str, when: float) -> None:
         p = Path(path)

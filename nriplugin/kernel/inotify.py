@@ -1,0 +1,72 @@
+"""A minimal inotify binding: one instance, many watches, non-blocking fd for the event loop.
+
+(watchdog gives every watched directory its own thread and inotify instance; a node with a
+thousand containers would exhaust fs.inotify.max_user_instances, 128 by default.)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import struct
+
+IN_MODIFY = 0x00000002
+IN_ATTRIB = 0x00000004
+IN_DELETE_SELF = 0x00000400
+IN_IGNORED = 0x00008000
+IN_Q_OVERFLOW = 0x00004000
+IN_NONBLOCK = os.O_NONBLOCK
+IN_CLOEXEC = os.O_CLOEXEC
+_EVENT = struct.Struct("iIII")  # wd, mask, cookie, len
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+_libc.inotify_init1.argtypes = [ctypes.c_int]
+_libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+_libc.inotify_rm_watch.argtypes = [ctypes.c_int, ctypes.c_int]
+
+
+class Inotify:
+    def __init__(self) -> None:
+        fd = _libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
+        if fd < 0:
+            e = ctypes.get_errno()
+            raise OSError(e, f"inotify_init1: {os.strerror(e)}")
+        self.fd = fd
+        self.paths: dict[int, str] = {}  # wd -> directory
+
+    def add(self, path: str, mask: int = IN_MODIFY) -> int:
+        wd = _libc.inotify_add_watch(self.fd, os.fsencode(path), mask)
+        if wd < 0:
+            e = ctypes.get_errno()
+            raise OSError(e, f"inotify_add_watch {path}: {os.strerror(e)}")
+        self.paths[wd] = path
+        return int(wd)
+
+    def remove(self, wd: int) -> None:
+        if self.paths.pop(wd, None) is not None:
+            _libc.inotify_rm_watch(self.fd, wd)  # EINVAL if the kernel dropped it already: fine
+
+    def read(self) -> list[tuple[str, str, int]]:
+        """Pending events as (directory, file name, mask); [] when none."""
+        try:
+            data = os.read(self.fd, 65536)
+        except BlockingIOError:
+            return []
+        out = []
+        pos = 0
+        while pos + _EVENT.size <= len(data):
+            wd, mask, _cookie, n = _EVENT.unpack_from(data, pos)
+            name = data[pos + _EVENT.size : pos + _EVENT.size + n].split(b"\0", 1)[0].decode(errors="replace")
+            pos += _EVENT.size + n
+            d = self.paths.get(wd)
+            if mask & IN_IGNORED:
+                self.paths.pop(wd, None)  # the directory is gone (cgroup removed)
+                continue
+            if d is not None or mask & IN_Q_OVERFLOW:
+                out.append((d or "", name, mask))
+        return out
+
+    def close(self) -> None:
+        os.close(self.fd)
+        self.paths.clear()
