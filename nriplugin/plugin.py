@@ -12,7 +12,7 @@ from pathlib import Path
 from .features import Context, FeatureFailed, Intent, desired_state
 from .features.cpuset import CPUAllocator
 from .kernel import paths
-from .kernel.cgroup import Cgroups, InvalidValue, Version
+from .kernel.cgroup import RESOURCES, Cgroups, InvalidValue, Version
 from .kernel.probe import Capabilities, format_cpulist, probe
 from .kernel.resctrl import ResctrlError, ResctrlFS
 from .nri import api_pb2 as api
@@ -51,8 +51,6 @@ def to_resources(intent: Intent, cg: Cgroups, out: api.LinuxResources) -> bool:
     if "memory.limit_in_bytes" in v:
         out.memory.limit.value = int(v["memory.limit_in_bytes"])
     if cg.version is Version.V2:
-        from .kernel.cgroup import RESOURCES
-
         for name, value in v.items():
             res = RESOURCES.get(name)
             if name not in NRI_FIELDS and res is not None and res.v2 is not None:
