@@ -47,8 +47,14 @@ def runtime_factory(pkg_root: Path) -> Iterator[object]:
         return c
 
     yield make
-    for c in made:
-        c.teardown()
+    errors = []
+    for c in made:  # every runtime is torn down, even if one teardown fails
+        try:
+            c.teardown()
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+    if errors:
+        raise errors[0]
     for c in made:  # teardown leaves nothing behind
         assert not harness.cgroup_dirs(c.cgroup_root), f"cgroups left: {harness.cgroup_dirs(c.cgroup_root)}"
         assert not c.base.exists()
@@ -141,5 +147,11 @@ def plugin_factory() -> Iterator[object]:
         return p
 
     yield make
-    for p in made:
-        p.stop()
+    errors = []
+    for p in made:  # every plugin is stopped, even if stopping one of them fails
+        try:
+            p.stop()
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+    if errors:
+        raise errors[0]
