@@ -51,7 +51,7 @@ def runtime_factory(pkg_root: Path) -> Iterator[object]:
     for c in made:  # every runtime is torn down, even if one teardown fails
         try:
             c.teardown()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             errors.append(exc)
     if errors:
         raise errors[0]
@@ -151,7 +151,7 @@ def plugin_factory() -> Iterator[object]:
     for p in made:  # every plugin is stopped, even if stopping one of them fails
         try:
             p.stop()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             errors.append(exc)
     if errors:
         raise errors[0]
