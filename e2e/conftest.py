@@ -10,12 +10,15 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
 from e2e import harness
+
+T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,6 +27,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "/e2e/" in str(item.fspath):
             item.add_marker(pytest.mark.e2e)
+
+
+def each(items: list[T], fn: Callable[[T], object]) -> None:
+    """Call ``fn`` on every item even if some fail (teardown must not leave the rest behind);
+    then raise the first failure."""
+    errors = []
+    for item in items:
+        try:
+            fn(item)
+        except Exception as exc:
+            errors.append(exc)
+    if errors:
+        raise errors[0]
 
 
 @pytest.fixture(scope="session")
@@ -47,14 +63,7 @@ def runtime_factory(pkg_root: Path) -> Iterator[object]:
         return c
 
     yield make
-    errors = []
-    for c in made:  # every runtime is torn down, even if one teardown fails
-        try:
-            c.teardown()
-        except Exception as exc:
-            errors.append(exc)
-    if errors:
-        raise errors[0]
+    each(made, harness.Containerd.teardown)
     for c in made:  # teardown leaves nothing behind
         assert not harness.cgroup_dirs(c.cgroup_root), f"cgroups left: {harness.cgroup_dirs(c.cgroup_root)}"
         assert not c.base.exists()
@@ -147,11 +156,4 @@ def plugin_factory() -> Iterator[object]:
         return p
 
     yield make
-    errors = []
-    for p in made:  # every plugin is stopped, even if stopping one of them fails
-        try:
-            p.stop()
-        except Exception as exc:
-            errors.append(exc)
-    if errors:
-        raise errors[0]
+    each(made, PluginProcess.stop)

@@ -67,9 +67,6 @@ class Metrics:
             ["reason"],
             registry=r,
         )
-        self.adjustments = Counter(
-            "nriplugin_adjustments_total", "Container adjustments returned, by QoS class.", ["qos_class"], registry=r
-        )
         self.reconcile_passes = Counter("nriplugin_reconcile_passes_total", "Full reconciler passes.", registry=r)
         self.reconcile_pass = Histogram(
             "nriplugin_reconcile_pass_seconds",

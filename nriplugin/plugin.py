@@ -83,11 +83,11 @@ class QoSPlugin(Plugin):
         self.resctrl = ResctrlFS(resctrl_root, self.caps.resctrl)
         self.cpus = CPUAllocator(self.caps.topology)
         # Containers whose cpuset is the share pool: they follow it when exclusive cores change.
-        self.sharers: dict[str, tuple[api.PodSandbox, api.Container]] = {}
+        self.sharers: set[str] = set()
+        self._pushes: set[asyncio.Future[object]] = set()  # UpdateContainers in flight (kept referenced)
         self._logged: set[tuple[str, str]] = set()
         self.reconciler: Reconciler | None = None  # keeps the files true while containers run
         self.rejected_labels = 0
-        self.adjusted = 0
 
     # desired state ---------------------------------------------------------------------------
 
@@ -137,9 +137,9 @@ class QoSPlugin(Plugin):
     def _track(self, pod: api.PodSandbox, container: api.Container, intent: Intent | None) -> None:
         cpuset_on = self.rules.policy.features.cpuset.enable and self.caps.files.get("cpuset.cpus", False)
         if container.id in self.cpus.exclusive or intent is None or not cpuset_on:
-            self.sharers.pop(container.id, None)
+            self.sharers.discard(container.id)
         else:
-            self.sharers[container.id] = (pod, container)
+            self.sharers.add(container.id)
 
     def _pool_updates(self, skip: str = "") -> list[api.ContainerUpdate]:
         """Updates moving every sharer to the current share pool."""
@@ -158,7 +158,7 @@ class QoSPlugin(Plugin):
     def create_container(
         self, pod: api.PodSandbox, container: api.Container
     ) -> api.ContainerAdjustment | tuple[api.ContainerAdjustment, list[api.ContainerUpdate]] | None:
-        exclusive_before = len(self.cpus.exclusive)
+        generation = self.cpus.generation
         try:
             intent = self.intent(pod, container)
         except FeatureFailed as exc:
@@ -169,21 +169,21 @@ class QoSPlugin(Plugin):
         adj = api.ContainerAdjustment()
         if not to_resources(intent, self.cgroups, adj.linux.resources):
             return None
-        self.adjusted += 1
-        if len(self.cpus.exclusive) != exclusive_before:  # cores left the share pool: sharers follow
+        if self.cpus.generation != generation:  # cores left the share pool: sharers follow
             return adj, self._pool_updates(skip=container.id)
         return adj
 
     def remove_container(self, pod: api.PodSandbox, container: api.Container) -> None:
-        self.sharers.pop(container.id, None)
+        self.sharers.discard(container.id)
         if self.reconciler is not None:
             self.reconciler.forget(container.id)
         if self.cpus.release(container.id) and self.push is not None:
             # The share pool grew. UpdateContainers must not be called from inside a handler.
             updates = self._pool_updates()
             if updates:
-                push = self.push
-                asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(push(updates)))
+                task = asyncio.ensure_future(self.push(updates))
+                self._pushes.add(task)
+                task.add_done_callback(self._pushes.discard)
 
     def start_container(self, pod: api.PodSandbox, container: api.Container) -> None:
         """cgroup v1: values NRI cannot carry (burst, identity, idle) go to the files now: the
