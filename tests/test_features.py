@@ -95,6 +95,7 @@ def test_batch_sizes_be_containers_and_pods() -> None:
         '{"containers": {"main": {"limits": {"kubernetes.io/batch-memory": true}}}}',
         '{"containers": {"main": {"limits": {"kubernetes.io/batch-memory": ["1"]}}}}',
         "x" * 20000,
+        "[" * 10000,  # deeper than Python's recursion limit
     ],
 )
 def test_hostile_batch_annotation_fails_open_or_closed(bad: str) -> None:

@@ -66,6 +66,8 @@ def annotation_json(key: str, raw: str) -> Any:
         return json.loads(raw)
     except json.JSONDecodeError as exc:
         raise InvalidInput(key, f"not valid JSON ({exc.msg})") from exc
+    except RecursionError as exc:
+        raise InvalidInput(key, "JSON nested too deeply") from exc
 
 
 @dataclass
