@@ -31,6 +31,7 @@ def _start_plugin(kind: str, rt: harness.Containerd, goplugin: Path) -> subproce
         cmd = [str(goplugin), "-socket", rt.nri_socket, "-name", "refplugin", "-idx", "10"]
     else:
         cmd = [sys.executable, "-m", "nriplugin", "run", "--socket", rt.nri_socket, "--metrics-address", "127.0.0.1:0"]
+        cmd += ["--cri-socket", rt.address, "--pods-root", f"{rt.cgroup_root}/kubepods"]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -112,6 +113,7 @@ def preregistered_start(goplugin: Path, reps: int) -> dict[str, list[float]]:
                     ]
                 else:
                     target = [sys.executable, "-m", "nriplugin", "run", "--metrics-address", "127.0.0.1:0"]
+                    target += ["--cri-socket", rt.address, "--pods-root", f"{rt.cgroup_root}/kubepods"]
                 launcher = rt.plugin_dir / f"10-{kind}"
                 launcher.write_text(f"#!/bin/sh\n/bin/date +%s%N > {stamp}\nexec {' '.join(target)}\n")
                 launcher.chmod(0o755)

@@ -124,7 +124,8 @@ def main() -> int:
     if bench is None or goplugin is None:
         print("Go peers unavailable (need ../shared/peers)", file=sys.stderr)
         return 2
-    ours = [sys.executable, "-m", "nriplugin", "run", "--metrics-address", "127.0.0.1:0"]
+    # no CRI here (a stand-in runtime): the inventory is off, as it would find nothing
+    ours = [sys.executable, "-m", "nriplugin", "run", "--metrics-address", "127.0.0.1:0", "--cri-socket", ""]
     runs: dict[str, list[dict[str, Any]]] = {"go": [], "nriplugin": []}
     for r in range(args.rounds):
         order = [("go", [str(goplugin)]), ("nriplugin", ours)]

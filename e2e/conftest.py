@@ -80,6 +80,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def runtime_args(rt: harness.Containerd) -> list[str]:
+    """Where nriplugin finds this runtime's CRI socket and pod cgroups."""
+    return ["--cri-socket", rt.address, "--pods-root", f"{rt.cgroup_root}/kubepods"]
+
+
 class PluginProcess:
     def __init__(self, nri_socket: str, *extra: str) -> None:
         self.port = free_port()
@@ -148,8 +153,8 @@ class PluginProcess:
 def plugin_factory() -> Iterator[object]:
     made: list[PluginProcess] = []
 
-    def make(nri_socket: str, *extra: str, wait: bool = True) -> PluginProcess:
-        p = PluginProcess(nri_socket, *extra)
+    def make(runtime: harness.Containerd, *extra: str, wait: bool = True) -> PluginProcess:
+        p = PluginProcess(runtime.nri_socket, *runtime_args(runtime), *extra)
         made.append(p)
         if wait:
             p.wait_ready()

@@ -80,6 +80,10 @@ def main() -> int:
                 "text",
                 "--metrics-address",
                 f"127.0.0.1:{args.metrics_port}",
+                "--cri-socket",
+                rt.address,
+                "--pods-root",
+                f"{rt.cgroup_root}/kubepods",
             ],
         )
         wait_ready(metrics, plugin)

@@ -185,12 +185,13 @@ class Containerd:
             archive = images.oci_archive(busybox, name, entry, self.base / f"{name.rsplit('/', 1)[1]}.tar")
             self.ctr("images", "import", str(archive))
 
-    def stop(self, timeout: float = 20.0) -> None:
-        """Stop containerd only (containers keep running in their shims, as in production)."""
+    def stop(self, timeout: float = 20.0, kill: bool = False) -> None:
+        """Stop containerd only (containers keep running in their shims, as in production);
+        ``kill``: SIGKILL, as a crash or the OOM killer would."""
         if self.proc is None:
             return
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
@@ -14,7 +15,7 @@ from typing import Any
 import grpc
 import pytest
 
-from e2e.conftest import PluginProcess, free_port
+from e2e.conftest import PluginProcess, free_port, runtime_args
 from e2e.cri import msg
 from e2e.harness import Containerd, read_cgroup
 from nriplugin.cli import install
@@ -32,7 +33,7 @@ def shares(rt: Containerd, pod: Any, cid: str) -> int:
 
 
 def test_be_adjusted_ls_left_as_requested(runtime: Containerd, plugin_factory: Callable[..., PluginProcess]) -> None:
-    plugin_factory(runtime.nri_socket)
+    plugin_factory(runtime)
     be = runtime.run_pod("be", "BestEffort", BE)
     be_c = runtime.create_container(be, "main", cpu_shares=1024)
     ls = runtime.run_pod("ls", "Burstable", LS)
@@ -89,7 +90,7 @@ def _alive(pid: int) -> bool:
 def test_plugin_reconnects_after_containerd_restart(
     runtime: Containerd, plugin_factory: Callable[..., PluginProcess]
 ) -> None:
-    plugin = plugin_factory(runtime.nri_socket)
+    plugin = plugin_factory(runtime)
     pod = runtime.run_pod("before", "BestEffort", BE)
     before = runtime.create_container(pod, "main", cpu_shares=1024)
     runtime.stop()
@@ -121,7 +122,7 @@ def test_synchronize_200_existing_pods(runtime: Containerd, plugin_factory: Call
 
     with ThreadPoolExecutor(8) as ex:
         made = list(ex.map(make, range(200)))
-    plugin = plugin_factory(runtime.nri_socket)
+    plugin = plugin_factory(runtime)
     assert plugin.metric('nriplugin_synchronize_objects{kind="pods"}') == 200
     assert plugin.metric("nriplugin_synchronize_duration_seconds_sum") < 2.0
     assert "synchronized 200 pods, 200 containers, 100 updates" in plugin.logs()
@@ -200,18 +201,23 @@ BATCH = (
 def test_features_land_in_the_real_cgroups(
     runtime: Containerd, plugin_factory: Callable[..., PluginProcess], tmp_path: Path
 ) -> None:
-    """BE sized from batch resources (NRI adjustment) and LS burst (written after creation on
-    cgroup v1), present right after CRI returns; then a hot-reloaded coreSched policy puts the
-    next BE pod and its container in SCHED_IDLE."""
+    """BE sized from batch resources (NRI adjustment), its memory protection (v1 soft limit)
+    and LS burst (written after creation on cgroup v1), present right after CRI returns; then
+    a hot-reloaded coreSched policy puts the next BE pod and its container in SCHED_IDLE."""
     policy = tmp_path / "policy.yaml"
-    policy.write_text("cpuBurstStrategy: {policy: cpuBurstOnly}\n")
-    plugin = plugin_factory(runtime.nri_socket, "--policy", str(policy))
+    policy.write_text(
+        "cpuBurstStrategy: {policy: cpuBurstOnly}\n"
+        "resourceQOSStrategy: {beClass: {memoryQOS: {enable: true, lowLimitPercent: 50}}}\n"
+    )
+    plugin = plugin_factory(runtime, "--policy", str(policy))
     be = runtime.run_pod("batch", "BestEffort", BE, {"node.koordinator.sh/extended-resource-spec": BATCH})
     be_c = runtime.create_container(be, "main", cpu_shares=2)
     cpu = runtime.container_cgroup(be, be_c)
     assert read_cgroup(cpu, "cpu.shares") == "512"
     assert read_cgroup(cpu, "cpu.cfs_quota_us") == "100000"
-    assert read_cgroup(runtime.container_cgroup(be, be_c, "memory"), "memory.limit_in_bytes") == str(512 << 20)
+    mem = runtime.container_cgroup(be, be_c, "memory")
+    assert read_cgroup(mem, "memory.limit_in_bytes") == str(512 << 20)
+    assert read_cgroup(mem, "memory.soft_limit_in_bytes") == str(128 << 20)  # 50 % of batch-memory 256Mi
     assert read_cgroup(cpu.parent, "cpu.shares") == "512"  # the pod's cgroup, at RunPodSandbox
     ls = runtime.run_pod("web", "Burstable", LS)
     ls_c = runtime.create_container(ls, "main", cpu_shares=512, cpu_quota=40000)
@@ -248,7 +254,7 @@ def test_lsr_gets_exclusive_cores_and_sharers_follow(
     online = parse_cpulist(Path("/sys/devices/system/cpu/online").read_text())
     if len(online) < 2:
         pytest.skip("needs at least two CPUs")
-    plugin_factory(runtime.nri_socket)
+    plugin_factory(runtime)
     ls = runtime.run_pod("web", "Burstable", LS)
     ls_c = runtime.create_container(ls, "main", cpu_shares=512)
     ls_set = runtime.container_cgroup(ls, ls_c, "cpuset")
@@ -275,7 +281,7 @@ def test_reconciler_repairs_drift_and_converges_after_plugin_restart(
 ) -> None:
     """Kill the plugin, create containers without it, start it again: every container
     converges (Synchronize updates + the reconciler). Then an external write is repaired."""
-    first = plugin_factory(runtime.nri_socket)
+    first = plugin_factory(runtime)
     first.stop()
     be = runtime.run_pod("batch", "BestEffort", BE, {"node.koordinator.sh/extended-resource-spec": BATCH})
     be_c = runtime.create_container(be, "main", cpu_shares=2)
@@ -283,7 +289,7 @@ def test_reconciler_repairs_drift_and_converges_after_plugin_restart(
     ls_c = runtime.create_container(ls, "main", cpu_shares=512, cpu_quota=40000)
     cpu, lcpu = runtime.container_cgroup(be, be_c), runtime.container_cgroup(ls, ls_c)
     assert read_cgroup(cpu, "cpu.shares") == "2"  # born without the plugin
-    plugin = plugin_factory(runtime.nri_socket)
+    plugin = plugin_factory(runtime)
     want = {(cpu, "cpu.shares"): "512", (cpu, "cpu.cfs_quota_us"): "100000", (cpu.parent, "cpu.shares"): "512"}
     if (lcpu / "cpu.cfs_burst_us").exists():
         want[(lcpu, "cpu.cfs_burst_us")] = "40000"
@@ -298,3 +304,58 @@ def test_reconciler_repairs_drift_and_converges_after_plugin_restart(
         time.sleep(0.01)
     assert plugin.metric('nriplugin_repaired_total{resource="cpu.shares"}') >= 1
     assert plugin.metric("nriplugin_repair_latency_seconds_count") >= 1
+
+
+def test_preregistered_plugin_converges_from_the_runtime_alone(runtime_factory: Callable[..., Containerd]) -> None:
+    """A pre-registered plugin gets no Synchronize on containerd 1.7: what existed before it
+    (containers born without it, values changed while it was down) converges from CRI's
+    inventory alone, after containerd restarts and after containerd is SIGKILLed."""
+    rt = runtime_factory(start=False)
+    rt.start()
+    rt.import_images()
+    # Born without any plugin.
+    spec = json.loads(BATCH)
+    spec["containers"]["later"] = spec["containers"]["main"]
+    be = rt.run_pod("batch", "BestEffort", BE, {"node.koordinator.sh/extended-resource-spec": json.dumps(spec)})
+    be_c = rt.create_container(be, "main", cpu_shares=2)
+    ls = rt.run_pod("web", "Burstable", LS)
+    ls_c = rt.create_container(ls, "main", cpu_shares=512, cpu_quota=40000)
+    waiting = rt.create_container(be, "later", cpu_shares=2, start=False)  # CREATED: no cgroup yet
+    cpu, lcpu = rt.container_cgroup(be, be_c), rt.container_cgroup(ls, ls_c)
+    assert read_cgroup(cpu, "cpu.shares") == "2"
+    port = free_port()
+    args = ["--metrics-address", f"127.0.0.1:{port}", *runtime_args(rt), "--resync-seconds", "3600"]
+    install(str(rt.plugin_dir), "nriplugin", "05", args)
+    rt.stop()
+    rt.start()  # containerd starts the plugin; no Synchronize follows
+    # the pod's own cgroup gets the sum of both containers' batch requests (2 x 500m)
+    want = {(cpu, "cpu.shares"): "512", (cpu, "cpu.cfs_quota_us"): "100000", (cpu.parent, "cpu.shares"): "1024"}
+    if (lcpu / "cpu.cfs_burst_us").exists():
+        want[(lcpu, "cpu.cfs_burst_us")] = "40000"
+    _converge(want)
+    assert rt.cri is not None
+    rt.cri.call("StartContainer", msg("StartContainerRequest", container_id=waiting))
+    later = rt.container_cgroup(be, waiting)
+    _converge({(later, "cpu.shares"): "512", (later, "cpu.cfs_quota_us"): "100000"})
+    # containerd crashes (its plugin goes with it); someone changes a value meanwhile.
+    assert rt.proc is not None
+    plugins = _children(rt.proc.pid)
+    rt.stop(kill=True)
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in plugins):
+        assert time.monotonic() < deadline, "the plugin outlived its runtime"
+        time.sleep(0.05)
+    (cpu / "cpu.shares").write_text("1024")
+    (cpu / "cpu.cfs_quota_us").write_text("-1")
+    rt.start()
+    _converge(want)
+    # And the restarted plugin still handles new containers through its hooks.
+    fresh = rt.create_container(ls, "sidecar", cpu_shares=256)
+    assert shares(rt, ls, fresh) == 256
+
+
+def _converge(want: dict[tuple[Path, str], str], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while any(read_cgroup(d, f) != v for (d, f), v in want.items()):
+        assert time.monotonic() < deadline, {f"{d.name[:12]}/{f}": read_cgroup(d, f) for (d, f) in want}
+        time.sleep(0.05)

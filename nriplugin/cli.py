@@ -61,6 +61,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=60.0,
         help="full reconciler pass every N seconds (default %(default)s; drift is repaired on inotify)",
     )
+    run.add_argument(
+        "--cri-socket",
+        default="/run/containerd/containerd.sock",
+        help="the runtime's CRI socket, for the inventory NRI does not give (pre-registered start, "
+        "NRI down); '' = off (default %(default)s)",
+    )
+    run.add_argument(
+        "--pods-root",
+        action="append",
+        help="cgroup path (relative to a hierarchy) under which kubelet puts pods; new pod and "
+        "container directories there are noticed at once (repeatable; default: kubepods, kubepods.slice)",
+    )
     run.add_argument("--log-format", choices=("json", "text"), default="json")
     run.add_argument("--log-level", default="info")
 
@@ -149,8 +161,25 @@ async def run(ns: argparse.Namespace) -> int:
     )
     from .reconciler import Reconciler
 
+    inventory = None
+    if ns.cri_socket:
+        from .cri.client import AsyncCRI
+        from .reconciler.cri_inventory import CriInventory
+
+        inventory = CriInventory(AsyncCRI(ns.cri_socket), plugin, period=ns.resync_seconds)
+
+    def on_new_dir(group: str) -> None:
+        # With NRI up, the hooks tell us about every new container; without it, ask the runtime.
+        if inventory is not None and not stub.ready.is_set():
+            inventory.kick()
+
     reconciler = Reconciler(
-        plugin.intent, plugin.cgroups, resync_period=ns.resync_seconds, version=plugin.state_version
+        plugin.intent,
+        plugin.cgroups,
+        resync_period=ns.resync_seconds,
+        version=plugin.state_version,
+        roots=ns.pods_root or ["kubepods", "kubepods.slice"],
+        on_new_dir=on_new_dir,
     )
     plugin.reconciler = reconciler
     stub.replace_plugin(plugin)
@@ -200,9 +229,15 @@ async def run(ns: argparse.Namespace) -> int:
             },
         )
         log.info("metrics on http://%s:%d/metrics", host, port, extra={"address": f"{host}:{port}"})
+    # The runtime's own inventory: what existed before us when no Synchronize comes.
+    inventory_task = loop.create_task(inventory.run()) if inventory is not None else None
     try:
         await runner
     finally:
+        if inventory_task is not None:
+            inventory_task.cancel()
+        if inventory is not None:
+            await inventory.client.close()
         if server is not None:
             server.close()
         if watcher is not None:

@@ -139,6 +139,7 @@ FEATURE_NEEDS: dict[str, tuple[str, list[str]]] = {
     "batchResource": ("implemented", ["cpu.shares", "cpu.cfs_quota_us", "memory.limit_in_bytes"]),
     "cpuBurst": ("implemented", ["cpu.cfs_burst_us"]),
     "memoryQOS": ("implemented", ["memory.min", "memory.low", "memory.high"]),
+    "memoryQOS.v1SoftLimit": ("implemented (memory.low's value on cgroup v1)", ["memory.soft_limit_in_bytes"]),
     "cpuset": ("implemented", ["cpuset.cpus"]),
     "blkio": ("implemented (device blocks)", ["blkio.throttle.read_bps_device"]),
     "blkio.weight": ("implemented", ["blkio.weight"]),
@@ -152,8 +153,13 @@ def doctor(caps: Capabilities, cg: Cgroups, nri_socket: str) -> dict[str, Any]:
     for name, (state, needs) in FEATURE_NEEDS.items():
         missing = [n for n in needs if not caps.files.get(n)]
         features[name] = {"status": state, "works_here": not missing, **({"missing": missing} if missing else {})}
+    features["cpuQOS.coreSched"] = {
+        "status": "implemented",
+        "works_here": caps.core_sched,
+        **({} if caps.core_sched else {"missing": ["core scheduling (prctl PR_SCHED_CORE)"]}),
+    }
     features["resctrl"] = {
-        "status": "planned",
+        "status": "implemented",
         "works_here": caps.resctrl.mounted,
         **({} if caps.resctrl.mounted else {"missing": ["resctrl mount"]}),
     }

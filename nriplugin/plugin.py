@@ -9,10 +9,11 @@ import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from .features import Context, FeatureFailed, Intent, desired_state
+from .features import Context, FeatureFailed, Intent, core_sched, desired_state
 from .features.cpuset import CPUAllocator
 from .kernel import paths
 from .kernel.cgroup import RESOURCES, Cgroups, InvalidValue, Version
+from .kernel.coresched import CoreSched
 from .kernel.probe import Capabilities, format_cpulist, probe
 from .kernel.resctrl import ResctrlError, ResctrlFS
 from .nri import api_pb2 as api
@@ -61,8 +62,9 @@ def to_resources(intent: Intent, cg: Cgroups, out: api.LinuxResources) -> bool:
 
 
 def file_only(intent: Intent) -> dict[str, int | str]:
-    """cgroup values NRI cannot carry (resctrl is handled on its own)."""
-    return {k: val for k, val in intent.values.items() if k not in NRI_FIELDS and k != "resctrl.group"}
+    """cgroup values NRI cannot carry (resctrl groups and core scheduling cookies are not
+    files: they are handled on their own)."""
+    return {k: v for k, v in intent.values.items() if k not in NRI_FIELDS and (k in RESOURCES or " " in k)}
 
 
 class QoSPlugin(Plugin):
@@ -74,6 +76,7 @@ class QoSPlugin(Plugin):
         on_invalid: Callable[[str], None] | None = None,
         push: Callable[[list[api.ContainerUpdate]], Awaitable[object]] | None = None,
         resctrl_root: Path = Path("/sys/fs/resctrl"),
+        coresched: CoreSched | None = None,
     ) -> None:
         self.rules = rules or RuleCache()
         self.cgroups = cgroups or Cgroups(Path("/sys/fs/cgroup"))
@@ -81,6 +84,7 @@ class QoSPlugin(Plugin):
         self.on_invalid = on_invalid or (lambda reason: None)
         self.push = push  # UpdateContainers from outside handlers (the stub's)
         self.resctrl = ResctrlFS(resctrl_root, self.caps.resctrl)
+        self.coresched = coresched or (CoreSched() if self.caps.core_sched else None)
         self.cpus = CPUAllocator(self.caps.topology)
         # Containers whose cpuset is the share pool: they follow it when exclusive cores change.
         self.sharers: set[str] = set()
@@ -175,6 +179,8 @@ class QoSPlugin(Plugin):
 
     def remove_container(self, pod: api.PodSandbox, container: api.Container) -> None:
         self.sharers.discard(container.id)
+        if self.coresched is not None and container.pid:
+            self.coresched.forget([container.pid])
         if self.reconciler is not None:
             self.reconciler.forget(container.id)
         if self.cpus.release(container.id) and self.push is not None:
@@ -202,21 +208,68 @@ class QoSPlugin(Plugin):
             )
         if self.reconciler is not None:
             self.reconciler.track(pod, container)
+        # Not started yet: its one task is the init process; everything it forks inherits
+        # both its resctrl group and its core scheduling cookie.
         group = intent.values.get("resctrl.group")
         if isinstance(group, str) and container.pid:
-            self._join_resctrl(group, container.pid, pod, container, who)
+            self._join_resctrl(group, [container.pid], pod, who)
+        cookie = intent.values.get(core_sched.RESOURCE)
+        if isinstance(cookie, str) and container.pid:
+            self._share_cookie(cookie, [container.pid], who)
 
-    def _join_resctrl(self, group: str, pid: int, pod: api.PodSandbox, container: api.Container, who: str) -> None:
+    def _share_cookie(self, group: str, pids: list[int], who: str) -> None:
+        if self.coresched is None:
+            return
+        try:
+            self.coresched.assign(group, pids)
+        except (OSError, ValueError) as exc:
+            self.on_invalid("core_sched")
+            log.warning("%s: cannot give core scheduling group %s: %s", who, group, exc)
+
+    def _join_resctrl(self, group: str, tids: list[int], pod: api.PodSandbox, who: str) -> int:
+        """Move threads into the class's resctrl group (created on first use); returns how
+        many moved. Threads that exit meanwhile (ESRCH) are skipped."""
         qos = self._qos(pod)
         cfg = self.rules.policy.class_qos(qos.value if qos else "BE").resctrlQOS
+        moved = 0
         try:
             self.resctrl.ensure_group(
                 group, self.resctrl.schemata(cfg.catRangeStartPercent, cfg.catRangeEndPercent, cfg.mbaPercent)
             )
-            self.resctrl.add_task(group, pid)
+            have = self.resctrl.tasks(group) if len(tids) > 1 else set()
+            for tid in tids:
+                if tid in have:
+                    continue
+                try:
+                    self.resctrl.add_task(group, tid)
+                    moved += 1
+                except ProcessLookupError:
+                    continue
         except (OSError, ResctrlError) as exc:
             self.on_invalid("resctrl")
             log.warning("%s: cannot join resctrl group %s: %s", who, group, exc)
+        return moved
+
+    def _join_existing(self, pod: api.PodSandbox, container: api.Container, intent: Intent) -> None:
+        """A container that was already running when we learned of it: every thread of its
+        cgroup joins the resctrl group and every process gets the core scheduling cookie
+        (neither is inherited by tasks that exist already)."""
+        group = intent.values.get("resctrl.group")
+        cookie = intent.values.get(core_sched.RESOURCE)
+        if not isinstance(group, str) and not isinstance(cookie, str):
+            return
+        who = f"{pod.namespace}/{pod.name}/{container.name}"
+        try:
+            cg = paths.container_dir(container.linux.cgroups_path, pod.linux.cgroup_parent, container.id)
+            tids = self.cgroups.threads(cg) if isinstance(group, str) else []
+            pids = self.cgroups.threads(cg, processes=True) if isinstance(cookie, str) else []
+        except (paths.BadCgroupPath, PermissionError, OSError) as exc:
+            log.warning("%s: cannot list tasks: %s", who, exc)
+            return
+        if isinstance(group, str) and tids:
+            self._join_resctrl(group, tids, pod, who)
+        if isinstance(cookie, str) and pids:
+            self._share_cookie(cookie, pids, who)
 
     def run_pod_sandbox(self, pod: api.PodSandbox) -> None:
         """Pod-level values (NRI has no pod adjustment) go to the pod's cgroup."""
@@ -298,9 +351,68 @@ class QoSPlugin(Plugin):
             pod = by_id.get(c.pod_sandbox_id)
             if pod is not None and c.state in (api.CONTAINER_CREATED, api.CONTAINER_RUNNING):
                 rec.track(pod, c)
+                self._join_existing_tasks(pod, c)
         for pod in pods:
             rec.track(pod, None)
         rec.full_pass()
+
+    def _join_existing_tasks(self, pod: api.PodSandbox, c: api.Container) -> None:
+        if not self.caps.resctrl.mounted and self.coresched is None:
+            return
+        try:
+            intent = self.intent(pod, c)
+        except FeatureFailed:
+            return
+        if intent is not None:
+            self._join_existing(pod, c, intent)
+
+    def adopt(self, pods: list[api.PodSandbox], containers: list[api.Container]) -> int:
+        """Inventory from the runtime itself (CRI), for when NRI did not tell us: track every
+        pod and created/running container we do not know yet and converge it now (files,
+        resctrl). NRI's view wins: known entries are left alone. Returns how many containers
+        were adopted."""
+        rec = self.reconciler
+        if rec is None:
+            return 0
+        by_id = {p.id: p for p in pods}
+        adopted = 0
+        for p in pods:
+            key = f"pod:{p.id}"
+            if key not in rec.entries:
+                rec.track(p, None)
+                rec.check(key)
+        for c in containers:
+            pod = by_id.get(c.pod_sandbox_id)
+            if pod is None or c.id in rec.entries or c.state not in (api.CONTAINER_CREATED, api.CONTAINER_RUNNING):
+                continue
+            try:
+                intent = self.intent(pod, c)
+            except FeatureFailed as exc:
+                log.warning("%s", exc)
+                continue
+            self._track(pod, c, intent)
+            rec.track(pod, c)
+            if c.id in rec.entries:
+                rec.check(c.id)  # a CREATED container has no cgroup yet: converged when it appears
+                adopted += 1
+                if intent is not None:
+                    self._join_existing(pod, c, intent)
+        if adopted:
+            log.info("adopted %d containers from the runtime's inventory", adopted)
+        return adopted
+
+    def prune(self, live: set[str], listed_at: float) -> int:
+        """Forget tracked containers and pods (``pod:<id>``) the runtime no longer has: a
+        removal we missed while disconnected. Entries tracked after the listing began stay."""
+        rec = self.reconciler
+        if rec is None:
+            return 0
+        gone = [k for k, e in rec.entries.items() if k not in live and e.since < listed_at]
+        for key in gone:
+            rec.forget(key)
+            self.sharers.discard(key)
+            self.cpus.release(key)  # the share pool grows; the reconciler rewrites the sharers' cpusets
+        return len(gone)
 
     def _write_all(self, writes: list[tuple[str, dict[str, int | str], str]]) -> None:
         for group, values, who in writes:

@@ -296,3 +296,7 @@ def test_memory_qos_formulas_where_the_kernel_has_them() -> None:
     assert "memory.min" not in desired_state(ctx("LS", policy=on, c=v2)).intent.values  # request unknown
     v1 = desired_state(ctx("BE", {SPEC: BATCH}, policy=on)).intent.values  # mainline v1: no such files
     assert not {"memory.low", "memory.high", "memory.min"} & set(v1)
+    # ... but a soft limit, which carries memory.low's value (reclaimed after groups above theirs)
+    soft = desired_state(ctx("BE", {SPEC: BATCH}, policy=on, c=caps(**{"memory.soft_limit_in_bytes": True})))
+    assert soft.intent.values["memory.soft_limit_in_bytes"] == 128 << 20
+    assert "memory.low" in soft.intent.why["memory.soft_limit_in_bytes"]

@@ -1,10 +1,12 @@
 """CPU QoS: BE yields CPU (lowest shares unless batch resources size it), and each class gets
 its scheduling identity by the policy's cpuPolicy: groupIdentity (``cpu.bvt_warp_ns``, where
 the kernel has it) or coreSched (``cpu.idle`` = schedIdle: the whole group runs SCHED_IDLE;
-the kernel then gives it the idle weight, so it is never a silent fallback)."""
+the kernel then gives it the idle weight, so it is never a silent fallback) plus core
+scheduling cookies by group (core_sched.py) where the kernel has them."""
 
 from __future__ import annotations
 
+from . import core_sched
 from .base import Context, Intent
 
 
@@ -19,5 +21,7 @@ def desired(ctx: Context, intent: Intent) -> None:
     if policy == "groupIdentity" and cfg.groupIdentity is not None and ctx.has("cpu.bvt_warp_ns"):
         intent.set("cpu.bvt_warp_ns", cfg.groupIdentity, f"group identity of {ctx.qos}")
         return
-    if policy == "coreSched" and cfg.schedIdle is not None and ctx.has("cpu.idle"):
-        intent.set("cpu.idle", cfg.schedIdle, f"{ctx.qos} schedIdle={cfg.schedIdle} (coreSched policy)")
+    if policy == "coreSched":
+        if cfg.schedIdle is not None and ctx.has("cpu.idle"):
+            intent.set("cpu.idle", cfg.schedIdle, f"{ctx.qos} schedIdle={cfg.schedIdle} (coreSched policy)")
+        core_sched.desired(ctx, intent)

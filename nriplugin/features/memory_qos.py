@@ -7,7 +7,9 @@
 
 The request is what the runtime does not tell NRI: it is known for Guaranteed containers
 (request == limit) and for BE from batch-memory; otherwise protection is skipped (explain
-says so). Mainline cgroup v1 has none of these files: the probe makes it a no-op there.
+says so). Mainline cgroup v1 has none of these files; its one equivalent is the soft limit
+(groups above it are reclaimed first under global pressure), which carries the memory.low
+value there. min and high have no v1 equivalent and are skipped.
 """
 
 from __future__ import annotations
@@ -40,9 +42,13 @@ def desired(ctx: Context, intent: Intent) -> None:
     if cfg.minLimitPercent and ctx.has("memory.min"):
         v = request * cfg.minLimitPercent // 100 // PAGE * PAGE
         intent.set("memory.min", v, f"{cfg.minLimitPercent}% of request {request} ({source})")
-    if cfg.lowLimitPercent and ctx.has("memory.low"):
+    if cfg.lowLimitPercent:
         v = request * cfg.lowLimitPercent // 100 // PAGE * PAGE
-        intent.set("memory.low", v, f"{cfg.lowLimitPercent}% of request {request} ({source})")
+        why = f"{cfg.lowLimitPercent}% of request {request} ({source})"
+        if ctx.has("memory.low"):
+            intent.set("memory.low", v, why)
+        elif ctx.has("memory.soft_limit_in_bytes"):
+            intent.set("memory.soft_limit_in_bytes", v, f"{why}; v1 soft limit in place of memory.low")
     if cfg.throttlingPercent and limit and limit > request and ctx.has("memory.high"):
         v = (request + (limit - request) * cfg.throttlingPercent // 100) // PAGE * PAGE
         intent.set("memory.high", v, f"request + {cfg.throttlingPercent}% of (limit - request)")

@@ -95,6 +95,9 @@ RESOURCES: dict[str, Resource] = {
         Resource("memory.low", ("memory", "memory.low"), "memory.low", 0, 2**62),
         Resource("memory.high", ("memory", "memory.high"), "memory.high", 0, 2**62, -1),
         Resource("memory.oom.group", None, "memory.oom.group", 0, 1),
+        # v1's nearest thing to memory.low: under global pressure, groups above their soft
+        # limit are reclaimed first (reads back as a huge number when unlimited).
+        Resource("memory.soft_limit_in_bytes", ("memory", "memory.soft_limit_in_bytes"), None, 0, 2**62, -1),
         # Per-device throttles: the value is "MAJOR:MINOR N" (v2: one io.max key per resource).
         Resource("blkio.throttle.read_bps_device", ("blkio", "blkio.throttle.read_bps_device"), "io.max"),
         Resource("blkio.throttle.write_bps_device", ("blkio", "blkio.throttle.write_bps_device"), "io.max"),
@@ -182,6 +185,16 @@ class Cgroups:
         if real != real_base and not real.startswith(real_base + os.sep):
             raise PermissionError(f"refusing {path}: resolves outside {base}")
         return path
+
+    def threads(self, group: str, processes: bool = False) -> list[int]:
+        """Thread ids in ``group`` (v1 ``tasks`` of the cpu hierarchy, v2 ``cgroup.threads``),
+        or process ids (``cgroup.procs``); empty when the group is gone."""
+        name = "cgroup.procs" if processes else "tasks" if self.version is Version.V1 else "cgroup.threads"
+        try:
+            text = _read(self.group_dir(group) / name)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return [int(t) for t in text.split() if t.isdigit()]
 
     # values ----------------------------------------------------------------------------------
 

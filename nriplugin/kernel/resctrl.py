@@ -103,3 +103,10 @@ class ResctrlFS:
             os.write(fd, f"{pid}\n".encode())
         finally:
             os.close(fd)
+
+    def tasks(self, group: str) -> set[int]:
+        try:
+            text = (self._dir(group) / "tasks").read_text()
+        except FileNotFoundError:
+            return set()
+        return {int(t) for t in text.split() if t.isdigit()}

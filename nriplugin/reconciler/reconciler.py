@@ -3,8 +3,11 @@
 
 Events: inotify on each managed cgroup directory (one instance, read from the event loop, no
 threads) tells us within a millisecond that a file changed; we re-read it and repair if it
-differs (our own writes read back as equal, so they are not drift). A periodic full pass is
-the safety net. A file that keeps being reverted by someone else is a fight: repairs back off
+differs (our own writes read back as equal, so they are not drift). New directories are seen
+too: under the pod roots (``kubepods``...) and in tracked pods, a new pod or container cgroup
+is either one we expect (tracked before its directory existed: converged at once) or unknown
+(reported to ``on_new_dir``, which asks the runtime what it is). A periodic full pass is the
+safety net. A file that keeps being reverted by someone else is a fight: repairs back off
 exponentially and the conflict is reported, until the policy changes or the other writer stops.
 """
 
@@ -12,15 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from ..kernel import paths
 from ..kernel.cgroup import RESOURCES, Cgroups, InvalidValue
-from ..kernel.inotify import IN_MODIFY, IN_Q_OVERFLOW, Inotify
+from ..kernel.inotify import IN_CREATE, IN_ISDIR, IN_MODIFY, IN_Q_OVERFLOW, Inotify
 from ..nri import api_pb2 as api
 
 log = logging.getLogger("nriplugin.reconciler")
@@ -28,6 +32,9 @@ log = logging.getLogger("nriplugin.reconciler")
 FIGHT_WINDOW = 10.0  # seconds
 FIGHT_REPAIRS = 3  # repairs of one file within the window that make it a fight
 BACKOFF_MIN, BACKOFF_MAX = 1.0, 300.0
+# A container's cgroup (cgroupfs: its 64-hex id; systemd: a .scope), as opposed to a QoS or pod
+# directory, whose new children we want to see as well.
+_CONTAINER_DIR = re.compile(r"^([0-9a-f]{64}|.*\.scope)$")
 
 
 @dataclass
@@ -38,6 +45,7 @@ class Entry:
     container: api.Container | None
     group: str  # relative cgroup path
     cache: tuple[object, dict[str, int | str]] | None = None  # (state version, desired values)
+    since: float = field(default_factory=time.monotonic)  # when it was tracked
 
 
 @dataclass
@@ -84,6 +92,8 @@ class Reconciler:
         resync_period: float = 60.0,
         watch: bool = True,
         version: Callable[[], object] = lambda: None,
+        roots: Sequence[str] = (),
+        on_new_dir: Callable[[str], None] | None = None,
     ) -> None:
         self.intent = intent
         self.version = version  # desired values are cached per entry until this changes
@@ -97,8 +107,13 @@ class Reconciler:
         self._watch_enabled = watch
         self._inotify: Inotify | None = None
         self._watches: dict[str, int] = {}  # directory -> inotify watch descriptor
+        self._masks: dict[str, int] = {}  # directory -> its watch mask
         self._task: asyncio.Task[None] | None = None
         self.passes = 0
+        # Relative cgroup paths under which new pod/container directories are looked for.
+        self.roots = [r.strip("/") for r in roots if r.strip("/")]
+        self.on_new_dir = on_new_dir
+        self._new_dirs: dict[str, int] = {}  # directories watched for new children -> depth left
 
     # inventory -------------------------------------------------------------------------------
 
@@ -113,9 +128,14 @@ class Reconciler:
             log.warning("not tracking %s/%s: %s", pod.namespace, pod.name, exc)
             return
         self.entries[key] = Entry(pod, container, group)
-        for d in self._dirs(group):
+        self._watch_entry(key)
+
+    def _watch_entry(self, key: str) -> None:
+        entry = self.entries[key]
+        for i, d in enumerate(self._dirs(entry.group)):
             self.by_dir[str(d)] = key
-            self._add_watch(d)
+            # the first hierarchy's pod directory also reports new container directories
+            self._add_watch(d, IN_MODIFY | IN_CREATE if i == 0 and entry.container is None else IN_MODIFY)
 
     def forget(self, key: str) -> None:
         entry = self.entries.pop(key, None)
@@ -223,9 +243,25 @@ class Reconciler:
         if self._watch_enabled:
             self._inotify = Inotify()
             loop.add_reader(self._inotify.fd, self._on_readable)
-            for d in list(self.by_dir):
-                self._add_watch(Path(d))
+            for key in list(self.entries):
+                self._watch_entry(key)
+            for root in self.roots:
+                try:
+                    self._watch_tree(self.cgroups.group_dir(root), depth=2)
+                except PermissionError as exc:
+                    log.warning("not watching pod root %s: %s", root, exc)
         self._task = loop.create_task(self._resync())
+
+    def _watch_tree(self, d: Path, depth: int) -> None:
+        """Watch ``d`` for new directories, and its existing non-container subdirectories down
+        to ``depth`` more levels (root -> QoS -> pod)."""
+        if not d.is_dir() or not self._add_watch(d, IN_CREATE | (IN_MODIFY if str(d) in self.by_dir else 0)):
+            return
+        self._new_dirs[str(d)] = depth
+        if depth > 0:
+            for child in d.iterdir():
+                if child.is_dir() and not _CONTAINER_DIR.match(child.name):
+                    self._watch_tree(child, depth - 1)
 
     async def _resync(self) -> None:
         while True:
@@ -241,17 +277,32 @@ class Reconciler:
             self._inotify.close()
             self._inotify = None
         self._watches.clear()
+        self._masks.clear()
+        self._new_dirs.clear()
 
-    def _add_watch(self, d: Path) -> None:
-        if self._inotify is None or str(d) in self._watches:
-            return
+    def _add_watch(self, d: Path, mask: int = IN_MODIFY) -> bool:
+        """Watch ``d`` (IN_MODIFY: our own reads of thousands of files wake nothing). A
+        directory watched for new children keeps IN_CREATE."""
+        if self._inotify is None:
+            return False
+        path = str(d)
+        if path in self._new_dirs:
+            mask |= IN_CREATE
+        wd = self._watches.get(path)
+        if wd is not None and wd in self._inotify.paths and mask == self._masks.get(path):
+            return True
         try:
-            # IN_MODIFY only: our own reads of thousands of files on every pass wake nothing.
-            self._watches[str(d)] = self._inotify.add(str(d), IN_MODIFY)
-        except OSError as exc:  # not there (yet, or any more): the next event or pass will do
+            self._watches[path] = self._inotify.add(path, mask)
+            self._masks[path] = mask
+            return True
+        except OSError as exc:  # not there (yet, or any more): its IN_CREATE or a pass will do
             log.debug("cannot watch %s: %s", d, exc)
+            return False
 
     def _remove_watch(self, d: Path) -> None:
+        if str(d) in self._new_dirs:
+            return  # a pod root or QoS directory: still wanted for new children
+        self._masks.pop(str(d), None)
         wd = self._watches.pop(str(d), None)
         if wd is not None and self._inotify is not None:
             self._inotify.remove(wd)
@@ -264,8 +315,46 @@ class Reconciler:
             log.warning("inotify queue overflowed: running a full pass")
             self.full_pass()
             return
-        for d, name, _mask in events:
-            self._on_change(f"{d}/{name}", now)
+        for d, name, mask in events:
+            if mask & IN_CREATE:
+                if mask & IN_ISDIR:
+                    self._on_new_dir(Path(d) / name)
+            else:
+                self._on_change(f"{d}/{name}", now)
+
+    def _on_new_dir(self, d: Path) -> None:
+        key = self.by_dir.get(str(d))
+        if key is not None and key in self.entries:  # tracked before its cgroup existed
+            self._watch_entry(key)
+            self.check(key)
+            if key.startswith("pod:"):
+                self._existing_children(d)
+            return
+        parent_depth = self._new_dirs.get(str(d.parent))
+        if parent_depth is None:
+            parent = self.by_dir.get(str(d.parent), "")
+            if not parent.startswith("pod:"):
+                return
+            parent_depth = 0  # a tracked pod's directory: its children are containers
+        if not _CONTAINER_DIR.match(d.name) and parent_depth > 0:
+            self._watch_tree(d, parent_depth - 1)
+            self._existing_children(d)
+        if self.on_new_dir is not None:
+            try:
+                rel = d.relative_to(self.cgroups.group_dir(""))
+            except ValueError:
+                return
+            self.on_new_dir(str(rel))
+
+    def _existing_children(self, d: Path) -> None:
+        """Children made before our watch on ``d`` was in place (mkdir -p, runc) raised no
+        event: look at them now."""
+        try:
+            children = [c for c in d.iterdir() if c.is_dir()]
+        except OSError:
+            return
+        for child in children:
+            self._on_new_dir(child)
 
     def _on_change(self, path: str, when: float) -> None:
         p = Path(path)

@@ -1,0 +1,245 @@
+"""Inventory from the runtime's CRI socket, as NRI messages, so the same ``intent()`` and
+reconciler apply to what NRI never told us about: containerd 1.7 gives a pre-registered plugin
+no Synchronize, and containers may come and go while the agent or its NRI connection is down.
+
+Why CRI and not the cgroup tree alone: a directory says a container exists and which
+Kubernetes QoS its pod has, but not its ``koordinator.sh/qosClass`` label or its batch
+annotations, so values computed from the tree would be wrong for exactly the pods we manage.
+The tree is the trigger (a new directory while NRI is down asks for a fresh inventory); CRI
+says what it is. Pod and container details (cgroup paths, requested resources, pid) come from
+the runtime's verbose status once per id and are cached: they do not change, and kubelet's
+later resource updates reach us as NRI UpdateContainer events or are re-read on the next
+full inventory after a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from typing import Any, Protocol
+
+import grpc
+
+from ..cri import api_pb2 as cri
+from ..cri.client import AsyncCRI
+from ..nri import api_pb2 as api
+
+log = logging.getLogger("nriplugin.inventory")
+
+MAX_INFO = 1 << 20  # bytes of verbose status JSON we are willing to parse per object
+_STATE = {
+    cri.CONTAINER_CREATED: api.CONTAINER_CREATED,
+    cri.CONTAINER_RUNNING: api.CONTAINER_RUNNING,
+    cri.CONTAINER_EXITED: api.CONTAINER_STOPPED,
+}
+
+
+class BadStatus(ValueError):
+    """The runtime's verbose status lacks what we need (or is not the JSON we know)."""
+
+
+def _info(resp: Any) -> dict[str, Any]:
+    raw = resp.info.get("info", "")
+    if not raw:
+        raise BadStatus("no verbose info (is this containerd?)")
+    if len(raw) > MAX_INFO:
+        raise BadStatus(f"verbose info larger than {MAX_INFO} bytes")
+    try:
+        info = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise BadStatus(f"verbose info is not JSON: {exc.msg}") from exc
+    except RecursionError as exc:
+        raise BadStatus("verbose info is nested too deeply") from exc
+    if not isinstance(info, dict):
+        raise BadStatus("verbose info is not an object")
+    return info
+
+
+def _get(obj: Any, *keys: str) -> Any:
+    for k in keys:
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(k)
+    return obj
+
+
+def _uint(value: Any, bits: int = 64) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < (1 << bits) else None
+
+
+def _int64(value: Any) -> int | None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value < (1 << 63)
+    return value if ok else None
+
+
+def pod_from_cri(sandbox: Any, info: dict[str, Any]) -> api.PodSandbox:
+    """A CRI PodSandbox (+ its verbose info) as the NRI PodSandbox the hooks would see."""
+    parent = _get(info, "config", "linux", "cgroup_parent")
+    if not isinstance(parent, str):
+        raise BadStatus(f"pod {sandbox.id[:12]}: no cgroup parent in its status")
+    pod = api.PodSandbox(
+        id=sandbox.id,
+        name=sandbox.metadata.name,
+        uid=sandbox.metadata.uid,
+        namespace=sandbox.metadata.namespace,
+        labels=dict(sandbox.labels),
+        annotations=dict(sandbox.annotations),
+        runtime_handler=sandbox.runtime_handler,
+    )
+    pod.linux.cgroup_parent = parent
+    path = _get(info, "runtimeSpec", "linux", "cgroupsPath")
+    if isinstance(path, str):
+        pod.linux.cgroups_path = path
+    pid = _uint(info.get("pid"), 32)
+    if pid:
+        pod.pid = pid
+    return pod
+
+
+def container_from_cri(container: Any, info: dict[str, Any]) -> api.Container:
+    """A CRI Container (+ its verbose info: the OCI spec the runtime runs it with, which has
+    NRI's adjustments in it) as the NRI Container a Synchronize would carry."""
+    path = _get(info, "runtimeSpec", "linux", "cgroupsPath")
+    if not isinstance(path, str) or not path:
+        raise BadStatus(f"container {container.id[:12]}: no cgroups path in its status")
+    c = api.Container(
+        id=container.id,
+        pod_sandbox_id=container.pod_sandbox_id,
+        name=container.metadata.name,
+        state=_STATE.get(container.state, api.CONTAINER_UNKNOWN),
+        labels=dict(container.labels),
+        annotations=dict(container.annotations),
+    )
+    c.linux.cgroups_path = path
+    pid = _uint(info.get("pid"), 32)
+    if pid:
+        c.pid = pid
+    res = _get(info, "runtimeSpec", "linux", "resources")
+    if isinstance(res, dict):
+        cpu, mem, out = res.get("cpu") or {}, res.get("memory") or {}, c.linux.resources
+        if isinstance(cpu, dict):
+            if (v := _uint(cpu.get("shares"))) is not None:
+                out.cpu.shares.value = v
+            if (q := _int64(cpu.get("quota"))) is not None:
+                out.cpu.quota.value = q
+            if (v := _uint(cpu.get("period"))) is not None:
+                out.cpu.period.value = v
+            if isinstance(cpu.get("cpus"), str):
+                out.cpu.cpus = cpu["cpus"]
+            if isinstance(cpu.get("mems"), str):
+                out.cpu.mems = cpu["mems"]
+        if isinstance(mem, dict) and (lim := _int64(mem.get("limit"))) is not None:
+            out.memory.limit.value = lim
+    return c
+
+
+class Adopter(Protocol):
+    """What takes the inventory (the QoS plugin)."""
+
+    def adopt(self, pods: list[api.PodSandbox], containers: list[api.Container]) -> int: ...
+    def prune(self, live: set[str], listed_at: float) -> int: ...
+
+
+RETRY_MIN, RETRY_MAX = 0.5, 30.0  # seconds between attempts while the CRI socket does not answer
+CHUNK = 64  # containers adopted per event-loop turn: hooks are answered in between
+
+
+class CriInventory:
+    """Lists the runtime's pods and containers and hands them to the adopter: at start, every
+    ``period`` seconds, and soon after ``kick()`` (a new cgroup directory nobody told us about)."""
+
+    def __init__(self, client: AsyncCRI, adopter: Adopter, period: float = 60.0, min_interval: float = 0.2) -> None:
+        self.client = client
+        self.adopter = adopter
+        self.period = period
+        self.min_interval = min_interval  # a burst of new directories costs one inventory
+        self._pods: dict[str, api.PodSandbox] = {}
+        self._containers: dict[str, tuple[int, api.Container]] = {}  # id -> (CRI state, converted)
+        self._kicked = asyncio.Event()
+        self._available: bool | None = None
+        self.passes = 0
+        self.errors = 0
+
+    def kick(self) -> None:
+        self._kicked.set()
+
+    async def snapshot(self) -> tuple[list[api.PodSandbox], list[api.Container], float]:
+        """The runtime's ready pods and created/running containers, and when the listing began."""
+        listed_at = time.monotonic()
+        ready = cri.PodSandboxStateValue(state=cri.SANDBOX_READY)
+        sandboxes = (await self.client.call("ListPodSandbox", cri.ListPodSandboxRequest(filter={"state": ready}))).items
+        containers = (await self.client.call("ListContainers", cri.ListContainersRequest())).containers
+        pods: list[api.PodSandbox] = []
+        for sb in sandboxes:
+            pod = self._pods.get(sb.id)
+            if pod is None:
+                try:
+                    resp = await self.client.call(
+                        "PodSandboxStatus", cri.PodSandboxStatusRequest(pod_sandbox_id=sb.id, verbose=True)
+                    )
+                    pod = self._pods[sb.id] = pod_from_cri(sb, _info(resp))
+                except (BadStatus, grpc.RpcError) as exc:
+                    log.warning("inventory: skipping pod %s/%s: %s", sb.metadata.namespace, sb.metadata.name, exc)
+                    continue
+            pods.append(pod)
+        out: list[api.Container] = []
+        for ct in containers:
+            if ct.state not in (cri.CONTAINER_CREATED, cri.CONTAINER_RUNNING):
+                continue
+            cached = self._containers.get(ct.id)
+            if cached is None or cached[0] != ct.state:  # started since: now it has a pid
+                try:
+                    resp = await self.client.call(
+                        "ContainerStatus", cri.ContainerStatusRequest(container_id=ct.id, verbose=True)
+                    )
+                    cached = self._containers[ct.id] = (ct.state, container_from_cri(ct, _info(resp)))
+                except (BadStatus, grpc.RpcError) as exc:
+                    log.warning("inventory: skipping container %s: %s", ct.id[:12], exc)
+                    continue
+            out.append(cached[1])
+        live_pods, live = {p.id for p in pods}, {c.id for c in out}
+        self._pods = {k: v for k, v in self._pods.items() if k in live_pods}
+        self._containers = {k: v for k, v in self._containers.items() if k in live}
+        return pods, out, listed_at
+
+    async def run_once(self) -> bool:
+        try:
+            pods, containers, listed_at = await self.snapshot()
+        except grpc.RpcError as exc:
+            self.errors += 1
+            if self._available is not False:
+                log.warning(
+                    "inventory: the runtime's CRI socket %s is not answering: %s", self.client.socket_path, _brief(exc)
+                )
+            self._available = False
+            return False
+        if self._available is not True:
+            log.info("inventory: %d pods, %d containers from CRI", len(pods), len(containers))
+        self._available = True
+        self.passes += 1
+        for i in range(0, max(len(containers), 1), CHUNK):
+            self.adopter.adopt(pods, containers[i : i + CHUNK])
+            await asyncio.sleep(0)
+        self.adopter.prune({c.id for c in containers} | {f"pod:{p.id}" for p in pods}, listed_at)
+        return True
+
+    async def run(self) -> None:
+        retry = RETRY_MIN
+        while True:
+            if await self.run_once():
+                wait, retry = self.period, RETRY_MIN
+            else:  # the runtime is (re)starting: try again soon, then less often
+                wait, retry = min(retry, self.period), min(retry * 2, RETRY_MAX)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kicked.wait(), timeout=wait)
+            self._kicked.clear()
+            await asyncio.sleep(self.min_interval)
+
+
+def _brief(exc: grpc.RpcError) -> str:
+    code = exc.code() if hasattr(exc, "code") else None
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    return f"{code.name if code is not None else 'error'}: {(details or '')[:200]}"
