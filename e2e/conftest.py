@@ -80,6 +80,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def scrape(port: int, name: str) -> float:
+    """One sample (``name`` or ``name{labels}``) from an agent's /metrics; 0 if absent."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            body = r.read().decode()
+    except OSError:
+        return 0.0
+    for line in body.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 def runtime_args(rt: harness.Containerd) -> list[str]:
     """Where nriplugin finds this runtime's CRI socket and pod cgroups."""
     return ["--cri-socket", rt.address, "--pods-root", f"{rt.cgroup_root}/kubepods"]
@@ -127,11 +140,7 @@ class PluginProcess:
         raise TimeoutError(f"nriplugin not ready: {self.logs()[-3000:]}")
 
     def metric(self, name: str) -> float:
-        _, body = self.get("/metrics")
-        for line in body.splitlines():
-            if line.startswith(name + " ") or line.startswith(name + "{"):
-                return float(line.rsplit(" ", 1)[1])
-        return 0.0
+        return scrape(self.port, name)
 
     def logs(self) -> str:
         return Path(self.log.name).read_text(errors="replace")

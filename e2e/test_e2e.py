@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 import pytest
 
-from e2e.conftest import PluginProcess, free_port, runtime_args
+from e2e.conftest import PluginProcess, free_port, runtime_args, scrape
 from e2e.cri import msg
 from e2e.harness import Containerd, read_cgroup
 from nriplugin.cli import install
@@ -337,6 +337,7 @@ def test_preregistered_plugin_converges_from_the_runtime_alone(runtime_factory: 
     rt.cri.call("StartContainer", msg("StartContainerRequest", container_id=waiting))
     later = rt.container_cgroup(be, waiting)
     _converge({(later, "cpu.shares"): "512", (later, "cpu.cfs_quota_us"): "100000"})
+    assert scrape(port, 'nriplugin_inventory_containers_total{change="adopted"}') == 3
     # containerd crashes (its plugin goes with it); someone changes a value meanwhile.
     assert rt.proc is not None
     plugins = _children(rt.proc.pid)
@@ -358,4 +359,36 @@ def _converge(want: dict[tuple[Path, str], str], timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while any(read_cgroup(d, f) != v for (d, f), v in want.items()):
         assert time.monotonic() < deadline, {f"{d.name[:12]}/{f}": read_cgroup(d, f) for (d, f) in want}
+        time.sleep(0.05)
+
+
+def test_without_nri_new_containers_converge_from_cri_and_the_cgroup_tree(
+    runtime_factory: Callable[..., Containerd], plugin_factory: Callable[..., PluginProcess]
+) -> None:
+    """containerd with NRI off: no hooks at all. A new pod/container cgroup under the pod root
+    makes the agent ask CRI what it is; once the runtime shows it running it converges, in
+    about a second rather than at the next 60 s pass."""
+    rt = runtime_factory(nri=False)
+    plugin = plugin_factory(rt, "--resync-seconds", "3600", wait=False)
+    deadline = time.monotonic() + 20
+    while plugin.metric('nriplugin_inventory_passes_total{outcome="ok"}') < 1:
+        assert time.monotonic() < deadline, plugin.logs()[-2000:]
+        time.sleep(0.05)
+    assert plugin.get("/readyz")[0] == 503  # never registered: there is no NRI
+    be = rt.run_pod("batch", "BestEffort", BE, {"node.koordinator.sh/extended-resource-spec": BATCH})
+    t0 = time.monotonic()
+    be_c = rt.create_container(be, "main", cpu_shares=2)
+    cpu = rt.container_cgroup(be, be_c)
+    _converge({(cpu, "cpu.shares"): "512", (cpu, "cpu.cfs_quota_us"): "100000"}, timeout=10)
+    print(f"converged {time.monotonic() - t0:.2f} s after CreateContainer, without NRI")
+    assert plugin.metric('nriplugin_inventory_containers_total{change="adopted"}') == 1
+    # Removed while nobody tells us: forgotten at the next inventory.
+    assert rt.cri is not None
+    rt.cri.call("StopContainer", msg("StopContainerRequest", container_id=be_c, timeout=0))
+    rt.cri.call("RemoveContainer", msg("RemoveContainerRequest", container_id=be_c))
+    other = rt.run_pod("other", "BestEffort", BE)  # a new pod directory kicks the inventory
+    rt.create_container(other, "main", cpu_shares=2)
+    deadline = time.monotonic() + 10
+    while plugin.metric('nriplugin_inventory_containers_total{change="forgotten"}') < 1:
+        assert time.monotonic() < deadline
         time.sleep(0.05)

@@ -194,13 +194,15 @@ async def run(ns: argparse.Namespace) -> int:
         [runner, asyncio.ensure_future(stub.ready.wait())], timeout=1.0, return_when=asyncio.FIRST_COMPLETED
     )
     from . import http
-    from .metrics import Metrics, ReconcilerMetrics, StubMetrics
+    from .metrics import InventoryMetrics, Metrics, ReconcilerMetrics, StubMetrics
 
     metrics = Metrics()
     observer = StubMetrics(metrics)
     early.replay(observer)
     stub.observer = observer
     reconciler.observer = ReconcilerMetrics(metrics)
+    if inventory is not None:
+        inventory.observer = InventoryMetrics(metrics)
     for reason in invalid:
         metrics.invalid_input.labels(reason).inc()
     plugin.on_invalid = lambda reason: metrics.invalid_input.labels(reason).inc()

@@ -199,6 +199,8 @@ AGENT_METRICS = {
     "nriplugin_repaired_total": "repaired",
     "nriplugin_conflicts_total": "conflicts",
     "nriplugin_write_errors_total": "writeErrors",
+    "nriplugin_inventory_passes_total": "criInventory",
+    "nriplugin_inventory_containers_total": "criInventoryContainers",
 }
 
 

@@ -91,6 +91,18 @@ class Metrics:
             "nriplugin_conflicts_total", "Files another writer keeps reverting.", ["resource"], registry=r
         )
         self.policy_version = Gauge("nriplugin_policy_version", "Version of the policy in force.", registry=r)
+        self.inventory = Counter(
+            "nriplugin_inventory_passes_total",
+            "CRI inventories taken, by outcome (ok, unavailable).",
+            ["outcome"],
+            registry=r,
+        )
+        self.inventory_changes = Counter(
+            "nriplugin_inventory_containers_total",
+            "Containers adopted from CRI (unknown to NRI) or forgotten (gone from the runtime).",
+            ["change"],
+            registry=r,
+        )
         for s in STATES:
             self.connection_state.labels(s).set(1 if s == "disconnected" else 0)
 
@@ -150,3 +162,17 @@ class ReconcilerMetrics:
         self.m.reconcile_pass.observe(seconds)
         self.m.reconcile_pass_cpu.inc(cpu_seconds)
         self.m.reconcile_entries.set(entries)
+
+
+class InventoryMetrics:
+    """Implements the CRI inventory's observer on :class:`Metrics`."""
+
+    def __init__(self, m: Metrics) -> None:
+        self.m = m
+
+    def inventory_done(self, ok: bool, adopted: int, forgotten: int) -> None:
+        self.m.inventory.labels("ok" if ok else "unavailable").inc()
+        if adopted:
+            self.m.inventory_changes.labels("adopted").inc(adopted)
+        if forgotten:
+            self.m.inventory_changes.labels("forgotten").inc(forgotten)

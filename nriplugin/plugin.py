@@ -206,8 +206,15 @@ class QoSPlugin(Plugin):
             self._write(
                 paths.container_dir(container.linux.cgroups_path, pod.linux.cgroup_parent, container.id), extra, who
             )
-        if self.reconciler is not None:
-            self.reconciler.track(pod, container)
+        rec = self.reconciler
+        if rec is not None:
+            rec.track(pod, container)
+            # runc has built the cgroup; converge whatever NRI did not carry at creation (a
+            # container created before we were there) right after this answer.
+            try:
+                asyncio.get_running_loop().call_soon(rec.check, container.id)
+            except RuntimeError:  # no loop (explain, tests)
+                rec.check(container.id)
         # Not started yet: its one task is the init process; everything it forks inherits
         # both its resctrl group and its core scheduling cookie.
         group = intent.values.get("resctrl.group")
@@ -350,8 +357,10 @@ class QoSPlugin(Plugin):
         for c in containers:
             pod = by_id.get(c.pod_sandbox_id)
             if pod is not None and c.state in (api.CONTAINER_CREATED, api.CONTAINER_RUNNING):
-                rec.track(pod, c)
-                self._join_existing_tasks(pod, c)
+                # not started yet: left alone until its StartContainer
+                rec.track(pod, c, pending=c.state == api.CONTAINER_CREATED)
+                if c.state == api.CONTAINER_RUNNING:
+                    self._join_existing_tasks(pod, c)
         for pod in pods:
             rec.track(pod, None)
         rec.full_pass()
@@ -383,7 +392,13 @@ class QoSPlugin(Plugin):
                 rec.check(key)
         for c in containers:
             pod = by_id.get(c.pod_sandbox_id)
-            if pod is None or c.id in rec.entries or c.state not in (api.CONTAINER_CREATED, api.CONTAINER_RUNNING):
+            if pod is None or c.state not in (api.CONTAINER_CREATED, api.CONTAINER_RUNNING):
+                continue
+            known = rec.entries.get(c.id)
+            if known is not None:
+                if known.pending and c.state == api.CONTAINER_RUNNING:  # started, with no hook to say so
+                    rec.activate(c.id)
+                    self._join_existing_tasks(pod, c)
                 continue
             try:
                 intent = self.intent(pod, c)
@@ -391,19 +406,26 @@ class QoSPlugin(Plugin):
                 log.warning("%s", exc)
                 continue
             self._track(pod, c, intent)
-            rec.track(pod, c)
+            # Not started: runc may be building its cgroup now; it is converged once it runs.
+            rec.track(pod, c, pending=c.state == api.CONTAINER_CREATED)
             if c.id in rec.entries:
-                rec.check(c.id)  # a CREATED container has no cgroup yet: converged when it appears
+                rec.check(c.id)
                 adopted += 1
-                if intent is not None:
+                if intent is not None and c.state == api.CONTAINER_RUNNING:
                     self._join_existing(pod, c, intent)
         if adopted:
             log.info("adopted %d containers from the runtime's inventory", adopted)
         return adopted
 
+    def pending(self) -> int:
+        """Containers created but not yet seen started (the inventory looks again soon)."""
+        rec = self.reconciler
+        return 0 if rec is None else sum(1 for e in rec.entries.values() if e.pending)
+
     def prune(self, live: set[str], listed_at: float) -> int:
         """Forget tracked containers and pods (``pod:<id>``) the runtime no longer has: a
-        removal we missed while disconnected. Entries tracked after the listing began stay."""
+        removal we missed while disconnected. Entries tracked after the listing began stay.
+        Returns how many containers were forgotten."""
         rec = self.reconciler
         if rec is None:
             return 0
@@ -412,7 +434,9 @@ class QoSPlugin(Plugin):
             rec.forget(key)
             self.sharers.discard(key)
             self.cpus.release(key)  # the share pool grows; the reconciler rewrites the sharers' cpusets
-        return len(gone)
+        if gone:
+            log.info("forgot %d containers/pods the runtime no longer has", len(gone))
+        return sum(1 for k in gone if not k.startswith("pod:"))
 
     def _write_all(self, writes: list[tuple[str, dict[str, int | str], str]]) -> None:
         for group, values, who in writes:

@@ -45,6 +45,7 @@ def test_daemonset_matches_cli_and_cluster() -> None:
     mounts = {m["name"]: m["mountPath"] for m in ctr["volumeMounts"]}
     vols = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
     assert mounts["nri"] == vols["nri"] == str(Path(args.socket).parent)
+    assert mounts["cri"] == vols["cri"] == args.cri_socket  # the inventory's CRI socket is there
     port = args.metrics_address[1]
     assert ctr["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port}
     assert ctr["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port}

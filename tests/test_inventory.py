@@ -178,6 +178,9 @@ class Taker:
         self.pruned.append(live)
         return 0
 
+    def pending(self) -> int:
+        return 0
+
 
 @pytest.fixture
 def sock() -> Iterator[str]:
@@ -287,7 +290,7 @@ def test_adopt_converges_unknown_containers_and_prune_forgets_removed_ones(top: 
             listed_at = time.monotonic()
             late = make_container(3, pods[0])
             rec.track(pods[0], late)
-            assert plugin.prune({ctrs[0].id, f"pod:{pods[0].id}"}, listed_at) == 2
+            assert plugin.prune({ctrs[0].id, f"pod:{pods[0].id}"}, listed_at) == 1  # containers
             assert ctrs[1].id not in rec.entries and f"pod:{pods[1].id}" not in rec.entries
             assert late.id in rec.entries and ctrs[0].id in rec.entries
         finally:
@@ -309,7 +312,6 @@ def test_new_directories_are_noticed(top: str) -> None:
     before its cgroup existed (adopted while CREATED) converges as soon as runc makes it."""
 
     async def main() -> None:
-        (ROOT / "cpu" / top / "kubepods" / "besteffort").mkdir(parents=True)
         seen: list[str] = []
         plugin = QoSPlugin(cgroups=Cgroups(ROOT))
         rec = Reconciler(
@@ -323,26 +325,44 @@ def test_new_directories_are_noticed(top: str) -> None:
         plugin.reconciler = rec
         rec.start(asyncio.get_running_loop())
         try:
-            # Unknown: reported, pod first, then its container.
+            # The pod root does not exist yet (the agent started before kubelet): it is
+            # awaited; made in one go with a pod in it, it is reported, then the pod's
+            # containers are.
+            assert not (ROOT / "cpu" / top).exists()
             mkdirs(f"{top}/kubepods/besteffort/pod9")
-            await until(lambda: f"{top}/kubepods/besteffort/pod9" in seen)
+            await until(lambda: f"{top}/kubepods" in seen)
             cid = "9" * 64
             mkdirs(f"{top}/kubepods/besteffort/pod9/{cid}")
             await until(lambda: f"{top}/kubepods/besteffort/pod9/{cid}" in seen)
-            # Known before it exists: the pod and its container appear in one go (mkdir -p,
-            # faster than our watch on the new pod directory) and still converge.
+            # Known (adopted) but not started: while runc builds its cgroup (the pod and the
+            # container appear in one go, faster than our watch on the new pod directory)
+            # nothing is touched, because runc reads back what it writes and would fail the
+            # start; once the runtime shows it running, it converges.
             pod = be_pod(7, top)
             ctr = make_container(7, pod)
             ctr.state = api.CONTAINER_CREATED
             plugin.adopt([pod], [ctr])
-            assert ctr.id in rec.entries
+            assert ctr.id in rec.entries and plugin.pending() == 1
             proc = subprocess.Popen(["sleep", "30"])
             try:
                 mkdirs(ctr.linux.cgroups_path)
                 (ROOT / "cpu" / ctr.linux.cgroups_path.lstrip("/") / "cgroup.procs").write_text(str(proc.pid))
-                await until(lambda: read(ctr.linux.cgroups_path, "cpu.shares") == "512")
+                (ROOT / "cpu" / ctr.linux.cgroups_path.lstrip("/") / "cpu.shares").write_text("2")  # runc
+                await asyncio.sleep(0.2)
+                assert read(ctr.linux.cgroups_path, "cpu.shares") == "2"  # runc's value, not fought
+                ctr.state = api.CONTAINER_RUNNING
+                plugin.adopt([pod], [ctr])
+                assert plugin.pending() == 0
+                assert read(ctr.linux.cgroups_path, "cpu.shares") == "512"
                 assert read(ctr.linux.cgroups_path, "cpu.cfs_quota_us") == "100000"
-                assert rec.passes == 0  # inotify did it, not a full pass
+                (ROOT / "cpu" / ctr.linux.cgroups_path.lstrip("/") / "cpu.shares").write_text("1024")
+                await until(lambda: read(ctr.linux.cgroups_path, "cpu.shares") == "512")  # watched now
+                # A container tracked (not pending) before its cgroup exists converges when it appears.
+                ctr2 = make_container(8, pod)
+                rec.track(pod, ctr2)
+                mkdirs(ctr2.linux.cgroups_path)
+                await until(lambda: read(ctr2.linux.cgroups_path, "cpu.shares") == "512")
+                assert rec.passes == 0  # inotify and the inventory did it, not a full pass
             finally:
                 proc.kill()
                 proc.wait()

@@ -136,14 +136,25 @@ def container_from_cri(container: Any, info: dict[str, Any]) -> api.Container:
     return c
 
 
+class InventoryObserver(Protocol):
+    def inventory_done(self, ok: bool, adopted: int, forgotten: int) -> None: ...
+
+
+class _Quiet:
+    def inventory_done(self, ok: bool, adopted: int, forgotten: int) -> None:
+        pass
+
+
 class Adopter(Protocol):
     """What takes the inventory (the QoS plugin)."""
 
     def adopt(self, pods: list[api.PodSandbox], containers: list[api.Container]) -> int: ...
+    def pending(self) -> int: ...
     def prune(self, live: set[str], listed_at: float) -> int: ...
 
 
 RETRY_MIN, RETRY_MAX = 0.5, 30.0  # seconds between attempts while the CRI socket does not answer
+PENDING_RECHECK = 0.5  # seconds: look again while adopted containers have not started
 CHUNK = 64  # containers adopted per event-loop turn: hooks are answered in between
 
 
@@ -154,6 +165,7 @@ class CriInventory:
     def __init__(self, client: AsyncCRI, adopter: Adopter, period: float = 60.0, min_interval: float = 0.2) -> None:
         self.client = client
         self.adopter = adopter
+        self.observer: InventoryObserver = _Quiet()
         self.period = period
         self.min_interval = min_interval  # a burst of new directories costs one inventory
         self._pods: dict[str, api.PodSandbox] = {}
@@ -215,15 +227,18 @@ class CriInventory:
                     "inventory: the runtime's CRI socket %s is not answering: %s", self.client.socket_path, _brief(exc)
                 )
             self._available = False
+            self.observer.inventory_done(False, 0, 0)
             return False
         if self._available is not True:
             log.info("inventory: %d pods, %d containers from CRI", len(pods), len(containers))
         self._available = True
         self.passes += 1
+        adopted = 0
         for i in range(0, max(len(containers), 1), CHUNK):
-            self.adopter.adopt(pods, containers[i : i + CHUNK])
+            adopted += self.adopter.adopt(pods, containers[i : i + CHUNK])
             await asyncio.sleep(0)
-        self.adopter.prune({c.id for c in containers} | {f"pod:{p.id}" for p in pods}, listed_at)
+        forgotten = self.adopter.prune({c.id for c in containers} | {f"pod:{p.id}" for p in pods}, listed_at)
+        self.observer.inventory_done(True, adopted, forgotten)
         return True
 
     async def run(self) -> None:
@@ -231,6 +246,8 @@ class CriInventory:
         while True:
             if await self.run_once():
                 wait, retry = self.period, RETRY_MIN
+                if self.adopter.pending():
+                    wait = min(wait, PENDING_RECHECK)
             else:  # the runtime is (re)starting: try again soon, then less often
                 wait, retry = min(retry, self.period), min(retry * 2, RETRY_MAX)
             with contextlib.suppress(TimeoutError):

@@ -46,6 +46,10 @@ class Entry:
     group: str  # relative cgroup path
     cache: tuple[object, dict[str, int | str]] | None = None  # (state version, desired values)
     since: float = field(default_factory=time.monotonic)  # when it was tracked
+    # Created but not started: runc may be building its cgroup right now, and it reads back
+    # what it writes (cpu.shares): touching the files then fails the container's start. Left
+    # alone until the runtime says the task exists (StartContainer, or CRI shows it running).
+    pending: bool = False
 
 
 @dataclass
@@ -114,10 +118,11 @@ class Reconciler:
         self.roots = [r.strip("/") for r in roots if r.strip("/")]
         self.on_new_dir = on_new_dir
         self._new_dirs: dict[str, int] = {}  # directories watched for new children -> depth left
+        self._awaiting: dict[str, set[str]] = {}  # existing ancestor -> pod roots not created yet
 
     # inventory -------------------------------------------------------------------------------
 
-    def track(self, pod: api.PodSandbox, container: api.Container | None) -> None:
+    def track(self, pod: api.PodSandbox, container: api.Container | None, pending: bool = False) -> None:
         try:
             if container is None:
                 key, group = f"pod:{pod.id}", paths.pod_dir(pod.linux.cgroup_parent)
@@ -127,8 +132,21 @@ class Reconciler:
         except paths.BadCgroupPath as exc:
             log.warning("not tracking %s/%s: %s", pod.namespace, pod.name, exc)
             return
-        self.entries[key] = Entry(pod, container, group)
+        self.entries[key] = Entry(pod, container, group, pending=pending and container is not None)
+        if self.entries[key].pending:
+            for d in self._dirs(group):
+                self.by_dir[str(d)] = key
+        else:
+            self._watch_entry(key)
+
+    def activate(self, key: str) -> int:
+        """A pending container's task exists now: watch it and converge it; returns repairs."""
+        entry = self.entries.get(key)
+        if entry is None:
+            return 0
+        entry.pending = False
         self._watch_entry(key)
+        return self.check(key)
 
     def _watch_entry(self, key: str) -> None:
         entry = self.entries[key]
@@ -169,7 +187,7 @@ class Reconciler:
     def check(self, key: str, only: str | None = None, event_time: float | None = None) -> int:
         """Compare one entry's files with its desired values and repair; returns repairs made."""
         entry = self.entries.get(key)
-        if entry is None:
+        if entry is None or entry.pending:
             return 0
         try:
             want = self.desired(entry)
@@ -243,14 +261,31 @@ class Reconciler:
         if self._watch_enabled:
             self._inotify = Inotify()
             loop.add_reader(self._inotify.fd, self._on_readable)
-            for key in list(self.entries):
-                self._watch_entry(key)
+            for key, entry in list(self.entries.items()):
+                if not entry.pending:
+                    self._watch_entry(key)
             for root in self.roots:
-                try:
-                    self._watch_tree(self.cgroups.group_dir(root), depth=2)
-                except PermissionError as exc:
-                    log.warning("not watching pod root %s: %s", root, exc)
+                self._watch_root(root)
         self._task = loop.create_task(self._resync())
+
+    def _watch_root(self, root: str) -> bool:
+        """Watch a pod root's tree, or, while it does not exist yet (the agent started before
+        kubelet made it), its deepest existing ancestor, to come back when it appears."""
+        try:
+            d = self.cgroups.group_dir(root)
+            top = self.cgroups.group_dir("")
+        except PermissionError as exc:
+            log.warning("not watching pod root %s: %s", root, exc)
+            return False
+        if d.is_dir():
+            self._watch_tree(d, depth=2)
+            return True
+        anc = d.parent
+        while anc != top and not anc.is_dir():
+            anc = anc.parent
+        self._awaiting.setdefault(str(anc), set()).add(root)
+        self._add_watch(anc, IN_CREATE)
+        return False
 
     def _watch_tree(self, d: Path, depth: int) -> None:
         """Watch ``d`` for new directories, and its existing non-container subdirectories down
@@ -279,6 +314,7 @@ class Reconciler:
         self._watches.clear()
         self._masks.clear()
         self._new_dirs.clear()
+        self._awaiting.clear()
 
     def _add_watch(self, d: Path, mask: int = IN_MODIFY) -> bool:
         """Watch ``d`` (IN_MODIFY: our own reads of thousands of files wake nothing). A
@@ -286,7 +322,7 @@ class Reconciler:
         if self._inotify is None:
             return False
         path = str(d)
-        if path in self._new_dirs:
+        if path in self._new_dirs or path in self._awaiting:
             mask |= IN_CREATE
         wd = self._watches.get(path)
         if wd is not None and wd in self._inotify.paths and mask == self._masks.get(path):
@@ -300,7 +336,7 @@ class Reconciler:
             return False
 
     def _remove_watch(self, d: Path) -> None:
-        if str(d) in self._new_dirs:
+        if str(d) in self._new_dirs or str(d) in self._awaiting:
             return  # a pod root or QoS directory: still wanted for new children
         self._masks.pop(str(d), None)
         wd = self._watches.pop(str(d), None)
@@ -323,8 +359,15 @@ class Reconciler:
                 self._on_change(f"{d}/{name}", now)
 
     def _on_new_dir(self, d: Path) -> None:
+        waiting = self._awaiting.pop(str(d.parent), None)
+        if waiting:  # a step towards a pod root that did not exist
+            for root in waiting:
+                if self._watch_root(root) and self.on_new_dir is not None:
+                    self.on_new_dir(root)  # what it holds by now was made before our watch
         key = self.by_dir.get(str(d))
         if key is not None and key in self.entries:  # tracked before its cgroup existed
+            if self.entries[key].pending:
+                return  # runc is building it: StartContainer or the inventory activates it
             self._watch_entry(key)
             self.check(key)
             if key.startswith("pod:"):
