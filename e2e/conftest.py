@@ -142,6 +142,15 @@ class PluginProcess:
     def metric(self, name: str) -> float:
         return scrape(self.port, name)
 
+    def metric_sum(self, family: str) -> float:
+        """All samples of a metric family, whatever their labels."""
+        _, body = self.get("/metrics")
+        return sum(
+            float(ln.rsplit(" ", 1)[1])
+            for ln in body.splitlines()
+            if ln.startswith(family + "{") or ln.startswith(family + " ")
+        )
+
     def logs(self) -> str:
         return Path(self.log.name).read_text(errors="replace")
 

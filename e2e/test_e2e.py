@@ -230,6 +230,8 @@ def test_features_land_in_the_real_cgroups(
     bad_c = runtime.create_container(bad, "main", cpu_shares=1024)
     assert read_cgroup(runtime.container_cgroup(bad, bad_c), "cpu.shares") == "2"
     assert plugin.metric('nriplugin_invalid_input_total{reason="batchResource"}') >= 1
+    time.sleep(0.3)  # the reconciler's first look at the new containers, after StartContainer
+    assert plugin.metric_sum("nriplugin_repaired_total") == 0  # born right: nothing to repair
     if not (cpu / "cpu.idle").exists():
         return
     assert read_cgroup(cpu, "cpu.idle") == "0"
@@ -367,7 +369,8 @@ def test_without_nri_new_containers_converge_from_cri_and_the_cgroup_tree(
 ) -> None:
     """containerd with NRI off: no hooks at all. A new pod/container cgroup under the pod root
     makes the agent ask CRI what it is; once the runtime shows it running it converges, in
-    about a second rather than at the next 60 s pass."""
+    well under a second rather than at the next 60 s pass. The same for a container
+    recreated with a new id; the old one is forgotten."""
     rt = runtime_factory(nri=False)
     plugin = plugin_factory(rt, "--resync-seconds", "3600", wait=False)
     deadline = time.monotonic() + 20
@@ -382,12 +385,15 @@ def test_without_nri_new_containers_converge_from_cri_and_the_cgroup_tree(
     _converge({(cpu, "cpu.shares"): "512", (cpu, "cpu.cfs_quota_us"): "100000"}, timeout=10)
     print(f"converged {time.monotonic() - t0:.2f} s after CreateContainer, without NRI")
     assert plugin.metric('nriplugin_inventory_containers_total{change="adopted"}') == 1
-    # Removed while nobody tells us: forgotten at the next inventory.
+    # Recreated with a new id (kubelet restarting it), nobody telling us: the new one
+    # converges, the old one is forgotten.
     assert rt.cri is not None
     rt.cri.call("StopContainer", msg("StopContainerRequest", container_id=be_c, timeout=0))
     rt.cri.call("RemoveContainer", msg("RemoveContainerRequest", container_id=be_c))
-    other = rt.run_pod("other", "BestEffort", BE)  # a new pod directory kicks the inventory
-    rt.create_container(other, "main", cpu_shares=2)
+    again = rt.create_container(be, "main", cpu_shares=2)
+    cpu = rt.container_cgroup(be, again)
+    _converge({(cpu, "cpu.shares"): "512", (cpu, "cpu.cfs_quota_us"): "100000"}, timeout=10)
+    assert plugin.metric('nriplugin_inventory_containers_total{change="adopted"}') == 2
     deadline = time.monotonic() + 10
     while plugin.metric('nriplugin_inventory_containers_total{change="forgotten"}') < 1:
         assert time.monotonic() < deadline
