@@ -145,6 +145,7 @@ class Cgroups:
     def __post_init__(self) -> None:
         self.root = Path(self.root)
         self._dirs: dict[tuple[str, str], Path] = {}
+        self._real_bases: dict[Path, str] = {}
         if self.version is None:
             self.version = detect_version(self.root)
 
@@ -178,9 +179,10 @@ class Cgroups:
             self._dirs[key] = d
         return d
 
-    @staticmethod
-    def _contained(base: Path, path: Path) -> Path:
-        real_base = os.path.realpath(base)
+    def _contained(self, base: Path, path: Path) -> Path:
+        real_base = self._real_bases.get(base)
+        if real_base is None:  # a hierarchy root (cpu -> cpu,cpuacct): resolved once
+            real_base = self._real_bases[base] = os.path.realpath(base)
         real = os.path.realpath(path)
         if real != real_base and not real.startswith(real_base + os.sep):
             raise PermissionError(f"refusing {path}: resolves outside {base}")

@@ -155,7 +155,7 @@ class Adopter(Protocol):
 
 RETRY_MIN, RETRY_MAX = 0.5, 30.0  # seconds between attempts while the CRI socket does not answer
 PENDING_RECHECK = 0.5  # seconds: look again while adopted containers have not started
-CHUNK = 64  # containers adopted per event-loop turn: hooks are answered in between
+CHUNK = 16  # containers adopted per event-loop turn (~30 ms): hooks are answered in between
 
 
 class CriInventory:
