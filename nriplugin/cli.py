@@ -166,7 +166,9 @@ async def run(ns: argparse.Namespace) -> int:
         from .cri.client import AsyncCRI
         from .reconciler.cri_inventory import CriInventory
 
-        inventory = CriInventory(AsyncCRI(ns.cri_socket), plugin, period=ns.resync_seconds)
+        inventory = CriInventory(
+            AsyncCRI(ns.cri_socket), plugin, period=ns.resync_seconds, hooks_live=stub.ready.is_set
+        )
 
     def on_new_dir(group: str) -> None:
         # With NRI up, the hooks tell us about every new container; without it, ask the runtime.

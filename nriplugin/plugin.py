@@ -326,7 +326,8 @@ class QoSPlugin(Plugin):
             ):
                 updates.append(u)
             extra = file_only(intent)
-            if extra and self.cgroups.version is Version.V1:
+            # not for created-but-not-started ones: runc may be building their cgroup now
+            if extra and self.cgroups.version is Version.V1 and c.state == api.CONTAINER_RUNNING:
                 try:
                     later.append(
                         (

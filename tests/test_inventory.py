@@ -232,6 +232,35 @@ def test_inventory_against_a_grpc_server(sock: str) -> None:
     asyncio.run(main())
 
 
+def test_a_container_that_never_starts_does_not_make_the_inventory_poll_forever(sock: str) -> None:
+    rt = FakeRuntime()
+    rt.pods[PID] = (sandbox(), pod_info("/kubepods/besteffort/poduid-1"))
+    rt.containers[CID] = (container(state=cri.CONTAINER_CREATED), container_info("/x/" + CID, pid=0))
+
+    class Waiting(Taker):
+        def pending(self) -> int:
+            return 1  # never starts
+
+    async def lists(hooks_live: bool, seconds: float) -> int:
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((rt.handlers(),))
+        server.add_insecure_port(f"unix://{sock}")
+        await server.start()
+        rt.calls.clear()
+        inv = CriInventory(AsyncCRI(sock), Waiting(), period=3600, min_interval=0.05, hooks_live=lambda: hooks_live)
+        task = asyncio.ensure_future(inv.run())
+        await asyncio.sleep(seconds)
+        task.cancel()
+        await inv.client.close()
+        await server.stop(None)
+        return rt.calls.count("ListContainers")
+
+    # NRI down: looks again at 0.5, 1.5, 3.5 s (backing off), not every 0.5 s
+    assert 3 <= asyncio.run(lists(False, 3.0)) <= 4
+    # NRI up: StartContainer will tell; no polling at all
+    assert asyncio.run(lists(True, 1.5)) == 1
+
+
 # adoption on the real cgroup v1 tree ---------------------------------------------------------
 
 

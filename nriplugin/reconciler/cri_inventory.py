@@ -19,6 +19,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import grpc
@@ -154,7 +155,7 @@ class Adopter(Protocol):
 
 
 RETRY_MIN, RETRY_MAX = 0.5, 30.0  # seconds between attempts while the CRI socket does not answer
-PENDING_RECHECK = 0.5  # seconds: look again while adopted containers have not started
+PENDING_RECHECK = 0.5  # seconds: first look again while adopted containers have not started
 CHUNK = 16  # containers adopted per event-loop turn (~30 ms): hooks are answered in between
 
 
@@ -162,9 +163,18 @@ class CriInventory:
     """Lists the runtime's pods and containers and hands them to the adopter: at start, every
     ``period`` seconds, and soon after ``kick()`` (a new cgroup directory nobody told us about)."""
 
-    def __init__(self, client: AsyncCRI, adopter: Adopter, period: float = 60.0, min_interval: float = 0.2) -> None:
+    def __init__(
+        self,
+        client: AsyncCRI,
+        adopter: Adopter,
+        period: float = 60.0,
+        min_interval: float = 0.2,
+        hooks_live: Callable[[], bool] = lambda: False,
+    ) -> None:
         self.client = client
         self.adopter = adopter
+        # With NRI up, StartContainer tells us a pending container started: no need to poll.
+        self.hooks_live = hooks_live
         self.observer: InventoryObserver = _Quiet()
         self.period = period
         self.min_interval = min_interval  # a burst of new directories costs one inventory
@@ -242,12 +252,16 @@ class CriInventory:
         return True
 
     async def run(self) -> None:
-        retry = RETRY_MIN
+        retry, recheck, pending = RETRY_MIN, PENDING_RECHECK, 0
         while True:
             if await self.run_once():
                 wait, retry = self.period, RETRY_MIN
-                if self.adopter.pending():
-                    wait = min(wait, PENDING_RECHECK)
+                now_pending = self.adopter.pending()
+                if now_pending != pending:  # new containers waiting (or fewer): look soon again
+                    recheck, pending = PENDING_RECHECK, now_pending
+                if pending and not self.hooks_live():
+                    # a container that never starts must not make us poll forever
+                    wait, recheck = min(wait, recheck), min(recheck * 2, self.period)
             else:  # the runtime is (re)starting: try again soon, then less often
                 wait, retry = min(retry, self.period), min(retry * 2, RETRY_MAX)
             with contextlib.suppress(TimeoutError):

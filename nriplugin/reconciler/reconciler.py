@@ -350,6 +350,8 @@ class Reconciler:
         if any(mask & IN_Q_OVERFLOW for _, _, mask in events):
             log.warning("inotify queue overflowed: running a full pass")
             self.full_pass()
+            if self.on_new_dir is not None:  # new directories may have been missed too
+                self.on_new_dir("")
             return
         for d, name, mask in events:
             if mask & IN_CREATE:
