@@ -138,6 +138,18 @@ class QoSPlugin(Plugin):
         CPUs handed out or returned (the share pool). Pod/container data is fixed per entry."""
         return self.rules.current.version, self.cpus.generation
 
+    def _existing(self, pod: api.PodSandbox, container: api.Container) -> Intent | None:
+        """The intent of a container that exists already (Synchronize, inventory), noting
+        whether it follows the share pool. A fail-closed feature cannot refuse a container that
+        runs: that is logged and the container left as it is (None)."""
+        try:
+            intent = self.intent(pod, container)
+        except FeatureFailed as exc:
+            log.warning("%s/%s/%s: %s", pod.namespace, pod.name, container.name, exc)
+            return None
+        self._track(pod, container, intent)
+        return intent
+
     def _track(self, pod: api.PodSandbox, container: api.Container, intent: Intent | None) -> None:
         cpuset_on = self.rules.policy.features.cpuset.enable and self.caps.files.get("cpuset.cpus", False)
         if container.id in self.cpus.exclusive or intent is None or not cpuset_on:
@@ -312,12 +324,7 @@ class QoSPlugin(Plugin):
             pod = by_id.get(c.pod_sandbox_id)
             if pod is None:
                 continue
-            try:
-                intent = self.intent(pod, c)
-            except FeatureFailed as exc:
-                log.warning("%s", exc)
-                continue
-            self._track(pod, c, intent)
+            intent = self._existing(pod, c)
             if intent is None:
                 continue
             u = api.ContainerUpdate(container_id=c.id)
@@ -401,12 +408,7 @@ class QoSPlugin(Plugin):
                     rec.activate(c.id)
                     self._join_existing_tasks(pod, c)
                 continue
-            try:
-                intent = self.intent(pod, c)
-            except FeatureFailed as exc:
-                log.warning("%s", exc)
-                continue
-            self._track(pod, c, intent)
+            intent = self._existing(pod, c)
             # Not started: runc may be building its cgroup now; it is converged once it runs.
             rec.track(pod, c, pending=c.state == api.CONTAINER_CREATED)
             if c.id in rec.entries:
