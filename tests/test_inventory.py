@@ -261,6 +261,32 @@ def test_a_container_that_never_starts_does_not_make_the_inventory_poll_forever(
     assert asyncio.run(lists(True, 1.5)) == 1
 
 
+def test_a_failing_adoption_does_not_stop_the_inventory(sock: str) -> None:
+    rt = FakeRuntime()
+    rt.pods[PID] = (sandbox(), pod_info("/kubepods/besteffort/poduid-1"))
+
+    class Broken(Taker):
+        def adopt(self, pods: list[api.PodSandbox], containers: list[api.Container]) -> int:
+            raise RuntimeError("a bug")
+
+    async def main() -> None:
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((rt.handlers(),))
+        server.add_insecure_port(f"unix://{sock}")
+        await server.start()
+        inv = CriInventory(AsyncCRI(sock), Broken(), period=0.1, min_interval=0.01)
+        task = asyncio.ensure_future(inv.run())
+        try:
+            await until(lambda: inv.errors >= 2)  # logged, and tried again
+            assert not task.done()
+        finally:
+            task.cancel()
+            await inv.client.close()
+            await server.stop(None)
+
+    asyncio.run(main())
+
+
 # adoption on the real cgroup v1 tree ---------------------------------------------------------
 
 

@@ -13,6 +13,8 @@ from google.protobuf import message
 from . import api_pb2
 
 _SERVICES = ("RuntimeService", "ImageService")
+# kubelet's limit: a node's container list outgrows gRPC's 4 MiB default long before its CPU does
+_OPTIONS = [("grpc.max_receive_message_length", 16 << 20)]
 
 
 @cache
@@ -35,7 +37,7 @@ class CRI:
     """Blocking calls: ``CRI(path).call("RunPodSandbox", request)``."""
 
     def __init__(self, socket_path: str, timeout: float = 30.0) -> None:
-        self.channel = grpc.insecure_channel(f"unix://{socket_path}")
+        self.channel = grpc.insecure_channel(f"unix://{socket_path}", options=_OPTIONS)
         self.timeout = timeout
         self._stubs: dict[str, Any] = {}
 
@@ -63,7 +65,7 @@ class AsyncCRI:
 
     async def call(self, name: str, request: message.Message, timeout: float | None = None) -> Any:
         if self._channel is None:  # created on first use: grpc.aio binds to the running loop
-            self._channel = grpc.aio.insecure_channel(f"unix://{self.socket_path}")
+            self._channel = grpc.aio.insecure_channel(f"unix://{self.socket_path}", options=_OPTIONS)
         stub = self._stubs.get(name)
         if stub is None:
             path, cls = method(name)

@@ -228,6 +228,19 @@ class CriInventory:
         return pods, out, listed_at
 
     async def run_once(self) -> bool:
+        """One inventory; False when the runtime did not answer. Never raises: this loop is
+        the safety net for everything NRI did not say."""
+        try:
+            return await self._run_once()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("inventory: failed; trying again later")
+            self.errors += 1
+            self.observer.inventory_done(False, 0, 0)
+            return False
+
+    async def _run_once(self) -> bool:
         try:
             pods, containers, listed_at = await self.snapshot()
         except grpc.RpcError as exc:
