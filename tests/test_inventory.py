@@ -418,10 +418,26 @@ def test_new_directories_are_noticed(top: str) -> None:
                 mkdirs(ctr2.linux.cgroups_path)
                 await until(lambda: read(ctr2.linux.cgroups_path, "cpu.shares") == "512")
                 assert rec.passes == 0  # inotify and the inventory did it, not a full pass
+                # Removed directories leave no watch behind; a removed pod root is awaited
+                # again and noticed when kubelet makes it anew.
+                pod9 = ROOT / "cpu" / top / "kubepods" / "besteffort" / "pod9"
+                (pod9 / cid).rmdir()
+                pod9.rmdir()
+                await until(lambda: str(pod9) not in rec._watches and str(pod9) not in rec._new_dirs)
             finally:
                 proc.kill()
                 proc.wait()
                 await asyncio.sleep(0.05)
+            for c in ("cpu", "memory"):  # kubelet goes away and takes the whole pod root with it
+                base = ROOT / c / top / "kubepods"
+                for d in sorted((p for p in base.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                    d.rmdir()
+                base.rmdir()
+            await until(lambda: str(ROOT / "cpu" / top / "kubepods") not in rec._new_dirs)  # seen to go
+            assert str(ROOT / "cpu" / top) in rec._awaiting  # and awaited again
+            seen.clear()
+            mkdirs(f"{top}/kubepods/burstable/pod10")
+            await until(lambda: f"{top}/kubepods" in seen)
         finally:
             rec.stop()
 

@@ -14,6 +14,7 @@ import struct
 IN_MODIFY = 0x00000002
 IN_ATTRIB = 0x00000004
 IN_CREATE = 0x00000100
+IN_DELETE = 0x00000200
 IN_DELETE_SELF = 0x00000400
 IN_IGNORED = 0x00008000
 IN_Q_OVERFLOW = 0x00004000
@@ -50,7 +51,8 @@ class Inotify:
             _libc.inotify_rm_watch(self.fd, wd)  # EINVAL if the kernel dropped it already: fine
 
     def read(self) -> list[tuple[str, str, int]]:
-        """Pending events as (directory, file name, mask); [] when none."""
+        """Pending events as (directory, file name, mask); [] when none. A directory whose
+        watch the kernel dropped (it was removed) comes once with IN_IGNORED."""
         try:
             data = os.read(self.fd, 65536)
         except BlockingIOError:
@@ -63,7 +65,9 @@ class Inotify:
             pos += _EVENT.size + n
             d = self.paths.get(wd)
             if mask & IN_IGNORED:
-                self.paths.pop(wd, None)  # the directory is gone (cgroup removed)
+                gone = self.paths.pop(wd, None)  # the directory is gone (cgroup removed)
+                if gone is not None:
+                    out.append((gone, "", mask))
                 continue
             if d is not None or mask & IN_Q_OVERFLOW:
                 out.append((d or "", name, mask))

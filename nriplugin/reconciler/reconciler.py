@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from ..kernel import paths
 from ..kernel.cgroup import RESOURCES, Cgroups, InvalidValue
-from ..kernel.inotify import IN_CREATE, IN_ISDIR, IN_MODIFY, IN_Q_OVERFLOW, Inotify
+from ..kernel.inotify import IN_CREATE, IN_DELETE, IN_IGNORED, IN_ISDIR, IN_MODIFY, IN_Q_OVERFLOW, Inotify
 from ..nri import api_pb2 as api
 
 log = logging.getLogger("nriplugin.reconciler")
@@ -35,6 +35,9 @@ BACKOFF_MIN, BACKOFF_MAX = 1.0, 300.0
 # A container's cgroup (cgroupfs: its 64-hex id; systemd: a .scope), as opposed to a QoS or pod
 # directory, whose new children we want to see as well.
 _CONTAINER_DIR = re.compile(r"^([0-9a-f]{64}|.*\.scope)$")
+# Directories whose children we follow. cgroupfs (kernfs) sends no IN_IGNORED when a watched
+# directory is removed, so removals are seen on the parent (IN_DELETE) and the watch dropped.
+CHILDREN = IN_CREATE | IN_DELETE
 
 
 @dataclass
@@ -118,7 +121,7 @@ class Reconciler:
         self.roots = [r.strip("/") for r in roots if r.strip("/")]
         self.on_new_dir = on_new_dir
         self._new_dirs: dict[str, int] = {}  # directories watched for new children -> depth left
-        self._awaiting: dict[str, set[str]] = {}  # existing ancestor -> pod roots not created yet
+        self._awaiting: dict[str, set[str]] = {}  # directory above pod roots -> those roots
 
     # inventory -------------------------------------------------------------------------------
 
@@ -153,7 +156,7 @@ class Reconciler:
         for i, d in enumerate(self._dirs(entry.group)):
             self.by_dir[str(d)] = key
             # the first hierarchy's pod directory also reports new container directories
-            self._add_watch(d, IN_MODIFY | IN_CREATE if i == 0 and entry.container is None else IN_MODIFY)
+            self._add_watch(d, IN_MODIFY | CHILDREN if i == 0 and entry.container is None else IN_MODIFY)
 
     def forget(self, key: str) -> None:
         entry = self.entries.pop(key, None)
@@ -269,28 +272,30 @@ class Reconciler:
         self._task = loop.create_task(self._resync())
 
     def _watch_root(self, root: str) -> bool:
-        """Watch a pod root's tree, or, while it does not exist yet (the agent started before
-        kubelet made it), its deepest existing ancestor, to come back when it appears."""
+        """Watch a pod root's tree, and every existing directory above it for its children, so
+        that the root's appearance (the agent started before kubelet made it) and its removal
+        are both seen. Returns whether the tree was newly watched."""
         try:
             d = self.cgroups.group_dir(root)
             top = self.cgroups.group_dir("")
         except PermissionError as exc:
             log.warning("not watching pod root %s: %s", root, exc)
             return False
-        if d.is_dir():
-            self._watch_tree(d, depth=2)
-            return True
-        anc = d.parent
-        while anc != top and not anc.is_dir():
+        anc = d
+        while anc != top:
             anc = anc.parent
-        self._awaiting.setdefault(str(anc), set()).add(root)
-        self._add_watch(anc, IN_CREATE)
-        return False
+            if anc.is_dir() and root not in self._awaiting.get(str(anc), ()):
+                self._awaiting.setdefault(str(anc), set()).add(root)
+                self._add_watch(anc, CHILDREN)
+        if str(d) in self._new_dirs or not d.is_dir():
+            return False
+        self._watch_tree(d, depth=2)
+        return str(d) in self._new_dirs
 
     def _watch_tree(self, d: Path, depth: int) -> None:
         """Watch ``d`` for new directories, and its existing non-container subdirectories down
         to ``depth`` more levels (root -> QoS -> pod)."""
-        if not d.is_dir() or not self._add_watch(d, IN_CREATE | (IN_MODIFY if str(d) in self.by_dir else 0)):
+        if not d.is_dir() or not self._add_watch(d, CHILDREN | (IN_MODIFY if str(d) in self.by_dir else 0)):
             return
         self._new_dirs[str(d)] = depth
         if depth > 0:
@@ -323,7 +328,7 @@ class Reconciler:
             return False
         path = str(d)
         if path in self._new_dirs or path in self._awaiting:
-            mask |= IN_CREATE
+            mask |= CHILDREN
         wd = self._watches.get(path)
         if wd is not None and wd in self._inotify.paths and mask == self._masks.get(path):
             return True
@@ -354,18 +359,21 @@ class Reconciler:
                 self.on_new_dir("")
             return
         for d, name, mask in events:
-            if mask & IN_CREATE:
+            if mask & IN_IGNORED:  # the kernel dropped the watch (not on cgroupfs: see CHILDREN)
+                self._dropped(d)
+            elif mask & IN_DELETE:
+                if mask & IN_ISDIR:
+                    self._dropped(f"{d}/{name}")
+            elif mask & IN_CREATE:
                 if mask & IN_ISDIR:
                     self._on_new_dir(Path(d) / name)
             else:
                 self._on_change(f"{d}/{name}", now)
 
     def _on_new_dir(self, d: Path) -> None:
-        waiting = self._awaiting.pop(str(d.parent), None)
-        if waiting:  # a step towards a pod root that did not exist
-            for root in waiting:
-                if self._watch_root(root) and self.on_new_dir is not None:
-                    self.on_new_dir(root)  # what it holds by now was made before our watch
+        for root in list(self._awaiting.get(str(d.parent), ())):  # a step towards a pod root
+            if self._watch_root(root) and self.on_new_dir is not None:
+                self.on_new_dir(root)  # what it holds by now was made before our watch
         key = self.by_dir.get(str(d))
         if key is not None and key in self.entries:  # tracked before its cgroup existed
             if self.entries[key].pending:
@@ -390,6 +398,23 @@ class Reconciler:
             except ValueError:
                 return
             self.on_new_dir(str(rel))
+
+    def _dropped(self, d: str) -> None:
+        """Directory ``d`` is gone: drop its watch (a removed cgroup's watch would otherwise
+        pin its inode) and wait again for a pod root that went with it."""
+        wd = self._watches.pop(d, None)
+        if wd is not None and self._inotify is not None:
+            self._inotify.remove(wd)
+        self._masks.pop(d, None)
+        self._new_dirs.pop(d, None)
+        self._awaiting.pop(d, None)
+        for root in self.roots:  # a pod root, or a directory above one, went: wait for it again
+            try:
+                rd = str(self.cgroups.group_dir(root))
+                if (rd == d or rd.startswith(d + "/")) and self._watch_root(root) and self.on_new_dir is not None:
+                    self.on_new_dir(root)  # made again before we got here
+            except PermissionError:
+                continue
 
     def _existing_children(self, d: Path) -> None:
         """Children made before our watch on ``d`` was in place (mkdir -p, runc) raised no
