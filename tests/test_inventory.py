@@ -219,6 +219,9 @@ def test_inventory_against_a_grpc_server(sock: str) -> None:
             rt.raw_info[bad] = "[" * 5000
             _, ctrs, _ = await inv.snapshot()
             assert [c.id for c in ctrs] == [CID]
+            asked = rt.calls.count("ContainerStatus")
+            await inv.snapshot()  # not asked again (nor logged again) until its state changes
+            assert rt.calls.count("ContainerStatus") == asked
         finally:
             await inv.client.close()
             await server.stop(None)

@@ -156,6 +156,7 @@ class Adopter(Protocol):
 
 RETRY_MIN, RETRY_MAX = 0.5, 30.0  # seconds between attempts while the CRI socket does not answer
 PENDING_RECHECK = 0.5  # seconds: first look again while adopted containers have not started
+STATUS_IN_FLIGHT = 8  # verbose status calls at once (a cold start on a full node)
 CHUNK = 16  # containers adopted per event-loop turn (~30 ms): hooks are answered in between
 
 
@@ -180,6 +181,7 @@ class CriInventory:
         self.min_interval = min_interval  # a burst of new directories costs one inventory
         self._pods: dict[str, api.PodSandbox] = {}
         self._containers: dict[str, tuple[int, api.Container]] = {}  # id -> (CRI state, converted)
+        self._bad: set[tuple[str, int]] = set()  # (id, state) whose status we cannot use
         self._kicked = asyncio.Event()
         self._available: bool | None = None
         self.passes = 0
@@ -189,43 +191,59 @@ class CriInventory:
         self._kicked.set()
 
     async def snapshot(self) -> tuple[list[api.PodSandbox], list[api.Container], float]:
-        """The runtime's ready pods and created/running containers, and when the listing began."""
+        """The runtime's ready pods and created/running containers, and when the listing began.
+        Details (verbose status) are fetched only for ids not seen before, a few at a time."""
         listed_at = time.monotonic()
         ready = cri.PodSandboxStateValue(state=cri.SANDBOX_READY)
         sandboxes = (await self.client.call("ListPodSandbox", cri.ListPodSandboxRequest(filter={"state": ready}))).items
-        containers = (await self.client.call("ListContainers", cri.ListContainersRequest())).containers
-        pods: list[api.PodSandbox] = []
-        for sb in sandboxes:
-            pod = self._pods.get(sb.id)
-            if pod is None:
+        containers = [
+            c
+            for c in (await self.client.call("ListContainers", cri.ListContainersRequest())).containers
+            if c.state in (cri.CONTAINER_CREATED, cri.CONTAINER_RUNNING)
+        ]
+        gate = asyncio.Semaphore(STATUS_IN_FLIGHT)
+
+        async def pod_details(sb: Any) -> None:
+            async with gate:
+                req = cri.PodSandboxStatusRequest(pod_sandbox_id=sb.id, verbose=True)
                 try:
-                    resp = await self.client.call(
-                        "PodSandboxStatus", cri.PodSandboxStatusRequest(pod_sandbox_id=sb.id, verbose=True)
-                    )
-                    pod = self._pods[sb.id] = pod_from_cri(sb, _info(resp))
+                    self._pods[sb.id] = pod_from_cri(sb, _info(await self.client.call("PodSandboxStatus", req)))
                 except (BadStatus, grpc.RpcError) as exc:
-                    log.warning("inventory: skipping pod %s/%s: %s", sb.metadata.namespace, sb.metadata.name, exc)
-                    continue
-            pods.append(pod)
-        out: list[api.Container] = []
-        for ct in containers:
-            if ct.state not in (cri.CONTAINER_CREATED, cri.CONTAINER_RUNNING):
-                continue
-            cached = self._containers.get(ct.id)
-            if cached is None or cached[0] != ct.state:  # started since: now it has a pid
+                    self._unusable(sb.id, 0, f"pod {sb.metadata.namespace}/{sb.metadata.name}", exc)
+
+        async def container_details(ct: Any) -> None:
+            async with gate:
+                req = cri.ContainerStatusRequest(container_id=ct.id, verbose=True)
                 try:
-                    resp = await self.client.call(
-                        "ContainerStatus", cri.ContainerStatusRequest(container_id=ct.id, verbose=True)
-                    )
-                    cached = self._containers[ct.id] = (ct.state, container_from_cri(ct, _info(resp)))
+                    converted = container_from_cri(ct, _info(await self.client.call("ContainerStatus", req)))
+                    self._containers[ct.id] = (ct.state, converted)
                 except (BadStatus, grpc.RpcError) as exc:
-                    log.warning("inventory: skipping container %s: %s", ct.id[:12], exc)
-                    continue
-            out.append(cached[1])
-        live_pods, live = {p.id for p in pods}, {c.id for c in out}
-        self._pods = {k: v for k, v in self._pods.items() if k in live_pods}
+                    self._unusable(ct.id, ct.state, f"container {ct.id[:12]}", exc)
+
+        await asyncio.gather(
+            *(pod_details(sb) for sb in sandboxes if sb.id not in self._pods and (sb.id, 0) not in self._bad),
+            *(
+                container_details(ct)
+                for ct in containers
+                # again once started: now it has a pid
+                if self._containers.get(ct.id, (None,))[0] != ct.state and (ct.id, ct.state) not in self._bad
+            ),
+        )
+        pods = [self._pods[sb.id] for sb in sandboxes if sb.id in self._pods]
+        out = [self._containers[ct.id][1] for ct in containers if ct.id in self._containers]
+        live = {sb.id for sb in sandboxes} | {ct.id for ct in containers}
+        self._pods = {k: v for k, v in self._pods.items() if k in live}
         self._containers = {k: v for k, v in self._containers.items() if k in live}
+        self._bad = {k for k in self._bad if k[0] in live}
         return pods, out, listed_at
+
+    def _unusable(self, obj_id: str, state: int, what: str, exc: Exception) -> None:
+        """Skipped until its state changes; said once, not on every pass."""
+        if isinstance(exc, grpc.RpcError):  # gone meanwhile, or the runtime is struggling: next pass
+            log.debug("inventory: no status for %s: %s", what, _brief(exc))
+            return
+        self._bad.add((obj_id, state))
+        log.warning("inventory: skipping %s: %s", what, exc)
 
     async def run_once(self) -> bool:
         """One inventory; False when the runtime did not answer. Never raises: this loop is
