@@ -5,6 +5,7 @@ writes at RunPodSandbox, and updates at Synchronize and UpdateContainer."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -245,12 +246,11 @@ class QoSPlugin(Plugin):
             self.on_invalid("core_sched")
             log.warning("%s: cannot give core scheduling group %s: %s", who, group, exc)
 
-    def _join_resctrl(self, group: str, tids: list[int], pod: api.PodSandbox, who: str) -> int:
-        """Move threads into the class's resctrl group (created on first use); returns how
-        many moved. Threads that exit meanwhile (ESRCH) are skipped."""
+    def _join_resctrl(self, group: str, tids: list[int], pod: api.PodSandbox, who: str) -> None:
+        """Move threads into the class's resctrl group (created on first use). Threads that
+        exit meanwhile (ESRCH) are skipped."""
         qos = self._qos(pod)
         cfg = self.rules.policy.class_qos(qos.value if qos else "BE").resctrlQOS
-        moved = 0
         try:
             self.resctrl.ensure_group(
                 group, self.resctrl.schemata(cfg.catRangeStartPercent, cfg.catRangeEndPercent, cfg.mbaPercent)
@@ -259,15 +259,11 @@ class QoSPlugin(Plugin):
             for tid in tids:
                 if tid in have:
                     continue
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     self.resctrl.add_task(group, tid)
-                    moved += 1
-                except ProcessLookupError:
-                    continue
         except (OSError, ResctrlError) as exc:
             self.on_invalid("resctrl")
             log.warning("%s: cannot join resctrl group %s: %s", who, group, exc)
-        return moved
 
     def _join_existing(self, pod: api.PodSandbox, container: api.Container, intent: Intent) -> None:
         """A container that was already running when we learned of it: every thread of its

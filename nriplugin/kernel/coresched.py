@@ -15,7 +15,6 @@ logic with a model of the kernel's semantics.
 from __future__ import annotations
 
 import ctypes
-import errno
 import os
 import threading
 from collections.abc import Callable, Iterable
@@ -105,7 +104,3 @@ class CoreSched:
         gone = set(pids)
         with self._lock:
             self.leaders = {g: p for g, p in self.leaders.items() if p not in gone}
-
-
-def unsupported(exc: OSError) -> bool:
-    return exc.errno in (errno.EINVAL, errno.ENOSYS, errno.ENODEV)

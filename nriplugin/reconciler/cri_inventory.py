@@ -184,7 +184,6 @@ class CriInventory:
         self._bad: set[tuple[str, int]] = set()  # (id, state) whose status we cannot use
         self._kicked = asyncio.Event()
         self._available: bool | None = None
-        self.passes = 0
         self.errors = 0
 
     def kick(self) -> None:
@@ -273,7 +272,6 @@ class CriInventory:
         if self._available is not True:
             log.info("inventory: %d pods, %d containers from CRI", len(pods), len(containers))
         self._available = True
-        self.passes += 1
         adopted = 0
         for i in range(0, max(len(containers), 1), CHUNK):
             adopted += self.adopter.adopt(pods, containers[i : i + CHUNK])

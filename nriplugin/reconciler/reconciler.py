@@ -295,7 +295,7 @@ class Reconciler:
     def _watch_tree(self, d: Path, depth: int) -> None:
         """Watch ``d`` for new directories, and its existing non-container subdirectories down
         to ``depth`` more levels (root -> QoS -> pod)."""
-        if not d.is_dir() or not self._add_watch(d, CHILDREN | (IN_MODIFY if str(d) in self.by_dir else 0)):
+        if not d.is_dir() or not self._add_watch(d, CHILDREN):
             return
         self._new_dirs[str(d)] = depth
         if depth > 0:
@@ -322,13 +322,16 @@ class Reconciler:
         self._awaiting.clear()
 
     def _add_watch(self, d: Path, mask: int = IN_MODIFY) -> bool:
-        """Watch ``d`` (IN_MODIFY: our own reads of thousands of files wake nothing). A
-        directory watched for new children keeps IN_CREATE."""
+        """Watch ``d`` (IN_MODIFY: our own reads of thousands of files wake nothing). A watch
+        is one mask per directory, so a directory keeps what each of its roles needs: a tracked
+        cgroup's IN_MODIFY, a followed directory's CHILDREN."""
         if self._inotify is None:
             return False
         path = str(d)
         if path in self._new_dirs or path in self._awaiting:
             mask |= CHILDREN
+        if path in self.by_dir:
+            mask |= IN_MODIFY
         wd = self._watches.get(path)
         if wd is not None and wd in self._inotify.paths and mask == self._masks.get(path):
             return True
@@ -402,12 +405,9 @@ class Reconciler:
     def _dropped(self, d: str) -> None:
         """Directory ``d`` is gone: drop its watch (a removed cgroup's watch would otherwise
         pin its inode) and wait again for a pod root that went with it."""
-        wd = self._watches.pop(d, None)
-        if wd is not None and self._inotify is not None:
-            self._inotify.remove(wd)
-        self._masks.pop(d, None)
         self._new_dirs.pop(d, None)
         self._awaiting.pop(d, None)
+        self._remove_watch(Path(d))
         for root in self.roots:  # a pod root, or a directory above one, went: wait for it again
             try:
                 rd = str(self.cgroups.group_dir(root))
