@@ -23,7 +23,7 @@ from typing import Any
 
 from bench.report import replace_section
 from nriplugin.kernel.cgroup import Cgroups
-from nriplugin.plugin import QoSPlugin
+from nriplugin.node import Node
 from nriplugin.reconciler import Reconciler
 from tests.runtime_peer import make_container, make_pod
 
@@ -88,11 +88,11 @@ def main() -> int:
 
 
 async def run(items: list[tuple[Any, Any, Path]], writes: int) -> dict[str, Any]:
-    plugin = QoSPlugin(cgroups=Cgroups(ROOT))
-    r = Reconciler(plugin.intent, plugin.cgroups, resync_period=3600, version=plugin.state_version)
+    node = Node.create(cgroups=Cgroups(ROOT))
+    r = Reconciler(node.desired, node.writer, node.model, resync_period=3600)
     t0 = time.perf_counter()
     for pod, ctr, _ in items:
-        r.track(pod, ctr)
+        node.model.container_started(pod, ctr, existing=True)
     track_s = time.perf_counter() - t0
     loop = asyncio.get_running_loop()
     r.start(loop)
@@ -129,7 +129,7 @@ async def run(items: list[tuple[Any, Any, Path]], writes: int) -> dict[str, Any]
     r.stop()
     return {
         "containers": len(items),
-        "files_per_pass": sum(len(r.desired(e)) for e in r.entries.values()),
+        "files_per_pass": sum(len(node.desired.settings(k)[1]) for k in r.entries),
         "track_ms": track_s * 1e3,
         "first_pass_ms": first[0] * 1e3,
         "first_pass_cpu_ms": first[1] * 1e3,

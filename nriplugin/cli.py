@@ -13,6 +13,7 @@ import os
 import signal
 import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger("nriplugin")
@@ -144,6 +145,7 @@ async def run(ns: argparse.Namespace) -> int:
     await asyncio.sleep(0)
 
     from .kernel.cgroup import Cgroups
+    from .node import Node
     from .plugin import QoSPlugin
     from .policy.cache import PolicyError, RuleCache
 
@@ -156,9 +158,9 @@ async def run(ns: argparse.Namespace) -> int:
             # pre-registered plugin fails to register): run on the embedded default, loudly.
             log.error("policy rejected, running with the embedded default: %s", exc)
     invalid: list[str] = []
-    plugin = QoSPlugin(
-        rules, cgroups=Cgroups(Path(ns.cgroup_root)), on_invalid=invalid.append, push=stub.update_containers
-    )
+    report_invalid: list[Callable[[str], None]] = [invalid.append]  # metrics load later
+    node = Node.create(rules, cgroups=Cgroups(Path(ns.cgroup_root)), on_invalid=lambda r: report_invalid[0](r))
+    plugin = QoSPlugin(node, push=stub.update_containers)
     from .reconciler import Reconciler
 
     inventory = None
@@ -167,7 +169,7 @@ async def run(ns: argparse.Namespace) -> int:
         from .reconciler.cri_inventory import CriInventory
 
         inventory = CriInventory(
-            AsyncCRI(ns.cri_socket), plugin, period=ns.resync_seconds, hooks_live=stub.ready.is_set
+            AsyncCRI(ns.cri_socket), node.model, period=ns.resync_seconds, hooks_live=stub.ready.is_set
         )
 
     def on_new_dir(group: str) -> None:
@@ -176,21 +178,16 @@ async def run(ns: argparse.Namespace) -> int:
             inventory.kick()
 
     reconciler = Reconciler(
-        plugin.intent,
-        plugin.cgroups,
+        node.desired,
+        node.writer,
+        node.model,
         resync_period=ns.resync_seconds,
-        version=plugin.state_version,
         roots=ns.pods_root or ["kubepods", "kubepods.slice"],
         on_new_dir=on_new_dir,
     )
-    plugin.reconciler = reconciler
     stub.replace_plugin(plugin)
     reconciler.start(loop)
 
-    def reapply(_version: object) -> None:
-        loop.call_soon(reconciler.policy_changed)
-
-    rules.subscribe(reapply)
     # Register first; metrics and the HTTP endpoint come up right after (or after 1 s).
     await asyncio.wait(
         [runner, asyncio.ensure_future(stub.ready.wait())], timeout=1.0, return_when=asyncio.FIRST_COMPLETED
@@ -207,7 +204,7 @@ async def run(ns: argparse.Namespace) -> int:
         inventory.observer = InventoryMetrics(metrics)
     for reason in invalid:
         metrics.invalid_input.labels(reason).inc()
-    plugin.on_invalid = lambda reason: metrics.invalid_input.labels(reason).inc()
+    report_invalid[0] = lambda reason: metrics.invalid_input.labels(reason).inc()
     metrics.policy_version.set(rules.current.version)
     rules.subscribe(lambda v: metrics.policy_version.set(v.version))
     watcher = None
@@ -266,8 +263,12 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             if ns.command == "explain":
-                plugin = explain.make_plugin(ns.policy, ns.cgroup_root)
-                out = explain.explain(explain.load_description(Path(ns.description)), plugin)
+                from .kernel.cgroup import Cgroups
+
+                rules = explain.load_rules(ns.policy)
+                out = explain.explain(
+                    explain.load_description(Path(ns.description)), rules, Cgroups(Path(ns.cgroup_root))
+                )
             else:
                 from .kernel.cgroup import Cgroups
                 from .kernel.probe import probe

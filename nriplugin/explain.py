@@ -15,8 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .features import FeatureFailed
 from .kernel.cgroup import RESOURCES, Cgroups
 from .kernel.probe import Capabilities, format_cpulist
+from .node import Node
 from .nri import api_pb2 as api
-from .plugin import NRI_FIELDS, QoSPlugin
+from .plugin import NRI_FIELDS
 from .policy.cache import RuleCache, describe
 
 
@@ -83,18 +84,19 @@ def to_nri(d: Description) -> tuple[api.PodSandbox, list[api.Container]]:
     return p, out
 
 
-def explain(d: Description, plugin: QoSPlugin) -> dict[str, Any]:
+def explain(d: Description, rules: RuleCache, cgroups: Cgroups) -> dict[str, Any]:
+    """The pod as the hooks would see it: into a node model of its own, the same desired state."""
+    failures: list[str] = []
+    node = Node.create(rules, cgroups=cgroups, on_invalid=failures.append)
     pod, ctrs = to_nri(d)
-    qos = plugin._qos(pod)
+    qos = node.desired.qos(pod)
     report: dict[str, Any] = {
-        "policyVersion": plugin.rules.current.version,
-        "policySource": plugin.rules.current.source,
+        "policyVersion": rules.current.version,
+        "policySource": rules.current.source,
         "qosClass": qos.value if qos else "invalid label: left untouched",
         "pod": {},
         "containers": {},
     }
-    failures: list[str] = []
-    plugin.on_invalid = failures.append
 
     def entry(intent: Any, requested: dict[str, int] | None, pod_level: bool = False) -> dict[str, Any]:
         if intent is None:
@@ -106,14 +108,21 @@ def explain(d: Description, plugin: QoSPlugin) -> dict[str, Any]:
             elif res in NRI_FIELDS:
                 how = "NRI adjustment"
             else:
-                how = "cgroup v2 unified (NRI)" if plugin.cgroups.version == 2 else "written to the cgroup file"
+                how = "cgroup v2 unified (NRI)" if cgroups.version == 2 else "written to the cgroup file"
             rows[res] = {"value": value, "why": intent.why.get(res, ""), "via": how}
             if requested and res in requested:
                 rows[res]["criAsked"] = requested[res]
+        for s in intent.settings():
+            if s.device:
+                rows[s.label] = {"value": s.value, "why": s.why, "via": "written to the cgroup file"}
+        for g in (intent.resctrl_group, intent.core_sched_group):
+            if g is not None:
+                rows[g.resource] = {"value": g.value, "why": g.why, "via": "the task joins at StartContainer"}
         return rows
 
     try:
-        report["pod"] = entry(plugin.intent(pod, None), None, pod_level=True)
+        node.model.pod_seen(pod)
+        report["pod"] = entry(node.desired.intent(f"pod:{pod.id}"), None, pod_level=True)
         for c in ctrs:
             asked = {
                 k: v
@@ -124,7 +133,8 @@ def explain(d: Description, plugin: QoSPlugin) -> dict[str, Any]:
                 )
                 if v
             }
-            report["containers"][c.name] = entry(plugin.intent(pod, c), asked)
+            node.model.container_created(pod, c)
+            report["containers"][c.name] = entry(node.desired.intent(c.id), asked)
     except FeatureFailed as exc:
         report["refused"] = f"a fail-closed feature failed, the container would be refused: {exc}"
     if failures:
@@ -239,8 +249,8 @@ def render(doc: dict[str, Any], fmt: str) -> str:
     return yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
 
 
-def make_plugin(policy: str | None, cgroup_root: str) -> QoSPlugin:
+def load_rules(policy: str | None) -> RuleCache:
     rules = RuleCache()
     if policy:
         rules.load_file(Path(policy))
-    return QoSPlugin(rules, cgroups=Cgroups(Path(cgroup_root)))
+    return rules

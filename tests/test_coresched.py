@@ -18,6 +18,8 @@ from nriplugin.kernel import coresched
 from nriplugin.kernel.cgroup import Cgroups
 from nriplugin.kernel.coresched import CoreSched
 from nriplugin.kernel.probe import core_sched_supported
+from nriplugin.node import Node
+from nriplugin.nri import api_pb2 as api
 from nriplugin.plugin import QoSPlugin
 from nriplugin.policy.cache import RuleCache
 from nriplugin.policy.model import Policy
@@ -111,14 +113,14 @@ def test_this_kernel_reports_core_scheduling_unsupported() -> None:
 
 def test_groups_by_class_pod_and_label() -> None:
     have = replace(caps(), core_sched=True)
-    be = desired_state(ctx("BE", policy=CORE, c=have)).intent.values
-    assert be[core_sched.RESOURCE] == "class:BE" and be["cpu.idle"] == 1
-    ls = desired_state(ctx("LS", policy=CORE, c=have)).intent
-    assert str(ls.values[core_sched.RESOURCE]).startswith("pod:") and "own cookie" in ls.why[core_sched.RESOURCE]
+    be = desired_state(ctx("BE", policy=CORE, c=have)).intent
+    assert be.core_sched_group is not None and be.core_sched_group.value == "class:BE" and be.get("cpu.idle") == 1
+    ls = desired_state(ctx("LS", policy=CORE, c=have)).intent.core_sched_group
+    assert ls is not None and str(ls.value).startswith("pod:") and "own cookie" in ls.why
     # off when the kernel lacks it, under groupIdentity, and for pod-level intents
-    assert core_sched.RESOURCE not in desired_state(ctx("BE", policy=CORE)).intent.values
-    assert core_sched.RESOURCE not in desired_state(ctx("BE", c=have)).intent.values
-    assert core_sched.RESOURCE not in desired_state(ctx("BE", policy=CORE, c=have, container=False)).intent.values
+    assert desired_state(ctx("BE", policy=CORE)).intent.core_sched_group is None
+    assert desired_state(ctx("BE", c=have)).intent.core_sched_group is None
+    assert desired_state(ctx("BE", policy=CORE, c=have, container=False)).intent.core_sched_group is None
 
 
 @pytest.mark.parametrize("bad", ["", "../x", "a b", "x" * 64, "-lead"])
@@ -126,7 +128,7 @@ def test_a_hostile_group_label_is_rejected(bad: str) -> None:
     c = ctx("LS", policy=CORE, c=replace(caps(), core_sched=True))
     c.pod.labels[core_sched.GROUP_LABEL] = bad
     out = desired_state(c)
-    assert [f for f, _ in out.failed] == ["cpuQOS"] and core_sched.RESOURCE not in out.intent.values
+    assert [f for f, _ in out.failed] == ["cpuQOS"] and out.intent.core_sched_group is None
 
 
 def test_hooks_give_tasks_their_groups_cookie(tmp_path: Path) -> None:
@@ -136,13 +138,14 @@ def test_hooks_give_tasks_their_groups_cookie(tmp_path: Path) -> None:
     rules = RuleCache()
     rules.set(CORE, "test")
     invalid: list[str] = []
-    plugin = QoSPlugin(
+    node = Node.create(
         rules,
         caps=replace(caps(), core_sched=True),
         cgroups=Cgroups(v1_tree(tmp_path)),
         coresched=CoreSched(k),
         on_invalid=invalid.append,
     )
+    plugin = QoSPlugin(node)
     for i, pid in ((1, 500), (2, 600)):
         pod = make_pod(i, "BE")
         c = make_container(i, pod)
@@ -153,20 +156,19 @@ def test_hooks_give_tasks_their_groups_cookie(tmp_path: Path) -> None:
     gone.pid = 999  # exited before we got to it: skipped quietly
     plugin.start_container(make_pod(3, "LS"), gone)
     assert invalid == []
-    # Already running with two processes: both get the LS pod's own cookie.
+    # Already running with two processes (Synchronize): both get the LS pod's own cookie.
     ls = make_pod(4, "LS")
     running = make_container(4, ls)
+    running.state = api.CONTAINER_RUNNING
     group = running.linux.cgroups_path.lstrip("/")
     v1_tree(tmp_path, [group])
     (tmp_path / "cpu" / group / "cgroup.procs").write_text("700\n701\n")
-    intent = plugin.intent(ls, running)
-    assert intent is not None
-    plugin._join_existing(ls, running, intent)
+    plugin.synchronize([ls], [running])
     assert k.cookies[700] == k.cookies[701] == k.cookies[702] not in (0, k.cookies[500])
     # A kernel that refuses (EPERM): reported, not raised into the hook.
-    plugin.coresched = CoreSched(lambda *a: (_ for _ in ()).throw(PermissionError(errno.EPERM, "denied")))
-    be = make_pod(1, "BE")
-    c = make_container(1, be)
+    node.writer.coresched = CoreSched(lambda *a: (_ for _ in ()).throw(PermissionError(errno.EPERM, "denied")))
+    be = make_pod(5, "BE")
+    c = make_container(5, be)
     c.pid = 500
     plugin.start_container(be, c)
     assert invalid == ["core_sched"]

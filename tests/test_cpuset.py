@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from nriplugin.features.cpuset import CPUAllocator, NoCapacity
 from nriplugin.kernel.probe import parse_cpulist, topology
+from nriplugin.node import Node
 from nriplugin.nri import api_pb2 as api
 from nriplugin.plugin import QoSPlugin
 from tests.kernel_tree import sys_tree
@@ -98,7 +99,8 @@ def test_plugin_pins_lsr_and_moves_sharers(tmp_path: Path) -> None:
         async def push(updates: list[api.ContainerUpdate]) -> None:
             pushed.append(updates)
 
-        p = QoSPlugin(caps=c, push=push)
+        invalid: list[str] = []
+        p = QoSPlugin(Node.create(caps=c, on_invalid=invalid.append), push=push)
         ls = make_pod(1, "LS")
         ls_c = make_container(1, ls)
         assert p.create_container(ls, ls_c) is None  # nothing exclusive yet: all CPUs, no adjustment
@@ -119,8 +121,6 @@ def test_plugin_pins_lsr_and_moves_sharers(tmp_path: Path) -> None:
         assert isinstance(out, tuple) and out[0].linux.resources.cpu.cpus == "3,7"
         hostile = make_pod(4, "LSE")
         hostile.annotations["scheduling.koordinator.sh/resource-status"] = json.dumps({"cpuset": "0-9999"})
-        invalid: list[str] = []
-        p.on_invalid = invalid.append
         p.create_container(hostile, make_container(4, hostile))
         assert invalid == ["cpuset"]
         p.remove_container(lsr, lsr_c)
@@ -128,3 +128,37 @@ def test_plugin_pins_lsr_and_moves_sharers(tmp_path: Path) -> None:
         assert pushed and set(parse_cpulist(pushed[0][0].linux.resources.cpu.cpus)) == set(t.online) - {3, 7}
 
     asyncio.run(main())
+
+
+def test_a_container_that_cannot_be_pinned_shares_never_overlaps(tmp_path: Path) -> None:
+    """Two cores, three LSR pods of one CPU each: the first is pinned, the others run in the
+    share pool (not the runtime's all-CPU default, which would overlap the pinned core), and
+    the shortfall is reported as a capacity shortfall, not as a pod's bad annotation."""
+    t = topo(tmp_path, 2, 1, 1)
+    c = caps(**{"cpuset.cpus": True})
+    c.topology = t
+    invalid: list[str] = []
+    p = QoSPlugin(Node.create(caps=c, on_invalid=invalid.append))
+    got = []
+    for i in range(3):
+        pod = make_pod(i, "LSR")
+        ctr = make_container(i, pod)
+        ctr.linux.resources.cpu.quota.value = 100000
+        ctr.linux.resources.cpu.period.value = 100000
+        out = p.create_container(pod, ctr)
+        adj = out[0] if isinstance(out, tuple) else out
+        assert adj is not None
+        got.append(set(parse_cpulist(adj.linux.resources.cpu.cpus)))
+    assert len(got[0]) == 1
+    assert got[1] == got[2] == set(t.online) - got[0]
+    assert invalid == ["cpuset_capacity", "cpuset_capacity"]
+    why = p.desired.intent(make_container(1, make_pod(1, "LSR")).id)
+    assert why is not None and "whole core" in why.files[("cpuset.cpus", "")].why
+    # the pinned one goes: its core returns to the pool, and a new LSR pod can have it
+    p.remove_container(make_pod(0, "LSR"), make_container(0, make_pod(0, "LSR")))
+    assert p.desired.intent(make_container(1, make_pod(1, "LSR")).id) is not None
+    late = make_pod(3, "LSR")
+    lc = make_container(3, late)
+    lc.linux.resources.cpu.quota.value = 100000
+    out = p.create_container(late, lc)
+    assert isinstance(out, tuple) and len(parse_cpulist(out[0].linux.resources.cpu.cpus)) == 1

@@ -13,6 +13,7 @@ from nriplugin.features import Context, FeatureFailed, desired_state
 from nriplugin.features.quantity import parse_quantity
 from nriplugin.kernel.cgroup import Cgroups, Version
 from nriplugin.kernel.probe import Capabilities, Resctrl, Topology
+from nriplugin.node import Node
 from nriplugin.nri import api_pb2 as api
 from nriplugin.plugin import QoSPlugin, to_resources
 from nriplugin.policy.cache import PolicyError, PolicyWatcher, RuleCache, parse
@@ -252,7 +253,7 @@ def test_plugin_writes_what_nri_cannot_carry(tmp_path: Path) -> None:
     cg = Cgroups(root)
     invalid: list[str] = []
     core = Policy.model_validate({"resourceQOSStrategy": {"policies": {"cpuPolicy": "coreSched"}}})
-    p = QoSPlugin(RuleCache(core), caps=caps(), cgroups=cg, on_invalid=invalid.append)
+    p = QoSPlugin(Node.create(RuleCache(core), caps=caps(), cgroups=cg, on_invalid=invalid.append))
     adj = p.create_container(be, ctr)
     assert isinstance(adj, api.ContainerAdjustment) and adj.linux.resources.cpu.shares.value == 512
     p.start_container(be, ctr)
@@ -266,8 +267,12 @@ def test_plugin_writes_what_nri_cannot_carry(tmp_path: Path) -> None:
     # Hostile cgroup path from the runtime: refused, nothing written anywhere.
     evil = make_container(3, be)
     evil.linux.cgroups_path = "/kubepods/../../../etc"
-    with pytest.raises(ValueError):
-        p.start_container(be, evil)
+    before = sorted(tmp_path.rglob("*"))
+    p.create_container(be, evil)
+    p.start_container(be, evil)
+    rec = p.model.get(evil.id)
+    assert rec is not None and rec.group is None  # known, but its cgroup is never touched
+    assert sorted(tmp_path.rglob("*")) == before
     assert invalid == []
     t0 = time.perf_counter()
     for _ in range(200):

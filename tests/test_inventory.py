@@ -21,8 +21,8 @@ import pytest
 from nriplugin.cri import api_pb2 as cri
 from nriplugin.cri.client import AsyncCRI
 from nriplugin.kernel.cgroup import Cgroups
+from nriplugin.node import Node
 from nriplugin.nri import api_pb2 as api
-from nriplugin.plugin import QoSPlugin
 from nriplugin.reconciler import Reconciler
 from nriplugin.reconciler.cri_inventory import BadStatus, CriInventory, container_from_cri, pod_from_cri
 from tests.runtime_peer import make_container, make_pod
@@ -170,7 +170,7 @@ class Taker:
         self.adopted: list[list[str]] = []
         self.pruned: list[set[str]] = []
 
-    def adopt(self, pods: list[api.PodSandbox], containers: list[api.Container]) -> int:
+    def observe(self, pods: list[api.PodSandbox], containers: list[api.Container]) -> int:
         self.adopted.append([c.id for c in containers])
         return len(containers)
 
@@ -269,7 +269,7 @@ def test_a_failing_adoption_does_not_stop_the_inventory(sock: str) -> None:
     rt.pods[PID] = (sandbox(), pod_info("/kubepods/besteffort/poduid-1"))
 
     class Broken(Taker):
-        def adopt(self, pods: list[api.PodSandbox], containers: list[api.Container]) -> int:
+        def observe(self, pods: list[api.PodSandbox], containers: list[api.Container]) -> int:
             raise RuntimeError("a bug")
 
     async def main() -> None:
@@ -328,29 +328,31 @@ def read(rel: str, name: str) -> str:
 @real_v1
 def test_adopt_converges_unknown_containers_and_prune_forgets_removed_ones(top: str) -> None:
     async def main() -> None:
-        plugin = QoSPlugin(cgroups=Cgroups(ROOT))
-        rec = Reconciler(plugin.intent, plugin.cgroups, resync_period=3600, version=plugin.state_version)
-        plugin.reconciler = rec
+        node = Node.create(cgroups=Cgroups(ROOT))
+        model = node.model
+        rec = Reconciler(node.desired, node.writer, model, resync_period=3600)
         rec.start(asyncio.get_running_loop())
         try:
             pods = [be_pod(i, top) for i in (1, 2)]
             ctrs = [make_container(i, p) for i, p in zip((1, 2), pods, strict=True)]
             for c in ctrs:
                 mkdirs(c.linux.cgroups_path)
-            rec.track(pods[0], ctrs[0])  # known from NRI already: adopt leaves it alone
-            assert plugin.adopt(pods, ctrs) == 1
-            assert read(ctrs[1].linux.cgroups_path, "cpu.shares") == "512"  # converged at once
+            model.container_started(pods[0], ctrs[0])  # known from NRI already
+            known = model.get(ctrs[0].id)
+            assert model.observe(pods, ctrs) == 1  # only the unknown one is adopted
+            assert model.get(ctrs[0].id) is known  # what NRI told us stands
+            await until(lambda: read(ctrs[1].linux.cgroups_path, "cpu.shares") == "512")  # converged at once
             assert read(ctrs[1].linux.cgroups_path, "cpu.cfs_quota_us") == "100000"
-            assert read(ctrs[0].linux.cgroups_path, "cpu.shares") == "1024"  # not adopted, not touched
             assert {ctrs[1].id, f"pod:{pods[1].id}", f"pod:{pods[0].id}"} <= set(rec.entries)
             # The runtime no longer has container 2 (a removal we missed): forgotten; an entry
-            # tracked after the listing began stays.
+            # known after the listing began stays.
             listed_at = time.monotonic()
             late = make_container(3, pods[0])
-            rec.track(pods[0], late)
-            assert plugin.prune({ctrs[0].id, f"pod:{pods[0].id}"}, listed_at) == 1  # containers
+            model.container_created(pods[0], late)
+            assert model.prune({ctrs[0].id, f"pod:{pods[0].id}"}, listed_at) == 1  # containers
             assert ctrs[1].id not in rec.entries and f"pod:{pods[1].id}" not in rec.entries
             assert late.id in rec.entries and ctrs[0].id in rec.entries
+            assert ctrs[1].id not in model and late.id in model
         finally:
             rec.stop()
 
@@ -371,16 +373,11 @@ def test_new_directories_are_noticed(top: str) -> None:
 
     async def main() -> None:
         seen: list[str] = []
-        plugin = QoSPlugin(cgroups=Cgroups(ROOT))
+        node = Node.create(cgroups=Cgroups(ROOT))
+        model = node.model
         rec = Reconciler(
-            plugin.intent,
-            plugin.cgroups,
-            resync_period=3600,
-            version=plugin.state_version,
-            roots=[f"{top}/kubepods"],
-            on_new_dir=seen.append,
+            node.desired, node.writer, model, resync_period=3600, roots=[f"{top}/kubepods"], on_new_dir=seen.append
         )
-        plugin.reconciler = rec
         rec.start(asyncio.get_running_loop())
         try:
             # The pod root does not exist yet (the agent started before kubelet): it is
@@ -399,8 +396,8 @@ def test_new_directories_are_noticed(top: str) -> None:
             pod = be_pod(7, top)
             ctr = make_container(7, pod)
             ctr.state = api.CONTAINER_CREATED
-            plugin.adopt([pod], [ctr])
-            assert ctr.id in rec.entries and plugin.pending() == 1
+            model.observe([pod], [ctr])
+            assert ctr.id in rec.entries and model.pending() == 1
             proc = subprocess.Popen(["sleep", "30"])
             try:
                 mkdirs(ctr.linux.cgroups_path)
@@ -409,15 +406,15 @@ def test_new_directories_are_noticed(top: str) -> None:
                 await asyncio.sleep(0.2)
                 assert read(ctr.linux.cgroups_path, "cpu.shares") == "2"  # runc's value, not fought
                 ctr.state = api.CONTAINER_RUNNING
-                plugin.adopt([pod], [ctr])
-                assert plugin.pending() == 0
-                assert read(ctr.linux.cgroups_path, "cpu.shares") == "512"
+                model.observe([pod], [ctr])
+                assert model.pending() == 0
+                await until(lambda: read(ctr.linux.cgroups_path, "cpu.shares") == "512")
                 assert read(ctr.linux.cgroups_path, "cpu.cfs_quota_us") == "100000"
                 (ROOT / "cpu" / ctr.linux.cgroups_path.lstrip("/") / "cpu.shares").write_text("1024")
                 await until(lambda: read(ctr.linux.cgroups_path, "cpu.shares") == "512")  # watched now
                 # A container tracked (not pending) before its cgroup exists converges when it appears.
                 ctr2 = make_container(8, pod)
-                rec.track(pod, ctr2)
+                model.container_started(pod, ctr2)
                 mkdirs(ctr2.linux.cgroups_path)
                 await until(lambda: read(ctr2.linux.cgroups_path, "cpu.shares") == "512")
                 assert rec.passes == 0  # inotify and the inventory did it, not a full pass

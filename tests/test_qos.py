@@ -50,7 +50,7 @@ def test_plugin_adjusts_only_be() -> None:
         assert p.create_container(pod, make_container(2, pod)) is None
     bad = make_pod(3, "nonsense", parent="/kubepods/besteffort/pod3")
     assert p.create_container(bad, make_container(3, bad)) is None  # untouched, not guessed
-    assert p.rejected_labels == 1
+    assert p.desired.rejected_labels == 1
     unlabelled = make_pod(4, None, parent="/kubepods/besteffort/pod4")
     assert p.create_container(unlabelled, make_container(4, unlabelled)) is not None
 

@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 
 from nriplugin.kernel.cgroup import Cgroups
+from nriplugin.node import Node
 from nriplugin.nri import api_pb2 as api
+from nriplugin.overlays import group_key
 from nriplugin.plugin import QoSPlugin
 from nriplugin.reconciler import Reconciler
-from nriplugin.reconciler.reconciler import FIGHT_REPAIRS
+from nriplugin.reconciler.reconciler import BACKOFF_MIN, FIGHT_REPAIRS
 from tests.runtime_peer import make_container, make_pod
 
 ROOT = Path("/sys/fs/cgroup")
@@ -88,9 +90,9 @@ def test_external_writes_are_repaired(workload: tuple[api.PodSandbox, api.Contai
 
     async def main() -> None:
         rec = Recorder()
-        plugin = QoSPlugin(cgroups=Cgroups(ROOT))
-        r = Reconciler(plugin.intent, plugin.cgroups, observer=rec, resync_period=3600, version=plugin.state_version)
-        r.track(pod, ctr)
+        node = Node.create(cgroups=Cgroups(ROOT))
+        r = Reconciler(node.desired, node.writer, node.model, observer=rec, resync_period=3600)
+        node.model.container_started(pod, ctr)
         r.start(asyncio.get_running_loop())
         try:
             assert r.full_pass() >= 1  # born wrong (no hook ran): shares and quota set
@@ -117,9 +119,9 @@ def test_a_stubborn_writer_is_a_fight(workload: tuple[api.PodSandbox, api.Contai
 
     async def main() -> None:
         rec = Recorder()
-        plugin = QoSPlugin(cgroups=Cgroups(ROOT))
-        r = Reconciler(plugin.intent, plugin.cgroups, observer=rec, resync_period=3600)
-        r.track(pod, ctr)
+        node = Node.create(cgroups=Cgroups(ROOT))
+        r = Reconciler(node.desired, node.writer, node.model, observer=rec, resync_period=3600)
+        node.model.container_started(pod, ctr)
         r.start(asyncio.get_running_loop())
         r.full_pass()
         stop = threading.Event()
@@ -144,5 +146,151 @@ def test_a_stubborn_writer_is_a_fight(workload: tuple[api.PodSandbox, api.Contai
         assert len(rec.drifts) > len(repairs)
         r.policy_changed()  # a new policy re-applies at once, backoff forgotten
         assert (cpu / "cpu.shares").read_text().strip() == "512"
+
+    asyncio.run(main())
+
+
+def shares_of(cpu: Path) -> str:
+    return (cpu / "cpu.shares").read_text().strip()
+
+
+def test_a_repair_held_back_by_the_backoff_is_made_when_it_ends(
+    workload: tuple[api.PodSandbox, api.Container, Path],
+) -> None:
+    """Another writer rewrites cpu.shares every 100 ms for 3 s: a conflict, and once it stops
+    the value comes back within the backoff in force, not at the next full pass."""
+    pod, ctr, cpu = workload
+
+    async def main() -> None:
+        rec = Recorder()
+        node = Node.create(cgroups=Cgroups(ROOT))
+        r = Reconciler(node.desired, node.writer, node.model, observer=rec, resync_period=3600)
+        node.model.container_started(pod, ctr)
+        r.start(asyncio.get_running_loop())
+        r.full_pass()
+        stop = threading.Event()
+
+        def fighter() -> None:
+            end = time.monotonic() + 3.0
+            while time.monotonic() < end:
+                (cpu / "cpu.shares").write_text("1024")
+                time.sleep(0.1)
+            stop.set()
+
+        t = threading.Thread(target=fighter)
+        t.start()
+        try:
+            while not stop.is_set():
+                await asyncio.sleep(0.02)
+            st = r.files[str(cpu / "cpu.shares")]
+            left = max(0.0, st.blocked_until - time.monotonic())  # the backoff still in force
+            stopped = time.monotonic()
+            assert rec.conflicts and set(rec.conflicts) == {"cpu.shares"}
+            await until(lambda: shares_of(cpu) == "512", timeout=left + 1.0)
+            assert time.monotonic() - stopped <= max(left, BACKOFF_MIN) + 1.0
+            assert r.passes == 1  # the held-back repair did it, not a full pass
+        finally:
+            t.join()
+            r.stop()
+
+    asyncio.run(main())
+
+
+def test_an_overlay_is_kept_like_a_feature_and_withdrawn_quietly(
+    workload: tuple[api.PodSandbox, api.Container, Path],
+) -> None:
+    """An overlay (a suppressed BE quota) rides in the hook's answers and is kept by the
+    reconciler: an external write goes back to the overlay's value, not the feature's;
+    withdrawing it restores the feature's value. Setting and withdrawing are not drift."""
+    pod, ctr, cpu = workload
+
+    async def main() -> None:
+        rec = Recorder()
+        node = Node.create(cgroups=Cgroups(ROOT))
+        plugin = QoSPlugin(node)
+        r = Reconciler(node.desired, node.writer, node.model, observer=rec, resync_period=3600)
+        r.start(asyncio.get_running_loop())
+        quota = cpu / "cpu.cfs_quota_us"
+        try:
+            adj = plugin.create_container(pod, ctr)
+            assert isinstance(adj, api.ContainerAdjustment) and adj.linux.resources.cpu.quota.value == 100000
+            plugin.start_container(pod, ctr)
+            r.full_pass()
+            assert quota.read_text().strip() == "100000"
+            # the QoS manager suppresses BE: applied at once, quietly
+            assert node.desired.set_overlay(ctr.id, "qos:cpuSuppress", {"cpu.cfs_quota_us": 30000}, "score 80")
+            await until(lambda: quota.read_text().strip() == "30000")
+            assert rec.drifts == [] and rec.repairs == [] and rec.conflicts == []
+            # the hooks answer with the same merged state
+            res = api.LinuxResources()
+            res.cpu.quota.value = 100000
+            (u,) = plugin.update_container(pod, ctr, res)
+            assert u.linux.resources.cpu.quota.value == 30000
+            intent = node.desired.intent(ctr.id)
+            assert intent is not None
+            s = intent.files[("cpu.cfs_quota_us", "")]
+            assert (s.owner, s.why) == ("qos:cpuSuppress", "score 80")
+            await asyncio.sleep(0.05)  # new facts from the update: applied (quietly) first
+            # an external write is drift, repaired to the overlay's value
+            quota.write_text("100000")
+            await until(lambda: quota.read_text().strip() == "30000")
+            assert rec.drifts == ["cpu.cfs_quota_us"] and [x for x, _ in rec.repairs] == ["cpu.cfs_quota_us"]
+            # withdrawn: the feature's value comes back, again quietly
+            assert node.desired.withdraw_overlay(ctr.id, "qos:cpuSuppress")
+            await until(lambda: quota.read_text().strip() == "100000")
+            assert len(rec.drifts) == 1 and len(rec.repairs) == 1 and rec.conflicts == []
+            assert not node.desired.withdraw_overlay(ctr.id, "qos:cpuSuppress")  # nothing left
+        finally:
+            r.stop()
+
+    asyncio.run(main())
+
+
+@pytest.fixture
+def qos_group() -> Iterator[str]:
+    """A QoS-level group like kubepods/besteffort, with a process in it."""
+    rel = f"nriplugin-rtest-{os.getpid()}/kubepods/besteffort"
+    for c in ("cpu", "memory"):
+        (ROOT / c / rel).mkdir(parents=True)
+    proc = subprocess.Popen(["sleep", "60"])
+    (ROOT / "cpu" / rel / "cgroup.procs").write_text(str(proc.pid))
+    try:
+        yield rel
+    finally:
+        proc.kill()
+        proc.wait()
+        time.sleep(0.05)
+        for c in ("cpu", "memory"):
+            d = ROOT / c / rel
+            while d != ROOT / c:
+                d.rmdir()
+                d = d.parent
+
+
+def test_a_qos_level_group_is_owned_and_repaired_like_a_container(qos_group: str) -> None:
+    """The BE parent has no pod or container behind it: its values are overlays only, it is
+    watched and repaired like a container, and withdrawing restores what it had before."""
+
+    async def main() -> None:
+        rec = Recorder()
+        node = Node.create(cgroups=Cgroups(ROOT))
+        r = Reconciler(node.desired, node.writer, node.model, observer=rec, resync_period=3600)
+        r.start(asyncio.get_running_loop())
+        cpu = ROOT / "cpu" / qos_group
+        quota = cpu / "cpu.cfs_quota_us"
+        try:
+            assert quota.read_text().strip() == "-1"
+            key = r.own_group(qos_group)
+            assert key == group_key(qos_group) and key in r.entries
+            node.desired.set_overlay(key, "qos:cpuSuppress", {"cpu.cfs_quota_us": 150000}, "BE limit 1.5 CPU")
+            await until(lambda: quota.read_text().strip() == "150000")
+            quota.write_text("-1")  # someone lifts the limit
+            await until(lambda: quota.read_text().strip() == "150000")
+            assert rec.drifts == ["cpu.cfs_quota_us"] and len(rec.repairs) == 1
+            node.desired.withdraw_overlay(key, "qos:cpuSuppress")
+            await until(lambda: quota.read_text().strip() == "-1")  # as it was before
+            assert len(rec.drifts) == 1 and rec.conflicts == []
+        finally:
+            r.stop()
 
     asyncio.run(main())

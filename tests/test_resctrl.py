@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from nriplugin.kernel.probe import resctrl
 from nriplugin.kernel.resctrl import ResctrlError, ResctrlFS, cat_mask, mba_value
+from nriplugin.node import Node
 from nriplugin.plugin import QoSPlugin
 from nriplugin.policy.cache import RuleCache
 from nriplugin.policy.model import Policy
@@ -68,7 +69,8 @@ def test_plugin_puts_tasks_in_their_class_group(tmp_path: Path) -> None:
             }
         }
     )
-    p = QoSPlugin(RuleCache(policy), caps=c, resctrl_root=root)
+    invalid: list[str] = []
+    p = QoSPlugin(Node.create(RuleCache(policy), caps=c, resctrl_root=root, on_invalid=invalid.append))
     be = make_pod(1, "BE")
     ctr = make_container(1, be)
     ctr.pid = 4242
@@ -81,8 +83,7 @@ def test_plugin_puts_tasks_in_their_class_group(tmp_path: Path) -> None:
     ls = make_pod(2, "LS")
     lsc = make_container(2, ls)
     lsc.pid = 77
-    invalid: list[str] = []
-    p.on_invalid = invalid.append
+    assert invalid == []
     p.start_container(ls, lsc)  # the fake tree has no tasks file for a fresh group: reported, no crash
     assert invalid == ["resctrl"]
 
@@ -93,11 +94,11 @@ def test_rdt_class_in_the_adjustment_is_opt_in(tmp_path: Path) -> None:
     c.resctrl = resctrl(root)
     on = {"resourceQOSStrategy": {"beClass": {"resctrlQOS": {"enable": True}}}}
     be = make_pod(1, "BE")
-    plain = QoSPlugin(RuleCache(Policy.model_validate(on)), caps=c, resctrl_root=root)
+    plain = QoSPlugin(Node.create(RuleCache(Policy.model_validate(on)), caps=c, resctrl_root=root))
     adj = plain.create_container(be, make_container(1, be))
     assert adj is not None and not isinstance(adj, tuple) and not adj.linux.resources.HasField("rdt_class")
     runtime = QoSPlugin(
-        RuleCache(Policy.model_validate({**on, "resctrlRuntimeClasses": True})), caps=c, resctrl_root=root
+        Node.create(RuleCache(Policy.model_validate({**on, "resctrlRuntimeClasses": True})), caps=c, resctrl_root=root)
     )
     adj = runtime.create_container(be, make_container(1, be))
     assert adj is not None and not isinstance(adj, tuple)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from . import batch, blkio, cpu_burst, cpu_qos, cpuset, memory_qos, resctrl
-from .base import Context, Intent, InvalidInput
+from .base import Context, Intent, InvalidInput, Setting
 
 log = logging.getLogger("nriplugin.features")
 
@@ -45,15 +45,17 @@ def desired_state(ctx: Context) -> Outcome:
         sw = getattr(switches, name)
         if not sw.enable:
             continue
-        values, why = dict(intent.values), dict(intent.why)  # to undo a failed feature's writes
+        before = intent.copy()  # to undo a failed feature's settings
+        intent.owner = name
         try:
             fn(ctx, intent)
         except InvalidInput as exc:
             if sw.failurePolicy == "fail-closed":
                 raise FeatureFailed(f"{name}: {exc}") from exc
-            intent.values, intent.why = values, why
+            intent = before
             failed.append((name, str(exc)))
+    intent.owner = ""
     return Outcome(intent, failed)
 
 
-__all__ = ["PIPELINE", "Context", "FeatureFailed", "Intent", "InvalidInput", "Outcome", "desired_state"]
+__all__ = ["PIPELINE", "Context", "FeatureFailed", "Intent", "InvalidInput", "Outcome", "Setting", "desired_state"]

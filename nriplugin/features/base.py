@@ -39,24 +39,27 @@ class Context:
         return self.caps.files.get(resource, False)
 
     def requested(self, resource: str) -> int | None:
-        """What the runtime was asked for (CRI), in logical units; None when not set."""
-        c = self.container
-        if c is None or not c.HasField("linux"):
-            return None
-        r = c.linux.resources
-        if resource == "cpu.shares" and r.cpu.HasField("shares"):
-            return int(r.cpu.shares.value)
-        if resource == "cpu.cfs_quota_us" and r.cpu.HasField("quota"):
-            return int(r.cpu.quota.value)
-        if resource == "cpu.cfs_period_us" and r.cpu.HasField("period"):
-            return int(r.cpu.period.value)
-        if resource == "memory.limit_in_bytes" and r.memory.HasField("limit"):
-            return int(r.memory.limit.value)
-        return None
+        return requested(self.container, resource)
 
     def annotation_json(self, key: str) -> Any:
         raw = self.pod.annotations.get(key)
         return None if raw is None else annotation_json(key, raw)
+
+
+def requested(c: api.Container | None, resource: str) -> int | None:
+    """What the runtime was asked for (CRI), in logical units; None when not set."""
+    if c is None or not c.HasField("linux"):
+        return None
+    r = c.linux.resources
+    if resource == "cpu.shares" and r.cpu.HasField("shares"):
+        return int(r.cpu.shares.value)
+    if resource == "cpu.cfs_quota_us" and r.cpu.HasField("quota"):
+        return int(r.cpu.quota.value)
+    if resource == "cpu.cfs_period_us" and r.cpu.HasField("period"):
+        return int(r.cpu.period.value)
+    if resource == "memory.limit_in_bytes" and r.memory.HasField("limit"):
+        return int(r.memory.limit.value)
+    return None
 
 
 def annotation_json(key: str, raw: str) -> Any:
@@ -70,17 +73,70 @@ def annotation_json(key: str, raw: str) -> Any:
         raise InvalidInput(key, "JSON nested too deeply") from exc
 
 
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One desired cgroup value: a logical resource (v1 name), for per-device rules the device
+    ("MAJOR:MINOR"), the value, why, and who decided it (a feature, or an overlay's owner)."""
+
+    resource: str
+    value: int | str
+    why: str
+    device: str = ""
+    owner: str = ""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.resource, self.device)
+
+    @property
+    def file_value(self) -> int | str:
+        """What the file takes: per-device rules are written as "MAJOR:MINOR N"."""
+        return f"{self.device} {self.value}" if self.device else self.value
+
+    @property
+    def label(self) -> str:
+        return f"{self.resource} {self.device}" if self.device else self.resource
+
+
 @dataclass
 class Intent:
-    """Desired values for one container or pod, by logical resource (v1 names), with reasons."""
+    """Desired state of one container, pod or QoS-level group: cgroup file settings, and the
+    task groups its tasks join (resctrl, core scheduling: memberships, not files)."""
 
-    values: dict[str, int | str] = field(default_factory=dict)
-    why: dict[str, str] = field(default_factory=dict)
-    rdt_class: str | None = None
+    files: dict[tuple[str, str], Setting] = field(default_factory=dict)
+    resctrl_group: Setting | None = None
+    core_sched_group: Setting | None = None
+    rdt_class: str | None = None  # the NRI adjustment's RDT class (runtimes with RDT configured)
+    owner: str = ""  # who sets values now (the pipeline names the feature it runs)
 
-    def set(self, resource: str, value: int | str, why: str) -> None:
-        self.values[resource] = value
-        self.why[resource] = why
+    def set(self, resource: str, value: int | str, why: str, device: str = "") -> None:
+        self.files[(resource, device)] = Setting(resource, value, why, device, self.owner)
 
-    def get(self, resource: str) -> int | str | None:
-        return self.values.get(resource)
+    def join(self, kind: str, group: str, why: str) -> None:
+        """Tasks join ``group``: kind "resctrl" (a resctrl group) or "coresched" (a cookie)."""
+        s = Setting(f"{kind}.group", group, why, owner=self.owner)
+        if kind == "resctrl":
+            self.resctrl_group = s
+        elif kind == "coresched":
+            self.core_sched_group = s
+        else:
+            raise ValueError(f"unknown task group kind {kind!r}")
+
+    def get(self, resource: str, device: str = "") -> int | str | None:
+        s = self.files.get((resource, device))
+        return None if s is None else s.value
+
+    @property
+    def values(self) -> dict[str, int | str]:
+        """The device-less file values by resource (what features read back from each other)."""
+        return {s.resource: s.value for s in self.files.values() if not s.device}
+
+    @property
+    def why(self) -> dict[str, str]:
+        return {s.resource: s.why for s in self.files.values() if not s.device}
+
+    def settings(self) -> list[Setting]:
+        return list(self.files.values())
+
+    def copy(self) -> Intent:
+        return Intent(dict(self.files), self.resctrl_group, self.core_sched_group, self.rdt_class, self.owner)

@@ -51,4 +51,4 @@ def desired(ctx: Context, intent: Intent) -> None:
         for field, resource in THROTTLES:
             value = getattr(io, field)
             if value:
-                intent.set(f"{resource} {dev}", value, f"{ctx.qos}: {field} on {block.name} ({dev})")
+                intent.set(resource, value, f"{ctx.qos}: {field} on {block.name} ({dev})", device=dev)

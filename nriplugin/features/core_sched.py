@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import re
 
+from ..kernel.coresched import CoreSched
 from .base import Context, Intent, InvalidInput
 
 GROUP_LABEL = "koordinator.sh/core-sched-group-id"
 _GROUP = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-RESOURCE = "coresched.group"  # not a file: the hook gives the task its group's cookie
+RESOURCE = "coresched.group"  # not a file: the task gets its group's cookie
 
 
 def group_of(ctx: Context) -> tuple[str, str]:
@@ -38,4 +39,10 @@ def desired(ctx: Context, intent: Intent) -> None:
     ):
         return
     group, why = group_of(ctx)
-    intent.set(RESOURCE, group, why)
+    intent.join("coresched", group, why)
+
+
+def join(cs: CoreSched, group: str, pids: list[int]) -> None:
+    """Give processes their group's cookie (a new container's init process, whose children
+    inherit it, or every process of one that already ran). Raises OSError/ValueError."""
+    cs.assign(group, pids)

@@ -32,6 +32,8 @@ class CPUAllocator:
     reserved: set[int] = field(default_factory=set)  # kept for the system, never handed out
     exclusive: dict[str, frozenset[int]] = field(default_factory=dict)  # owner (container id) -> cpus
     generation: int = 0  # bumped whenever the exclusive sets change (the share pool with them)
+    # owner -> how its assignment went: why it is pinned, or why it could not be (then it shares)
+    notes: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.online = frozenset(self.topo.online)
@@ -71,7 +73,10 @@ class CPUAllocator:
         per = max(1, max((len(c) for c in self.cores), default=1))
         need = math.ceil(ncpus / per)
         if need > len(free) - 1:  # at least one core stays in the share pool
-            raise NoCapacity(f"{ncpus} CPUs ({need} whole cores) requested, {len(free)} free cores")
+            raise NoCapacity(
+                f"needs {need} whole core(s) for {ncpus} CPU(s); {len(free)} of {len(self.cores)} core(s) are free "
+                "and one must stay in the share pool"
+            )
         by_node: dict[int, list[tuple[int, ...]]] = {}
         for core in free:
             by_node.setdefault(self.topo.numa.get(core[0], 0), []).append(core)
@@ -87,6 +92,7 @@ class CPUAllocator:
         return self.exclusive[owner]
 
     def release(self, owner: str) -> bool:
+        self.notes.pop(owner, None)
         if self.exclusive.pop(owner, None) is None:
             return False
         self.generation += 1
@@ -110,32 +116,61 @@ def scheduled_cpus(ctx: Context) -> set[int] | None:
         raise InvalidInput(RESOURCE_STATUS, f"cpuset {raw[:40]!r}: {exc}") from exc
 
 
+def assign(ctx: Context) -> str | None:
+    """The allocation step, taken once when a container becomes known (CreateContainer,
+    Synchronize, the inventory), never while computing desired state: pin an LSE/LSR container
+    to exclusive cores. Returns None when pinned or not a candidate, else the capacity
+    shortfall (the container then runs in the share pool, never on someone's exclusive core).
+    A malformed scheduling annotation raises InvalidInput (it, too, leaves the container in
+    the share pool)."""
+    alloc = ctx.cpus
+    if alloc is None or ctx.container is None or not ctx.has("cpuset.cpus"):
+        return None
+    if ctx.pod.labels.get(QOS_LABEL) not in ("LSE", "LSR"):
+        return None
+    owner = ctx.container.id
+    if owner in alloc.exclusive:
+        return None
+    try:
+        wanted = scheduled_cpus(ctx)
+    except InvalidInput as exc:
+        alloc.notes[owner] = f"cannot pin: {exc}"
+        raise
+    if wanted is not None:
+        try:
+            alloc.claim(owner, wanted)
+        except NoCapacity as exc:  # the scheduler's decision cannot be honoured as written
+            alloc.notes[owner] = f"cannot pin: {RESOURCE_STATUS}: {exc}"
+            raise InvalidInput(RESOURCE_STATUS, str(exc)) from exc
+        alloc.notes[owner] = f"{ctx.qos}: exclusive, as scheduled ({RESOURCE_STATUS})"
+        return None
+    try:
+        quota, period = ctx.requested("cpu.cfs_quota_us"), ctx.requested("cpu.cfs_period_us") or 100000
+        if not quota or quota <= 0:
+            return None
+        n = math.ceil(quota / period)
+        alloc.allocate(owner, n)
+        alloc.notes[owner] = f"{ctx.qos}: {n} CPUs as whole cores from the node's topology"
+        return None
+    except NoCapacity as exc:
+        alloc.notes[owner] = f"cannot pin: {exc}"
+        return str(exc)
+
+
 def desired(ctx: Context, intent: Intent) -> None:
+    """Reads the assignment (see :func:`assign`); allocates nothing."""
     alloc = ctx.cpus
     if alloc is None or ctx.container is None or not ctx.has("cpuset.cpus"):
         return
-    explicit = ctx.pod.labels.get(QOS_LABEL) in ("LSE", "LSR")
     owner = ctx.container.id
-    if explicit:
-        try:
-            wanted = scheduled_cpus(ctx)
-            if wanted is not None:
-                cpus = alloc.claim(owner, wanted)
-                intent.set(
-                    "cpuset.cpus", format_cpulist(cpus), f"{ctx.qos}: exclusive, as scheduled ({RESOURCE_STATUS})"
-                )
-                return
-            quota, period = ctx.requested("cpu.cfs_quota_us"), ctx.requested("cpu.cfs_period_us") or 100000
-            if quota and quota > 0:
-                cpus = alloc.allocate(owner, math.ceil(quota / period))
-                intent.set(
-                    "cpuset.cpus",
-                    format_cpulist(cpus),
-                    f"{ctx.qos}: {math.ceil(quota / period)} CPUs as whole cores from the node's topology",
-                )
-                return
-        except NoCapacity as exc:
-            raise InvalidInput(RESOURCE_STATUS, f"cannot pin {ctx.qos} container: {exc}") from exc
+    cpus = alloc.exclusive.get(owner)
+    note = alloc.notes.get(owner, "")
+    if cpus is not None:
+        intent.set("cpuset.cpus", format_cpulist(cpus), note)
+        return
+    if note.startswith("cannot pin: ") and ctx.policy.features.cpuset.failurePolicy == "fail-closed":
+        raise InvalidInput("cpuset", note)  # fail-closed: refuse rather than run unpinned
     pool = alloc.share_pool()
     if pool != alloc.online:  # while nothing is exclusive, the runtime's default (all CPUs) is right
-        intent.set("cpuset.cpus", format_cpulist(pool), f"{ctx.qos}: the share pool (online CPUs minus exclusive ones)")
+        why = f"{ctx.qos}: the share pool (online CPUs minus exclusive ones)"
+        intent.set("cpuset.cpus", format_cpulist(pool), f"{why}; {note}" if note else why)

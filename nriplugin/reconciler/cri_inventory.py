@@ -147,9 +147,9 @@ class _Quiet:
 
 
 class Adopter(Protocol):
-    """What takes the inventory (the QoS plugin)."""
+    """What takes the inventory (the node model)."""
 
-    def adopt(self, pods: list[api.PodSandbox], containers: list[api.Container]) -> int: ...
+    def observe(self, pods: list[api.PodSandbox], containers: list[api.Container]) -> int: ...
     def pending(self) -> int: ...
     def prune(self, live: set[str], listed_at: float) -> int: ...
 
@@ -274,7 +274,7 @@ class CriInventory:
         self._available = True
         adopted = 0
         for i in range(0, max(len(containers), 1), CHUNK):
-            adopted += self.adopter.adopt(pods, containers[i : i + CHUNK])
+            adopted += self.adopter.observe(pods, containers[i : i + CHUNK])
             await asyncio.sleep(0)
         forgotten = self.adopter.prune({c.id for c in containers} | {f"pod:{p.id}" for p in pods}, listed_at)
         self.observer.inventory_done(True, adopted, forgotten)

@@ -1,5 +1,11 @@
-"""Drift repair. The desired values come from the plugin's feature pipeline (the same
-``intent()`` the hooks use); this module only compares files with them and writes back.
+"""Drift repair. The desired values come from the desired state (features ⊕ overlays, the same
+the hooks use); this module only compares files with them and writes back through the one
+writer. It follows the node model (containers and pods come and go) and owns QoS-level groups
+(e.g. the BE parent, where suppression writes) the same way.
+
+Applying is not repairing: when a key's desired state changed (a new policy, an overlay set
+or withdrawn, a resize, the share pool moving) its files are written and nothing is counted.
+Drift is a file that differs from a desired state we had already applied.
 
 Events: inotify on each managed cgroup directory (one instance, read from the event loop, no
 threads) tells us within a millisecond that a file changed; we re-read it and repair if it
@@ -8,7 +14,8 @@ too: under the pod roots (``kubepods``...) and in tracked pods, a new pod or con
 is either one we expect (tracked before its directory existed: converged at once) or unknown
 (reported to ``on_new_dir``, which asks the runtime what it is). A periodic full pass is the
 safety net. A file that keeps being reverted by someone else is a fight: repairs back off
-exponentially and the conflict is reported, until the policy changes or the other writer stops.
+exponentially and the conflict is reported, until the policy changes or the other writer stops;
+a repair held back by the backoff is made when the backoff ends, never dropped.
 """
 
 from __future__ import annotations
@@ -20,12 +27,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
-from ..kernel import paths
+from ..features.base import Setting
 from ..kernel.cgroup import RESOURCES, Cgroups, InvalidValue
 from ..kernel.inotify import IN_CREATE, IN_DELETE, IN_IGNORED, IN_ISDIR, IN_MODIFY, IN_Q_OVERFLOW, Inotify
-from ..nri import api_pb2 as api
+from ..model import NodeModel, State
+from ..overlays import group_key
+from ..writer import Writer, period_of
 
 log = logging.getLogger("nriplugin.reconciler")
 
@@ -42,17 +51,15 @@ CHILDREN = IN_CREATE | IN_DELETE
 
 @dataclass
 class Entry:
-    """One managed cgroup: a container (or a pod when ``container`` is None)."""
+    """One managed cgroup: a container, a pod (``pod:<id>``) or a QoS-level group."""
 
-    pod: api.PodSandbox
-    container: api.Container | None
     group: str  # relative cgroup path
-    cache: tuple[object, dict[str, int | str]] | None = None  # (state version, desired values)
-    since: float = field(default_factory=time.monotonic)  # when it was tracked
+    children: bool = False  # its new child directories matter (a pod: its containers)
     # Created but not started: runc may be building its cgroup right now, and it reads back
     # what it writes (cpu.shares): touching the files then fails the container's start. Left
     # alone until the runtime says the task exists (StartContainer, or CRI shows it running).
     pending: bool = False
+    applied: object = None  # the desired-state generation last applied in full
 
 
 @dataclass
@@ -61,6 +68,14 @@ class FileState:
     backoff: float = 0.0
     blocked_until: float = 0.0
     conflicts: int = 0
+    retry: asyncio.TimerHandle | None = None  # the repair held back by the backoff
+
+
+class Desired(Protocol):
+    """Where the reconciler gets a key's settings (desired.DesiredState implements it)."""
+
+    def settings(self, key: str) -> tuple[object, list[Setting]]: ...
+    def subscribe(self, fn: Callable[[list[str]], None]) -> None: ...
 
 
 class Observer(Protocol):
@@ -93,21 +108,21 @@ class _Quiet:
 class Reconciler:
     def __init__(
         self,
-        intent: Callable[[api.PodSandbox, api.Container | None], Any],
-        cgroups: Cgroups,
+        desired: Desired,
+        writer: Writer,
+        model: NodeModel | None = None,
         observer: Observer | None = None,
         resync_period: float = 60.0,
         watch: bool = True,
-        version: Callable[[], object] = lambda: None,
         roots: Sequence[str] = (),
         on_new_dir: Callable[[str], None] | None = None,
     ) -> None:
-        self.intent = intent
-        self.version = version  # desired values are cached per entry until this changes
-        self.cgroups = cgroups
+        self.desired = desired
+        self.writer = writer
+        self.cgroups: Cgroups = writer.cgroups
         self.observer: Observer = observer or _Quiet()
         self.resync_period = resync_period
-        self.entries: dict[str, Entry] = {}  # key: container id, or "pod:<id>"
+        self.entries: dict[str, Entry] = {}  # key: container id, "pod:<id>" or "group:<path>"
         self.by_dir: dict[str, str] = {}  # watched directory -> entry key
         self.files: dict[str, FileState] = {}  # file path -> fight state
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -116,55 +131,89 @@ class Reconciler:
         self._watches: dict[str, int] = {}  # directory -> inotify watch descriptor
         self._masks: dict[str, int] = {}  # directory -> its watch mask
         self._task: asyncio.Task[None] | None = None
+        self._to_apply: set[str] = set()  # keys whose desired state changed, applied soon
         self.passes = 0
         # Relative cgroup paths under which new pod/container directories are looked for.
         self.roots = [r.strip("/") for r in roots if r.strip("/")]
         self.on_new_dir = on_new_dir
         self._new_dirs: dict[str, int] = {}  # directories watched for new children -> depth left
         self._awaiting: dict[str, set[str]] = {}  # directory above pod roots -> those roots
+        self.model = model
+        desired.subscribe(self.desired_changed)
+        if model is not None:  # track what the node model knows, as it comes and goes
+            model.subscribe(self)
+            for key in model:
+                self.added(key)
 
     # inventory -------------------------------------------------------------------------------
 
-    def track(self, pod: api.PodSandbox, container: api.Container | None, pending: bool = False) -> None:
+    def added(self, key: str) -> None:
+        r = None if self.model is None else self.model.get(key)
+        if r is not None and r.group is not None:
+            self.track(key, r.group, pending=r.state is State.CREATED, children=r.container is None)
+
+    def started(self, key: str, existing: bool) -> None:
+        self.activate(key)
+
+    def changed(self, key: str) -> None:
+        pass  # the desired state tells us (apply) when the change moves a value
+
+    def removed(self, key: str) -> None:
+        self.forget(key)
+
+    def resynced(self) -> None:
+        """After Synchronize: a full pass right after the answer (what changed while we were
+        not connected converges)."""
         try:
-            if container is None:
-                key, group = f"pod:{pod.id}", paths.pod_dir(pod.linux.cgroup_parent)
-            else:
-                key = container.id
-                group = paths.container_dir(container.linux.cgroups_path, pod.linux.cgroup_parent, container.id)
-        except paths.BadCgroupPath as exc:
-            log.warning("not tracking %s/%s: %s", pod.namespace, pod.name, exc)
-            return
-        self.entries[key] = Entry(pod, container, group, pending=pending and container is not None)
-        if self.entries[key].pending:
+            asyncio.get_running_loop().call_soon(self.full_pass)
+        except RuntimeError:
+            self.full_pass()
+
+    def own_group(self, path: str) -> str:
+        """Own a QoS-level cgroup (e.g. the BE parent): tracked, watched and repaired like a
+        container; its values are overlays. Returns its key."""
+        key = group_key(path)
+        if key not in self.entries:
+            self.track(key, path.strip("/"))
+            self.check(key)
+        return key
+
+    def track(self, key: str, group: str, pending: bool = False, children: bool = False) -> None:
+        self.entries[key] = Entry(group, children=children, pending=pending)
+        if pending:
             for d in self._dirs(group):
                 self.by_dir[str(d)] = key
         else:
             self._watch_entry(key)
 
-    def activate(self, key: str) -> int:
-        """A pending container's task exists now: watch it and converge it; returns repairs."""
+    def activate(self, key: str) -> None:
+        """A pending container's task exists now: watch it and converge it (right after the
+        hook's answer when there is a loop)."""
         entry = self.entries.get(key)
         if entry is None:
-            return 0
+            return
         entry.pending = False
         self._watch_entry(key)
-        return self.check(key)
+        self.apply_soon([key])
 
     def _watch_entry(self, key: str) -> None:
         entry = self.entries[key]
         for i, d in enumerate(self._dirs(entry.group)):
             self.by_dir[str(d)] = key
             # the first hierarchy's pod directory also reports new container directories
-            self._add_watch(d, IN_MODIFY | CHILDREN if i == 0 and entry.container is None else IN_MODIFY)
+            self._add_watch(d, IN_MODIFY | CHILDREN if i == 0 and entry.children else IN_MODIFY)
 
     def forget(self, key: str) -> None:
         entry = self.entries.pop(key, None)
         if entry is None:
             return
+        self._to_apply.discard(key)
         for d in self._dirs(entry.group):
             self.by_dir.pop(str(d), None)
             self._remove_watch(d)
+
+    def pending(self) -> int:
+        return sum(1 for e in self.entries.values() if e.pending)
 
     def _dirs(self, group: str) -> list[Path]:
         ctrls = ("cpu", "cpuset", "memory", "blkio") if self.cgroups.version == 1 else ("",)
@@ -178,57 +227,82 @@ class Reconciler:
 
     # desired vs actual -----------------------------------------------------------------------
 
-    def desired(self, entry: Entry) -> dict[str, int | str]:
-        v = self.version()
-        if entry.cache is not None and entry.cache[0] == v:
-            return entry.cache[1]
-        intent = self.intent(entry.pod, entry.container)
-        want = {} if intent is None else {k: x for k, x in intent.values.items() if k in RESOURCES or " " in k}
-        entry.cache = (v, want)
-        return want
+    def apply_soon(self, keys: list[str]) -> None:
+        """The desired state of ``keys`` changed: write them right after the current callback
+        (a hook's answer goes first), batched."""
+        first = not self._to_apply
+        self._to_apply.update(k for k in keys if k in self.entries)
+        if not first or not self._to_apply:
+            return
+        loop = self.loop
+        if loop is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no loop (explain, tests): now
+                self._apply_pending()
+                return
+        loop.call_soon(self._apply_pending)
+
+    def _apply_pending(self) -> None:
+        keys, self._to_apply = self._to_apply, set()
+        for key in keys:
+            self.check(key)
 
     def check(self, key: str, only: str | None = None, event_time: float | None = None) -> int:
-        """Compare one entry's files with its desired values and repair; returns repairs made."""
+        """Compare one entry's files with its desired values and write what differs; returns
+        the writes made. A difference from a desired state already applied is drift (counted,
+        subject to fight detection); one from a new desired state is applied quietly."""
         entry = self.entries.get(key)
         if entry is None or entry.pending:
             return 0
         try:
-            want = self.desired(entry)
+            gen, want = self.desired.settings(key)
         except Exception as exc:
             log.debug("no desired state for %s: %s", key, exc)
             return 0
-        period = want.get("cpu.cfs_period_us")
-        repairs = 0
-        for name, value in want.items():
-            resource, _, device = name.partition(" ")
-            if only is not None and resource != only:
+        applying = gen != entry.applied
+        period = period_of(want)
+        wrong: list[Setting] = []
+        complete = True
+        for s in want:
+            if only is not None and s.resource != only:
                 continue
-            v: int | str = f"{device} {value}" if device else value
             try:
-                ok = self.cgroups.matches(entry.group, resource, v, period if isinstance(period, int) else None)
+                ok = self.cgroups.matches(entry.group, s.resource, s.file_value, period)
             except InvalidValue:
                 continue
-            if ok is None or ok:
-                continue  # gone (the runtime will tell us) or right
-            path = str(self.cgroups.file(entry.group, resource))
-            self.observer.drift(resource)
-            if not self._may_repair(path, resource):
+            if ok is None:
+                complete = False  # gone (the runtime will tell us), or not there yet
                 continue
-            res = self.cgroups.write(
-                entry.group, resource, v, period=period if isinstance(period, int) else None, force=True
-            )
+            if ok:
+                continue
+            if not applying:
+                path = str(self.cgroups.file(entry.group, s.resource))
+                self.observer.drift(s.resource)
+                if not self._may_repair(path, s.resource, key):
+                    continue
+            wrong.append(s)
+        writes = 0
+        for s, res in self.writer.apply(entry.group, wrong, key, period=period, force=True):
             if res.status == "written":
-                repairs += 1
-                t = event_time if event_time is not None else time.perf_counter()
-                self.observer.repaired(resource, time.perf_counter() - t)
+                writes += 1
+                if not applying:
+                    t = event_time if event_time is not None else time.perf_counter()
+                    self.observer.repaired(s.resource, time.perf_counter() - t)
             elif res.status == "rejected":
                 self.observer.write_error(res.errno)
-        return repairs
+                complete = False
+        if only is None and complete:
+            entry.applied = gen
+        return writes
 
-    def _may_repair(self, path: str, resource: str) -> bool:
+    def _may_repair(self, path: str, resource: str, key: str) -> bool:
         now = time.monotonic()
         st = self.files.setdefault(path, FileState())
         if now < st.blocked_until:
+            # Held back, not dropped: looked at again when the backoff ends.
+            if st.retry is None and self.loop is not None:
+                st.retry = self.loop.call_later(st.blocked_until - now, self._retry, path, key, resource)
             return False
         st.repairs = [t for t in st.repairs if now - t < FIGHT_WINDOW]
         st.repairs.append(now)
@@ -245,10 +319,29 @@ class Reconciler:
             )
         return True
 
+    def _retry(self, path: str, key: str, resource: str) -> None:
+        st = self.files.get(path)
+        if st is not None:
+            st.retry = None
+        self.check(key, only=resource)
+
+    def desired_changed(self, keys: list[str]) -> None:
+        """The desired state's subscriber: apply what changed. A change to every key (a new
+        policy) forgets fight backoffs too: the new values go out at once."""
+        if len(keys) >= len(self.entries) and self.entries:
+            self._forget_backoffs()
+        self.apply_soon(keys)
+
     def policy_changed(self) -> None:
         """A new policy: forget backoffs and re-apply everything now."""
-        self.files.clear()
+        self._forget_backoffs()
         self.full_pass()
+
+    def _forget_backoffs(self) -> None:
+        for st in self.files.values():
+            if st.retry is not None:
+                st.retry.cancel()
+        self.files.clear()
 
     def full_pass(self) -> int:
         t0, c0 = time.perf_counter(), time.process_time()
@@ -311,6 +404,10 @@ class Reconciler:
     def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
+        for st in self.files.values():
+            if st.retry is not None:
+                st.retry.cancel()
+                st.retry = None
         if self._inotify is not None:
             if self.loop is not None:
                 self.loop.remove_reader(self._inotify.fd)
@@ -383,13 +480,13 @@ class Reconciler:
                 return  # runc is building it: StartContainer or the inventory activates it
             self._watch_entry(key)
             self.check(key)
-            if key.startswith("pod:"):
+            if self.entries[key].children:
                 self._existing_children(d)
             return
         parent_depth = self._new_dirs.get(str(d.parent))
         if parent_depth is None:
-            parent = self.by_dir.get(str(d.parent), "")
-            if not parent.startswith("pod:"):
+            parent = self.entries.get(self.by_dir.get(str(d.parent), ""))
+            if parent is None or not parent.children:
                 return
             parent_depth = 0  # a tracked pod's directory: its children are containers
         if not _CONTAINER_DIR.match(d.name) and parent_depth > 0:

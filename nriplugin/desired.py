@@ -1,0 +1,278 @@
+"""The desired state of every object the agent manages: the features' values (one function per
+feature, ``features/``) with the overlays (``overlays.py``) merged over them.
+
+Computed once per key and kept until something it depends on changes; each key has its own
+generation, so a new overlay or an in-place resize recomputes and re-applies only the keys it
+touches. A new policy recomputes everything; exclusive CPUs handed out or returned recompute
+the containers that follow the share pool. Subscribers (the reconciler) are told which keys
+changed: a changed desired state is applied, never counted as drift.
+
+The one side effect that belongs to knowing a container — assigning exclusive CPUs — is an
+explicit step when the node model adds it (:meth:`added`), never part of computing values.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+from .features import Context, FeatureFailed, Intent, InvalidInput, Setting, cpuset, desired_state
+from .features.base import requested
+from .features.cpuset import CPUAllocator
+from .kernel.probe import Capabilities
+from .model import POD_PREFIX, NodeModel
+from .nri import api_pb2 as api
+from .overlays import Overlays
+from .policy.cache import RuleCache
+from .policy.qos import InvalidQoSLabel, QoSClass, qos_class
+from .writer import cap_burst
+
+log = logging.getLogger("nriplugin.desired")
+
+Generation = tuple[int, int]  # (policy epoch, the key's own generation)
+
+
+class DesiredState:
+    def __init__(
+        self,
+        model: NodeModel,
+        rules: RuleCache,
+        caps: Capabilities,
+        cpus: CPUAllocator | None = None,
+        overlays: Overlays | None = None,
+        on_invalid: Callable[[str], None] = lambda reason: None,
+        current: Callable[[str, str], int | str | None] = lambda key, resource: None,
+    ) -> None:
+        self.model = model
+        self.rules = rules
+        self.caps = caps
+        self.cpus = cpus if cpus is not None else CPUAllocator(caps.topology)
+        self.overlays = overlays if overlays is not None else Overlays()
+        self.on_invalid = on_invalid
+        self._cache: dict[str, Intent | None] = {}
+        self._gens: dict[str, int] = {}
+        self._epoch = 0
+        self._next = 0
+        self._pool = self.cpus.generation
+        self._listeners: list[Callable[[list[str]], None]] = []
+        # What an overlay replaced where no feature sets a value, so that withdrawing it puts
+        # that back: key -> resource -> the value before (None: the runtime's, from the facts).
+        self.current = current
+        self._baselines: dict[str, dict[str, int | str | None]] = {}
+        self._logged: set[tuple[str, str]] = set()
+        self._classes: dict[str, QoSClass | None] = {}  # pod id -> its class (None: bad label)
+        self.rejected_labels = 0
+        rules.subscribe(lambda _v: self.policy_changed())
+
+    def subscribe(self, fn: Callable[[list[str]], None]) -> None:
+        """``fn(keys)``: the desired state of ``keys`` changed (apply them)."""
+        self._listeners.append(fn)
+
+    # computing ----------------------------------------------------------------------------------
+
+    def qos(self, pod: api.PodSandbox) -> QoSClass | None:
+        try:
+            return qos_class(pod.labels, pod.linux.cgroup_parent)
+        except InvalidQoSLabel as exc:
+            self.rejected_labels += 1
+            self.on_invalid("qos_label")
+            log.warning(
+                "pod %s/%s: %s; leaving it untouched",
+                pod.namespace,
+                pod.name,
+                exc,
+                extra={"pod": f"{pod.namespace}/{pod.name}", "reason": "invalid_label"},
+            )
+            return None
+
+    def _context(self, pod: api.PodSandbox, container: api.Container | None, known: bool = False) -> Context | None:
+        if known:  # a pod of the node model: its class is decided (and a bad label reported) once
+            if pod.id not in self._classes:
+                self._classes[pod.id] = self.qos(pod)
+            qos = self._classes[pod.id]
+        else:
+            qos = self.qos(pod)
+        if qos is None or qos is QoSClass.SYSTEM:
+            return None
+        return Context(pod, container, qos, self.rules.policy, self.caps, self.cpus)
+
+    def features(self, pod: api.PodSandbox, container: api.Container | None) -> Intent | None:
+        """The features' values for a pod description (None: not managed). Pure: no cache, no
+        overlays, no allocation (``explain`` and the model's own keys share it).
+        Raises FeatureFailed when a fail-closed feature cannot compute its values."""
+        return self._features(self._context(pod, container))
+
+    def _features(self, ctx: Context | None) -> Intent | None:
+        if ctx is None:
+            return None
+        pod = ctx.pod
+        out = desired_state(ctx)
+        for feature, reason in out.failed:
+            self._invalid(pod, feature, reason)
+        return out.intent
+
+    def intent(self, key: str) -> Intent | None:
+        """The merged desired state of ``key`` (features ⊕ overlays); cached per generation."""
+        if key in self._cache:
+            return self._cache[key]
+        r = self.model.get(key)
+        intent = self._features(self._context(r.pod, r.container, known=True)) if r is not None else Intent()
+        decisions = self.overlays.of(key)
+        base = self._baselines.get(key)
+        if base and intent is not None:
+            intent = intent.copy()
+            for resource, value in base.items():
+                if value is None and r is not None:
+                    value = requested(r.container, resource)
+                if value is not None and (resource, "") not in intent.files:
+                    intent.files[(resource, "")] = Setting(
+                        resource, value, "the value before an overlay replaced it", owner="baseline"
+                    )
+        if decisions:
+            intent = intent.copy() if intent is not None else Intent()
+            for d in decisions:
+                for resource, value in d.values:
+                    intent.files[(resource, "")] = Setting(resource, value, d.reason, owner=d.owner)
+            cap_burst(intent.files)
+        self._cache[key] = intent
+        return intent
+
+    def settings(self, key: str) -> tuple[Generation, list[Setting]]:
+        """The cgroup file settings of ``key`` and the generation they belong to. A fail-closed
+        failure cannot refuse something that exists: it leaves the files as they are."""
+        gen = self.generation(key)
+        try:
+            intent = self.intent(key)
+        except FeatureFailed as exc:
+            log.debug("no desired state for %s: %s", key, exc)
+            return gen, []
+        return gen, [] if intent is None else intent.settings()
+
+    def generation(self, key: str) -> Generation:
+        return self._epoch, self._gens.get(key, 0)
+
+    # what changes it ----------------------------------------------------------------------------
+
+    def invalidate(self, keys: Iterable[str], notify: bool = True) -> list[str]:
+        changed = []
+        for key in keys:
+            self._cache.pop(key, None)
+            self._next += 1
+            self._gens[key] = self._next
+            changed.append(key)
+        if notify and changed:
+            for fn in self._listeners:
+                fn(changed)
+        return changed
+
+    def policy_changed(self) -> None:
+        self._epoch += 1
+        self._cache.clear()
+        keys = [*self.model, *(k for k in self.overlays.targets() if k not in self.model)]
+        for fn in self._listeners:
+            fn(keys)
+
+    def set_overlay(self, key: str, owner: str, values: dict[str, int | str], reason: str) -> bool:
+        """Layer ``owner``'s decision over ``key``'s desired state; re-applies that key only.
+        Where no feature sets a resource, the value it replaces is remembered and comes back
+        when the last overlay on it is withdrawn (for a container: what the runtime asked)."""
+        try:
+            have = self.intent(key)
+        except FeatureFailed:
+            have = None
+        base = self._baselines.setdefault(key, {})
+        r = self.model.get(key)
+        for resource in values:
+            if resource in base or (
+                have is not None and have.get(resource) is not None and not self._overlaid(key, resource)
+            ):
+                continue
+            asked = requested(r.container, resource) if r is not None else None
+            base[resource] = None if asked is not None else self.current(key, resource)
+        if not base:
+            del self._baselines[key]
+        if self.overlays.set(key, owner, values, reason):
+            self.invalidate([key])
+            return True
+        return False
+
+    def _overlaid(self, key: str, resource: str) -> bool:
+        return any(resource in dict(d.values) for d in self.overlays.of(key))
+
+    def withdraw_overlay(self, key: str, owner: str) -> bool:
+        if self.overlays.withdraw(key, owner):
+            self.invalidate([key])
+            return True
+        return False
+
+    def sharers(self, skip: str = "") -> list[str]:
+        """Containers that follow the share pool (not pinned to exclusive CPUs)."""
+        return [k for k, _ in self.model.containers() if k not in self.cpus.exclusive and k != skip]
+
+    def _pool_moved(self, skip: str = "") -> list[str]:
+        """Exclusive CPUs changed hands: the sharers' cpusets follow. Returns them."""
+        if self.cpus.generation == self._pool:
+            return []
+        self._pool = self.cpus.generation
+        return self.invalidate(self.sharers(skip))
+
+    # node model listener ------------------------------------------------------------------------
+
+    def added(self, key: str) -> None:
+        r = self.model.get(key)
+        if r is None or r.container is None:
+            return
+        ctx = self._context(r.pod, r.container, known=True)
+        if ctx is not None and self.rules.policy.features.cpuset.enable:
+            try:
+                shortfall = cpuset.assign(ctx)
+            except InvalidInput as exc:
+                self._invalid(r.pod, "cpuset", str(exc))
+            else:
+                if shortfall is not None:
+                    self.on_invalid("cpuset_capacity")
+                    log.warning(
+                        "%s/%s/%s: %s container runs in the share pool: %s",
+                        r.pod.namespace,
+                        r.pod.name,
+                        r.container.name,
+                        ctx.qos,
+                        shortfall,
+                        extra={"pod": f"{r.pod.namespace}/{r.pod.name}", "reason": "cpu_capacity"},
+                    )
+        self._pool_moved()
+
+    def started(self, key: str, existing: bool) -> None:
+        pass
+
+    def resynced(self) -> None:
+        pass
+
+    def changed(self, key: str) -> None:
+        self.invalidate([key])
+
+    def removed(self, key: str) -> None:
+        if key.startswith(POD_PREFIX):
+            self._classes.pop(key[len(POD_PREFIX) :], None)
+        self._cache.pop(key, None)
+        self._gens.pop(key, None)
+        self._baselines.pop(key, None)
+        self.overlays.forget(key)
+        if self.cpus.release(key):
+            self._pool_moved(skip=key)
+
+    def _invalid(self, pod: api.PodSandbox, feature: str, reason: str) -> None:
+        self.on_invalid(feature)
+        if (feature, reason) in self._logged:  # once per distinct reason; the metric counts all
+            return
+        if len(self._logged) > 1000:
+            self._logged.clear()
+        self._logged.add((feature, reason))
+        log.warning(
+            "pod %s/%s: %s skipped: %s",
+            pod.namespace,
+            pod.name,
+            feature,
+            reason,
+            extra={"pod": f"{pod.namespace}/{pod.name}", "feature": feature, "reason": "invalid_input"},
+        )

@@ -1,0 +1,220 @@
+"""The node model: the one registry of the pods and containers on this node, their facts (the
+NRI view: labels, annotations, cgroup paths, resources) and their state.
+
+Three sources feed it — NRI events, Synchronize and the CRI inventory — and everything else
+reads it: the hook adapter, the desired state, the reconciler and the QoS manager. Components
+that must act when something changes subscribe; they are told in subscription order (the
+desired state first: CPUs are assigned before anyone computes a container's values).
+
+Keys: a container's id, or ``pod:<id>`` for a pod.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from .kernel import paths
+from .nri import api_pb2 as api
+
+log = logging.getLogger("nriplugin.model")
+
+POD_PREFIX = "pod:"
+
+
+def pod_key(pod_id: str) -> str:
+    return POD_PREFIX + pod_id
+
+
+class State(enum.Enum):
+    CREATED = "created"  # runc may be building its cgroup: nobody touches its files yet
+    RUNNING = "running"
+
+
+@dataclass
+class Record:
+    pod: api.PodSandbox
+    container: api.Container | None  # None: the pod itself
+    state: State
+    since: float = field(default_factory=time.monotonic)  # when it became known
+    group: str | None = None  # relative cgroup path, None when unusable
+
+
+class Listener(Protocol):
+    """What the model tells its subscribers. ``started(existing=True)``: the container ran
+    before we knew it (Synchronize, inventory), so all its tasks exist already."""
+
+    def added(self, key: str) -> None: ...
+    def started(self, key: str, existing: bool) -> None: ...
+    def changed(self, key: str) -> None: ...
+    def removed(self, key: str) -> None: ...
+    def resynced(self) -> None: ...  # a complete listing was taken in (Synchronize)
+
+
+def _group(pod: api.PodSandbox, container: api.Container | None) -> str | None:
+    try:
+        if container is None:
+            return paths.pod_dir(pod.linux.cgroup_parent)
+        return paths.container_dir(container.linux.cgroups_path, pod.linux.cgroup_parent, container.id)
+    except paths.BadCgroupPath as exc:
+        log.warning("%s/%s: not managing its cgroup: %s", pod.namespace, pod.name, exc)
+        return None
+
+
+class NodeModel:
+    def __init__(self) -> None:
+        self._records: dict[str, Record] = {}
+        self._listeners: list[Listener] = []
+
+    def subscribe(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    # reading ---------------------------------------------------------------------------------
+
+    def get(self, key: str) -> Record | None:
+        return self._records.get(key)
+
+    def pod(self, pod_id: str) -> api.PodSandbox | None:
+        r = self._records.get(pod_key(pod_id))
+        return None if r is None else r.pod
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._records
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._records))  # a copy: listeners may add or remove while iterating
+
+    def containers(self) -> Iterator[tuple[str, Record]]:
+        return ((k, r) for k, r in self._records.items() if r.container is not None)
+
+    def count(self, state: State) -> int:
+        return sum(1 for r in self._records.values() if r.container is not None and r.state is state)
+
+    # NRI events --------------------------------------------------------------------------------
+
+    def pod_seen(self, pod: api.PodSandbox) -> None:
+        """RunPodSandbox, or a pod from Synchronize/the inventory. Known pods keep their record."""
+        key = pod_key(pod.id)
+        if key in self._records:
+            return
+        self._records[key] = Record(pod, None, State.RUNNING, group=_group(pod, None))
+        self._tell("added", key)
+
+    def pod_removed(self, pod_id: str) -> None:
+        self._remove(pod_key(pod_id))
+
+    def container_created(self, pod: api.PodSandbox, container: api.Container) -> None:
+        self._add(pod, container, State.CREATED)
+
+    def container_started(self, pod: api.PodSandbox, container: api.Container, existing: bool = False) -> None:
+        """StartContainer (``existing=False``: only the init process exists), or a container
+        seen running by Synchronize/the inventory."""
+        r = self._records.get(container.id)
+        if r is None:
+            self._add(pod, container, State.RUNNING)
+        elif r.state is State.RUNNING:
+            return
+        else:
+            r.state = State.RUNNING
+            if container.pid:
+                r.container.pid = container.pid  # type: ignore[union-attr]
+        self._tell("started", container.id, existing)
+
+    def container_updated(self, container_id: str, resources: api.LinuxResources) -> bool:
+        """New resources (UpdateContainer: an in-place resize). Values derived from them
+        follow. Returns whether anything changed."""
+        r = self._records.get(container_id)
+        if r is None or r.container is None:
+            return False
+        have = r.container.linux.resources
+        merged = api.LinuxResources()
+        merged.CopyFrom(have)
+        merged.MergeFrom(resources)
+        if merged == have:
+            return False
+        have.CopyFrom(merged)
+        self._tell("changed", container_id)
+        return True
+
+    def refresh(self, key: str) -> None:
+        """The runtime applied new facts (after UpdateContainer): values that depend on them
+        are converged again."""
+        if key in self._records:
+            self._tell("changed", key)
+
+    def pending(self) -> int:
+        """Containers created but not yet seen started (the inventory looks again soon)."""
+        return self.count(State.CREATED)
+
+    def container_removed(self, container_id: str) -> None:
+        self._remove(container_id)
+
+    # bulk sources ------------------------------------------------------------------------------
+
+    def observe(self, pods: Iterable[api.PodSandbox], containers: Iterable[api.Container]) -> int:
+        """What the runtime says exists (Synchronize, the CRI inventory). Unknown pods and
+        created/running containers are added, known created ones that now run are started;
+        what NRI told us stands. Returns how many containers were new."""
+        by_id = {p.id: p for p in pods}
+        for p in by_id.values():
+            self.pod_seen(p)
+        new = 0
+        for c in containers:
+            pod = by_id.get(c.pod_sandbox_id) or self.pod(c.pod_sandbox_id)
+            if pod is None or c.state not in (api.CONTAINER_CREATED, api.CONTAINER_RUNNING):
+                continue
+            r = self._records.get(c.id)
+            if r is None:
+                new += 1
+                if c.state == api.CONTAINER_CREATED:
+                    self.container_created(pod, c)
+                    continue
+            if c.state == api.CONTAINER_RUNNING:
+                self.container_started(pod, c, existing=True)
+        return new
+
+    def synchronize(self, pods: list[api.PodSandbox], containers: list[api.Container]) -> None:
+        """NRI's Synchronize: the runtime's complete list, taken under its lock, so what is not
+        in it is gone (removed while we were disconnected)."""
+        listed_at = time.monotonic()
+        self.observe(pods, containers)
+        self.prune({c.id for c in containers} | {pod_key(p.id) for p in pods}, listed_at)
+        for listener in self._listeners:
+            listener.resynced()
+
+    def prune(self, live: set[str], listed_at: float) -> int:
+        """Forget containers and pods the runtime no longer has (removals missed while
+        disconnected); those that became known after the listing began stay. Returns how many
+        containers were forgotten."""
+        gone = [k for k, r in self._records.items() if k not in live and r.since < listed_at]
+        for key in gone:
+            self._remove(key)
+        if gone:
+            log.info("forgot %d containers/pods the runtime no longer has", len(gone))
+        return sum(1 for k in gone if not k.startswith(POD_PREFIX))
+
+    # -------------------------------------------------------------------------------------------
+
+    def _add(self, pod: api.PodSandbox, container: api.Container, state: State) -> None:
+        if container.id in self._records:
+            return
+        self.pod_seen(pod)
+        self._records[container.id] = Record(pod, container, state, group=_group(pod, container))
+        self._tell("added", container.id)
+
+    def _remove(self, key: str) -> None:
+        if self._records.get(key) is None:
+            return
+        self._tell("removed", key)  # listeners still see the record while they let go
+        del self._records[key]
+
+    def _tell(self, event: str, key: str, *args: object) -> None:
+        for listener in self._listeners:
+            getattr(listener, event)(key, *args)
