@@ -398,3 +398,56 @@ def test_without_nri_new_containers_converge_from_cri_and_the_cgroup_tree(
     while plugin.metric('nriplugin_inventory_containers_total{change="forgotten"}') < 1:
         assert time.monotonic() < deadline
         time.sleep(0.05)
+
+
+def test_lsr_pods_that_cannot_be_pinned_never_overlap_an_exclusive_core(
+    runtime: Containerd, plugin_factory: Callable[..., PluginProcess]
+) -> None:
+    """Three LSR pods of one CPU each on this node: as many as fit are pinned (one core stays
+    in the share pool), the rest run in the share pool, never on a pinned core; the shortfall
+    is counted as such, not as a pod's bad annotation."""
+    online = set(parse_cpulist(Path("/sys/devices/system/cpu/online").read_text()))
+    if len(online) < 2:
+        pytest.skip("needs at least two CPUs")
+    plugin = plugin_factory(runtime)
+    got = []
+    for i in range(3):
+        pod = runtime.run_pod(f"db{i}", "Guaranteed", {"koordinator.sh/qosClass": "LSR"})
+        cid = runtime.create_container(pod, "main", cpu_shares=1024, cpu_quota=100000)
+        got.append(set(parse_cpulist(read_cgroup(runtime.container_cgroup(pod, cid, "cpuset"), "cpuset.cpus"))))
+    short = int(plugin.metric('nriplugin_invalid_input_total{reason="cpuset_capacity"}'))
+    if len(online) == 2:
+        assert short == 2  # one core pinned, one stays in the share pool
+    pinned, shared = got[: 3 - short], got[3 - short :]
+    taken = set().union(*pinned)
+    assert pinned and sum(len(g) for g in pinned) == len(taken)  # no core pinned twice
+    assert all(g == online - taken for g in shared)  # the share pool, not the runtime's all-CPU default
+    assert plugin.metric('nriplugin_invalid_input_total{reason="cpuset"}') == 0
+
+
+def test_an_in_place_resize_moves_derived_values(
+    runtime: Containerd, plugin_factory: Callable[..., PluginProcess]
+) -> None:
+    """CRI UpdateContainerResources doubles an LS container's quota: the burst derived from it
+    follows, and a repair afterwards uses the new value, not the old one."""
+    plugin_factory(runtime)
+    pod = runtime.run_pod("web", "Burstable", LS)
+    cid = runtime.create_container(pod, "main", cpu_shares=512, cpu_quota=100000)
+    cpu = runtime.container_cgroup(pod, cid)
+    deadline = time.monotonic() + 5
+    while read_cgroup(cpu, "cpu.cfs_burst_us") != "100000":
+        assert time.monotonic() < deadline, read_cgroup(cpu, "cpu.cfs_burst_us")
+        time.sleep(0.02)
+    assert runtime.cri is not None
+    res = msg("LinuxContainerResources", cpu_shares=512, cpu_quota=200000, cpu_period=100000)
+    runtime.cri.call("UpdateContainerResources", msg("UpdateContainerResourcesRequest", container_id=cid, linux=res))
+    assert read_cgroup(cpu, "cpu.cfs_quota_us") == "200000"
+    deadline = time.monotonic() + 5
+    while read_cgroup(cpu, "cpu.cfs_burst_us") != "200000":
+        assert time.monotonic() < deadline, read_cgroup(cpu, "cpu.cfs_burst_us")
+        time.sleep(0.02)
+    (cpu / "cpu.cfs_burst_us").write_text("0")  # someone else's write: repaired to the new value
+    deadline = time.monotonic() + 5
+    while read_cgroup(cpu, "cpu.cfs_burst_us") != "200000":
+        assert time.monotonic() < deadline, read_cgroup(cpu, "cpu.cfs_burst_us")
+        time.sleep(0.02)
