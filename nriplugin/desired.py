@@ -220,7 +220,7 @@ class DesiredState:
 
     def added(self, key: str) -> None:
         r = self.model.get(key)
-        if r is None or r.container is None:
+        if r is None or r.container is None or not cpuset.candidate(r.pod):
             return
         ctx = self._context(r.pod, r.container, known=True)
         if ctx is not None and self.rules.policy.features.cpuset.enable:
@@ -231,14 +231,15 @@ class DesiredState:
             else:
                 if shortfall is not None:
                     self.on_invalid("cpuset_capacity")
-                    log.warning(
-                        "%s/%s/%s: %s container runs in the share pool: %s",
+                    self._once(
+                        ("cpuset_capacity", shortfall),
+                        "%s/%s/%s: %s container runs in the share pool: %s (said once per shortfall; "
+                        'nriplugin_invalid_input_total{reason="cpuset_capacity"} counts each)',
                         r.pod.namespace,
                         r.pod.name,
                         r.container.name,
                         ctx.qos,
                         shortfall,
-                        extra={"pod": f"{r.pod.namespace}/{r.pod.name}", "reason": "cpu_capacity"},
                     )
         self._pool_moved()
 
@@ -263,16 +264,13 @@ class DesiredState:
 
     def _invalid(self, pod: api.PodSandbox, feature: str, reason: str) -> None:
         self.on_invalid(feature)
-        if (feature, reason) in self._logged:  # once per distinct reason; the metric counts all
+        self._once((feature, reason), "pod %s/%s: %s skipped: %s", pod.namespace, pod.name, feature, reason)
+
+    def _once(self, what: tuple[str, str], msg: str, *args: object) -> None:
+        """Log once per distinct (kind, reason); the metric counts every occurrence."""
+        if what in self._logged:
             return
         if len(self._logged) > 1000:
             self._logged.clear()
-        self._logged.add((feature, reason))
-        log.warning(
-            "pod %s/%s: %s skipped: %s",
-            pod.namespace,
-            pod.name,
-            feature,
-            reason,
-            extra={"pod": f"{pod.namespace}/{pod.name}", "feature": feature, "reason": "invalid_input"},
-        )
+        self._logged.add(what)
+        log.warning(msg, *args, extra={"reason": what[0]})

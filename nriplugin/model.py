@@ -41,7 +41,16 @@ class Record:
     container: api.Container | None  # None: the pod itself
     state: State
     since: float = field(default_factory=time.monotonic)  # when it became known
-    group: str | None = None  # relative cgroup path, None when unusable
+    _group: str | None = field(default=None, repr=False)
+    _group_known: bool = field(default=False, repr=False)
+
+    @property
+    def group(self) -> str | None:
+        """The relative cgroup path (None when unusable), worked out when first needed (not
+        on the hook path that made the record)."""
+        if not self._group_known:
+            self._group, self._group_known = _group(self.pod, self.container), True
+        return self._group
 
 
 class Listener(Protocol):
@@ -104,7 +113,7 @@ class NodeModel:
         key = pod_key(pod.id)
         if key in self._records:
             return
-        self._records[key] = Record(pod, None, State.RUNNING, group=_group(pod, None))
+        self._records[key] = Record(pod, None, State.RUNNING)
         self._tell("added", key)
 
     def pod_removed(self, pod_id: str) -> None:
@@ -206,7 +215,7 @@ class NodeModel:
         if container.id in self._records:
             return
         self.pod_seen(pod)
-        self._records[container.id] = Record(pod, container, state, group=_group(pod, container))
+        self._records[container.id] = Record(pod, container, state)
         self._tell("added", container.id)
 
     def _remove(self, key: str) -> None:

@@ -350,6 +350,7 @@ def test_adopt_converges_unknown_containers_and_prune_forgets_removed_ones(top: 
             late = make_container(3, pods[0])
             model.container_created(pods[0], late)
             assert model.prune({ctrs[0].id, f"pod:{pods[0].id}"}, listed_at) == 1  # containers
+            await asyncio.sleep(0)  # the reconciler lets go right after
             assert ctrs[1].id not in rec.entries and f"pod:{pods[1].id}" not in rec.entries
             assert late.id in rec.entries and ctrs[0].id in rec.entries
             assert ctrs[1].id not in model and late.id in model
@@ -397,6 +398,7 @@ def test_new_directories_are_noticed(top: str) -> None:
             ctr = make_container(7, pod)
             ctr.state = api.CONTAINER_CREATED
             model.observe([pod], [ctr])
+            await asyncio.sleep(0)  # the reconciler takes the model's news right after
             assert ctr.id in rec.entries and model.pending() == 1
             proc = subprocess.Popen(["sleep", "30"])
             try:

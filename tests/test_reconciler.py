@@ -94,6 +94,7 @@ def test_external_writes_are_repaired(workload: tuple[api.PodSandbox, api.Contai
         r = Reconciler(node.desired, node.writer, node.model, observer=rec, resync_period=3600)
         node.model.container_started(pod, ctr)
         r.start(asyncio.get_running_loop())
+        await asyncio.sleep(0)  # the reconciler takes the model's news right after
         try:
             assert r.full_pass() >= 1  # born wrong (no hook ran): shares and quota set
             assert (cpu / "cpu.shares").read_text().strip() == "512"
@@ -123,6 +124,7 @@ def test_a_stubborn_writer_is_a_fight(workload: tuple[api.PodSandbox, api.Contai
         r = Reconciler(node.desired, node.writer, node.model, observer=rec, resync_period=3600)
         node.model.container_started(pod, ctr)
         r.start(asyncio.get_running_loop())
+        await asyncio.sleep(0)  # the reconciler takes the model's news right after
         r.full_pass()
         stop = threading.Event()
 
@@ -167,6 +169,7 @@ def test_a_repair_held_back_by_the_backoff_is_made_when_it_ends(
         r = Reconciler(node.desired, node.writer, node.model, observer=rec, resync_period=3600)
         node.model.container_started(pod, ctr)
         r.start(asyncio.get_running_loop())
+        await asyncio.sleep(0)  # the reconciler takes the model's news right after
         r.full_pass()
         stop = threading.Event()
 
@@ -215,6 +218,7 @@ def test_an_overlay_is_kept_like_a_feature_and_withdrawn_quietly(
             adj = plugin.create_container(pod, ctr)
             assert isinstance(adj, api.ContainerAdjustment) and adj.linux.resources.cpu.quota.value == 100000
             plugin.start_container(pod, ctr)
+            await asyncio.sleep(0)  # the reconciler takes the model's news right after
             r.full_pass()
             assert quota.read_text().strip() == "100000"
             # the QoS manager suppresses BE: applied at once, quietly

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..kernel.probe import Topology, format_cpulist, parse_cpulist
+from ..nri import api_pb2 as api
 from ..policy.qos import QOS_LABEL
 from .base import Context, Intent, InvalidInput
 
@@ -116,6 +117,11 @@ def scheduled_cpus(ctx: Context) -> set[int] | None:
         raise InvalidInput(RESOURCE_STATUS, f"cpuset {raw[:40]!r}: {exc}") from exc
 
 
+def candidate(pod: api.PodSandbox) -> bool:
+    """Only pods labelled LSE/LSR are pinned (see the module's docstring)."""
+    return pod.labels.get(QOS_LABEL) in ("LSE", "LSR")
+
+
 def assign(ctx: Context) -> str | None:
     """The allocation step, taken once when a container becomes known (CreateContainer,
     Synchronize, the inventory), never while computing desired state: pin an LSE/LSR container
@@ -126,7 +132,7 @@ def assign(ctx: Context) -> str | None:
     alloc = ctx.cpus
     if alloc is None or ctx.container is None or not ctx.has("cpuset.cpus"):
         return None
-    if ctx.pod.labels.get(QOS_LABEL) not in ("LSE", "LSR"):
+    if not candidate(ctx.pod):
         return None
     owner = ctx.container.id
     if owner in alloc.exclusive:

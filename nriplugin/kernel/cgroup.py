@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -144,8 +145,10 @@ class Cgroups:
 
     def __post_init__(self) -> None:
         self.root = Path(self.root)
-        self._dirs: dict[tuple[str, str], Path] = {}
-        self._real_bases: dict[Path, str] = {}
+        self._dirs: dict[tuple[str, str], str] = {}
+        self._root = str(self.root).rstrip("/") or "/"
+        self._real_bases: dict[str, str] = {}
+        self._resolved: dict[str, str] = {}  # directory -> its real path
         if self.version is None:
             self.version = detect_version(self.root)
 
@@ -153,40 +156,65 @@ class Cgroups:
 
     def file(self, group: str, resource: str) -> Path:
         """The file of ``resource`` for cgroup ``group`` (relative, as from paths.relative)."""
+        return Path(self._file(group, resource))
+
+    def _file(self, group: str, resource: str) -> str:
         res = RESOURCES[resource]
         if self.version is Version.V1:
             if res.v1 is None:
                 raise KeyError(f"{resource} has no cgroup v1 file")
-            return self._dir(res.v1[0], group) / res.v1[1]
+            return f"{self._dir(res.v1[0], group)}/{res.v1[1]}"
         if res.v2 is None:
             raise KeyError(f"{resource} has no cgroup v2 file")
-        return self._dir("", group) / res.v2
+        return f"{self._dir('', group)}/{res.v2}"
 
     def group_dir(self, group: str, controller: str = "cpu") -> Path:
+        return Path(self.group_path(group, controller))
+
+    def group_path(self, group: str, controller: str = "cpu") -> str:
+        """:meth:`group_dir` as a string (the reconciler keeps thousands)."""
         return self._dir(controller if self.version is Version.V1 else "", group)
 
-    def _dir(self, controller: str, group: str) -> Path:
+    def _dir(self, controller: str, group: str) -> str:
         """A group's directory, checked once to resolve inside the root (then cached: the
         reconciler asks for the same few thousand directories on every pass). File names are
         fixed resource names and are opened with O_NOFOLLOW, so no per-file check is needed."""
         key = (controller, group)
         d = self._dirs.get(key)
         if d is None:
-            base = self.root / controller if controller else self.root
-            d = self._contained(base, base / group if group else base)
+            base = f"{self._root}/{controller}" if controller else self._root
+            d = self._contained(base, f"{base}/{group}" if group else base)
             if len(self._dirs) > 65536:
                 self._dirs.clear()
             self._dirs[key] = d
         return d
 
-    def _contained(self, base: Path, path: Path) -> Path:
+    def _contained(self, base: str, path: str) -> str:
         real_base = self._real_bases.get(base)
         if real_base is None:  # a hierarchy root (cpu -> cpu,cpuacct): resolved once
             real_base = self._real_bases[base] = os.path.realpath(base)
-        real = os.path.realpath(path)
+        real = self._resolve(path)
         if real != real_base and not real.startswith(real_base + os.sep):
             raise PermissionError(f"refusing {path}: resolves outside {base}")
         return path
+
+    def _resolve(self, path: str) -> str:
+        """``os.path.realpath`` with the parent's resolution remembered: a new container's
+        directory costs one lstat, not one per path component (its pod's is known)."""
+        parent, _, name = path.rpartition("/")
+        if not parent or name in ("", ".", ".."):
+            return os.path.realpath(path)
+        real_parent = self._resolved.get(parent)
+        if real_parent is None:
+            real_parent = self._resolve(parent)
+            if len(self._resolved) > 65536:
+                self._resolved.clear()
+            self._resolved[parent] = real_parent
+        try:
+            link = stat.S_ISLNK(os.lstat(f"{real_parent}/{name}").st_mode)
+        except OSError:
+            link = False  # not there (yet): nothing to follow
+        return os.path.realpath(f"{real_parent}/{name}") if link else f"{real_parent}/{name}"
 
     def threads(self, group: str, processes: bool = False) -> list[int]:
         """Thread ids in ``group`` (v1 ``tasks`` of the cpu hierarchy, v2 ``cgroup.threads``),
@@ -240,7 +268,7 @@ class Cgroups:
         the file's own terms, so kernel normalisation (cpu lists, page rounding, "max", the
         v1 "unlimited" number) is not mistaken for drift."""
         try:
-            text = _read(self.file(group, resource))
+            text = _read(self._file(group, resource))
         except (FileNotFoundError, KeyError, NotADirectoryError):
             return None
         want = self.encode(resource, value, period)
@@ -273,7 +301,7 @@ class Cgroups:
 
     def read(self, group: str, resource: str) -> int | str | None:
         try:
-            return self.decode(resource, self.file(group, resource).read_text())
+            return self.decode(resource, _read(self._file(group, resource)))
         except (FileNotFoundError, KeyError):
             return None
 
@@ -340,7 +368,7 @@ class Cgroups:
                 self.on_unsupported(resource, why)
 
 
-def _read(path: Path) -> str:
+def _read(path: str | Path) -> str:
     """A small kernel file, without the text-IO layers (the reconciler reads thousands)."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     try:

@@ -21,6 +21,7 @@ a repair held back by the backoff is made when the backoff ends, never dropped.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import re
 import time
@@ -60,6 +61,7 @@ class Entry:
     # alone until the runtime says the task exists (StartContainer, or CRI shows it running).
     pending: bool = False
     applied: object = None  # the desired-state generation last applied in full
+    dirs: list[str] | None = None  # its directory in each hierarchy, once watched
 
 
 @dataclass
@@ -132,6 +134,7 @@ class Reconciler:
         self._masks: dict[str, int] = {}  # directory -> its watch mask
         self._task: asyncio.Task[None] | None = None
         self._to_apply: set[str] = set()  # keys whose desired state changed, applied soon
+        self._events: collections.deque[tuple[Callable[[str], object], str]] = collections.deque()
         self.passes = 0
         # Relative cgroup paths under which new pod/container directories are looked for.
         self.roots = [r.strip("/") for r in roots if r.strip("/")]
@@ -147,27 +150,46 @@ class Reconciler:
 
     # inventory -------------------------------------------------------------------------------
 
+    # The node model's events arrive on the hook path (CreateContainer, Synchronize): they
+    # are queued and taken in order right after the current callback, so the hook's answer
+    # never waits for watches and path checks.
+
     def added(self, key: str) -> None:
-        r = None if self.model is None else self.model.get(key)
-        if r is not None and r.group is not None:
-            self.track(key, r.group, pending=r.state is State.CREATED, children=r.container is None)
+        self._later(self._added, key)
 
     def started(self, key: str, existing: bool) -> None:
-        self.activate(key)
+        self._later(self.activate, key)
 
     def changed(self, key: str) -> None:
-        pass  # the desired state tells us (apply) when the change moves a value
+        pass  # the desired state tells us (desired_changed) when the change moves a value
 
     def removed(self, key: str) -> None:
-        self.forget(key)
+        self._later(self.forget, key)
 
     def resynced(self) -> None:
         """After Synchronize: a full pass right after the answer (what changed while we were
         not connected converges)."""
+        self._later(lambda _key: self.full_pass(), "")
+
+    def _added(self, key: str) -> None:
+        r = None if self.model is None else self.model.get(key)
+        if r is not None and r.group is not None:
+            self.track(key, r.group, pending=r.state is State.CREATED, children=r.container is None)
+
+    def _later(self, fn: Callable[[str], object], key: str) -> None:
+        first = not self._events
+        self._events.append((fn, key))
+        if not first:
+            return
         try:
-            asyncio.get_running_loop().call_soon(self.full_pass)
-        except RuntimeError:
-            self.full_pass()
+            asyncio.get_running_loop().call_soon(self._drain)
+        except RuntimeError:  # no loop (tests, explain): now
+            self._drain()
+
+    def _drain(self) -> None:
+        while self._events:
+            fn, key = self._events.popleft()
+            fn(key)
 
     def own_group(self, path: str) -> str:
         """Own a QoS-level cgroup (e.g. the BE parent): tracked, watched and repaired like a
@@ -179,18 +201,19 @@ class Reconciler:
         return key
 
     def track(self, key: str, group: str, pending: bool = False, children: bool = False) -> None:
+        """A pending entry costs nothing until it runs: no paths, no watches (its directory
+        appearing is runc's doing, and StartContainer or the inventory activates it)."""
+        self.forget(key)
         self.entries[key] = Entry(group, children=children, pending=pending)
-        if pending:
-            for d in self._dirs(group):
-                self.by_dir[str(d)] = key
-        else:
+        if not pending:
             self._watch_entry(key)
+            self.apply_soon([key])  # converged (and its values marked applied) right away
 
     def activate(self, key: str) -> None:
         """A pending container's task exists now: watch it and converge it (right after the
         hook's answer when there is a loop)."""
         entry = self.entries.get(key)
-        if entry is None:
+        if entry is None or not entry.pending:
             return
         entry.pending = False
         self._watch_entry(key)
@@ -198,7 +221,9 @@ class Reconciler:
 
     def _watch_entry(self, key: str) -> None:
         entry = self.entries[key]
-        for i, d in enumerate(self._dirs(entry.group)):
+        if entry.dirs is None:
+            entry.dirs = self._dirs(entry.group)
+        for i, d in enumerate(entry.dirs):
             self.by_dir[str(d)] = key
             # the first hierarchy's pod directory also reports new container directories
             self._add_watch(d, IN_MODIFY | CHILDREN if i == 0 and entry.children else IN_MODIFY)
@@ -208,19 +233,19 @@ class Reconciler:
         if entry is None:
             return
         self._to_apply.discard(key)
-        for d in self._dirs(entry.group):
+        for d in entry.dirs or ():
             self.by_dir.pop(str(d), None)
             self._remove_watch(d)
 
     def pending(self) -> int:
         return sum(1 for e in self.entries.values() if e.pending)
 
-    def _dirs(self, group: str) -> list[Path]:
+    def _dirs(self, group: str) -> list[str]:
         ctrls = ("cpu", "cpuset", "memory", "blkio") if self.cgroups.version == 1 else ("",)
         out = []
         for c in ctrls:
             try:
-                out.append(self.cgroups.group_dir(group, c) if c else self.cgroups.group_dir(group))
+                out.append(self.cgroups.group_path(group, c) if c else self.cgroups.group_path(group))
             except PermissionError:
                 continue
         return out
@@ -418,7 +443,7 @@ class Reconciler:
         self._new_dirs.clear()
         self._awaiting.clear()
 
-    def _add_watch(self, d: Path, mask: int = IN_MODIFY) -> bool:
+    def _add_watch(self, d: str | Path, mask: int = IN_MODIFY) -> bool:
         """Watch ``d`` (IN_MODIFY: our own reads of thousands of files wake nothing). A watch
         is one mask per directory, so a directory keeps what each of its roles needs: a tracked
         cgroup's IN_MODIFY, a followed directory's CHILDREN."""
@@ -440,7 +465,7 @@ class Reconciler:
             log.debug("cannot watch %s: %s", d, exc)
             return False
 
-    def _remove_watch(self, d: Path) -> None:
+    def _remove_watch(self, d: str | Path) -> None:
         if str(d) in self._new_dirs or str(d) in self._awaiting:
             return  # a pod root or QoS directory: still wanted for new children
         self._masks.pop(str(d), None)
