@@ -40,10 +40,19 @@ def test_install_writes_an_absolute_launcher(tmp_path: Path) -> None:
     assert target.name == "07-nriplugin"
     text = target.read_text()
     assert text.startswith("#!/bin/sh\n")
-    assert f"exec {sys.executable} -m nriplugin run --log-format text" in text
+    assert f"exec {sys.executable} -m nriplugin supervise --log-format text" in text
     assert target.stat().st_mode & 0o111
     with pytest.raises(SystemExit):
         install(str(tmp_path), "../x", "07", [])
+    # What would make the pre-registered plugin fail (and containerd 1.7 exit) is refused now.
+    with pytest.raises(SystemExit, match="--cgroup-root"):
+        install(str(tmp_path), "nriplugin", "07", ["--cgroup-root", str(tmp_path / "none")])
+    with pytest.raises(SystemExit, match="--policy"):
+        install(str(tmp_path), "nriplugin", "07", ["--policy", str(tmp_path / "none.yaml")])
+    with pytest.raises(SystemExit, match="invalid arguments"):
+        install(str(tmp_path), "nriplugin", "07", ["--idx", "7"])
+    logged = install(str(tmp_path / "plugins"), "nriplugin", "08", [], log_file=str(tmp_path / "agent log"))
+    assert f"exec >>'{tmp_path}/agent log' 2>&1\n" in logged.read_text()
 
 
 def test_bad_arguments_are_refused_clearly() -> None:
@@ -57,7 +66,8 @@ def test_preregistered_launcher_runs_with_no_path(tmp_path: Path) -> None:
     """The runtime starts `IDX-NAME` with an empty environment but NRI_PLUGIN_* and fd 3."""
 
     async def main() -> None:
-        launcher = install(str(tmp_path / "plugins"), "nriplugin", "11", ["--metrics-address", "127.0.0.1:0"])
+        args = ["--metrics-address", "127.0.0.1:0", "--socket", str(tmp_path / "nri" / "nri.sock")]
+        launcher = install(str(tmp_path / "plugins"), "nriplugin", "11", args)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         peer = RuntimePeer(synchronize=False)
         await peer.adopt(ours)
@@ -196,8 +206,9 @@ def test_explain_and_doctor(tmp_path: Path) -> None:
     assert doc["cpu"]["online"]
 
 
-def test_bad_policy_at_start_runs_on_the_default(tmp_path: Path) -> None:
-    """A pre-registered plugin that refused to start would make containerd 1.7 exit."""
+def test_bad_policy_by_hand_is_a_startup_error(tmp_path: Path) -> None:
+    """Started by hand or by the DaemonSet, a bad policy stops the agent before it registers
+    (a surge rollout then keeps the old agent and its policy); one line, no traceback."""
     policy = tmp_path / "policy.yaml"
     policy.write_text("cpuBurstStrategy: {policy: sometimes}\n")
     r = subprocess.run(
@@ -216,12 +227,53 @@ def test_bad_policy_at_start_runs_on_the_default(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=30,
-        env={**os.environ},
-        input=None,
-        preexec_fn=lambda: signal.alarm(2),
     )
-    assert "policy rejected, running with the embedded default" in r.stderr
-    assert "cpuBurstStrategy.policy" in r.stderr
+    assert r.returncode == 2
+    (line,) = r.stderr.splitlines()
+    assert "--policy" in line and "cpuBurstStrategy.policy" in line and "Traceback" not in r.stderr
+
+
+def test_bad_policy_preregistered_runs_on_the_default(tmp_path: Path) -> None:
+    """A pre-registered plugin that refused to start would make containerd 1.7 exit: it runs
+    on the embedded default instead, and says so."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("cpuBurstStrategy: {policy: sometimes}\n")
+
+    async def main() -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        peer = RuntimePeer(synchronize=False)
+        await peer.adopt(ours)
+        env = {**os.environ, "NRI_PLUGIN_NAME": "nriplugin", "NRI_PLUGIN_IDX": "11"}
+        env["NRI_PLUGIN_SOCKET"] = str(theirs.fileno())
+        args = ["--socket", str(tmp_path / "nri.sock"), "--policy", str(policy), "--metrics-address", "127.0.0.1:0"]
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "nriplugin",
+            "run",
+            *args,
+            env=env,
+            pass_fds=(theirs.fileno(),),
+            stderr=subprocess.PIPE,
+        )
+        theirs.close()
+        try:
+            s = await peer.next_session(timeout=10)
+            pod = make_pod(1, "BE")
+            rsp = await s.create_container(pod, make_container(1, pod))
+            assert rsp.adjust.linux.resources.cpu.shares.value == 2
+            s.close()
+            assert await asyncio.wait_for(proc.wait(), 10) == 0
+            assert proc.stderr is not None
+            logs = (await proc.stderr.read()).decode()
+            assert "policy rejected, running with the embedded default" in logs and "cpuBurstStrategy.policy" in logs
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            await peer.close()
+
+    asyncio.run(main())
 
 
 def test_examples_in_the_readme_work() -> None:
