@@ -129,6 +129,13 @@ class AgentLock:
         os.close(self.fd)
         self.fd = None
 
+    def close(self) -> None:
+        """Let go without a record (start-up failed: this agent never served)."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+            self.held = False
+
     def _write(self, h: Holder) -> None:
         assert self.fd is not None
         data = json.dumps(asdict(h)).encode() + b"\n"

@@ -150,10 +150,9 @@ def install(plugin_dir: str, name: str, idx: str, args: list[str], log_file: str
     return target
 
 
-EXIT_FAILURE = 1  # an unexpected failure while running (the supervisor restarts the agent)
-EXIT_STARTUP = 2  # the agent cannot run as configured; one line says which option and why
-# Set by the supervisor when it restarts a crashed agent: when the previous one died, and why.
-ENV_GAP_SINCE, ENV_GAP_CAUSE = "NRIPLUGIN_GAP_SINCE", "NRIPLUGIN_GAP_CAUSE"
+# Exit status: 0 stopped (or nothing to do), 1 an unexpected failure (an uncaught exception:
+# the supervisor restarts the agent), 2 the agent cannot run as configured (one line says why).
+EXIT_STARTUP = 2
 
 
 async def run(ns: argparse.Namespace) -> int:
@@ -170,6 +169,7 @@ async def run(ns: argparse.Namespace) -> int:
     from .agent_lock import AgentLock, Holder
     from .nri.stub import BufferedObserver, HookPolicy, Plugin, Stub, StubOptions
     from .preflight import StartupError, bind_metrics, check_cgroup_root, check_policy_readable, check_socket
+    from .supervise import ENV_GAP_CAUSE, ENV_GAP_SINCE  # set when the supervisor restarts a crashed agent
 
     class Placeholder(Plugin):
         def create_container(self, pod: object, container: object) -> None:
@@ -211,7 +211,7 @@ async def run(ns: argparse.Namespace) -> int:
         """Pre-registered and unable to serve: register inert, exit when the runtime lets go."""
         stub = Stub(Inert(), opts)
         active.append(stub)
-        log.error("registering inert so that the runtime keeps running: %s", reason)
+        log.error("pre-registered: registering inert (containerd 1.7 exits otherwise); not serving: %s", reason)
         await stub.run()
         return EXIT_STARTUP
 
@@ -235,19 +235,28 @@ async def run(ns: argparse.Namespace) -> int:
             ) from exc
         if ns.policy and not prereg:
             check_policy_readable(ns.policy)
-        metrics_sock = bind_metrics(*ns.metrics_address)
+        got = lock.try_acquire()
+        previous = lock.holder()
+        if not got and ns.if_held == "exit" and not prereg:
+            who = previous.describe() if previous else "holder unknown"
+            log.info("another nriplugin (%s) serves the runtime at %s; nothing to do", who, ns.socket)
+            return 0
+        try:
+            metrics_sock = bind_metrics(*ns.metrics_address)
+        except StartupError as exc:
+            if got or previous is None:
+                raise
+            raise StartupError(
+                "--metrics-address",
+                "{}:{}".format(*ns.metrics_address),
+                f"{exc.problem}; the agent that holds the runtime ({previous.describe()}) may be the one",
+                "give this one another --metrics-address, or port 0, to stand by next to it",
+            ) from exc
     except StartupError as exc:
+        lock.close()  # never hold the runtime while not serving it
         log.error("%s", exc, extra={"option": exc.option})
         return await inert_until_closed(str(exc)) if prereg else EXIT_STARTUP
 
-    got = lock.try_acquire()
-    previous = lock.holder()
-    if not got and ns.if_held == "exit":
-        who = previous.describe() if previous else "holder unknown"
-        log.info("another nriplugin (%s) serves the runtime at %s; nothing to do", who, ns.socket)
-        if metrics_sock is not None:
-            metrics_sock.close()
-        return 0
     standby: Stub | None = None
     standby_runner: asyncio.Future[None] | None = None
     if prereg and not got:

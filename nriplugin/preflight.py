@@ -19,6 +19,7 @@ class StartupError(Exception):
     def __init__(self, option: str, value: object, problem: str, fix: str) -> None:
         super().__init__(f"{option} {value}: {problem}; {fix}")
         self.option = option
+        self.problem = problem
 
 
 def check_socket(path: str) -> None:

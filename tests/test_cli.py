@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from nriplugin.agent_lock import AgentLock, Holder
 from nriplugin.cli import install
+from nriplugin.nri import api_pb2 as api
 from tests.runtime_peer import RuntimePeer, make_container, make_pod
 
 
@@ -299,3 +301,119 @@ def test_examples_in_the_readme_work() -> None:
     main = out["containers"]["main"]
     assert out["policyVersion"] == 2 and main["cpu.shares"]["value"] == 512
     assert main["cpu.cfs_quota_us"]["value"] == 200000 and main["memory.limit_in_bytes"]["value"] == 2 << 30
+
+
+def test_second_agent_on_a_taken_metrics_address_says_who_holds_the_runtime(tmp_path: Path) -> None:
+    """A copy run by hand next to a running agent, both on the default metrics address."""
+    sock = str(tmp_path / "nri.sock")
+    holder = AgentLock(sock)
+    assert holder.try_acquire()
+    holder.announce(Holder.me("socket", sock))
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    try:
+        argv = ["run", "--socket", sock, "--metrics-address", f"127.0.0.1:{busy.getsockname()[1]}"]
+        r = subprocess.run([sys.executable, "-m", "nriplugin", *argv], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2
+        (line,) = r.stderr.splitlines()
+        assert "--metrics-address" in line and "address already in use" in line
+        assert f"pid {os.getpid()}" in line and "stand by next to it" in line
+        # With --if-held exit (the supervisor's restarts) there is nothing to do: exit 0, no error.
+        r = subprocess.run(
+            [sys.executable, "-m", "nriplugin", *argv, "--if-held", "exit"], capture_output=True, text=True, timeout=30
+        )
+        assert r.returncode == 0 and "nothing to do" in r.stderr
+    finally:
+        busy.close()
+        holder.release(Holder.me("socket", sock))
+
+
+async def _preregistered(args: list[str], peer: RuntimePeer) -> asyncio.subprocess.Process:
+    """`nriplugin run ARGS` as the runtime starts a pre-registered plugin: fd in the env."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    await peer.adopt(ours)
+    env = {
+        **os.environ,
+        "NRI_PLUGIN_NAME": "nriplugin",
+        "NRI_PLUGIN_IDX": "11",
+        "NRI_PLUGIN_SOCKET": str(theirs.fileno()),
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "nriplugin", "run", *args, env=env, pass_fds=(theirs.fileno(),), stderr=subprocess.PIPE
+    )
+    theirs.close()
+    return proc
+
+
+INERT = 1 << (api.POST_UPDATE_CONTAINER - 1)
+
+
+def test_preregistered_startup_error_registers_inert(tmp_path: Path) -> None:
+    """containerd 1.7 exits if a pre-registered plugin does not register: it registers, adjusts
+    nothing, says why once, and exits 2 when the runtime lets go."""
+
+    async def main() -> None:
+        peer = RuntimePeer(synchronize=False)
+        args = ["--socket", str(tmp_path / "nri.sock"), "--cgroup-root", str(tmp_path / "none")]
+        proc = await _preregistered([*args, "--metrics-address", "127.0.0.1:0"], peer)
+        try:
+            s = await peer.next_session(timeout=10)
+            assert s.events == INERT
+            s.close()
+            assert await asyncio.wait_for(proc.wait(), 10) == 2
+            assert proc.stderr is not None
+            logs = (await proc.stderr.read()).decode()
+            assert "--cgroup-root" in logs and "registering inert" in logs and "Traceback" not in logs
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            await peer.close()
+
+    asyncio.run(main())
+
+
+def test_preregistered_standby_takes_over_on_the_socket(tmp_path: Path) -> None:
+    """Another agent holds the runtime: the pre-registered one registers inert; once the lock is
+    free it leaves that connection and serves on --socket (which brings Synchronize)."""
+
+    async def main() -> None:
+        sock = str(tmp_path / "nri.sock")
+        holder = AgentLock(sock)
+        assert holder.try_acquire()
+        me = Holder.me("socket", sock)
+        holder.announce(me)
+        fd_peer, sock_peer = RuntimePeer(synchronize=False), RuntimePeer()
+        await sock_peer.listen(sock)
+        port = free_port()
+        proc = await _preregistered(["--socket", sock, "--metrics-address", f"127.0.0.1:{port}"], fd_peer)
+        try:
+            inert = await fd_peer.next_session(timeout=10)
+            assert inert.events == INERT
+            code, body = 0, ""
+            for _ in range(200):
+                code, body = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/readyz")
+                if code:
+                    break
+                await asyncio.sleep(0.05)
+            assert code == 200 and body.startswith("standby:") and f"pid {os.getpid()}" in body
+            holder.release(me)
+            s = await sock_peer.next_session(timeout=10)
+            assert (s.name, s.idx) == ("nriplugin", "11") and s.subscribed(api.CREATE_CONTAINER)
+            await asyncio.wait_for(inert.closed.wait(), 10)
+            pod = make_pod(1, "BE")
+            rsp = await s.create_container(pod, make_container(1, pod))
+            assert rsp.adjust.linux.resources.cpu.shares.value == 2
+            code, body = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/metrics")
+            assert 'nriplugin_agent_gap_seconds_count{cause="handover"} 1.0' in body
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(proc.wait(), 10) == 0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            await fd_peer.close()
+            await sock_peer.close()
+
+    asyncio.run(main())
