@@ -195,9 +195,36 @@ def doctor(caps: Capabilities, cg: Cgroups, nri_socket: str) -> dict[str, Any]:
         },
         "psi": caps.psi,
         "coreScheduling": caps.core_sched,
-        "nri": {"socket": nri_socket, "present": os.path.exists(nri_socket)},
+        "nri": {"socket": nri_socket, "present": os.path.exists(nri_socket), "lock": runtime_lock(nri_socket)},
         "features": features,
     }
+
+
+def runtime_lock(nri_socket: str) -> dict[str, Any]:
+    """Which agent holds this runtime (one agent per runtime, see agent_lock.py)."""
+    import fcntl
+    from dataclasses import asdict
+
+    from .agent_lock import lock_path, read_holder
+
+    path = lock_path(nri_socket)
+    out: dict[str, Any] = {"path": str(path)}
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return {**out, "held": False, "holder": None}
+    try:
+        try:  # a shared lock for an instant: granted only if no agent holds it
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            held = False
+        except BlockingIOError:
+            held = True
+    finally:
+        os.close(fd)
+    holder = read_holder(path)
+    key = "holder" if held else "lastHolder"
+    return {**out, "held": held, key: asdict(holder) if holder else None}
 
 
 AGENT_METRICS = {

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Callable
 
 Route = Callable[[], tuple[int, str, bytes]]
 
 
-async def serve(host: str, port: int, routes: dict[str, Route]) -> asyncio.Server:
+async def serve(sock: socket.socket, routes: dict[str, Route]) -> asyncio.Server:
+    """Serve ``routes`` on an already bound, listening socket (bound before registering, so
+    an address in use is a start-up error rather than a crash after registration)."""
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             line = await asyncio.wait_for(reader.readline(), 5)
@@ -33,4 +37,4 @@ async def serve(host: str, port: int, routes: dict[str, Route]) -> asyncio.Serve
         finally:
             writer.close()
 
-    return await asyncio.start_server(handle, host, port)
+    return await asyncio.start_server(handle, sock=sock)

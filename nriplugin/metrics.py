@@ -26,7 +26,9 @@ HOOK_BUCKETS = (
     1.0,
     2.0,
 )
-STATES = ("disconnected", "connecting", "registered")
+# standby: another agent holds this runtime (see agent_lock.py); this one waits to take over.
+STATES = ("disconnected", "connecting", "registered", "standby")
+GAP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
 class Metrics:
@@ -101,6 +103,14 @@ class Metrics:
             "nriplugin_inventory_containers_total",
             "Containers adopted from CRI (unknown to NRI) or forgotten (gone from the runtime).",
             ["change"],
+            registry=r,
+        )
+        self.agent_gap = Histogram(
+            "nriplugin_agent_gap_seconds",
+            "Time the runtime had no agent answering its hooks before this one took over, by cause "
+            "(handover: the previous agent stopped cleanly; crash: it died).",
+            ["cause"],
+            buckets=GAP_BUCKETS,
             registry=r,
         )
         for s in STATES:

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from nriplugin.agent_lock import AgentLock, Holder
 from nriplugin.cli import install
+from nriplugin.nri import api_pb2 as api
 from tests.runtime_peer import RuntimePeer, make_container, make_pod
 
 
@@ -40,10 +42,19 @@ def test_install_writes_an_absolute_launcher(tmp_path: Path) -> None:
     assert target.name == "07-nriplugin"
     text = target.read_text()
     assert text.startswith("#!/bin/sh\n")
-    assert f"exec {sys.executable} -m nriplugin run --log-format text" in text
+    assert f"exec {sys.executable} -m nriplugin supervise --log-format text" in text
     assert target.stat().st_mode & 0o111
     with pytest.raises(SystemExit):
         install(str(tmp_path), "../x", "07", [])
+    # What would make the pre-registered plugin fail (and containerd 1.7 exit) is refused now.
+    with pytest.raises(SystemExit, match="--cgroup-root"):
+        install(str(tmp_path), "nriplugin", "07", ["--cgroup-root", str(tmp_path / "none")])
+    with pytest.raises(SystemExit, match="--policy"):
+        install(str(tmp_path), "nriplugin", "07", ["--policy", str(tmp_path / "none.yaml")])
+    with pytest.raises(SystemExit, match="invalid arguments"):
+        install(str(tmp_path), "nriplugin", "07", ["--idx", "7"])
+    logged = install(str(tmp_path / "plugins"), "nriplugin", "08", [], log_file=str(tmp_path / "agent log"))
+    assert f"exec >>'{tmp_path}/agent log' 2>&1\n" in logged.read_text()
 
 
 def test_bad_arguments_are_refused_clearly() -> None:
@@ -57,7 +68,8 @@ def test_preregistered_launcher_runs_with_no_path(tmp_path: Path) -> None:
     """The runtime starts `IDX-NAME` with an empty environment but NRI_PLUGIN_* and fd 3."""
 
     async def main() -> None:
-        launcher = install(str(tmp_path / "plugins"), "nriplugin", "11", ["--metrics-address", "127.0.0.1:0"])
+        args = ["--metrics-address", "127.0.0.1:0", "--socket", str(tmp_path / "nri" / "nri.sock")]
+        launcher = install(str(tmp_path / "plugins"), "nriplugin", "11", args)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         peer = RuntimePeer(synchronize=False)
         await peer.adopt(ours)
@@ -196,8 +208,9 @@ def test_explain_and_doctor(tmp_path: Path) -> None:
     assert doc["cpu"]["online"]
 
 
-def test_bad_policy_at_start_runs_on_the_default(tmp_path: Path) -> None:
-    """A pre-registered plugin that refused to start would make containerd 1.7 exit."""
+def test_bad_policy_by_hand_is_a_startup_error(tmp_path: Path) -> None:
+    """Started by hand or by the DaemonSet, a bad policy stops the agent before it registers
+    (a surge rollout then keeps the old agent and its policy); one line, no traceback."""
     policy = tmp_path / "policy.yaml"
     policy.write_text("cpuBurstStrategy: {policy: sometimes}\n")
     r = subprocess.run(
@@ -216,12 +229,53 @@ def test_bad_policy_at_start_runs_on_the_default(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=30,
-        env={**os.environ},
-        input=None,
-        preexec_fn=lambda: signal.alarm(2),
     )
-    assert "policy rejected, running with the embedded default" in r.stderr
-    assert "cpuBurstStrategy.policy" in r.stderr
+    assert r.returncode == 2
+    (line,) = r.stderr.splitlines()
+    assert "--policy" in line and "cpuBurstStrategy.policy" in line and "Traceback" not in r.stderr
+
+
+def test_bad_policy_preregistered_runs_on_the_default(tmp_path: Path) -> None:
+    """A pre-registered plugin that refused to start would make containerd 1.7 exit: it runs
+    on the embedded default instead, and says so."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("cpuBurstStrategy: {policy: sometimes}\n")
+
+    async def main() -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        peer = RuntimePeer(synchronize=False)
+        await peer.adopt(ours)
+        env = {**os.environ, "NRI_PLUGIN_NAME": "nriplugin", "NRI_PLUGIN_IDX": "11"}
+        env["NRI_PLUGIN_SOCKET"] = str(theirs.fileno())
+        args = ["--socket", str(tmp_path / "nri.sock"), "--policy", str(policy), "--metrics-address", "127.0.0.1:0"]
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "nriplugin",
+            "run",
+            *args,
+            env=env,
+            pass_fds=(theirs.fileno(),),
+            stderr=subprocess.PIPE,
+        )
+        theirs.close()
+        try:
+            s = await peer.next_session(timeout=10)
+            pod = make_pod(1, "BE")
+            rsp = await s.create_container(pod, make_container(1, pod))
+            assert rsp.adjust.linux.resources.cpu.shares.value == 2
+            s.close()
+            assert await asyncio.wait_for(proc.wait(), 10) == 0
+            assert proc.stderr is not None
+            logs = (await proc.stderr.read()).decode()
+            assert "policy rejected, running with the embedded default" in logs and "cpuBurstStrategy.policy" in logs
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            await peer.close()
+
+    asyncio.run(main())
 
 
 def test_examples_in_the_readme_work() -> None:
@@ -247,3 +301,119 @@ def test_examples_in_the_readme_work() -> None:
     main = out["containers"]["main"]
     assert out["policyVersion"] == 2 and main["cpu.shares"]["value"] == 512
     assert main["cpu.cfs_quota_us"]["value"] == 200000 and main["memory.limit_in_bytes"]["value"] == 2 << 30
+
+
+def test_second_agent_on_a_taken_metrics_address_says_who_holds_the_runtime(tmp_path: Path) -> None:
+    """A copy run by hand next to a running agent, both on the default metrics address."""
+    sock = str(tmp_path / "nri.sock")
+    holder = AgentLock(sock)
+    assert holder.try_acquire()
+    holder.announce(Holder.me("socket", sock))
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    try:
+        argv = ["run", "--socket", sock, "--metrics-address", f"127.0.0.1:{busy.getsockname()[1]}"]
+        r = subprocess.run([sys.executable, "-m", "nriplugin", *argv], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2
+        (line,) = r.stderr.splitlines()
+        assert "--metrics-address" in line and "address already in use" in line
+        assert f"pid {os.getpid()}" in line and "stand by next to it" in line
+        # With --if-held exit (the supervisor's restarts) there is nothing to do: exit 0, no error.
+        r = subprocess.run(
+            [sys.executable, "-m", "nriplugin", *argv, "--if-held", "exit"], capture_output=True, text=True, timeout=30
+        )
+        assert r.returncode == 0 and "nothing to do" in r.stderr
+    finally:
+        busy.close()
+        holder.release(Holder.me("socket", sock))
+
+
+async def _preregistered(args: list[str], peer: RuntimePeer) -> asyncio.subprocess.Process:
+    """`nriplugin run ARGS` as the runtime starts a pre-registered plugin: fd in the env."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    await peer.adopt(ours)
+    env = {
+        **os.environ,
+        "NRI_PLUGIN_NAME": "nriplugin",
+        "NRI_PLUGIN_IDX": "11",
+        "NRI_PLUGIN_SOCKET": str(theirs.fileno()),
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "nriplugin", "run", *args, env=env, pass_fds=(theirs.fileno(),), stderr=subprocess.PIPE
+    )
+    theirs.close()
+    return proc
+
+
+INERT = 1 << (api.POST_UPDATE_CONTAINER - 1)
+
+
+def test_preregistered_startup_error_registers_inert(tmp_path: Path) -> None:
+    """containerd 1.7 exits if a pre-registered plugin does not register: it registers, adjusts
+    nothing, says why once, and exits 2 when the runtime lets go."""
+
+    async def main() -> None:
+        peer = RuntimePeer(synchronize=False)
+        args = ["--socket", str(tmp_path / "nri.sock"), "--cgroup-root", str(tmp_path / "none")]
+        proc = await _preregistered([*args, "--metrics-address", "127.0.0.1:0"], peer)
+        try:
+            s = await peer.next_session(timeout=10)
+            assert s.events == INERT
+            s.close()
+            assert await asyncio.wait_for(proc.wait(), 10) == 2
+            assert proc.stderr is not None
+            logs = (await proc.stderr.read()).decode()
+            assert "--cgroup-root" in logs and "registering inert" in logs and "Traceback" not in logs
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            await peer.close()
+
+    asyncio.run(main())
+
+
+def test_preregistered_standby_takes_over_on_the_socket(tmp_path: Path) -> None:
+    """Another agent holds the runtime: the pre-registered one registers inert; once the lock is
+    free it leaves that connection and serves on --socket (which brings Synchronize)."""
+
+    async def main() -> None:
+        sock = str(tmp_path / "nri.sock")
+        holder = AgentLock(sock)
+        assert holder.try_acquire()
+        me = Holder.me("socket", sock)
+        holder.announce(me)
+        fd_peer, sock_peer = RuntimePeer(synchronize=False), RuntimePeer()
+        await sock_peer.listen(sock)
+        port = free_port()
+        proc = await _preregistered(["--socket", sock, "--metrics-address", f"127.0.0.1:{port}"], fd_peer)
+        try:
+            inert = await fd_peer.next_session(timeout=10)
+            assert inert.events == INERT
+            code, body = 0, ""
+            for _ in range(200):
+                code, body = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/readyz")
+                if code:
+                    break
+                await asyncio.sleep(0.05)
+            assert code == 200 and body.startswith("standby:") and f"pid {os.getpid()}" in body
+            holder.release(me)
+            s = await sock_peer.next_session(timeout=10)
+            assert (s.name, s.idx) == ("nriplugin", "11") and s.subscribed(api.CREATE_CONTAINER)
+            await asyncio.wait_for(inert.closed.wait(), 10)
+            pod = make_pod(1, "BE")
+            rsp = await s.create_container(pod, make_container(1, pod))
+            assert rsp.adjust.linux.resources.cpu.shares.value == 2
+            code, body = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/metrics")
+            assert 'nriplugin_agent_gap_seconds_count{cause="handover"} 1.0' in body
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(proc.wait(), 10) == 0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            await fd_peer.close()
+            await sock_peer.close()
+
+    asyncio.run(main())

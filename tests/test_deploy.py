@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from nriplugin.agent_lock import lock_path
 from nriplugin.cli import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,6 +47,16 @@ def test_daemonset_matches_cli_and_cluster() -> None:
     vols = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
     assert mounts["nri"] == vols["nri"] == str(Path(args.socket).parent)
     assert mounts["cri"] == vols["cri"] == args.cri_socket  # the inventory's CRI socket is there
+    # One agent per runtime: the lock lives next to the socket, in the host directory the pod
+    # mounts read-write; a surge rollout (new agent Ready while standing by, then the old one
+    # stopped) needs per-pod metrics ports, so no hostNetwork.
+    nri_mount = next(m for m in ctr["volumeMounts"] if m["name"] == "nri")
+    assert str(lock_path(args.socket).parent) == nri_mount["mountPath"] and not nri_mount.get("readOnly")
+    rolling = ds["spec"]["updateStrategy"]
+    assert rolling["type"] == "RollingUpdate"
+    assert rolling["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    assert not spec.get("hostNetwork") and spec["hostPID"] is True
+    assert 1 <= spec["terminationGracePeriodSeconds"] <= 30
     port = args.metrics_address[1]
     assert ctr["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port}
     assert ctr["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port}

@@ -529,6 +529,8 @@ class Stub:
                 exc = await trunk.closed
                 if exc is not None:
                     log.warning("NRI connection lost: %s", exc)
+                elif self._stopping:
+                    log.info("NRI connection closed: stopping")
                 else:
                     log.info("NRI connection closed by the runtime")
                 delay = self.opts.backoff_initial
