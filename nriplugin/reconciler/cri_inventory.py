@@ -171,12 +171,13 @@ class CriInventory:
         period: float = 60.0,
         min_interval: float = 0.2,
         hooks_live: Callable[[], bool] = lambda: False,
+        observer: InventoryObserver | None = None,
     ) -> None:
         self.client = client
         self.adopter = adopter
         # With NRI up, StartContainer tells us a pending container started: no need to poll.
         self.hooks_live = hooks_live
-        self.observer: InventoryObserver = _Quiet()
+        self.observer: InventoryObserver = observer or _Quiet()
         self.period = period
         self.min_interval = min_interval  # a burst of new directories costs one inventory
         self._pods: dict[str, api.PodSandbox] = {}
