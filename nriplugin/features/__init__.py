@@ -45,14 +45,15 @@ def desired_state(ctx: Context) -> Outcome:
         sw = getattr(switches, name)
         if not sw.enable:
             continue
-        before = intent.copy()  # to undo a failed feature's settings
+        # to undo a failed feature's settings (a tuple: this runs 7 times per hook)
+        before = (dict(intent.files), intent.resctrl_group, intent.core_sched_group, intent.rdt_class)
         intent.owner = name
         try:
             fn(ctx, intent)
         except InvalidInput as exc:
             if sw.failurePolicy == "fail-closed":
                 raise FeatureFailed(f"{name}: {exc}") from exc
-            intent = before
+            intent.files, intent.resctrl_group, intent.core_sched_group, intent.rdt_class = before
             failed.append((name, str(exc)))
     intent.owner = ""
     return Outcome(intent, failed)

@@ -171,9 +171,15 @@ class Cgroups:
     def group_dir(self, group: str, controller: str = "cpu") -> Path:
         return Path(self.group_path(group, controller))
 
-    def group_path(self, group: str, controller: str = "cpu") -> str:
-        """:meth:`group_dir` as a string (the reconciler keeps thousands)."""
-        return self._dir(controller if self.version is Version.V1 else "", group)
+    def group_path(self, group: str, controller: str = "cpu", checked: bool = True) -> str:
+        """:meth:`group_dir` as a string (the reconciler keeps thousands). ``checked=False``
+        only names the path (a key to recognise it by), without resolving it: never open,
+        write or watch such a path before checking it."""
+        ctrl = controller if self.version is Version.V1 else ""
+        if not checked:
+            base = f"{self._root}/{ctrl}" if ctrl else self._root
+            return f"{base}/{group}" if group else base
+        return self._dir(ctrl, group)
 
     def _dir(self, controller: str, group: str) -> str:
         """A group's directory, checked once to resolve inside the root (then cached: the

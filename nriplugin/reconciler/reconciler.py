@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -62,6 +63,7 @@ class Entry:
     pending: bool = False
     applied: object = None  # the desired-state generation last applied in full
     dirs: list[str] | None = None  # its directory in each hierarchy, once watched
+    watched: bool = False  # its directories existed and are watched
 
 
 @dataclass
@@ -205,8 +207,7 @@ class Reconciler:
         appearing is runc's doing, and StartContainer or the inventory activates it)."""
         self.forget(key)
         self.entries[key] = Entry(group, children=children, pending=pending)
-        if not pending:
-            self._watch_entry(key)
+        if not pending and self._watch_entry(key):
             self.apply_soon([key])  # converged (and its values marked applied) right away
 
     def activate(self, key: str) -> None:
@@ -219,14 +220,24 @@ class Reconciler:
         self._watch_entry(key)
         self.apply_soon([key])
 
-    def _watch_entry(self, key: str) -> None:
+    def _watch_entry(self, key: str) -> bool:
+        """Watch an entry's directories; False when its cgroup does not exist (yet): then its
+        appearance (IN_CREATE on a followed parent, or a full pass) converges it."""
         entry = self.entries[key]
-        if entry.dirs is None:
-            entry.dirs = self._dirs(entry.group)
+        if entry.dirs is None:  # named only; checked below before anything is watched
+            entry.dirs = self._dirs(entry.group, checked=False)
+            for d in entry.dirs:
+                self.by_dir[d] = key
+        if not entry.dirs or not os.path.isdir(entry.dirs[0]):
+            return False
+        if self._dirs(entry.group) != entry.dirs:  # resolves outside the root: never watched
+            log.warning("not watching %s: it resolves outside the cgroup root", entry.group)
+            return False
         for i, d in enumerate(entry.dirs):
-            self.by_dir[str(d)] = key
             # the first hierarchy's pod directory also reports new container directories
             self._add_watch(d, IN_MODIFY | CHILDREN if i == 0 and entry.children else IN_MODIFY)
+        entry.watched = True
+        return True
 
     def forget(self, key: str) -> None:
         entry = self.entries.pop(key, None)
@@ -240,12 +251,14 @@ class Reconciler:
     def pending(self) -> int:
         return sum(1 for e in self.entries.values() if e.pending)
 
-    def _dirs(self, group: str) -> list[str]:
+    def _dirs(self, group: str, checked: bool = True) -> list[str]:
         ctrls = ("cpu", "cpuset", "memory", "blkio") if self.cgroups.version == 1 else ("",)
         out = []
         for c in ctrls:
             try:
-                out.append(self.cgroups.group_path(group, c) if c else self.cgroups.group_path(group))
+                out.append(
+                    self.cgroups.group_path(group, c, checked) if c else self.cgroups.group_path(group, "", checked)
+                )
             except PermissionError:
                 continue
         return out
@@ -280,6 +293,8 @@ class Reconciler:
         entry = self.entries.get(key)
         if entry is None or entry.pending:
             return 0
+        if not entry.watched and not self._watch_entry(key):
+            return 0  # its cgroup is not there (yet)
         try:
             gen, want = self.desired.settings(key)
         except Exception as exc:
