@@ -125,8 +125,11 @@ def test_synchronize_200_existing_pods(runtime: Containerd, plugin_factory: Call
     plugin = plugin_factory(runtime)
     assert plugin.metric('nriplugin_synchronize_objects{kind="pods"}') == 200
     assert plugin.metric("nriplugin_synchronize_duration_seconds_sum") < 2.0
-    assert "synchronized 200 pods, 200 containers, 100 updates" in plugin.logs()
-    # The runtime applies the returned updates (one runc update each) after the answer.
+    deadline = time.monotonic() + 10  # the model takes them in right after the answer
+    while "synchronized 200 pods, 200 containers, 100 updates" not in plugin.logs():
+        assert time.monotonic() < deadline, plugin.logs()[-2000:]
+        time.sleep(0.05)
+    # The runtime applies the pushed updates (one runc update each).
     want = [2 if is_be else 1024 for _, _, is_be in made]
     deadline = time.monotonic() + 60
     while (got := [shares(runtime, pod, cid) for pod, cid, _ in made]) != want and time.monotonic() < deadline:

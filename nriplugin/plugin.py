@@ -18,6 +18,8 @@ from .nri.stub import Plugin
 
 log = logging.getLogger("nriplugin.plugin")
 
+PUSH_CHUNK = 256  # updates per UpdateContainers call (keeps each message far below 4 MiB)
+
 # Logical resources the NRI adjustment carries itself (LinuxResources fields).
 NRI_FIELDS = (
     "cpu.shares",
@@ -67,7 +69,7 @@ class QoSPlugin(Plugin):
         self.writer = self.node.writer
         self.cgroups = self.node.cgroups
         self.push = push  # UpdateContainers from outside handlers (the stub's)
-        self._pushes: set[asyncio.Future[object]] = set()  # UpdateContainers in flight (kept referenced)
+        self._pushes: set[asyncio.Future[None]] = set()  # UpdateContainers in flight (kept referenced)
 
     def _pool_updates(self, skip: str = "") -> list[api.ContainerUpdate]:
         """Updates moving every sharer to the current share pool."""
@@ -88,9 +90,22 @@ class QoSPlugin(Plugin):
         """UpdateContainers must not be called from inside a handler: right after it."""
         if not updates or self.push is None:
             return
-        task = asyncio.ensure_future(self.push(updates))
+        task = asyncio.ensure_future(self._push(self.push, updates))
         self._pushes.add(task)
         task.add_done_callback(self._pushes.discard)
+
+    @staticmethod
+    async def _push(
+        push: Callable[[list[api.ContainerUpdate]], Awaitable[object]], updates: list[api.ContainerUpdate]
+    ) -> None:
+        """A push that fails is logged; the reconciler still converges the files."""
+        try:
+            failed = await push(updates)
+        except Exception as exc:
+            log.warning("UpdateContainers of %d containers failed: %s", len(updates), exc)
+            return
+        if isinstance(failed, list) and failed:
+            log.info("the runtime could not update %d of %d containers (gone meanwhile?)", len(failed), len(updates))
 
     # hooks -----------------------------------------------------------------------------------
 
@@ -170,9 +185,25 @@ class QoSPlugin(Plugin):
         self.model.refresh(container.id)
 
     def synchronize(self, pods: list[api.PodSandbox], containers: list[api.Container]) -> list[api.ContainerUpdate]:
-        """Containers that existed before we connected: into the model (the reconciler
-        converges their files and the task groups take their tasks right after the answer),
-        and NRI updates for what NRI carries."""
+        """Containers that existed before we connected. The runtime holds its lock (every pod
+        and container event waits) until we answer, so the answer goes out as soon as the
+        message is read; right after it, in order before any later event, the model takes
+        them in and the NRI updates they need are pushed with UpdateContainers (the
+        reconciler converges their files, the task groups take their tasks)."""
+        if self.push is None:  # nothing to push with (tests, explain): answer with the updates
+            return self._take_in(pods, containers)
+        try:
+            asyncio.get_running_loop().call_soon(self._synchronized, pods, containers)
+        except RuntimeError:
+            return self._take_in(pods, containers)
+        return []
+
+    def _synchronized(self, pods: list[api.PodSandbox], containers: list[api.Container]) -> None:
+        updates = self._take_in(pods, containers)
+        for i in range(0, len(updates), PUSH_CHUNK):
+            self._push_later(updates[i : i + PUSH_CHUNK])
+
+    def _take_in(self, pods: list[api.PodSandbox], containers: list[api.Container]) -> list[api.ContainerUpdate]:
         self.model.synchronize(pods, containers)
         updates = []
         for c in containers:
