@@ -153,14 +153,15 @@ class DesiredState:
 
     # what changes it ----------------------------------------------------------------------------
 
-    def invalidate(self, keys: Iterable[str], notify: bool = True) -> list[str]:
+    def invalidate(self, keys: Iterable[str]) -> list[str]:
+        """Forget what was computed for ``keys`` and tell the subscribers."""
         changed = []
         for key in keys:
             self._cache.pop(key, None)
             self._next += 1
             self._gens[key] = self._next
             changed.append(key)
-        if notify and changed:
+        if changed:
             for fn in self._listeners:
                 fn(changed)
         return changed
@@ -180,21 +181,22 @@ class DesiredState:
             have = self.intent(key)
         except FeatureFailed:
             have = None
-        base = self._baselines.setdefault(key, {})
+        base = self._baselines.get(key, {})
         r = self.model.get(key)
+        new: dict[str, int | str | None] = {}
         for resource in values:
             if resource in base or (
                 have is not None and have.get(resource) is not None and not self._overlaid(key, resource)
             ):
                 continue
             asked = requested(r.container, resource) if r is not None else None
-            base[resource] = None if asked is not None else self.current(key, resource)
-        if not base:
-            del self._baselines[key]
-        if self.overlays.set(key, owner, values, reason):
-            self.invalidate([key])
-            return True
-        return False
+            new[resource] = None if asked is not None else self.current(key, resource)
+        if not self.overlays.set(key, owner, values, reason):  # raises on a bad value: nothing kept
+            return False
+        if new:
+            self._baselines[key] = {**base, **new}
+        self.invalidate([key])
+        return True
 
     def _overlaid(self, key: str, resource: str) -> bool:
         return any(resource in dict(d.values) for d in self.overlays.of(key))

@@ -132,8 +132,8 @@ class NodeModel:
             return
         else:
             r.state = State.RUNNING
-            if container.pid:
-                r.container.pid = container.pid  # type: ignore[union-attr]
+            if container.pid and r.container is not None:
+                r.container.pid = container.pid
         self._tell("started", container.id, existing)
 
     def container_updated(self, container_id: str, resources: api.LinuxResources) -> bool:
