@@ -298,3 +298,35 @@ def test_a_qos_level_group_is_owned_and_repaired_like_a_container(qos_group: str
             r.stop()
 
     asyncio.run(main())
+
+
+def test_a_falling_quota_goes_after_the_burst_on_the_real_kernel(qos_group: str) -> None:
+    """The kernel refuses a quota below the burst in force (EINVAL), and a burst above the
+    quota: lowering an LS container's quota under its burst only works in the writer's order
+    (burst first, capped at the new quota); raising it again, quota first."""
+    rel = f"{qos_group}/ls"
+    for c in ("cpu", "memory"):
+        (ROOT / c / rel).mkdir()
+    cpu = ROOT / "cpu" / rel
+    try:
+        (cpu / "cpu.cfs_quota_us").write_text("100000")
+        pod = make_pod(7, "LS", parent=f"/{qos_group}")
+        ctr = make_container(7, pod)
+        ctr.linux.cgroups_path = f"/{rel}"
+        ctr.linux.resources.cpu.quota.value = 100000
+        node = Node.create(cgroups=Cgroups(ROOT))
+        r = Reconciler(node.desired, node.writer, node.model, watch=False, resync_period=3600)
+        node.model.container_started(pod, ctr)  # no loop here: the reconciler converges it at once
+        assert (cpu / "cpu.cfs_burst_us").read_text().strip() == "100000"  # the feature: 100% of quota
+        with pytest.raises(OSError):  # what a quota-first writer would meet
+            (cpu / "cpu.cfs_quota_us").write_text("30000")
+        node.desired.set_overlay(ctr.id, "qos:cpuSuppress", {"cpu.cfs_quota_us": 30000}, "test")  # applied now
+        assert (cpu / "cpu.cfs_quota_us").read_text().strip() == "30000"
+        assert (cpu / "cpu.cfs_burst_us").read_text().strip() == "30000"
+        node.desired.withdraw_overlay(ctr.id, "qos:cpuSuppress")
+        assert (cpu / "cpu.cfs_quota_us").read_text().strip() == "100000"  # what the runtime asked
+        assert (cpu / "cpu.cfs_burst_us").read_text().strip() == "100000"
+        assert r.check(ctr.id) == 0  # and nothing left to do
+    finally:
+        for c in ("cpu", "memory"):
+            (ROOT / c / rel).rmdir()
