@@ -98,6 +98,28 @@ def runtime_args(rt: harness.Containerd) -> list[str]:
     return ["--cri-socket", rt.address, "--pods-root", f"{rt.cgroup_root}/kubepods"]
 
 
+def children(pid: int, marker: str = "nriplugin") -> list[int]:
+    """Child processes of ``pid`` whose command line has ``marker`` (a runtime's plugins)."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for c in (task / "children").read_text().split():
+            try:
+                cmd = Path(f"/proc/{c}/cmdline").read_bytes().decode(errors="replace")
+            except FileNotFoundError:
+                continue
+            if marker in cmd:
+                out.append(int(c))
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 class PluginProcess:
     def __init__(self, nri_socket: str, *extra: str) -> None:
         self.port = free_port()

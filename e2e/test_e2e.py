@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 import pytest
 
-from e2e.conftest import PluginProcess, free_port, runtime_args, scrape
+from e2e.conftest import PluginProcess, alive, children, free_port, runtime_args, scrape
 from e2e.cri import msg
 from e2e.harness import Containerd, read_cgroup
 from nriplugin.cli import install
@@ -53,8 +53,8 @@ def test_preregistered_plugin_started_by_containerd(runtime_factory: Callable[..
     rt.start()
     rt.import_images()
     assert rt.proc is not None
-    children = _children(rt.proc.pid)
-    assert children, "containerd did not start the pre-registered plugin"
+    plugins = children(rt.proc.pid)
+    assert plugins, "containerd did not start the pre-registered plugin"
     try:
         pod = rt.run_pod("be", "BestEffort", BE)
         cid = rt.create_container(pod, "main", cpu_shares=1024)
@@ -62,29 +62,13 @@ def test_preregistered_plugin_started_by_containerd(runtime_factory: Callable[..
         rt.remove_all_pods()
         rt.stop()  # the runtime goes away: the plugin, its child, must exit by itself
         deadline = time.monotonic() + 10
-        while any(_alive(p) for p in children) and time.monotonic() < deadline:
+        while any(alive(p) for p in plugins) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not any(_alive(p) for p in children)
+        assert not any(alive(p) for p in plugins)
     finally:
-        for p in children:
-            if _alive(p):
+        for p in plugins:
+            if alive(p):
                 os.kill(p, signal.SIGKILL)
-
-
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        text = (task / "children").read_text().split()
-        out += [int(c) for c in text if "nriplugin" in Path(f"/proc/{c}/cmdline").read_bytes().decode(errors="replace")]
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def test_plugin_reconnects_after_containerd_restart(
@@ -345,10 +329,10 @@ def test_preregistered_plugin_converges_from_the_runtime_alone(runtime_factory: 
     assert scrape(port, 'nriplugin_inventory_containers_total{change="adopted"}') == 3
     # containerd crashes (its plugin goes with it); someone changes a value meanwhile.
     assert rt.proc is not None
-    plugins = _children(rt.proc.pid)
+    plugins = children(rt.proc.pid)
     rt.stop(kill=True)
     deadline = time.monotonic() + 10
-    while any(_alive(p) for p in plugins):
+    while any(alive(p) for p in plugins):
         assert time.monotonic() < deadline, "the plugin outlived its runtime"
         time.sleep(0.05)
     (cpu / "cpu.shares").write_text("1024")

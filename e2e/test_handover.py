@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from e2e.conftest import ROOT, PluginProcess, free_port, runtime_args, scrape
+from e2e.conftest import ROOT, PluginProcess, alive, children, free_port, runtime_args, scrape
 from e2e.harness import Containerd, read_cgroup
 from nriplugin.agent_lock import lock_path, read_holder
 from nriplugin.cli import install
@@ -111,37 +111,16 @@ def test_second_agent_stands_by_and_takes_over_on_sigterm(
     assert "both tried to set" not in containerd_log(runtime)
 
 
-def _children(pid: int, marker: str = "nriplugin") -> list[int]:
-    out: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        for c in (task / "children").read_text().split():
-            try:
-                cmd = Path(f"/proc/{c}/cmdline").read_bytes().decode(errors="replace")
-            except FileNotFoundError:
-                continue
-            if marker in cmd:
-                out.append(int(c))
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def _end(pids: list[int]) -> None:
     """Stop what the test started outside the fixtures (supervised agents), by pid."""
     for pid in pids:
-        if _alive(pid):
+        if alive(pid):
             os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 10
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     for pid in pids:
-        if _alive(pid):
+        if alive(pid):
             os.kill(pid, signal.SIGKILL)
 
 
@@ -155,8 +134,8 @@ def _launcher(rt: Containerd, port: int, tmp: Path) -> Path:
 def _supervised(rt: Containerd) -> tuple[int, int]:
     """(supervisor, agent): containerd's child and its child."""
     assert rt.proc is not None
-    (sup,) = _children(rt.proc.pid)
-    (agent,) = _children(sup)
+    (sup,) = children(rt.proc.pid)
+    (agent,) = children(sup)
     return sup, agent
 
 
@@ -204,8 +183,8 @@ def test_preregistered_launcher_and_socket_agent_share_a_runtime(
 def _descendants(pids: list[int]) -> list[int]:
     out: list[int] = []
     for p in pids:
-        if _alive(p):
-            out += _children(p)
+        if alive(p):
+            out += children(p)
     return out
 
 
@@ -231,7 +210,7 @@ def test_killed_preregistered_agent_is_restarted(runtime_factory: Callable[..., 
             assert time.monotonic() - t0 < 10, "no agent adjusted new BE pods within 10 s"
             time.sleep(0.1)
         print(f"a new BE pod was adjusted again {time.monotonic() - t0:.2f} s after SIGKILL")
-        pids += _children(sup)
+        pids += children(sup)
         # Pods born while no agent ran converge too (Synchronize of the restarted agent).
         wait_for(lambda: all(shares(rt, p, c) == 2 for p, c in made), 10, "the gap's pods to converge")
         assert scrape(port, 'nriplugin_agent_gap_seconds_count{cause="crash"}') == 1

@@ -78,6 +78,16 @@ def workload() -> Iterator[tuple[api.PodSandbox, api.Container, Path]]:
                 d = d.parent
 
 
+async def running(pod: api.PodSandbox, ctr: api.Container, rec: Recorder) -> Reconciler:
+    """A node on the real tree with one running container, and its reconciler started."""
+    node = Node.create(cgroups=Cgroups(ROOT))
+    r = Reconciler(node.desired, node.writer, node.model, observer=rec, resync_period=3600)
+    node.model.container_started(pod, ctr)
+    r.start(asyncio.get_running_loop())
+    await asyncio.sleep(0)  # the reconciler takes the model's news right after
+    return r
+
+
 async def until(cond, timeout: float = 3.0) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while not cond():
@@ -90,11 +100,7 @@ def test_external_writes_are_repaired(workload: tuple[api.PodSandbox, api.Contai
 
     async def main() -> None:
         rec = Recorder()
-        node = Node.create(cgroups=Cgroups(ROOT))
-        r = Reconciler(node.desired, node.writer, node.model, observer=rec, resync_period=3600)
-        node.model.container_started(pod, ctr)
-        r.start(asyncio.get_running_loop())
-        await asyncio.sleep(0)  # the reconciler takes the model's news right after
+        r = await running(pod, ctr, rec)
         try:
             assert r.full_pass() >= 1  # born wrong (no hook ran): shares and quota set
             assert (cpu / "cpu.shares").read_text().strip() == "512"
@@ -120,11 +126,7 @@ def test_a_stubborn_writer_is_a_fight(workload: tuple[api.PodSandbox, api.Contai
 
     async def main() -> None:
         rec = Recorder()
-        node = Node.create(cgroups=Cgroups(ROOT))
-        r = Reconciler(node.desired, node.writer, node.model, observer=rec, resync_period=3600)
-        node.model.container_started(pod, ctr)
-        r.start(asyncio.get_running_loop())
-        await asyncio.sleep(0)  # the reconciler takes the model's news right after
+        r = await running(pod, ctr, rec)
         r.full_pass()
         stop = threading.Event()
 
@@ -165,11 +167,7 @@ def test_a_repair_held_back_by_the_backoff_is_made_when_it_ends(
 
     async def main() -> None:
         rec = Recorder()
-        node = Node.create(cgroups=Cgroups(ROOT))
-        r = Reconciler(node.desired, node.writer, node.model, observer=rec, resync_period=3600)
-        node.model.container_started(pod, ctr)
-        r.start(asyncio.get_running_loop())
-        await asyncio.sleep(0)  # the reconciler takes the model's news right after
+        r = await running(pod, ctr, rec)
         r.full_pass()
         stop = threading.Event()
 
