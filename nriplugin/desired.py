@@ -85,6 +85,16 @@ class DesiredState:
             )
             return None
 
+    def qos_of(self, key: str) -> QoSClass | None:
+        """The QoS class of a pod or container the node model knows (None: unknown key, or a
+        label that could not be used), decided once per pod."""
+        r = self.model.get(key)
+        if r is None:
+            return None
+        if r.pod.id not in self._classes:
+            self._classes[r.pod.id] = self.qos(r.pod)
+        return self._classes[r.pod.id]
+
     def _context(self, pod: api.PodSandbox, container: api.Container | None, known: bool = False) -> Context | None:
         if known:  # a pod of the node model: its class is decided (and a bad label reported) once
             if pod.id not in self._classes:

@@ -1,0 +1,68 @@
+"""What the QoS manager's collection hands to its assessment and strategies: plain, immutable
+measurements (no I/O, no kernel names), so scores and strategies are pure functions of them.
+
+Units: CPU in cores (1.0 = one CPU busy for the whole interval), memory in bytes, time in
+seconds (``time.monotonic()``), pressure stalls in microseconds of the interval.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Pressure:
+    """One PSI resource (``/proc/pressure/cpu`` or a cgroup's ``cpu.pressure``): the kernel's
+    averages (percent) and the stall time accumulated over the last interval (µs)."""
+
+    some_avg10: float = 0.0
+    full_avg10: float = 0.0
+    some_delta_us: int = 0
+    full_delta_us: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ClassUsage:
+    """One QoS class (LSE, LSR, LS, BE) summed over the containers the node model knows."""
+
+    containers: int = 0
+    cpu_cores: float = 0.0  # used over the interval
+    cpu_request_cores: float = 0.0  # requested (shares / 1024, as kubelet sets them)
+    cpu_limit_cores: float | None = None  # sum of quotas / periods; None when any is unlimited
+    throttled_ratio: float = 0.0  # throttled periods / periods over the interval
+    memory_bytes: int = 0  # usage (v1 memory.usage_in_bytes minus cache; v2 memory.current minus file)
+    rss_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSample:
+    """One full collection round."""
+
+    t: float
+    interval: float  # seconds since the previous sample (0 for the first)
+    ncpu: int
+    cpu_busy_cores: float  # node-wide, from /proc/stat
+    load1: float
+    psi_cpu: Pressure = field(default_factory=Pressure)
+    psi_memory: Pressure = field(default_factory=Pressure)
+    mem_total: int = 0
+    mem_available: int = 0
+    swap_total: int = 0
+    swap_free: int = 0
+    pgscan_direct: int = 0  # pages scanned over the interval
+    pgscan_kswapd: int = 0
+    by_class: dict[str, ClassUsage] = field(default_factory=dict)
+    collect_seconds: float = 0.0  # how long the round took
+
+    def usage(self, qos: str) -> ClassUsage:
+        return self.by_class.get(qos, ClassUsage())
+
+
+@dataclass(frozen=True, slots=True)
+class FastSample:
+    """The cheap path (every 100 ms): node CPU and PSI totals only, a few reads of /proc."""
+
+    t: float
+    interval: float
+    cpu_busy_cores: float
+    psi_cpu_some_delta_us: int = 0
