@@ -1,0 +1,116 @@
+"""CPUSuppress (seed 004 §7.5.1): how much CPU best-effort work may have, and when to change it.
+
+Two bounds, the tighter wins:
+- the seed's, by pressure level: ``(total - LS request - system reserved - LS burst granted) x
+  ratio(level)`` — LS bursts are served first, BE gets what is left (§7.6), so the sum never
+  exceeds the node;
+- Koordinator's usage budget (NodeSLO ``cpuSuppressThresholdPercent``): ``total x threshold -
+  what everything but BE uses now``. It follows LS's actual use, so it reacts within one fast
+  sample (100 ms) to an LS spike, long before a pressure level (smoothed, with hysteresis)
+  moves, and gives BE back what LS leaves idle.
+A floor keeps BE from being starved to zero.
+
+When to write (:class:`Limiter`): a tighter limit is applied at once when it is more than the
+deadband below the current one (LS needs it now); a looser one only after it has stayed more
+than the deadband above for ``relax_hold`` seconds, and at most ``max_relax_per_minute`` times a
+minute. A stationary LS load, noisy or not, therefore leaves the limit alone — unlike koordlet's
+cpuset path, which can rewrite BE's cpuset every second (koordinator#1103).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from .node_resource import Capacity
+
+PERIOD_US = 100_000  # the CFS period the BE group's quota is expressed in
+MIN_QUOTA_US = 1_000  # the kernel's minimum quota (1 ms)
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    cores: float
+    why: str
+
+
+def be_target(
+    cap: Capacity,
+    ratio: float,
+    level: str,
+    *,
+    usage_threshold_percent: float = 0.0,
+    burst_granted: float = 0.0,
+    floor: float = 0.0,
+) -> Target:
+    """BE's CPU limit in cores, and which bound set it."""
+    seed = max(0.0, cap.for_be - burst_granted) * ratio
+    why = (
+        f"{level}: ({cap.total:g} total - {cap.ls_request:.2f} LS request - {cap.system_reserved:g} reserved"
+        + (f" - {burst_granted:.2f} LS burst" if burst_granted else "")
+        + f") x {ratio:g}"
+    )
+    cores = seed
+    if usage_threshold_percent > 0:
+        usage = cap.total * usage_threshold_percent / 100 - cap.non_be_usage
+        if usage < cores:
+            cores = usage
+            why = (
+                f"{cap.total:g} x {usage_threshold_percent:g}% - {cap.non_be_usage:.2f} used by LS and the system "
+                f"(the seed's bound, {seed:.2f}, is looser)"
+            )
+    if cores < floor:
+        return Target(floor, f"{why}; floor {floor:g} (BE is never starved to zero)")
+    return Target(cores, why)
+
+
+def quota_us(cores: float) -> int:
+    return max(MIN_QUOTA_US, int(cores * PERIOD_US))
+
+
+@dataclass
+class Limiter:
+    """Deadband, hold and rate limit between a target and the limit actually written."""
+
+    deadband: float = 0.1  # cores
+    relax_hold: float = 3.0  # seconds a looser target must last before it is applied
+    max_relax_per_minute: int = 2
+    current: float | None = None
+    writes: int = 0
+    _above_since: float | None = None
+    _relaxed: deque[float] = field(default_factory=deque)
+
+    def step(self, now: float, target: float) -> float | None:
+        """The limit to write now, or None to leave it."""
+        cur = self.current
+        if cur is None or target < cur - self.deadband:
+            self._above_since = None
+            return self._write(target)
+        if target <= cur + self.deadband:
+            self._above_since = None
+            return None
+        if self._above_since is None:
+            self._above_since = now
+        while self._relaxed and now - self._relaxed[0] >= 60.0:
+            self._relaxed.popleft()
+        if now - self._above_since < self.relax_hold or len(self._relaxed) >= self.max_relax_per_minute:
+            return None
+        self._relaxed.append(now)
+        self._above_since = None
+        return self._write(target)
+
+    def _write(self, target: float) -> float:
+        self.current = target
+        self.writes += 1
+        return target
+
+    def reset(self) -> None:
+        """The limit was withdrawn (the manager disabled): start again from nothing."""
+        self.current, self._above_since = None, None
+        self._relaxed.clear()
+
+
+def cpuset_size(cores: float) -> int:
+    """Whole CPUs for the cpuset policy (at least one)."""
+    return max(1, math.ceil(cores - 1e-9))

@@ -1,0 +1,98 @@
+"""The CPU strategies against the seed's worked examples (004 §7.5.1, §7.5.4, §7.6), and the
+limiter that keeps a stationary load from moving BE's limit."""
+
+from __future__ import annotations
+
+import pytest
+
+from nriplugin.qos.cpu_burst import Burster, burst_ratio, wants_burst
+from nriplugin.qos.cpu_suppress import Limiter, be_target, quota_us
+from nriplugin.qos.node_resource import Capacity
+
+
+def cap(total: float, ls_request: float, reserved: float, non_be: float = 0.0) -> Capacity:
+    return Capacity(total, reserved, ls_request, ls_usage=0.0, be_usage=0.0, non_be_usage=non_be)
+
+
+def test_seed_cpu_suppress_examples() -> None:
+    # 16 cores, LS request 6, system 1: 9 for BE; score 50 (MEDIUM, 0.8) and 80 (CRITICAL, 0.3)
+    assert be_target(cap(16, 6, 1), 0.8, "MEDIUM").cores == pytest.approx(7.2)
+    assert be_target(cap(16, 6, 1), 0.3, "CRITICAL").cores == pytest.approx(2.7)
+    # the 32-core production timeline: 8 LS pods x 2 CPU, system 2 -> 14, then 11.2, 4.2, 11.2
+    timeline = [
+        be_target(cap(32, 16, 2), r, lvl).cores
+        for r, lvl in ((1.0, "LOW"), (0.8, "MEDIUM"), (0.3, "CRITICAL"), (0.8, "MEDIUM"))
+    ]
+    assert timeline == pytest.approx([14, 11.2, 4.2, 11.2])
+
+
+def test_seed_coordination_example() -> None:
+    """§7.6: 16 CPU, system 1, LS limit 4 bursts to 5; BE gets (15 - 4 - 1) x 0.8 = 8; the sum
+    (5 + 8 = 13) stays within the 15 schedulable CPUs."""
+    c = cap(16, 4, 1)
+    be = be_target(c, 0.8, "MEDIUM", burst_granted=1.0).cores
+    assert be == pytest.approx(8.0)
+    assert 4 + 1 + be <= c.schedulable
+
+
+def test_usage_budget_reacts_to_what_ls_uses() -> None:
+    """Koordinator's threshold budget: on 2 cores at 65 %, an idle LS leaves BE 1.3 cores (more
+    than the seed's request-based bound, so that one decides); a busy LS (one core) cuts BE to
+    0.3 at once, whatever the level."""
+    idle = be_target(cap(2, 1, 0, non_be=0.0), 1.0, "LOW", usage_threshold_percent=65)
+    assert idle.cores == pytest.approx(1.0) and "x 1" in idle.why
+    busy = be_target(cap(2, 1, 0, non_be=1.0), 1.0, "LOW", usage_threshold_percent=65)
+    assert busy.cores == pytest.approx(0.3) and "65%" in busy.why
+    starved = be_target(cap(2, 1, 0, non_be=2.0), 0.1, "EMERGENCY", usage_threshold_percent=65, floor=0.1)
+    assert starved.cores == pytest.approx(0.1) and "floor" in starved.why
+    assert quota_us(0.3) == 30000 and quota_us(0.0) == 1000
+
+
+def test_limiter_tightens_at_once_relaxes_after_a_hold_and_ignores_noise() -> None:
+    lim = Limiter(deadband=0.1, relax_hold=3.0, max_relax_per_minute=2)
+    assert lim.step(0.0, 1.0) == 1.0  # the first limit is written
+    assert lim.step(0.1, 1.05) is None and lim.step(0.2, 0.95) is None  # noise within the deadband
+    assert lim.step(0.3, 0.3) == 0.3  # LS spike: at once
+    assert lim.step(0.4, 1.0) is None and lim.step(2.0, 1.0) is None  # looser: held back
+    assert lim.step(3.5, 1.0) == 1.0  # after the hold
+    # a noisy stationary load over ten minutes: no write at all
+    writes = lim.writes
+    for i in range(6000):
+        assert lim.step(10.0 + i * 0.1, 1.0 + (0.08 if i % 2 else -0.08)) is None
+    assert lim.writes == writes
+    # rate limit on relaxations: flapping LS (down at once, up after the hold) writes up at most twice a minute
+    lim2 = Limiter(deadband=0.1, relax_hold=0.5, max_relax_per_minute=2)
+    ups = 0
+    lim2.step(0.0, 1.0)
+    for k in range(60):
+        t = k * 1.0
+        lim2.step(t, 0.2)
+        if lim2.step(t + 0.6, 1.0) is not None:
+            ups += 1
+    assert ups <= 2
+
+
+def test_burst_ratio_follows_the_seed() -> None:
+    assert burst_ratio(0.5) == 1.5 and burst_ratio(0.31) == 1.5
+    assert burst_ratio(0.25) == pytest.approx(1.3) and burst_ratio(0.2) == pytest.approx(1.3)
+    assert burst_ratio(0.19) == 1.0
+    assert burst_ratio(0.5, max_ratio=2.0, min_idle=0.15) == 2.0  # latency-first profile
+    assert wants_burst(0.5, 1.0, 2.0) and wants_burst(0.0, 1.9, 2.0) and not wants_burst(0.0, 1.0, 2.0)
+    assert not wants_burst(1.0, 2.0, 0.0)  # no limit: nothing to burst past
+
+
+def test_burst_lasts_at_most_its_duration_then_cools_down() -> None:
+    b = Burster(duration=10.0, cooldown=30.0)
+    g = b.step(0.0, "c1", wants=True, ratio=1.5)
+    assert g is not None and g.ratio == 1.5 and b.bursting() == {"c1": 1.5}
+    assert b.step(5.0, "c1", wants=True, ratio=1.5) is None  # still bursting
+    end = b.step(10.0, "c1", wants=True, ratio=1.5)
+    assert end is not None and end.ratio == 1.0 and "duration" in end.why
+    assert b.step(20.0, "c1", wants=True, ratio=1.5) is None  # cooling down
+    again = b.step(40.0, "c1", wants=True, ratio=1.5)
+    assert again is not None and again.ratio == 1.5
+    off = b.step(41.0, "c1", wants=True, ratio=1.0)  # the node got busy: withdrawn
+    assert off is not None and off.ratio == 1.0
+    assert b.step(42.0, "c2", wants=True, ratio=1.0) is None  # no idle CPU: no burst
+    b.forget({"c2"})
+    assert "c1" not in b._states
