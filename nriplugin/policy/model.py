@@ -1,6 +1,7 @@
 """The policy: the plugin's own YAML, shaped like Koordinator's NodeSLO spec where they overlap
 (resourceQOSStrategy, cpuBurstStrategy, resourceUsedThresholdWithBE) plus per-feature switches
-and failure policies. A NodeSLO object is accepted as a file too.
+and failure policies, and the QoS manager's ``qosManager`` section (seed 004 §7.7; its tuning
+profiles are in ``profiles.py``). A NodeSLO object is accepted as a file too.
 
 Every field is validated; an error names the field path and the bad value.
 """
