@@ -1,15 +1,19 @@
 """The policy: the plugin's own YAML, shaped like Koordinator's NodeSLO spec where they overlap
 (resourceQOSStrategy, cpuBurstStrategy, resourceUsedThresholdWithBE) plus per-feature switches
-and failure policies. A NodeSLO object is accepted as a file too.
+and failure policies, and the QoS manager's ``qosManager`` section (seed 004 §7.7; its tuning
+profiles are in ``profiles.py``). A NodeSLO object is accepted as a file too.
 
 Every field is validated; an error names the field path and the bad value.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import re
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+from .profiles import PROFILES, Profile, overlay
 
 Percent = Annotated[int, Field(ge=0, le=100)]
 
@@ -101,6 +105,13 @@ class CPUBurstStrategy(_M):
 
 
 class ResourceThresholdStrategy(_M):
+    """Koordinator's NodeSLO usage thresholds. For CPU suppression they are the usage-based
+    alternative to ``qosManager.cpuSuppress``'s level-based budget: BE may use
+    ``total x cpuSuppressThresholdPercent % - non-BE usage`` (BE's own usage is not counted,
+    as in the pressure score), at least ``cpuSuppressMinPercent`` % of the node. When
+    ``enable`` is set the manager takes the lower of the two budgets. ``cpuSuppressPolicy`` is
+    the suppression policy unless ``qosManager.cpuSuppress.policy`` names one."""
+
     enable: bool = True
     cpuSuppressThresholdPercent: Percent = 65
     cpuSuppressMinPercent: Percent | None = None
@@ -112,6 +123,249 @@ class ResourceThresholdStrategy(_M):
     cpuEvictBEUsageThresholdPercent: Percent | None = None
     cpuEvictTimeWindowSeconds: Annotated[int, Field(gt=0)] | None = None
     cpuEvictPolicy: Literal["evictByRealLimit", "evictByAllocatable"] | None = None
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNIT = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def _seconds(v: Any) -> Any:
+    """Seconds from a number or a Go duration string as the seed writes them (``500ms``,
+    ``1s``, ``1m30s``)."""
+    if isinstance(v, bool):
+        raise ValueError("expected seconds or a duration such as 500ms, 1s, 30s")
+    if not isinstance(v, str):
+        return v  # numbers go on to float validation
+    text = v.strip()
+    pos, total = 0, 0.0
+    while pos < len(text):
+        m = _DURATION.match(text, pos)
+        if m is None:
+            break
+        total += float(m.group(1)) * _UNIT[m.group(2)]
+        pos = m.end()
+    if not text or pos != len(text):
+        raise ValueError(f"not a duration: {text[:40]!r} (use seconds, or e.g. 500ms, 1s, 30s, 1m)")
+    return total
+
+
+def _cores(v: Any) -> Any:
+    """CPU cores from a number or a Kubernetes CPU quantity (``500m``, ``1.5``)."""
+    if isinstance(v, bool):
+        raise ValueError("expected cores, e.g. 0.5 or 500m")
+    if isinstance(v, str):
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)(m?)", v.strip())
+        if m is None:
+            raise ValueError(f"not a CPU quantity: {v[:40]!r} (use cores, e.g. 0.5 or 500m)")
+        return float(m.group(1)) / (1000 if m.group(2) else 1)
+    return v
+
+
+Seconds = Annotated[float, BeforeValidator(_seconds)]
+Cores = Annotated[float, BeforeValidator(_cores)]
+Score = Annotated[float, Field(ge=0, le=100)]
+Ratio = Annotated[float, Field(gt=0, le=1)]
+
+
+class CPUPressure(_M):
+    """Level boundaries of a pressure score (seed §7.7): below ``low`` is LOW, below ``medium``
+    MEDIUM, below ``high`` HIGH, below ``critical`` CRITICAL, from ``critical`` on EMERGENCY.
+    ``hysteresis``: a level is left downwards only this many points below its boundary;
+    ``fallTime``: the time constant at which a falling score is followed (a rising one is
+    taken at once, so an LS spike acts on the first sample)."""
+
+    low: Score = 40.0
+    medium: Score = 60.0
+    high: Score = 75.0
+    critical: Score = 90.0
+    hysteresis: Annotated[float, Field(ge=0, le=50)] = 5.0
+    fallTime: Annotated[Seconds, Field(ge=0, le=600)] = 5.0
+
+    @model_validator(mode="after")
+    def _increasing(self) -> CPUPressure:
+        b = (self.low, self.medium, self.high, self.critical)
+        if not b[0] < b[1] < b[2] < b[3]:
+            raise ValueError(
+                f"thresholds must increase: low ({b[0]:g}) < medium ({b[1]:g}) < high ({b[2]:g}) < critical ({b[3]:g})"
+            )
+        return self
+
+
+class MemoryPressure(CPUPressure):
+    low: Score = 50.0
+    medium: Score = 70.0
+    high: Score = 80.0
+    critical: Score = 90.0
+
+
+class SuppressRatio(_M):
+    """The share of BE's budget (total - LS request - system reserved) BE keeps, by CPU level."""
+
+    low: Ratio = 1.0
+    medium: Ratio = 0.8
+    high: Ratio = 0.5
+    critical: Ratio = 0.3
+    emergency: Ratio = 0.1
+
+    @model_validator(mode="after")
+    def _non_increasing(self) -> SuppressRatio:
+        r = (self.low, self.medium, self.high, self.critical, self.emergency)
+        if not r[0] >= r[1] >= r[2] >= r[3] >= r[4]:
+            raise ValueError(
+                f"ratios must not increase with the level: low ({r[0]:g}) >= medium ({r[1]:g}) >= "
+                f"high ({r[2]:g}) >= critical ({r[3]:g}) >= emergency ({r[4]:g})"
+            )
+        return self
+
+    def of(self, level: int) -> float:
+        """The ratio of a level (0 LOW ... 4 EMERGENCY, as ``nriplugin.qos.levels.Level``)."""
+        return (self.low, self.medium, self.high, self.critical, self.emergency)[max(0, min(4, int(level)))]
+
+
+class CPUSuppress(_M):
+    """BE limit = max(minCores, (total - LS request - systemReserved) x suppressRatio[level]).
+
+    ``policy`` None follows ``resourceUsedThresholdWithBE.cpuSuppressPolicy`` (cfsQuota by
+    default; see ``Policy.cpu_suppress_policy``). ``minCores``: BE is never starved to zero, so
+    its processes still answer SIGTERM, probes and the Eviction API's graceful shutdown; with the
+    cpuset policy the floor is one whole CPU (two SMT siblings where they are paired).
+    Against flapping and write storms: a new limit within ``deadbandCores`` of the current one is
+    not written; a cut is written at once (LS first), a raise only once the higher target has held
+    for ``raiseDelay`` (then to the lowest target seen over that time) and while the last minute
+    holds fewer than ``maxWritesPerMinute`` writes."""
+
+    enabled: bool = True
+    policy: Literal["cfsQuota", "cpuset"] | None = None
+    suppressRatio: SuppressRatio = SuppressRatio()
+    minCores: Annotated[Cores, Field(gt=0, le=1024)] = 0.1
+    deadbandCores: Annotated[Cores, Field(ge=0, le=1024)] = 0.2
+    raiseDelay: Annotated[Seconds, Field(ge=0, le=600)] = 2.0
+    maxWritesPerMinute: Annotated[int, Field(ge=1, le=600)] = 2
+
+
+class CPUEvict(_M):
+    enabled: bool = True
+    evictThreshold: Score = 90.0
+    evictCooldown: Annotated[Seconds, Field(ge=0, le=86400)] = 60.0
+
+
+class MemoryEvict(_M):
+    enabled: bool = True
+    evictThreshold: Score = 85.0
+    memoryGrowthThreshold: Annotated[float, Field(ge=0)] = 5.0  # MB/min: a pod growing faster leaks
+    oomScoreAdjust: Annotated[int, Field(ge=-1000, le=1000)] = 1000
+
+
+class CPUBurst(_M):
+    """LS containers may exceed their CPU limit by ``burstRatio`` while the node is at least
+    ``fullBurstNodeCPUIdle`` idle, by ``partialBurstRatio`` down to ``minNodeCPUIdle``, not below
+    (seed §7.5.4: 1.5 above 30 % idle, 1.3 at 20-30 %, none under 20 %); for at most
+    ``burstDuration``, then not again for ``burstCooldown``. This is the manager's dynamic quota
+    raise; ``cpuBurstStrategy`` is the static burst (``cpu.cfs_burst_us``) set at birth."""
+
+    enabled: bool = True
+    burstRatio: Annotated[float, Field(ge=1, le=10)] = 1.5
+    partialBurstRatio: Annotated[float, Field(ge=1, le=10)] = 1.3
+    burstDuration: Annotated[Seconds, Field(gt=0, le=3600)] = 10.0
+    burstCooldown: Annotated[Seconds, Field(ge=0, le=3600)] = 30.0
+    minNodeCPUIdle: Annotated[float, Field(ge=0, le=1)] = 0.2
+    fullBurstNodeCPUIdle: Annotated[float, Field(ge=0, le=1)] = 0.3
+
+    @model_validator(mode="before")
+    @classmethod
+    def _follow(cls, data: Any) -> Any:
+        """A partial ratio or full-burst idle share left unset follows the field it must not
+        pass (``burstRatio: 1.2`` alone is not an error about a default)."""
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for dep, on, default, cmp in (
+            ("partialBurstRatio", "burstRatio", 1.3, min),
+            ("fullBurstNodeCPUIdle", "minNodeCPUIdle", 0.3, max),
+        ):
+            if dep not in out and isinstance(out.get(on), (int, float)) and not isinstance(out[on], bool):
+                out[dep] = cmp(default, out[on])
+        return out
+
+    @model_validator(mode="after")
+    def _ordered(self) -> CPUBurst:
+        if self.partialBurstRatio > self.burstRatio:
+            raise ValueError(f"partialBurstRatio ({self.partialBurstRatio:g}) exceeds burstRatio ({self.burstRatio:g})")
+        if self.minNodeCPUIdle > self.fullBurstNodeCPUIdle:
+            raise ValueError(
+                f"minNodeCPUIdle ({self.minNodeCPUIdle:g}) exceeds fullBurstNodeCPUIdle ({self.fullBurstNodeCPUIdle:g})"
+            )
+        return self
+
+
+class SystemReserved(_M):
+    """CPU kept for the system and its daemons (NodeQOSResource / SystemQOSResource)."""
+
+    cpu: Annotated[Cores, Field(ge=0, le=1024)] = 0.0
+
+
+# The seed's plugins, in the one order they run (§7.6): LS burst first, BE suppressed within
+# what is left, eviction only when suppression is not enough.
+PluginName = Literal["NodeQOSResource", "SystemQOSResource", "CPUBurst", "CPUSuppress", "CPUEvict", "MemoryEvict"]
+PLUGINS: tuple[PluginName, ...] = get_args(PluginName)
+
+
+class QoSManager(_M):
+    """The QoS manager (seed 004 §7.7). ``profile`` (§7.8) applies first; fields set here win."""
+
+    enable: bool = True
+    profile: Profile = "balanced"
+    syncPeriod: Annotated[Seconds, Field(ge=0.1, le=60)] = 1.0
+    cpuPressure: CPUPressure = CPUPressure()
+    memoryPressure: MemoryPressure = MemoryPressure()
+    cpuSuppress: CPUSuppress = CPUSuppress()
+    cpuEvict: CPUEvict = CPUEvict()
+    memoryEvict: MemoryEvict = MemoryEvict()
+    cpuBurst: CPUBurst = CPUBurst()
+    # Which plugins run; the order they run in is always PLUGINS' (listed order is ignored).
+    plugins: list[PluginName] = list(PLUGINS)
+    systemReserved: SystemReserved = SystemReserved()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _profile(cls, data: Any) -> Any:
+        if data is None:
+            return {}  # `qosManager:` with everything under it commented out
+        if not isinstance(data, dict):
+            return data
+        explicit = _explicit(data)
+        preset = PROFILES.get(str(explicit.get("profile", "balanced")))
+        return overlay(preset, explicit) if preset is not None else explicit
+
+    @field_validator("plugins")
+    @classmethod
+    def _plugins(cls, v: list[str]) -> list[str]:
+        dup = sorted({p for p in v if v.count(p) > 1})
+        if dup:
+            raise ValueError(f"listed more than once: {', '.join(dup)}")
+        return [p for p in PLUGINS if p in v]
+
+    def runs(self, plugin: str) -> bool:
+        """Whether ``plugin`` runs: the manager on, the plugin listed and its section enabled."""
+        if not self.enable or plugin not in self.plugins:
+            return False
+        section = {
+            "CPUBurst": self.cpuBurst.enabled,
+            "CPUSuppress": self.cpuSuppress.enabled,
+            "CPUEvict": self.cpuEvict.enabled,
+            "MemoryEvict": self.memoryEvict.enabled,
+        }
+        return section.get(plugin, True)
+
+
+def _explicit(data: Any) -> Any:
+    """What was given, as plain data: a model instance contributes only the fields set on it,
+    so a profile can still fill the others."""
+    if isinstance(data, BaseModel):
+        return {k: _explicit(getattr(data, k)) for k in data.model_fields_set}
+    if isinstance(data, dict):
+        return {k: _explicit(v) for k, v in data.items()}
+    return data
 
 
 FEATURES = ("cpuQOS", "batchResource", "cpuBurst", "memoryQOS", "cpuset", "resctrl", "blkio")
@@ -144,6 +398,11 @@ class Policy(_M):
     resourceQOSStrategy: ResourceQOSStrategy = ResourceQOSStrategy()
     cpuBurstStrategy: CPUBurstStrategy = CPUBurstStrategy()
     resourceUsedThresholdWithBE: ResourceThresholdStrategy = ResourceThresholdStrategy()
+    qosManager: QoSManager = QoSManager()
+
+    def cpu_suppress_policy(self) -> Literal["cfsQuota", "cpuset"]:
+        """``qosManager.cpuSuppress.policy`` if set, else the NodeSLO's ``cpuSuppressPolicy``."""
+        return self.qosManager.cpuSuppress.policy or self.resourceUsedThresholdWithBE.cpuSuppressPolicy
 
     def class_qos(self, qos: str) -> ResourceQOS:
         s = self.resourceQOSStrategy
@@ -172,7 +431,10 @@ def from_document(doc: Any) -> tuple[Policy, list[str]]:
             if spec.pop(key, None) is not None:
                 notes.append(f"NodeSLO spec.{key} is not used by nriplugin; ignored")
         doc = spec
-    return Policy.model_validate(_merge(Policy().model_dump(), doc)), notes
+    # qosManager is left out of the defaults merged under the document: its profile must see
+    # which fields the document itself sets (the model fills in the rest).
+    base = Policy().model_dump(exclude={"qosManager"})
+    return Policy.model_validate(_merge(base, doc)), notes
 
 
 def _merge(base: Any, over: Any) -> Any:

@@ -1,0 +1,42 @@
+"""The QoS manager's tuning profiles (seed 004 §7.8), as partial ``qosManager`` documents.
+
+A profile's values apply first; any field the policy sets itself wins over them, and anything
+neither mentions keeps its default. The defaults are ``balanced`` (the seed's §7.7 example),
+so ``balanced`` restates them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+Profile = Literal["latency-first", "throughput-first", "balanced"]
+
+PROFILES: dict[str, dict[str, Any]] = {
+    # LS first, BE may be sacrificed: react earlier, suppress harder, burst more readily.
+    "latency-first": {
+        "cpuPressure": {"medium": 50, "high": 65, "critical": 80},
+        "cpuSuppress": {"suppressRatio": {"medium": 0.7, "high": 0.4, "critical": 0.2}},
+        "cpuBurst": {"enabled": True, "burstRatio": 2.0, "minNodeCPUIdle": 0.15},
+    },
+    # BE throughput first, LS less demanding: intervene later and more gently, never evict for CPU.
+    "throughput-first": {
+        "cpuPressure": {"medium": 70, "high": 85, "critical": 95},
+        "cpuSuppress": {"suppressRatio": {"medium": 0.9, "high": 0.7, "critical": 0.5}},
+        "cpuEvict": {"enabled": False},
+    },
+    # LS and BE about 1:1.
+    "balanced": {
+        "cpuPressure": {"medium": 60, "high": 75, "critical": 90},
+        "cpuSuppress": {"suppressRatio": {"medium": 0.8, "high": 0.5, "critical": 0.3}},
+    },
+}
+
+
+def overlay(base: Any, over: Any) -> Any:
+    """``over`` deep-merged onto ``base`` (mappings merge, anything else replaces)."""
+    if isinstance(base, dict) and isinstance(over, dict):
+        out = dict(base)
+        for k, v in over.items():
+            out[k] = overlay(base[k], v) if k in base else v
+        return out
+    return over

@@ -1,0 +1,271 @@
+"""Pressure scores (seed 004 §7.4) and levels: the seed's worked numbers, BE's own usage not
+suppressing BE, smoothing and hysteresis."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import replace
+
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from nriplugin.qos.levels import CPU_THRESHOLDS, MEMORY_THRESHOLDS, Assessor, Level, Thresholds
+from nriplugin.qos.sample import ClassUsage, NodeSample
+from nriplugin.qos.scores import (
+    CpuInputs,
+    MemoryInputs,
+    cpu_inputs,
+    cpu_pressure,
+    ewma,
+    memory_inputs,
+    memory_pressure,
+    slope_per_min,
+)
+
+GiB = 1 << 30
+
+# The seed's scenario 1 (8 CPUs, no BE named): 50 % busy, LS at 0.8 of its request, trend
+# 0.5 %/min, load 4.0.
+SCENARIO_1 = CpuInputs(
+    ncpu=8,
+    node_usage_cores=4.0,
+    be_usage_cores=0.0,
+    ls_usage_cores=3.2,
+    ls_request_cores=4.0,
+    trend_pct_per_min=0.5,
+    load1=4.0,
+)
+# Scenario 2: 85 % busy, LS at 1.5x its request, trend 2 %/min, load 12.
+SCENARIO_2 = CpuInputs(
+    ncpu=8,
+    node_usage_cores=6.8,
+    be_usage_cores=0.0,
+    ls_usage_cores=6.0,
+    ls_request_cores=4.0,
+    trend_pct_per_min=2.0,
+    load1=12.0,
+)
+
+
+@pytest.mark.parametrize("seed", [True, False])
+def test_seed_scenario_1_is_59_medium(seed: bool) -> None:
+    s = cpu_pressure(SCENARIO_1, seed=seed)
+    assert s.terms == pytest.approx({"node": 20, "ls": 24, "trend": 10, "load": 5})
+    assert s.total == pytest.approx(59) and CPU_THRESHOLDS.level(s.total) == Level.MEDIUM
+
+
+@pytest.mark.parametrize("seed", [True, False])
+def test_seed_scenario_2_follows_the_formula(seed: bool) -> None:
+    # The seed writes "total 94 -> EMERGENCY", but its own terms are 34 + 45 + 20 (trend 40,
+    # capped) + 15 = 114: the formula caps that at 100. Same level as the seed's, EMERGENCY.
+    s = cpu_pressure(SCENARIO_2, seed=seed)
+    assert s.terms == pytest.approx({"node": 34, "ls": 45, "trend": 20, "load": 15})
+    assert s.total == 100 and CPU_THRESHOLDS.level(s.total) == Level.EMERGENCY
+
+
+def test_be_soaking_up_idle_cpu_does_not_suppress_itself() -> None:
+    """2 CPUs, an idle LS pod requesting 1 core, BE spinning two threads for the last minute
+    (busy 0 % -> 100 %, load 2): the seed's score is HIGH and would cut BE; ours stays LOW."""
+    samples = []
+    for k in range(0, 301, 5):  # 5 minutes of history; BE starts at t=240
+        be = 2.0 if k >= 240 else 0.0
+        samples.append(
+            NodeSample(
+                t=float(k),
+                interval=5.0,
+                ncpu=2,
+                cpu_busy_cores=be + 0.02,
+                load1=2.0 * (1 - math.exp(-(k - 240) / 60)) if k >= 240 else 0.0,
+                by_class={"LS": ClassUsage(1, 0.02, 1.0), "BE": ClassUsage(2, be, 0.0)},
+            )
+        )
+    i = cpu_inputs(samples[-1], samples[:-1])
+    assert i.trend_pct_per_min > 5 and i.be_trend_pct_per_min == pytest.approx(i.trend_pct_per_min)
+    seed, ours = cpu_pressure(i, seed=True), cpu_pressure(i)
+    assert CPU_THRESHOLDS.level(seed.total) >= Level.HIGH and seed.total > 60
+    assert seed.node == 40 and seed.trend == 20 and seed.load > 6
+    assert ours.total < 5 and CPU_THRESHOLDS.level(ours.total) == Level.LOW
+    assert ours.node == pytest.approx(0.4) and ours.trend == 0 and ours.load < 1
+
+
+def test_ls_using_its_request_still_raises_the_score_next_to_be() -> None:
+    """The discount is BE's only: with LS spinning its one requested core (and its trend), the
+    score is what it would be without BE."""
+    with_be = CpuInputs(2, 2.0, 1.0, 1.0, 1.0, 25.0, 2.0, be_trend_pct_per_min=0.0)
+    without_be = CpuInputs(2, 1.0, 0.0, 1.0, 1.0, 25.0, 1.0)
+    assert cpu_pressure(with_be) == cpu_pressure(without_be)
+    assert cpu_pressure(with_be).total == pytest.approx(20 + 30 + 20 + 5)
+
+
+def test_load_discount_follows_load1_after_be_stops() -> None:
+    """BE ran 2 cores for minutes and stopped 10 s ago: load1 still carries it (2·e^(-10/60));
+    BE's load (its cores averaged like load1) discounts that, BE's instantaneous usage would not."""
+    pts = [(float(t), 2.0) for t in range(0, 300, 5)] + [(300.0, 0.0), (305.0, 0.0), (310.0, 0.0)]
+    be_load = ewma(pts, 60.0)
+    load1 = 2.0 * math.exp(-10 / 60)
+    assert be_load == pytest.approx(load1, rel=0.1)
+    lingering = CpuInputs(2, 0.02, 0.0, 0.02, 1.0, 0.0, load1, be_load=be_load)
+    assert cpu_pressure(lingering).load < 1.0
+    assert cpu_pressure(replace(lingering, be_load=None)).load > 8.0
+
+
+def test_guards() -> None:
+    assert cpu_pressure(CpuInputs(0, 1.0, 0.0, 1.0, 0.0, 0.0, 3.0)).total == 0  # no CPUs, no request
+    assert cpu_pressure(CpuInputs(4, 1.0, 3.0, 1.0, 0.0, -5.0, 0.0)).total == 0  # BE > busy: floor 0
+    nan = cpu_pressure(CpuInputs(4, math.nan, 0.0, math.inf, 1.0, math.nan, 2.0))
+    assert nan.total == pytest.approx(5.0)
+    assert memory_pressure(MemoryInputs(0, 0, 0.0, 0, 0, 0, 0)).total == 0
+    only_direct = memory_pressure(MemoryInputs(16 * GiB, 16 * GiB, 0.0, 10, 0, 0, 0))
+    assert only_direct.reclaim == 20  # direct reclaim, kswapd idle: the term saturates
+    assert memory_pressure(MemoryInputs(16 * GiB, 16 * GiB, -3.0, 0, 0, 0, 0)).growth == 0
+
+
+def test_memory_pressure_terms() -> None:
+    s = memory_pressure(MemoryInputs(100 * GiB, 20 * GiB, 2.0, 5, 10, 10 * GiB, 5 * GiB))
+    assert s.terms == pytest.approx({"used": 28, "growth": 2.5, "reclaim": 1.0, "swap": 10})
+    assert s.total == pytest.approx(41.5) and MEMORY_THRESHOLDS.level(s.total) == Level.LOW
+    worst = memory_pressure(MemoryInputs(100 * GiB, 0, 50.0, 100, 1, GiB, 0))
+    assert worst.total == 100 and MEMORY_THRESHOLDS.level(worst.total) == Level.EMERGENCY
+
+
+def test_memory_inputs_growth_is_in_percent_of_memtotal() -> None:
+    def at(t: float, rss: int) -> NodeSample:
+        return NodeSample(t, 1.0, 4, 0.0, 0.0, mem_total=100 * GiB, by_class={"LS": ClassUsage(rss_bytes=rss)})
+
+    hist = [at(float(t), t * GiB // 60) for t in range(0, 120, 10)]  # 1 GiB per minute
+    i = memory_inputs(at(120.0, 2 * GiB), hist)
+    assert i.ls_rss_growth_pct_per_min == pytest.approx(1.0)
+
+
+def test_slope() -> None:
+    assert slope_per_min([]) == 0 and slope_per_min([(1.0, 5.0)]) == 0
+    assert slope_per_min([(1.0, 5.0), (1.0, 9.0)]) == 0  # no spread in time
+    assert slope_per_min([(0.0, 0.0), (30.0, 1.0), (60.0, 2.0)]) == pytest.approx(2.0)
+    old_then_flat = [(0.0, 100.0)] + [(float(t), 10.0) for t in range(301, 600, 10)]
+    assert slope_per_min(old_then_flat) == 0  # the point older than 5 minutes is left out
+
+
+def test_hysteresis_holds_a_level_around_a_boundary() -> None:
+    for fall_time in (0.0, 5.0):  # hysteresis alone, and with smoothing
+        a = Assessor(CPU_THRESHOLDS, hysteresis=5, fall_time=fall_time)
+        levels = [a.update(t * 0.1, 61 if t % 2 == 0 else 59).level for t in range(200)]
+        assert set(levels) == {Level.HIGH}
+        b = Assessor(CPU_THRESHOLDS, hysteresis=5, fall_time=fall_time)
+        out = [b.update(t * 0.1, 59 if t % 2 == 0 else 61) for t in range(200)]
+        assert sum(o.changed for o in out[1:]) == 1 and out[-1].level == Level.HIGH  # up once, never back
+
+
+def test_a_real_jump_reaches_its_level_on_the_first_update() -> None:
+    a = Assessor(CPU_THRESHOLDS)
+    assert a.update(0.0, 30).level == Level.LOW
+    r = a.update(0.1, 80)
+    assert (r.level, r.score, r.changed) == (Level.CRITICAL, 80, True)
+
+
+def test_smoothing_falls_slowly_and_leaves_a_level_past_the_margin() -> None:
+    a = Assessor(CPU_THRESHOLDS, hysteresis=5, fall_time=5.0)
+    a.update(0.0, 80)
+    r = a.update(0.2, 10)
+    assert r.score == pytest.approx(10 + 70 * math.exp(-0.2 / 5)) and r.level == Level.CRITICAL
+    r = a.update(1.0, 10)  # 67.3: below CRITICAL's 75 by more than the margin
+    assert r.score == pytest.approx(10 + 70 * math.exp(-1 / 5)) and r.level == Level.HIGH
+    ts = [a.update(float(t), 10) for t in range(2, 30)]
+    assert all(x.score >= y.score for x, y in itertools.pairwise(ts))  # falls, never jumps down
+    low = next(x for x in ts if x.level == Level.LOW)
+    assert low.score < 40 - 5 and 3 < low.t < 10  # back to LOW within seconds, past the margin
+    assert a.update(29.0, 10).score == pytest.approx(a.score)  # a repeated or earlier t decays nothing
+    s = a.score
+    assert a.update(20.0, 5).score == pytest.approx(s)
+
+
+def test_level_boundaries_and_configuration() -> None:
+    th = Thresholds(40, 60, 75, 90)
+    assert [th.level(x) for x in (0, 39.9, 40, 59.9, 60, 75, 89.9, 90, 100)] == [0, 0, 1, 1, 2, 3, 3, 4, 4]
+    assert th.lower_bound(Level.LOW) == 0 and th.lower_bound(Level.EMERGENCY) == 90
+    with pytest.raises(ValueError, match="increase"):
+        Thresholds(40, 40, 75, 90)
+    a = Assessor(MEMORY_THRESHOLDS)
+    assert a.update(0.0, 75).level == Level.HIGH
+    a.configure(CPU_THRESHOLDS, 5, 5)  # a policy reload keeps the state
+    assert a.score == 75 and a.update(0.0, 75).level == Level.CRITICAL
+
+
+finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False)
+cores = st.floats(min_value=0, max_value=512, allow_nan=False)
+cpu_in = st.builds(
+    CpuInputs,
+    ncpu=st.integers(min_value=0, max_value=512),
+    node_usage_cores=cores,
+    be_usage_cores=cores,
+    ls_usage_cores=cores,
+    ls_request_cores=cores,
+    trend_pct_per_min=finite,
+    load1=cores,
+    be_trend_pct_per_min=finite,
+    be_load=st.none() | cores,
+)
+
+
+@given(cpu_in, st.booleans())
+def test_cpu_score_within_bounds(i: CpuInputs, seed: bool) -> None:
+    s = cpu_pressure(i, seed=seed)
+    assert 0 <= s.total <= 100 and all(t >= 0 for t in s.terms.values())
+
+
+@given(cpu_in, st.booleans(), st.sampled_from(["node_usage_cores", "ls_usage_cores", "trend_pct_per_min", "load1"]))
+def test_cpu_score_rises_with_demand(i: CpuInputs, seed: bool, field: str) -> None:
+    more = replace(i, **{field: getattr(i, field) + 1.0})
+    assert cpu_pressure(more, seed=seed).total >= cpu_pressure(i, seed=seed).total - 1e-9
+
+
+@given(cpu_in, st.sampled_from(["be_usage_cores", "ls_request_cores", "be_trend_pct_per_min"]))
+def test_cpu_score_does_not_rise_with_be_or_requests(i: CpuInputs, field: str) -> None:
+    assume(field != "ls_request_cores" or i.ls_request_cores > 0)  # no request: the LS term is 0
+    more = replace(i, **{field: getattr(i, field) + 1.0})
+    assert cpu_pressure(more).total <= cpu_pressure(i).total + 1e-9
+
+
+mem_in = st.builds(
+    MemoryInputs,
+    mem_total=st.integers(0, 1 << 42),
+    mem_available=st.integers(0, 1 << 42),
+    ls_rss_growth_pct_per_min=finite,
+    pgscan_direct=st.integers(0, 1 << 40),
+    pgscan_kswapd=st.integers(0, 1 << 40),
+    swap_total=st.integers(0, 1 << 40),
+    swap_free=st.integers(0, 1 << 40),
+)
+
+
+@given(mem_in)
+def test_memory_score_within_bounds(i: MemoryInputs) -> None:
+    s = memory_pressure(i)
+    assert 0 <= s.total <= 100 and all(t >= 0 for t in s.terms.values())
+
+
+@given(mem_in, st.sampled_from(["ls_rss_growth_pct_per_min", "pgscan_direct"]))
+def test_memory_score_rises_with_growth_and_direct_reclaim(i: MemoryInputs, field: str) -> None:
+    more = replace(i, **{field: getattr(i, field) + 1})
+    assert memory_pressure(more).total >= memory_pressure(i).total - 1e-9
+
+
+@given(mem_in)
+def test_memory_score_falls_with_available_memory(i: MemoryInputs) -> None:
+    more = replace(i, mem_available=i.mem_available + (1 << 20))
+    assert memory_pressure(more).total <= memory_pressure(i).total + 1e-9
+
+
+@given(st.lists(st.floats(min_value=-1e3, max_value=1e3, allow_nan=False), min_size=0, max_size=30), st.floats(0, 100))
+def test_assessor_stays_in_bounds_and_only_rises_at_once(raws: list[float], start: float) -> None:
+    a = Assessor(CPU_THRESHOLDS)
+    prev = a.update(0.0, start)
+    for k, r in enumerate(raws, 1):
+        cur = a.update(float(k), r)
+        assert 0 <= cur.score <= 100
+        clipped = min(100.0, max(0.0, r))
+        assert cur.score >= clipped - 1e-9  # never below the raw score: a rise is taken at once
+        assert cur.level >= CPU_THRESHOLDS.level(cur.score)  # never below the plain level
+        assert cur.score <= max(prev.score, clipped) + 1e-9
+        prev = cur
