@@ -254,10 +254,17 @@ class Containerd:
         return Pod(pod_id, cfg)
 
     def create_container(
-        self, pod: Pod, name: str, cpu_shares: int = 0, cpu_quota: int = 0, memory: int = 0, start: bool = True
+        self,
+        pod: Pod,
+        name: str,
+        cpu_shares: int = 0,
+        cpu_quota: int = 0,
+        memory: int = 0,
+        start: bool = True,
+        command: list[str] | None = None,
     ) -> str:
         assert self.cri is not None
-        c = container_config(name, cpu_shares, cpu_quota, memory)
+        c = container_config(name, cpu_shares, cpu_quota, memory, command)
         req = msg("CreateContainerRequest", pod_sandbox_id=pod.id, config=c, sandbox_config=pod.config)
         cid: str = self.cri.call("CreateContainer", req).container_id
         if start:
@@ -275,11 +282,13 @@ class Pod:
     config: Any
 
 
-def container_config(name: str, cpu_shares: int = 0, cpu_quota: int = 0, memory: int = 0) -> Any:
+def container_config(
+    name: str, cpu_shares: int = 0, cpu_quota: int = 0, memory: int = 0, command: list[str] | None = None
+) -> Any:
     c = msg("ContainerConfig")
     c.metadata.name = name
     c.image.image = images.WORKLOAD
-    c.command.extend(["/bin/sleep", "2147483647"])
+    c.command.extend(command or ["/bin/sleep", "2147483647"])
     c.log_path = f"{name}.log"
     r = c.linux.resources
     r.cpu_shares, r.cpu_quota, r.memory_limit_in_bytes = cpu_shares, cpu_quota, memory

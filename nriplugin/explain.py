@@ -238,6 +238,12 @@ AGENT_METRICS = {
     "nriplugin_write_errors_total": "writeErrors",
     "nriplugin_inventory_passes_total": "criInventory",
     "nriplugin_inventory_containers_total": "criInventoryContainers",
+    "nriplugin_qos_cpu_pressure_score": "qosCpuPressureScore",
+    "nriplugin_qos_memory_pressure_score": "qosMemoryPressureScore",
+    "nriplugin_qos_pressure_level": "qosLevel",
+    "nriplugin_qos_be_cpu_limit_cores": "qosBeCpuLimitCores",
+    "nriplugin_qos_cpu_suppress_total": "qosCpuSuppress",
+    "nriplugin_qos_cpu_burst_total": "qosCpuBurst",
 }
 
 
@@ -263,6 +269,10 @@ def agent_state(address: str) -> dict[str, Any]:
         if name == "nriplugin_connection_state":
             if v == 1:
                 out[key] = labels.split('"')[1]
+        elif name == "nriplugin_qos_pressure_level":  # {resource="cpu",level="HIGH"} 1
+            if v == 1:
+                parts = labels.split('"')
+                out.setdefault(key, {})[parts[1]] = parts[3]
         elif labels:
             out.setdefault(key, {})[labels.split('"')[1]] = v
         else:

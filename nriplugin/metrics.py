@@ -116,6 +116,34 @@ class Metrics:
         for s in STATES:
             self.connection_state.labels(s).set(1 if s == "disconnected" else 0)
 
+        # The QoS manager, with the seed's metric names (004 §7.9) under our prefix.
+        self.qos_cpu_score = Gauge("nriplugin_qos_cpu_pressure_score", "CPU pressure score (0-100).", registry=r)
+        self.qos_memory_score = Gauge(
+            "nriplugin_qos_memory_pressure_score", "Memory pressure score (0-100).", registry=r
+        )
+        self.qos_level = Gauge(
+            "nriplugin_qos_pressure_level", "1 for the current level, by resource.", ["resource", "level"], registry=r
+        )
+        self.qos_suppress = Counter(
+            "nriplugin_qos_cpu_suppress_total", "Changes of BE's CPU limit, by pressure level.", ["level"], registry=r
+        )
+        self.qos_burst = Counter(
+            "nriplugin_qos_cpu_burst_total", "LS bursts granted (started) and ended.", ["change"], registry=r
+        )
+        self.qos_be_limit = Gauge("nriplugin_qos_be_cpu_limit_cores", "BE's CPU limit in cores.", registry=r)
+        self.qos_decision = Histogram(
+            "nriplugin_qos_decision_latency_milliseconds",
+            "One QoS round: collect, assess, decide, apply.",
+            buckets=(0.5, 1, 2, 5, 10, 25, 50, 100, 250, 1000),
+            registry=r,
+        )
+        self.qos_collect = Histogram(
+            "nriplugin_qos_collect_milliseconds",
+            "Collection time of one QoS round.",
+            buckets=(0.25, 0.5, 1, 2, 5, 10, 25, 50, 100),
+            registry=r,
+        )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -186,3 +214,33 @@ class InventoryMetrics:
             self.m.inventory_changes.labels("adopted").inc(adopted)
         if forgotten:
             self.m.inventory_changes.labels("forgotten").inc(forgotten)
+
+
+LEVELS = ("LOW", "MEDIUM", "HIGH", "CRITICAL", "EMERGENCY")
+
+
+class QoSMetrics:
+    """Implements the QoS manager's Observer on :class:`Metrics`."""
+
+    def __init__(self, m: Metrics) -> None:
+        self.m = m
+
+    def round_done(self, seconds: float, collect_seconds: float) -> None:
+        self.m.qos_decision.observe(seconds * 1e3)
+        self.m.qos_collect.observe(collect_seconds * 1e3)
+
+    def scores(self, cpu: float, cpu_level: str, memory: float, memory_level: str) -> None:
+        self.m.qos_cpu_score.set(cpu)
+        self.m.qos_memory_score.set(memory)
+        for resource, level in (("cpu", cpu_level), ("memory", memory_level)):
+            for name in LEVELS:
+                self.m.qos_level.labels(resource, name).set(1 if name == level else 0)
+
+    def be_limit(self, cores: float) -> None:
+        self.m.qos_be_limit.set(cores)
+
+    def suppressed(self, reason: str) -> None:
+        self.m.qos_suppress.labels(reason).inc()
+
+    def burst(self, granted: bool) -> None:
+        self.m.qos_burst.labels("granted" if granted else "ended").inc()

@@ -1,0 +1,272 @@
+"""The QoS manager's loop (seed 004 §7.3): collect -> assess -> decide -> apply, as overlays.
+
+Every decision is an overlay on the desired state with its owner (``qos:cpuSuppress``,
+``qos:cpuBurst``) and reason: the one writer applies it, the reconciler keeps it against
+other writers, ``explain`` and the hooks see it. Turning the manager off (policy) withdraws
+its overlays, so BE gets its CPU back; stopping the agent leaves them in place (a restart must
+not unthrottle BE).
+
+Timing: a full round every ``syncPeriod`` (1 s), and a fast path every 100 ms between rounds
+that reads only node CPU and BE's own usage (a few files) and tightens BE's limit at once
+when what LS and the system use jumps: this kernel refuses PSI triggers, so the fast path is
+what keeps the reaction to an LS spike near 100 ms (koordlet: 1-2 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..desired import DesiredState
+from ..model import NodeModel
+from ..policy.cache import RuleCache
+from ..policy.qos import QoSClass
+from . import scores
+from .cpu_suppress import PERIOD_US, Limiter, Target, be_target, quota_us
+from .levels import Assessor, Level, thresholds_of
+from .node_resource import Capacity, capacity
+from .sample import FastSample, NodeSample
+
+HISTORY = 300.0  # seconds of samples kept for the trends (the seed's 5 minutes)
+
+log = logging.getLogger("nriplugin.qos")
+
+SUPPRESS = "qos:cpuSuppress"
+BURST = "qos:cpuBurst"
+FAST_PERIOD = 0.1  # seconds between fast samples
+FAST_JUMP = 0.15  # cores: a change in non-BE usage that calls for a decision now
+
+
+class Collector(Protocol):
+    def sample(self) -> NodeSample: ...
+    def fast(self) -> FastSample: ...
+    def group_cpu_seconds(self, group: str) -> float | None: ...
+
+
+class Owner(Protocol):
+    """Where QoS-level groups are owned (the reconciler)."""
+
+    def own_group(self, path: str) -> str: ...
+
+
+class Observer(Protocol):
+    def round_done(self, seconds: float, collect_seconds: float) -> None: ...
+    def scores(self, cpu: float, cpu_level: str, memory: float, memory_level: str) -> None: ...
+    def be_limit(self, cores: float) -> None: ...
+    def suppressed(self, reason: str) -> None: ...
+    def burst(self, granted: bool) -> None: ...
+
+
+class _Quiet:
+    def round_done(self, seconds: float, collect_seconds: float) -> None:
+        pass
+
+    def scores(self, cpu: float, cpu_level: str, memory: float, memory_level: str) -> None:
+        pass
+
+    def be_limit(self, cores: float) -> None:
+        pass
+
+    def suppressed(self, reason: str) -> None:
+        pass
+
+    def burst(self, granted: bool) -> None:
+        pass
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One thing the manager did, for the operator's view (``nriplugin top``) and the log."""
+
+    t: float
+    owner: str
+    target: str
+    value: str
+    why: str
+
+
+def be_groups(model: NodeModel, desired: DesiredState) -> list[str]:
+    """The QoS-level cgroups that hold BE pods (kubelet's besteffort group, either driver):
+    the pods' parent directories. A BE pod elsewhere (in a group shared with LS) is not
+    suppressed through its parent."""
+    out: set[str] = set()
+    for key in model:
+        r = model.get(key)
+        if r is None or r.container is not None or r.group is None or desired.qos_of(key) is not QoSClass.BE:
+            continue
+        parent, _, _ = r.group.rpartition("/")
+        name = parent.rpartition("/")[2]
+        if name == "besteffort" or name.endswith("-besteffort.slice"):
+            out.add(parent)
+    return sorted(out)
+
+
+class QoSManager:
+    def __init__(
+        self,
+        model: NodeModel,
+        desired: DesiredState,
+        owner: Owner,
+        collector: Collector,
+        rules: RuleCache,
+        observer: Observer | None = None,
+        clock: object = time.monotonic,
+    ) -> None:
+        self.model = model
+        self.desired = desired
+        self.owner = owner
+        self.collector = collector
+        self.rules = rules
+        self.observer: Observer = observer or _Quiet()
+        self.limiter = Limiter()
+        self.decisions: deque[Decision] = deque(maxlen=50)
+        self.last: NodeSample | None = None
+        self.history: deque[NodeSample] = deque()  # the last HISTORY seconds, oldest first
+        cfg = rules.policy.qosManager
+        self.cpu = Assessor.from_config(cfg.cpuPressure)
+        self.memory = Assessor.from_config(cfg.memoryPressure)
+        self.level = Level.LOW
+        self.ratio = 1.0
+        self._groups: list[str] = []
+        self._be_seconds: float | None = None
+        self._fast_t = 0.0
+        self._non_be = 0.0  # non-BE usage at the last decision
+        self._task: asyncio.Task[None] | None = None
+        self._applied: set[str] = set()  # keys with our overlays
+
+    # the loop ---------------------------------------------------------------------------------
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._task = loop.create_task(self.run())
+
+    def stop(self) -> None:
+        """Stop deciding; overlays stay (a restarted agent takes over from them)."""
+        if self._task is not None:
+            self._task.cancel()
+
+    async def run(self) -> None:
+        next_round = 0.0
+        while True:
+            try:
+                now = time.monotonic()
+                if now >= next_round:
+                    self.round()
+                    next_round = now + self._sync_period()
+                else:
+                    self.fast_round()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a round must never end the loop
+                log.exception("QoS round failed; trying again next round")
+            await asyncio.sleep(FAST_PERIOD)
+
+    def _sync_period(self) -> float:
+        return float(self.rules.policy.qosManager.syncPeriod)
+
+    # rounds -----------------------------------------------------------------------------------
+
+    def round(self) -> None:
+        t0 = time.perf_counter()
+        cfg = self.rules.policy.qosManager
+        if not cfg.enable:
+            self.withdraw_all("the QoS manager is disabled")
+            return
+        sample = self.collector.sample()
+        self.assess(sample)
+        self._groups = be_groups(self.model, self.desired)
+        cap = capacity(sample, cfg.systemReserved.cpu)
+        if cfg.runs("CPUSuppress"):
+            self.apply_be(sample.t, self.be_target(cap))
+        elif self._applied:
+            self.withdraw_all("CPUSuppress is off")
+        self._non_be = cap.non_be_usage
+        self.observer.round_done(time.perf_counter() - t0, sample.collect_seconds)
+
+    def fast_round(self) -> None:
+        """Between rounds: node CPU and BE's usage only; decide now if non-BE usage jumped."""
+        cfg = self.rules.policy.qosManager
+        if not cfg.enable or not self._groups or self.last is None:
+            return
+        fast = self.collector.fast()
+        be = sum(self.collector.group_cpu_seconds(g) or 0.0 for g in self._groups)
+        prev_t, prev_be = self._fast_t, self._be_seconds
+        self._fast_t, self._be_seconds = fast.t, be
+        if prev_be is None or fast.t <= prev_t:
+            return
+        be_cores = max(0.0, (be - prev_be) / (fast.t - prev_t))
+        non_be = max(0.0, fast.cpu_busy_cores - be_cores)
+        if abs(non_be - self._non_be) < FAST_JUMP:
+            return
+        base = capacity(self.last, cfg.systemReserved.cpu)
+        cap = Capacity(base.total, base.system_reserved, base.ls_request, base.ls_usage, be_cores, non_be)
+        if cfg.runs("CPUSuppress"):
+            self.apply_be(fast.t, self.be_target(cap))
+        self._non_be = non_be
+
+    # assessment and strategies ----------------------------------------------------------------
+
+    def assess(self, sample: NodeSample) -> None:
+        """The pressure scores (scores.py) over the last five minutes, smoothed into levels."""
+        history = self.history
+        while history and sample.t - history[0].t > HISTORY:
+            history.popleft()
+        cfg = self.rules.policy.qosManager
+        for assessor, pc in ((self.cpu, cfg.cpuPressure), (self.memory, cfg.memoryPressure)):
+            assessor.configure(thresholds_of(pc), pc.hysteresis, pc.fallTime)  # a reload applies at once
+        cpu = self.cpu.update(sample.t, scores.cpu_pressure(scores.cpu_inputs(sample, history)).total)
+        mem = self.memory.update(sample.t, scores.memory_pressure(scores.memory_inputs(sample, history)).total)
+        history.append(sample)
+        self.last = sample
+        self.level = cpu.level
+        self.ratio = cfg.cpuSuppress.suppressRatio.of(cpu.level)
+        self.observer.scores(cpu.score, cpu.level.name, mem.score, mem.level.name)
+
+    def be_target(self, cap: Capacity) -> Target:
+        p = self.rules.policy
+        s, usage = p.qosManager.cpuSuppress, p.resourceUsedThresholdWithBE
+        return be_target(
+            cap,
+            self.ratio,
+            self.level.name,
+            usage_threshold_percent=usage.cpuSuppressThresholdPercent if usage.enable else 0.0,
+            floor=s.minCores,
+        )
+
+    def apply_be(self, now: float, target: Target) -> None:
+        s = self.rules.policy.qosManager.cpuSuppress
+        if not self._groups:
+            return
+        lim = self.limiter
+        lim.deadband, lim.relax_hold, lim.max_relax_per_minute = s.deadbandCores, s.raiseDelay, s.maxWritesPerMinute
+        new = lim.step(now, target.cores)
+        if new is None:
+            return
+        values: dict[str, int | str] = {"cpu.cfs_quota_us": quota_us(new), "cpu.cfs_period_us": PERIOD_US}
+        for group in self._groups:
+            key = self.owner.own_group(group)
+            self.desired.set_overlay(key, SUPPRESS, values, target.why)
+            self._applied.add(key)
+        self.observer.be_limit(new)
+        self.observer.suppressed(self.level.name)
+        self.decisions.append(Decision(now, SUPPRESS, ",".join(self._groups), f"{new:.2f} cores", target.why))
+        log.info(
+            "BE limited to %.2f cores: %s",
+            new,
+            target.why,
+            extra={"be_limit_cores": round(new, 3), "level": self.level.name},
+        )
+
+    def withdraw_all(self, why: str) -> None:
+        if not self._applied:
+            return
+        for key in sorted(self._applied):
+            self.desired.withdraw_overlay(key, SUPPRESS)
+            self.desired.withdraw_overlay(key, BURST)
+        self._applied.clear()
+        self.limiter.reset()
+        self.decisions.append(Decision(time.monotonic(), SUPPRESS, "all", "withdrawn", why))
+        log.info("QoS overlays withdrawn: %s", why)

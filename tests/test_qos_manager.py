@@ -1,0 +1,128 @@
+"""The QoS manager's loop with a scripted collector, on a tree laid out like the kernel's:
+decisions become overlays on the BE group, the fast path cuts at once, a stationary load
+writes nothing, disabling the manager gives BE its CPU back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nriplugin.kernel.cgroup import Cgroups
+from nriplugin.node import Node
+from nriplugin.policy.cache import RuleCache
+from nriplugin.policy.model import Policy
+from nriplugin.qos.manager import SUPPRESS, QoSManager, be_groups
+from nriplugin.qos.sample import ClassUsage, FastSample, NodeSample
+from nriplugin.reconciler import Reconciler
+from tests.kernel_tree import v1_tree
+from tests.runtime_peer import make_container, make_pod
+from tests.test_features import caps
+
+BE_GROUP = "kubepods/besteffort"
+
+
+@dataclass
+class Script:
+    """A node of 2 CPUs: LS requests one core; the test sets what LS and BE use."""
+
+    t: float = 0.0
+    ls: float = 0.0
+    be: float = 2.0
+    be_seconds: float = 0.0
+    rounds: int = 0
+    fast_reads: list[float] = field(default_factory=list)
+
+    def advance(self, dt: float) -> None:
+        self.t += dt
+        self.be_seconds += self.be * dt
+
+    def sample(self) -> NodeSample:
+        self.rounds += 1
+        return NodeSample(
+            t=self.t,
+            interval=1.0,
+            ncpu=2,
+            cpu_busy_cores=self.ls + self.be,
+            load1=self.ls + self.be,
+            mem_total=8 << 30,
+            mem_available=6 << 30,
+            by_class={
+                "LS": ClassUsage(containers=1, cpu_cores=self.ls, cpu_request_cores=1.0),
+                "BE": ClassUsage(containers=1, cpu_cores=self.be),
+            },
+        )
+
+    def fast(self) -> FastSample:
+        return FastSample(t=self.t, interval=0.1, cpu_busy_cores=self.ls + self.be)
+
+    def group_cpu_seconds(self, group: str) -> float | None:
+        self.fast_reads.append(self.t)
+        return self.be_seconds
+
+
+def node_with_pods(tmp_path: Path, policy: Policy | None = None) -> tuple[Node, Reconciler, QoSManager, Script, Path]:
+    be = make_pod(1, "BE", parent=f"/{BE_GROUP}/pod1")
+    ls = make_pod(2, "LS", parent="/kubepods/burstable/pod2")
+    ctrs = [make_container(1, be), make_container(2, ls)]
+    root = v1_tree(tmp_path, [BE_GROUP, "kubepods/burstable"] + [c.linux.cgroups_path.lstrip("/") for c in ctrs])
+    (root / "cpu" / BE_GROUP / "cpu.cfs_quota_us").write_text("-1")
+    rules = RuleCache(policy or Policy())
+    node = Node.create(rules, caps=caps(), cgroups=Cgroups(root))
+    rec = Reconciler(node.desired, node.writer, node.model, watch=False, resync_period=3600)
+    for pod, c in ((be, ctrs[0]), (ls, ctrs[1])):
+        node.model.container_started(pod, c)
+    script = Script()
+    mgr = QoSManager(node.model, node.desired, rec, script, rules)
+    return node, rec, mgr, script, root / "cpu" / BE_GROUP / "cpu.cfs_quota_us"
+
+
+def test_be_group_is_found_from_the_model(tmp_path: Path) -> None:
+    node, _, _, _, _ = node_with_pods(tmp_path)
+    assert be_groups(node.model, node.desired) == [BE_GROUP]
+
+
+def test_rounds_limit_be_cut_fast_and_give_back_after_the_hold(tmp_path: Path) -> None:
+    node, _, mgr, s, quota = node_with_pods(tmp_path)
+    mgr.round()  # LS idle: the seed's bound, (2 - 1 - 0) x 1.0 = 1 core
+    assert quota.read_text() == "100000"
+    intent = node.desired.intent(f"group:{BE_GROUP}")
+    assert intent is not None and intent.files[("cpu.cfs_quota_us", "")].owner == SUPPRESS
+    s.advance(0.1)
+    mgr.fast_round()  # first fast sample: a baseline only
+    s.ls, s.be = 1.0, 1.0  # LS spins one core
+    s.advance(0.1)
+    mgr.fast_round()  # 100 ms later: 2 x 65% - 1.0 = 0.3 core, at once
+    assert quota.read_text() == "30000"
+    assert s.rounds == 1  # no full round was needed
+    s.ls, s.be = 0.0, 0.3
+    for _ in range(10):  # LS idle again: held back for raiseDelay (2 s), then given back
+        s.advance(0.1)
+        mgr.fast_round()
+    assert quota.read_text() == "30000"
+    for _ in range(3):
+        s.advance(1.0)
+        mgr.round()
+    assert quota.read_text() == "100000"
+    assert [d.value for d in mgr.decisions] == ["1.00 cores", "0.30 cores", "1.00 cores"]
+
+
+def test_a_stationary_noisy_load_writes_nothing(tmp_path: Path) -> None:
+    _, _, mgr, s, _ = node_with_pods(tmp_path)
+    s.ls = 0.4
+    mgr.round()
+    writes = mgr.limiter.writes
+    for i in range(600):  # a minute of 100 ms steps, LS wobbling by +-0.1 core
+        s.ls = 0.4 + (0.1 if i % 2 else -0.1)
+        s.advance(0.1)
+        mgr.round() if i % 10 == 0 else mgr.fast_round()
+    assert mgr.limiter.writes == writes
+
+
+def test_disabling_the_manager_gives_be_its_cpu_back(tmp_path: Path) -> None:
+    node, _, mgr, _, quota = node_with_pods(tmp_path)
+    mgr.round()
+    assert quota.read_text() == "100000"
+    node.rules.set(Policy.model_validate({"qosManager": {"enable": False}}), "test")
+    mgr.round()
+    assert quota.read_text() == "-1"  # as it was before the manager
+    assert not node.desired.overlays.targets(SUPPRESS)
