@@ -3,9 +3,10 @@ files. ``cgroup.py`` owns the settable values; this module only reads, never wri
 
 Parsers are small pure functions (text in, values out) that never raise on malformed text:
 they return None or leave a value out, so a fuzzed or truncated file cannot break a round.
-Reads go through one helper (O_NOFOLLOW, the cgroup's directory checked against the root by
-``Cgroups.group_path``), and a file that is not there — a container that just went away, a
-kernel without PSI — reads as None, never as an exception.
+Reads go through one reader (:class:`OpenFiles`: O_NOFOLLOW, files kept open between rounds,
+the cgroup's directory checked against the root by ``Cgroups.group_path``), and a file that is
+not there — a container that just went away, a kernel without PSI — reads as None, never as
+an exception.
 
 psutil is not used: its /proc root is a process-wide global (not injectable per reader), it
 parses more than a round needs, and it has no cgroup counters.
@@ -13,8 +14,10 @@ parses more than a round needs, and it has no cgroup counters.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import resource
 from pathlib import Path
 from typing import NamedTuple
 
@@ -24,30 +27,92 @@ _CHUNK = 65536
 _LIMIT = 1 << 20  # no counter file is anywhere near this: a bound, not a size estimate
 
 
-def read_text(path: str) -> str | None:
-    """A kernel file's text, or None when it cannot be read (gone, no such kernel feature,
-    a symbolic link). One ``read`` suffices for the kernel's seq files unless the buffer fills."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return None
-    try:
-        data = os.read(fd, _CHUNK)
-        if len(data) == _CHUNK:
-            parts = [data]
-            total = len(data)
-            while total < _LIMIT:
-                more = os.read(fd, _CHUNK)
-                if not more:
-                    break
-                parts.append(more)
-                total += len(more)
-            data = b"".join(parts)
-    except OSError:  # ENODEV: the cgroup was removed between open and read
-        return None
-    finally:
-        os.close(fd)
+def _pread_all(fd: int) -> str:
+    """Read from offset 0: a kernel seq file regenerates its text, so an fd kept open reads
+    current values. One call suffices unless the buffer fills."""
+    data = os.pread(fd, _CHUNK, 0)
+    if len(data) == _CHUNK:
+        parts = [data]
+        total = len(data)
+        while total < _LIMIT:
+            more = os.pread(fd, _CHUNK, total)
+            if not more:
+                break
+            parts.append(more)
+            total += len(more)
+        data = b"".join(parts)
     return data.decode("latin-1")  # the kernel writes ASCII; latin-1 cannot fail
+
+
+def _nofile_budget() -> int:
+    """How many files to keep open: a quarter of the soft RLIMIT_NOFILE, at most 4096 (the
+    agent's sockets, inotify and the writer need the rest)."""
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return 0
+    if soft == resource.RLIM_INFINITY:
+        return 4096
+    return max(0, min(4096, soft // 4))
+
+
+class OpenFiles:
+    """Counter files kept open between rounds: opening (the path walk) is most of a small
+    file's cost, and the kernel regenerates a seq file on each read from offset 0 — a round
+    of 200 containers costs about half as much.
+
+    Bounded (``limit`` descriptors; beyond it files are opened and closed per read). An open
+    file does not keep its cgroup from being removed: its reads then fail (ENODEV) and it is
+    closed at once; :meth:`retain` closes those of groups the caller no longer reads."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = _nofile_budget() if limit is None else limit
+        self._fds: dict[str, int] = {}
+        self._owned: dict[str, list[str]] = {}  # owner (a cgroup; "" for /proc) -> its paths
+
+    def __len__(self) -> int:
+        return len(self._fds)
+
+    def read(self, path: str, owner: str = "") -> str | None:
+        fd = self._fds.get(path)
+        if fd is not None:
+            try:
+                return _pread_all(fd)
+            except OSError:  # gone (ENODEV): look again, as for a file never opened
+                self.forget(owner)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return None
+        try:
+            text = _pread_all(fd)
+        except OSError:
+            os.close(fd)
+            return None
+        if len(self._fds) < self.limit:
+            self._fds[path] = fd
+            self._owned.setdefault(owner, []).append(path)
+        else:
+            os.close(fd)
+        return text
+
+    def forget(self, owner: str) -> None:
+        """Close the files kept for ``owner`` (its cgroup is gone, or no longer read)."""
+        for path in self._owned.pop(owner, ()):
+            with contextlib.suppress(OSError):
+                os.close(self._fds.pop(path))
+
+    def retain(self, owners: set[str]) -> int:
+        """Close the files of cgroups not in ``owners`` (node files stay). Returns how many
+        cgroups were let go."""
+        gone = [o for o in self._owned if o and o not in owners]
+        for o in gone:
+            self.forget(o)
+        return len(gone)
+
+    def close(self) -> None:
+        for o in list(self._owned):
+            self.forget(o)
 
 
 # parsers ------------------------------------------------------------------------------------
@@ -111,19 +176,18 @@ def parse_int(text: str) -> int | None:
         return None
 
 
-def parse_keyed(text: str, keys: frozenset[str] | None = None) -> dict[str, int]:
-    """``key value`` lines (cpu.stat, memory.stat, /proc/vmstat) -> {key: value}; only
-    ``keys`` when given; lines that are not a key and an integer are left out."""
-    out: dict[str, int] = {}
-    for line in text.splitlines():
-        k, _, v = line.partition(" ")
-        if keys is not None and k not in keys:
-            continue
-        try:
-            out[k] = int(v)
-        except ValueError:
-            continue
-    return out
+def field(text: str, key: str) -> int | None:
+    """The value of the ``key N`` line of a flat-keyed file (cpu.stat, memory.stat): found by
+    search, not by splitting every line (v1 memory.stat has 40 lines, a round reads hundreds)."""
+    if text.startswith(key + " "):
+        i = len(key) + 1
+    else:
+        i = text.find("\n" + key + " ")
+        if i < 0:
+            return None
+        i += len(key) + 2
+    end = text.find("\n", i)
+    return parse_int(text[i:] if end < 0 else text[i:end])
 
 
 def parse_proc_stat(text: str) -> ProcCpu | None:
@@ -218,7 +282,10 @@ def parse_pgscan(text: str) -> tuple[int, int]:
     variants (``pgscan_direct`` since 4.8, per-zone ``pgscan_direct_{dma,normal,...}`` before).
     ``pgscan_direct_throttle`` counts throttling events, not pages: left out."""
     direct = kswapd = 0
-    for line in text.splitlines():
+    start = 0 if text.startswith("pgscan_") else text.find("\npgscan_")  # they are listed together
+    if start < 0:
+        return 0, 0
+    for line in text[start:].splitlines():
         if not line.startswith("pgscan_"):
             continue
         k, _, v = line.partition(" ")
@@ -233,29 +300,32 @@ def parse_pgscan(text: str) -> tuple[int, int]:
     return direct, kswapd
 
 
-_V1_THROTTLE = frozenset({"nr_periods", "nr_throttled", "throttled_time"})
-_V2_CPU = frozenset({"usage_usec", "nr_periods", "nr_throttled", "throttled_usec"})
-_V1_MEM = frozenset({"total_rss", "rss", "total_cache", "cache"})
-_V2_MEM = frozenset({"anon", "file"})
-
-
 def parse_v1_cpu(usage: str, cpu_stat: str | None) -> CpuStat | None:
     """v1: ``cpuacct.usage`` (ns) and the cpu hierarchy's ``cpu.stat`` (throttled_time in ns)."""
     ns = parse_int(usage)
     if ns is None:
         return None
-    s = parse_keyed(cpu_stat, _V1_THROTTLE) if cpu_stat else {}
-    return CpuStat(ns, s.get("nr_periods", 0), s.get("nr_throttled", 0), s.get("throttled_time", 0))
+    if not cpu_stat:
+        return CpuStat(ns)
+    return CpuStat(
+        ns,
+        field(cpu_stat, "nr_periods") or 0,
+        field(cpu_stat, "nr_throttled") or 0,
+        field(cpu_stat, "throttled_time") or 0,
+    )
 
 
 def parse_v2_cpu(cpu_stat: str) -> CpuStat | None:
     """v2 ``cpu.stat`` (µs). Without the cpu controller enabled it has only the usage lines:
     no throttling (zeros)."""
-    s = parse_keyed(cpu_stat, _V2_CPU)
-    if "usage_usec" not in s:
+    us = field(cpu_stat, "usage_usec")
+    if us is None:
         return None
     return CpuStat(
-        s["usage_usec"] * 1000, s.get("nr_periods", 0), s.get("nr_throttled", 0), s.get("throttled_usec", 0) * 1000
+        us * 1000,
+        field(cpu_stat, "nr_periods") or 0,
+        field(cpu_stat, "nr_throttled") or 0,
+        (field(cpu_stat, "throttled_usec") or 0) * 1000,
     )
 
 
@@ -265,8 +335,15 @@ def parse_v1_memory(usage: str, memory_stat: str | None) -> MemStat | None:
     n = parse_int(usage)
     if n is None:
         return None
-    s = parse_keyed(memory_stat, _V1_MEM) if memory_stat else {}
-    return MemStat(n, s.get("total_rss", s.get("rss", 0)), s.get("total_cache", s.get("cache", 0)))
+    if not memory_stat:
+        return MemStat(n, 0, 0)
+    rss = field(memory_stat, "total_rss")
+    cache = field(memory_stat, "total_cache")
+    return MemStat(
+        n,
+        field(memory_stat, "rss") or 0 if rss is None else rss,
+        field(memory_stat, "cache") or 0 if cache is None else cache,
+    )
 
 
 def parse_v2_memory(current: str, memory_stat: str | None) -> MemStat | None:
@@ -274,8 +351,9 @@ def parse_v2_memory(current: str, memory_stat: str | None) -> MemStat | None:
     n = parse_int(current)
     if n is None:
         return None
-    s = parse_keyed(memory_stat, _V2_MEM) if memory_stat else {}
-    return MemStat(n, s.get("anon", 0), s.get("file", 0))
+    if not memory_stat:
+        return MemStat(n, 0, 0)
+    return MemStat(n, field(memory_stat, "anon") or 0, field(memory_stat, "file") or 0)
 
 
 # reading ------------------------------------------------------------------------------------
@@ -286,8 +364,9 @@ class Stats:
 
     Every method returns None (or zeros) when its file is missing or unreadable."""
 
-    def __init__(self, cgroups: Cgroups, proc_root: Path = Path("/proc")) -> None:
+    def __init__(self, cgroups: Cgroups, proc_root: Path = Path("/proc"), max_open: int | None = None) -> None:
         self.cgroups = cgroups
+        self.files = OpenFiles(max_open)
         self.v2 = cgroups.version is Version.V2
         proc = str(proc_root).rstrip("/") or "/"
         self._stat = f"{proc}/stat"
@@ -295,6 +374,13 @@ class Stats:
         self._meminfo = f"{proc}/meminfo"
         self._vmstat = f"{proc}/vmstat"
         self._pressure = f"{proc}/pressure/"
+
+    def retain(self, groups: set[str]) -> int:
+        """Close the kept files of cgroups not in ``groups`` (containers the model dropped)."""
+        return self.files.retain(groups)
+
+    def close(self) -> None:
+        self.files.close()
 
     def _dir(self, group: str, controller: str) -> str | None:
         try:
@@ -310,57 +396,61 @@ class Stats:
         and throttling in the cpu hierarchy's ``cpu.stat``."""
         if self.v2:
             d = self._dir(group, "cpu")
-            text = None if d is None else read_text(f"{d}/cpu.stat")
-            return None if text is None else parse_v2_cpu(text)
+            text = None if d is None else self.files.read(f"{d}/cpu.stat", group)
+            if text is None:
+                self.files.forget(group)  # gone: none of its kept files will read again
+                return None
+            return parse_v2_cpu(text)
         acct = self._dir(group, "cpuacct")
-        usage = None if acct is None else read_text(f"{acct}/cpuacct.usage")
+        usage = None if acct is None else self.files.read(f"{acct}/cpuacct.usage", group)
         if usage is None:
+            self.files.forget(group)  # gone: none of its kept files will read again
             return None
         cpu = self._dir(group, "cpu")
-        return parse_v1_cpu(usage, None if cpu is None else read_text(f"{cpu}/cpu.stat"))
+        return parse_v1_cpu(usage, None if cpu is None else self.files.read(f"{cpu}/cpu.stat", group))
 
     def memory(self, group: str) -> MemStat | None:
         d = self._dir(group, "memory")
         if d is None:
             return None
         if self.v2:
-            current = read_text(f"{d}/memory.current")
-            return None if current is None else parse_v2_memory(current, read_text(f"{d}/memory.stat"))
-        usage = read_text(f"{d}/memory.usage_in_bytes")
-        return None if usage is None else parse_v1_memory(usage, read_text(f"{d}/memory.stat"))
+            current = self.files.read(f"{d}/memory.current", group)
+            return None if current is None else parse_v2_memory(current, self.files.read(f"{d}/memory.stat", group))
+        usage = self.files.read(f"{d}/memory.usage_in_bytes", group)
+        return None if usage is None else parse_v1_memory(usage, self.files.read(f"{d}/memory.stat", group))
 
     def pressure(self, group: str, resource: str = "cpu") -> Psi | None:
         """A cgroup's PSI (``cpu``, ``memory``, ``io``): cgroup v2 only (None on v1)."""
         if not self.v2:
             return None
         d = self._dir(group, "cpu")
-        text = None if d is None else read_text(f"{d}/{resource}.pressure")
+        text = None if d is None else self.files.read(f"{d}/{resource}.pressure", group)
         return None if text is None else parse_psi(text)
 
     # the node -----------------------------------------------------------------------------------
 
     def proc_cpu(self) -> ProcCpu | None:
-        text = read_text(self._stat)
+        text = self.files.read(self._stat)
         return None if text is None else parse_proc_stat(text)
 
     def load1(self) -> float | None:
-        text = read_text(self._loadavg)
+        text = self.files.read(self._loadavg)
         return None if text is None else parse_loadavg(text)
 
     def node_pressure(self, resource: str) -> Psi | None:
         """/proc/pressure/<resource>; None on a kernel without PSI (or booted with psi=0)."""
-        text = read_text(self._pressure + resource)
+        text = self.files.read(self._pressure + resource)
         return None if text is None else parse_psi(text)
 
     def node_cpu_stall_us(self) -> int | None:
         """The ``some`` total of /proc/pressure/cpu alone (the fast path)."""
-        text = read_text(self._pressure + "cpu")
+        text = self.files.read(self._pressure + "cpu")
         return None if text is None else parse_psi_some_total(text)
 
     def meminfo(self) -> MemInfo | None:
-        text = read_text(self._meminfo)
+        text = self.files.read(self._meminfo)
         return None if text is None else parse_meminfo(text)
 
     def pgscan(self) -> tuple[int, int] | None:
-        text = read_text(self._vmstat)
+        text = self.files.read(self._vmstat)
         return None if text is None else parse_pgscan(text)

@@ -6,6 +6,7 @@ grow with uptime or container churn.
 
 from __future__ import annotations
 
+import operator
 from array import array
 from collections.abc import Container, Iterator
 
@@ -92,8 +93,8 @@ class Counters:
         if prev is None or len(prev[1]) != len(values):
             return None
         pt, pv = prev
-        deltas = tuple(v - p for v, p in zip(values, pv, strict=True))
-        if any(d < 0 for d in deltas) or t <= pt:
+        deltas = tuple(map(operator.sub, values, pv))
+        if t <= pt or min(deltas, default=0) < 0:
             return None
         return t - pt, deltas
 
