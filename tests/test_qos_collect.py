@@ -393,6 +393,22 @@ def test_two_rounds_on_a_v1_tree(v1: tuple[Path, Path]) -> None:
     assert t == 1002.0 and busy == pytest.approx(1.2)
     assert col.history["cpu_non_be"].latest() == (1002.0, 0.0)  # 1.2 busy - 1.5 BE, floored
     assert [v for _, v in col.history["ls_rss"].points()] == [200 << 20, 300 << 20]
+    assert [v for _, v in col.history["ls_rss_held"].points()] == [200 << 20, 300 << 20]
+
+    # an LS container arrives with 1 GiB: LS RSS jumps, the held series only sees ls1 grow
+    ls3 = make_container(6, ls)
+    v1_counters(root, _group(ls3), memory=1 << 30, rss=1 << 30)
+    node.model.container_started(ls, ls3)
+    v1_counters(root, _group(ls1), usage_ns=4 * 10**9, memory=410 << 20, rss=210 << 20)
+    clock.t += 1.0
+    s = col.sample()
+    assert s.usage("LS").containers == 3 and s.usage("LS").rss_bytes == (310 << 20) + (1 << 30)
+    assert col.history["ls_rss"].latest() == (1003.0, (310 << 20) + (1 << 30))
+    assert col.history["ls_rss_held"].latest() == (1003.0, 310 << 20)
+    node.model.container_removed(ls3.id)  # and leaves: the held series does not drop
+    clock.t += 1.0
+    col.sample()
+    assert col.history["ls_rss_held"].latest() == (1004.0, 310 << 20)
 
 
 def test_limits_summed_when_every_container_has_one(v1: tuple[Path, Path]) -> None:
@@ -412,7 +428,7 @@ def test_removed_container_dropped_and_vanished_cgroup_does_not_fail(v1: tuple[P
     node = _node(root)
     (ls, (ls1, ls2)), (be, (be1,)), _ = _pods()
     for pod, c in ((ls, ls1), (ls, ls2), (be, be1)):
-        v1_counters(root, _group(c), usage_ns=10**9)
+        v1_counters(root, _group(c), usage_ns=10**9, memory=8 << 20, rss=5 << 20)
         node.model.container_started(pod, c)
     clock = Clock()
     # No files kept open: tmpfs, unlike the kernel's cgroupfs (ENODEV), still reads a removed
@@ -425,16 +441,18 @@ def test_removed_container_dropped_and_vanished_cgroup_does_not_fail(v1: tuple[P
     for ctrl in ("cpu", "cpuacct", "memory"):  # ls2's cgroup goes away before the model hears
         shutil.rmtree(root / ctrl / _group(ls2))
     clock.t += 1.0
-    v1_counters(root, _group(ls1), usage_ns=2 * 10**9)
+    v1_counters(root, _group(ls1), usage_ns=2 * 10**9, memory=8 << 20, rss=6 << 20)
     s = col.sample()
     assert s.usage("LS").containers == 1 and s.usage("LS").cpu_cores == pytest.approx(1.0)
     assert "BE" not in s.by_class and be1.id not in col.by_container
     assert col.tracked == 2  # be1 forgotten; ls2 kept while the model still has it
 
     node.model.container_removed(ls2.id)
+    shutil.rmtree(root / "memory" / _group(ls1))  # memory unreadable, CPU still there
     clock.t += 1.0
-    col.sample()
+    s = col.sample()
     assert col.tracked == 1
+    assert s.usage("LS").containers == 1 and s.usage("LS").rss_bytes == 6 << 20  # its last known
 
 
 def test_missing_proc_files_give_zeros(tmp_path: Path) -> None:

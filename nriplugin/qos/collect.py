@@ -32,9 +32,11 @@ from .sample import ClassUsage, FastSample, NodeSample, Pressure
 LS_CLASSES = frozenset({QoSClass.LSE, QoSClass.LSR, QoSClass.LS})
 DEFAULT_PERIOD_US = 100000  # the kernel's (and kubelet's) CFS period when none is requested
 
-# The trend series (see Collector.history): node CPU busy and node CPU minus BE's (cores), and
-# the RSS of the latency-sensitive classes LSE+LSR+LS (bytes).
-HISTORY = ("cpu_busy", "cpu_non_be", "ls_rss")
+# The trend series (see Collector.history): node CPU busy and node CPU minus BE's (cores); the
+# RSS of the latency-sensitive classes LSE+LSR+LS (bytes), and the same with arrivals and
+# departures taken out ("held": it moves only by the growth of containers measured in two
+# consecutive rounds), so that an LS pod starting is not mistaken for LS memory growing.
+HISTORY = ("cpu_busy", "cpu_non_be", "ls_rss", "ls_rss_held")
 
 
 class Containers(Protocol):
@@ -113,7 +115,9 @@ class Collector:
     The first :meth:`sample` after start has interval 0 and zero deltas (CPU, throttling, PSI
     stalls, page scans): there is nothing to take a difference from yet. Levels (memory, load,
     PSI averages) are filled from the first round. A container seen for the first time also
-    contributes zero CPU in that round. The same holds for the first :meth:`fast`.
+    contributes zero CPU in that round. The same holds for the first :meth:`fast`. A memory
+    read that fails while CPU could be read (the group going away mid-round) counts the
+    container's last known memory.
     """
 
     def __init__(
@@ -143,6 +147,7 @@ class Collector:
         self._cpu: ProcCpu | None = None
         self._psi: dict[str, Psi | None] = {"cpu": None, "memory": None}
         self._pgscan: tuple[int, int] | None = None
+        self._ls_rss_held: float | None = None
         self._fast_t: float | None = None
         self._fast_cpu: ProcCpu | None = None
         self._fast_stall: int | None = None
@@ -177,7 +182,7 @@ class Collector:
             self._pgscan = scans
 
         mem = s.meminfo()
-        by_class = self._classes(t)
+        by_class, ls_growth = self._classes(t)
 
         be = by_class.get(QoSClass.BE.value)
         ls_rss = sum(u.rss_bytes for q, u in by_class.items() if q in LS_CLASSES)
@@ -185,6 +190,8 @@ class Collector:
             self.history["cpu_busy"].append(t, busy)
             self.history["cpu_non_be"].append(t, max(0.0, busy - (be.cpu_cores if be else 0.0)))
         self.history["ls_rss"].append(t, float(ls_rss))
+        self._ls_rss_held = float(ls_rss) if self._ls_rss_held is None else self._ls_rss_held + ls_growth
+        self.history["ls_rss_held"].append(t, self._ls_rss_held)
 
         return NodeSample(
             t=t,
@@ -204,10 +211,12 @@ class Collector:
             collect_seconds=time.perf_counter() - started,
         )
 
-    def _classes(self, t: float) -> dict[str, ClassUsage]:
+    def _classes(self, t: float) -> tuple[dict[str, ClassUsage], int]:
+        """Per-class sums, and the RSS growth of LS containers measured in the last round too."""
         acc: dict[QoSClass, _Acc] = {}
         seen: set[str] = set()
         groups: set[str] = set()
+        ls_growth = 0
         by_container: dict[str, ContainerUsage] = {}
         s = self.stats
         for key, r in self.model.containers():
@@ -243,16 +252,22 @@ class Collector:
             else:
                 a.limit += quota / (requested(c, "cpu.cfs_period_us") or DEFAULT_PERIOD_US)
             mem = s.memory(group)
-            used = rss = 0
+            before = self.by_container.get(key)
             if mem is not None:
                 used, rss = max(0, mem.usage - mem.cache), mem.rss
-                a.mem += used
-                a.rss += rss
+                if before is not None and qos in LS_CLASSES:
+                    ls_growth += rss - before.rss_bytes
+            elif before is not None:  # a failed read: the last known, not a fake drop
+                used, rss = before.memory_bytes, before.rss_bytes
+            else:
+                used = rss = 0
+            a.mem += used
+            a.rss += rss
             by_container[key] = ContainerUsage(qos, r.pod.id, cores, used, rss)
         if self._counters.retain(seen):
             s.retain(groups)  # a container left: close its kept files
         self.by_container = by_container
-        return {q.value: a.usage() for q, a in acc.items()}
+        return {q.value: a.usage() for q, a in acc.items()}, ls_growth
 
     @property
     def tracked(self) -> int:
