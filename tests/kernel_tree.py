@@ -97,3 +97,101 @@ def resctrl_tree(root: Path, closids: int = 16, cbm_mask: str = "7ff", mb: bool 
         (root / "info" / "MB" / "min_bandwidth").write_text("10\n")
         (root / "info" / "MB" / "bandwidth_gran").write_text("10\n")
     return root
+
+
+def v1_counters(
+    root: Path,
+    group: str,
+    usage_ns: int = 0,
+    periods: int = 0,
+    throttled: int = 0,
+    memory: int = 0,
+    rss: int = 0,
+    cache: int = 0,
+) -> None:
+    """A v1 group's statistics files, as the kernel writes them: ``cpuacct.usage`` in the
+    cpuacct hierarchy, ``cpu.stat`` in cpu, ``memory.usage_in_bytes``/``memory.stat`` in memory.
+    Call again to advance the counters."""
+    for ctrl in ("cpu", "cpuacct", "memory"):
+        (root / ctrl / group).mkdir(parents=True, exist_ok=True)
+    (root / "cpuacct" / group / "cpuacct.usage").write_text(f"{usage_ns}\n")
+    (root / "cpu" / group / "cpu.stat").write_text(
+        f"nr_periods {periods}\nnr_throttled {throttled}\nthrottled_time {throttled * 1000}\n"
+        "nr_bursts 0\nburst_time 0\n"
+    )
+    (root / "memory" / group / "memory.usage_in_bytes").write_text(f"{memory}\n")
+    (root / "memory" / group / "memory.stat").write_text(
+        f"cache {cache}\nrss {rss}\nrss_huge 0\nshmem 0\nmapped_file 0\n"
+        "hierarchical_memory_limit 9223372036854771712\n"
+        f"total_cache {cache}\ntotal_rss {rss}\ntotal_rss_huge 0\ntotal_shmem 0\n"
+    )
+
+
+def v2_counters(
+    root: Path,
+    group: str,
+    usage_ns: int = 0,
+    periods: int = 0,
+    throttled: int = 0,
+    memory: int = 0,
+    rss: int = 0,
+    cache: int = 0,
+    cpu_some_us: int = 0,
+) -> None:
+    """A v2 group's statistics files (``cpu.stat`` in µs, ``memory.current``, ``memory.stat``,
+    ``cpu.pressure``), as the kernel writes them. Call again to advance the counters."""
+    d = root / group
+    d.mkdir(parents=True, exist_ok=True)
+    us = usage_ns // 1000
+    (d / "cpu.stat").write_text(
+        f"usage_usec {us}\nuser_usec {us // 2}\nsystem_usec {us - us // 2}\n"
+        f"nr_periods {periods}\nnr_throttled {throttled}\nthrottled_usec {throttled}\nnr_bursts 0\nburst_usec 0\n"
+    )
+    (d / "memory.current").write_text(f"{memory}\n")
+    (d / "memory.stat").write_text(f"anon {rss}\nfile {cache}\nkernel 0\nkernel_stack 0\npagetables 0\nshmem 0\n")
+    (d / "cpu.pressure").write_text(
+        f"some avg10=0.00 avg60=0.00 avg300=0.00 total={cpu_some_us}\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+    )
+
+
+def proc_tree(
+    root: Path,
+    *,
+    busy: int = 0,
+    idle: int = 0,
+    ncpu: int = 2,
+    load1: float = 0.0,
+    cpu_some_us: int = 0,
+    memory_some_us: int = 0,
+    memory_full_us: int = 0,
+    mem_total_kb: int = 8 * 1024 * 1024,
+    mem_available_kb: int = 6 * 1024 * 1024,
+    swap_total_kb: int = 0,
+    swap_free_kb: int = 0,
+    pgscan_direct: int = 0,
+    pgscan_kswapd: int = 0,
+) -> Path:
+    """A /proc with the files node collection reads (``busy``/``idle`` in ticks, busy split
+    over user and system). Call again to advance the counters."""
+    (root / "pressure").mkdir(parents=True, exist_ok=True)
+    user, system = busy - busy // 3, busy // 3
+    cpus = "".join(f"cpu{i} {user // ncpu} 0 {system // ncpu} {idle // ncpu} 0 0 0 0 0 0\n" for i in range(ncpu))
+    (root / "stat").write_text(f"cpu  {user} 0 {system} {idle} 0 0 0 0 0 0\n{cpus}intr 0\nctxt 0\n")
+    (root / "loadavg").write_text(f"{load1:.2f} 0.50 0.25 1/100 1234\n")
+    (root / "pressure" / "cpu").write_text(
+        f"some avg10=1.50 avg60=1.00 avg300=0.50 total={cpu_some_us}\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+    )
+    (root / "pressure" / "memory").write_text(
+        f"some avg10=2.00 avg60=1.00 avg300=0.50 total={memory_some_us}\n"
+        f"full avg10=1.00 avg60=0.50 avg300=0.25 total={memory_full_us}\n"
+    )
+    (root / "meminfo").write_text(
+        f"MemTotal:       {mem_total_kb} kB\nMemFree:        {mem_available_kb // 2} kB\n"
+        f"MemAvailable:   {mem_available_kb} kB\nBuffers:           1024 kB\n"
+        f"SwapTotal:      {swap_total_kb} kB\nSwapFree:       {swap_free_kb} kB\n"
+    )
+    (root / "vmstat").write_text(
+        f"nr_free_pages 1000\npgscan_kswapd {pgscan_kswapd}\npgscan_direct {pgscan_direct}\n"
+        "pgscan_khugepaged 0\npgscan_direct_throttle 7\npgscan_anon 0\npgscan_file 0\n"
+    )
+    return root

@@ -1,0 +1,307 @@
+"""The QoS manager's collection: one full round (:meth:`Collector.sample`, every syncPeriod)
+and a cheap fast path (:meth:`Collector.fast`, every 100 ms where PSI triggers are refused).
+
+Only containers the node model knows and has seen running are read — never a CREATED one,
+whose cgroup runc may still be building — and only those with a QoS class the manager acts
+on (SYSTEM and unknown pods are skipped, and cost nothing). Counters are turned into rates
+over the interval; per-container readings are kept only for keys the model still has, and the
+trend history is a set of fixed-size ring buffers, so memory stays flat under churn.
+
+Rounds are synchronous and short (a few sysfs reads per container): the manager calls them
+from its loop directly.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from ..features.base import requested
+from ..kernel.cgroup import Cgroups
+from ..kernel.stats import ProcCpu, Psi, Stats
+from ..model import Record, State
+from ..policy.qos import QoSClass
+from .history import Counters, Series
+from .sample import ClassUsage, FastSample, NodeSample, Pressure
+
+LS_CLASSES = frozenset({QoSClass.LSE, QoSClass.LSR, QoSClass.LS})
+DEFAULT_PERIOD_US = 100000  # the kernel's (and kubelet's) CFS period when none is requested
+
+# The trend series (see Collector.history): node CPU busy and node CPU minus BE's (cores); the
+# RSS of the latency-sensitive classes LSE+LSR+LS (bytes), and the same with arrivals and
+# departures taken out ("held": it moves only by the growth of containers measured in two
+# consecutive rounds), so that an LS pod starting is not mistaken for LS memory growing.
+HISTORY = ("cpu_busy", "cpu_non_be", "ls_rss", "ls_rss_held")
+
+
+class Containers(Protocol):
+    """What collection needs of the node model."""
+
+    def containers(self) -> Iterator[tuple[str, Record]]: ...
+
+
+class Classes(Protocol):
+    """What collection needs of the desired state."""
+
+    def qos_of(self, key: str) -> QoSClass | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerUsage:
+    """One container in the last round (for strategies that pick containers, e.g. eviction)."""
+
+    qos: QoSClass
+    pod_id: str
+    cpu_cores: float
+    memory_bytes: int
+    rss_bytes: int
+
+
+class _Acc:
+    __slots__ = ("containers", "cpu", "limit", "mem", "periods", "request", "rss", "throttled", "unlimited")
+
+    def __init__(self) -> None:
+        self.containers = 0
+        self.cpu = self.request = self.limit = 0.0
+        self.unlimited = False
+        self.periods = self.throttled = self.mem = self.rss = 0
+
+    def usage(self) -> ClassUsage:
+        return ClassUsage(
+            containers=self.containers,
+            cpu_cores=self.cpu,
+            cpu_request_cores=self.request,
+            cpu_limit_cores=None if self.unlimited else self.limit,
+            throttled_ratio=self.throttled / self.periods if self.periods else 0.0,
+            memory_bytes=self.mem,
+            rss_bytes=self.rss,
+        )
+
+
+def busy_cores(prev: ProcCpu | None, now: ProcCpu | None) -> float:
+    """Node CPU in cores between two /proc/stat readings: the busy share of the ticks that
+    passed, times the online CPUs (the kernel's ticks are the clock, so a late wake-up does not
+    skew it). Steal counts as busy: CPU the hypervisor takes is not there for BE either."""
+    if prev is None or now is None:
+        return 0.0
+    total = now.total - prev.total
+    busy = now.busy - prev.busy
+    if total <= 0 or busy < 0:
+        return 0.0
+    return min(busy / total, 1.0) * now.ncpu
+
+
+def _pressure(prev: Psi | None, now: Psi | None) -> Pressure:
+    if now is None:
+        return Pressure()
+    if prev is None:
+        return Pressure(now.some.avg10, now.full.avg10)
+    return Pressure(
+        now.some.avg10,
+        now.full.avg10,
+        max(0, now.some.total_us - prev.some.total_us),
+        max(0, now.full.total_us - prev.full.total_us),
+    )
+
+
+class Collector:
+    """Measures the node and the QoS classes of the containers ``model`` knows.
+
+    The first :meth:`sample` after start has interval 0 and zero deltas (CPU, throttling, PSI
+    stalls, page scans): there is nothing to take a difference from yet. Levels (memory, load,
+    PSI averages) are filled from the first round. A container seen for the first time also
+    contributes zero CPU in that round. The same holds for the first :meth:`fast`. A memory
+    read that fails while CPU could be read (the group going away mid-round) counts the
+    container's last known memory.
+    """
+
+    def __init__(
+        self,
+        model: Containers,
+        desired: Classes,
+        cgroups: Cgroups,
+        proc_root: Path = Path("/proc"),
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        history_seconds: float = 300.0,
+        history_min_interval: float = 0.5,
+        max_open: int | None = None,
+    ) -> None:
+        self.model = model
+        self.desired = desired
+        self.stats = Stats(cgroups, proc_root, max_open)  # max_open: files kept open (None: by RLIMIT_NOFILE)
+        self.clock = clock
+        capacity = math.ceil(history_seconds / history_min_interval) + 1
+        # Trend inputs, one point per round (at least history_min_interval apart), covering at
+        # least history_seconds: e.g. ``collector.history["ls_rss"].points(since=t - 300)``.
+        self.history: dict[str, Series] = {name: Series(capacity, history_min_interval) for name in HISTORY}
+        self.by_container: dict[str, ContainerUsage] = {}  # the last round's, rebuilt each round
+        self.ncpu = os.cpu_count() or 1
+        self._counters = Counters()
+        self._t: float | None = None
+        self._cpu: ProcCpu | None = None
+        self._psi: dict[str, Psi | None] = {"cpu": None, "memory": None}
+        self._pgscan: tuple[int, int] | None = None
+        self._ls_rss_held: float | None = None
+        self._fast_t: float | None = None
+        self._fast_cpu: ProcCpu | None = None
+        self._fast_stall: int | None = None
+
+    # the full round -----------------------------------------------------------------------------
+
+    def sample(self) -> NodeSample:
+        started = time.perf_counter()
+        t = self.clock()
+        interval = 0.0 if self._t is None else max(0.0, t - self._t)
+        self._t = t
+        s = self.stats
+
+        proc = s.proc_cpu()
+        busy = busy_cores(self._cpu, proc)
+        if proc is not None:
+            self._cpu, self.ncpu = proc, proc.ncpu
+
+        psi = {}
+        for res in ("cpu", "memory"):
+            now = s.node_pressure(res)
+            psi[res] = _pressure(self._psi[res], now)
+            if now is not None:
+                self._psi[res] = now
+
+        scans = s.pgscan()
+        direct = kswapd = 0
+        if scans is not None:
+            if self._pgscan is not None:
+                direct = max(0, scans[0] - self._pgscan[0])
+                kswapd = max(0, scans[1] - self._pgscan[1])
+            self._pgscan = scans
+
+        mem = s.meminfo()
+        by_class, ls_growth = self._classes(t)
+
+        be = by_class.get(QoSClass.BE.value)
+        ls_rss = sum(u.rss_bytes for q, u in by_class.items() if q in LS_CLASSES)
+        if interval > 0:  # no CPU figure in the first round: a zero would fake a trend
+            self.history["cpu_busy"].append(t, busy)
+            self.history["cpu_non_be"].append(t, max(0.0, busy - (be.cpu_cores if be else 0.0)))
+        self.history["ls_rss"].append(t, float(ls_rss))
+        self._ls_rss_held = float(ls_rss) if self._ls_rss_held is None else self._ls_rss_held + ls_growth
+        self.history["ls_rss_held"].append(t, self._ls_rss_held)
+
+        return NodeSample(
+            t=t,
+            interval=interval,
+            ncpu=self.ncpu,
+            cpu_busy_cores=busy,
+            load1=s.load1() or 0.0,
+            psi_cpu=psi["cpu"],
+            psi_memory=psi["memory"],
+            mem_total=mem.total if mem else 0,
+            mem_available=mem.available if mem else 0,
+            swap_total=mem.swap_total if mem else 0,
+            swap_free=mem.swap_free if mem else 0,
+            pgscan_direct=direct,
+            pgscan_kswapd=kswapd,
+            by_class=by_class,
+            collect_seconds=time.perf_counter() - started,
+        )
+
+    def _classes(self, t: float) -> tuple[dict[str, ClassUsage], int]:
+        """Per-class sums, and the RSS growth of LS containers measured in the last round too."""
+        acc: dict[QoSClass, _Acc] = {}
+        seen: set[str] = set()
+        groups: set[str] = set()
+        ls_growth = 0
+        by_container: dict[str, ContainerUsage] = {}
+        s = self.stats
+        for key, r in self.model.containers():
+            if r.state is not State.RUNNING or r.container is None:
+                continue  # CREATED: runc may still be building its cgroup
+            qos = self.desired.qos_of(key)
+            if qos is None or qos is QoSClass.SYSTEM:
+                continue
+            seen.add(key)  # its counters stay even if this round's read fails
+            group = r.group
+            if group is not None:
+                groups.add(group)
+            cpu = None if group is None else s.cpu(group)
+            if group is None or cpu is None:
+                continue  # no usable path, or the cgroup is gone (a removal on its way)
+            a = acc.get(qos)
+            if a is None:
+                a = acc[qos] = _Acc()
+            a.containers += 1
+            cores = 0.0
+            d = self._counters.advance(key, t, (cpu.usage_ns, cpu.nr_periods, cpu.nr_throttled))
+            if d is not None:
+                secs, (used_ns, periods, throttled) = d
+                cores = used_ns / 1e9 / secs
+                a.cpu += cores
+                a.periods += periods
+                a.throttled += throttled
+            c = r.container
+            a.request += (requested(c, "cpu.shares") or 0) / 1024
+            quota = requested(c, "cpu.cfs_quota_us")
+            if quota is None or quota <= 0:
+                a.unlimited = True
+            else:
+                a.limit += quota / (requested(c, "cpu.cfs_period_us") or DEFAULT_PERIOD_US)
+            mem = s.memory(group)
+            before = self.by_container.get(key)
+            if mem is not None:
+                used, rss = max(0, mem.usage - mem.cache), mem.rss
+                if before is not None and qos in LS_CLASSES:
+                    ls_growth += rss - before.rss_bytes
+            elif before is not None:  # a failed read: the last known, not a fake drop
+                used, rss = before.memory_bytes, before.rss_bytes
+            else:
+                used = rss = 0
+            a.mem += used
+            a.rss += rss
+            by_container[key] = ContainerUsage(qos, r.pod.id, cores, used, rss)
+        if self._counters.retain(seen):
+            s.retain(groups)  # a container left: close its kept files
+        self.by_container = by_container
+        return {q.value: a.usage() for q, a in acc.items()}, ls_growth
+
+    @property
+    def tracked(self) -> int:
+        """How many containers' counters are kept: follows the node model, not its history."""
+        return len(self._counters)
+
+    def pod_usage(self, pod_id: str) -> tuple[float, int]:
+        """A pod's CPU cores and memory (bytes) in the last round: its containers' sum."""
+        cpu, mem = 0.0, 0
+        for u in self.by_container.values():
+            if u.pod_id == pod_id:
+                cpu += u.cpu_cores
+                mem += u.memory_bytes
+        return cpu, mem
+
+    def close(self) -> None:
+        """Close the counter files kept open between rounds."""
+        self.stats.close()
+
+    # the fast path ------------------------------------------------------------------------------
+
+    def fast(self) -> FastSample:
+        """Node CPU and the PSI cpu ``some`` stall total: two reads of /proc, no cgroups."""
+        t = self.clock()
+        proc = self.stats.proc_cpu()
+        stall = self.stats.node_cpu_stall_us()
+        interval = 0.0 if self._fast_t is None else max(0.0, t - self._fast_t)
+        self._fast_t = t
+        busy = busy_cores(self._fast_cpu, proc)
+        if proc is not None:
+            self._fast_cpu = proc
+        delta = 0
+        if stall is not None:
+            if self._fast_stall is not None:
+                delta = max(0, stall - self._fast_stall)
+            self._fast_stall = stall
+        return FastSample(t, interval, busy, delta)
