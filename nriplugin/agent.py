@@ -9,6 +9,10 @@ What drives what:
 - the **reconciler** (``reconciler/``) follows the model, keeps every managed cgroup at its
   desired state through the one **writer** (``writer.py``), and runs a full pass every
   ``--resync-seconds`` and after each Synchronize;
+- the **QoS manager** (``qos/``) measures the node and the classes (``qos/collect.py``), scores
+  the pressure (``qos/scores.py``, ``qos/levels.py``) and suppresses BE / lets LS burst as
+  overlays on the desired state (``qos/manager.py``), every ``syncPeriod`` and on a 100 ms
+  fast path;
 - the **runtime lock** (``agent_lock.py``) makes this agent the only one serving the runtime.
 
 Order matters (README, "One agent per runtime"): start-up checks and the runtime lock come
@@ -246,7 +250,7 @@ class Agent:
             # Registered first; metrics and the HTTP endpoint come up right after (or after 1 s).
             first: list[asyncio.Future[Any]] = [runner, asyncio.ensure_future(stub.ready.wait())]
             await asyncio.wait(first, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
-        from .metrics import Metrics, StubMetrics
+        from .metrics import Metrics, QoSMetrics, StubMetrics
 
         metrics = Metrics()
         observer = StubMetrics(metrics)
@@ -256,6 +260,17 @@ class Agent:
         metrics.policy_version.set(rules.current.version)
         rules.subscribe(lambda v: metrics.policy_version.set(v.version))
         reconciler, inventory = self.build_loops(node, metrics, stub)
+        from .qos.collect import Collector
+        from .qos.manager import QoSManager
+
+        qos = QoSManager(
+            node.model,
+            node.desired,
+            reconciler,
+            Collector(node.model, node.desired, node.cgroups),
+            rules,
+            observer=QoSMetrics(metrics),
+        )
         server = await self.serve_http(metrics, stub)
 
         def shut_http() -> None:
@@ -288,6 +303,7 @@ class Agent:
             if self.stopping.is_set():
                 stub.stop()
         reconciler.start(self.loop)
+        qos.start(self.loop)
         watcher = None
         if ns.policy:
             from .policy.cache import PolicyWatcher
@@ -304,6 +320,7 @@ class Agent:
             # stop writing, hand the runtime over, then the rest. No value is reset on the way out.
             if inventory_task is not None:
                 inventory_task.cancel()
+            qos.stop()  # its overlays stay written: a restart must not unthrottle BE
             reconciler.stop()
             lock.release(me, self.closed_at if self.closed_at is not None else time.time())
             if gap_task is not None:

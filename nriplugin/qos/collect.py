@@ -283,6 +283,11 @@ class Collector:
                 mem += u.memory_bytes
         return cpu, mem
 
+    def group_cpu_seconds(self, group: str) -> float | None:
+        """CPU used so far by a QoS-level group (e.g. BE's): one counter read, for the fast path."""
+        cpu = self.stats.cpu(group)
+        return None if cpu is None else cpu.usage_ns / 1e9
+
     def close(self) -> None:
         """Close the counter files kept open between rounds."""
         self.stats.close()

@@ -6,7 +6,7 @@ other writers, ``explain`` and the hooks see it. Turning the manager off (policy
 its overlays, so BE gets its CPU back; stopping the agent leaves them in place (a restart must
 not unthrottle BE).
 
-Timing: a full round every ``syncPeriod`` (1 s), and a fast path every 100 ms between rounds
+Timing: a full round every ``syncPeriod`` (1 s), and a fast path every 50 ms between rounds
 that reads only node CPU and BE's own usage (a few files) and tightens BE's limit at once
 when what LS and the system use jumps: this kernel refuses PSI triggers, so the fast path is
 what keeps the reaction to an LS spike near 100 ms (koordlet: 1-2 s).
@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from ..desired import DesiredState
@@ -37,7 +37,7 @@ log = logging.getLogger("nriplugin.qos")
 
 SUPPRESS = "qos:cpuSuppress"
 BURST = "qos:cpuBurst"
-FAST_PERIOD = 0.1  # seconds between fast samples
+FAST_PERIOD = 0.05  # seconds between fast samples (two /proc reads and BE's counter: ~30 µs)
 FAST_JUMP = 0.15  # cores: a change in non-BE usage that calls for a decision now
 
 
@@ -89,6 +89,24 @@ class Decision:
     why: str
 
 
+@dataclass
+class _Rate:
+    """A counter's rate over the window since its previous reading."""
+
+    t: float | None = None
+    value: float = 0.0
+
+    def update(self, t: float, value: float | None) -> float | None:
+        if value is None:
+            self.t = None
+            return None
+        prev_t, prev = self.t, self.value
+        self.t, self.value = t, value
+        if prev_t is None or t <= prev_t:
+            return None
+        return max(0.0, (value - prev) / (t - prev_t))
+
+
 def be_groups(model: NodeModel, desired: DesiredState) -> list[str]:
     """The QoS-level cgroups that hold BE pods (kubelet's besteffort group, either driver):
     the pods' parent directories. A BE pod elsewhere (in a group shared with LS) is not
@@ -132,8 +150,7 @@ class QoSManager:
         self.level = Level.LOW
         self.ratio = 1.0
         self._groups: list[str] = []
-        self._be_seconds: float | None = None
-        self._fast_t = 0.0
+        self._be_round, self._be_fast = _Rate(), _Rate()  # BE's usage over each path's own window
         self._non_be = 0.0  # non-BE usage at the last decision
         self._task: asyncio.Task[None] | None = None
         self._applied: set[str] = set()  # keys with our overlays
@@ -179,8 +196,13 @@ class QoSManager:
         self.assess(sample)
         self._groups = be_groups(self.model, self.desired)
         cap = capacity(sample, cfg.systemReserved.cpu)
+        be = self._be_round.update(sample.t, self._be_seconds())
+        if be is not None:  # the BE group's own counter: pods that just started count too
+            cap = replace(cap, be_usage=be, non_be_usage=max(0.0, sample.cpu_busy_cores - be))
         if cfg.runs("CPUSuppress"):
-            self.apply_be(sample.t, self.be_target(cap))
+            # Until BE's group has been read twice, what is not BE is not known: the usage
+            # budget waits for it rather than taking BE's own CPU for LS's.
+            self.apply_be(sample.t, self.be_target(cap, usage_known=be is not None))
         elif self._applied:
             self.withdraw_all("CPUSuppress is off")
         self._non_be = cap.non_be_usage
@@ -192,20 +214,28 @@ class QoSManager:
         if not cfg.enable or not self._groups or self.last is None:
             return
         fast = self.collector.fast()
-        be = sum(self.collector.group_cpu_seconds(g) or 0.0 for g in self._groups)
-        prev_t, prev_be = self._fast_t, self._be_seconds
-        self._fast_t, self._be_seconds = fast.t, be
-        if prev_be is None or fast.t <= prev_t:
+        be = self._be_fast.update(fast.t, self._be_seconds())
+        if be is None:
             return
-        be_cores = max(0.0, (be - prev_be) / (fast.t - prev_t))
-        non_be = max(0.0, fast.cpu_busy_cores - be_cores)
+        non_be = max(0.0, fast.cpu_busy_cores - be)
         if abs(non_be - self._non_be) < FAST_JUMP:
             return
         base = capacity(self.last, cfg.systemReserved.cpu)
-        cap = Capacity(base.total, base.system_reserved, base.ls_request, base.ls_usage, be_cores, non_be)
+        cap = replace(base, be_usage=be, non_be_usage=non_be)
         if cfg.runs("CPUSuppress"):
             self.apply_be(fast.t, self.be_target(cap))
         self._non_be = non_be
+
+    def _be_seconds(self) -> float | None:
+        if not self._groups:
+            return None
+        total = 0.0
+        for g in self._groups:
+            v = self.collector.group_cpu_seconds(g)
+            if v is None:
+                return None
+            total += v
+        return total
 
     # assessment and strategies ----------------------------------------------------------------
 
@@ -225,14 +255,14 @@ class QoSManager:
         self.ratio = cfg.cpuSuppress.suppressRatio.of(cpu.level)
         self.observer.scores(cpu.score, cpu.level.name, mem.score, mem.level.name)
 
-    def be_target(self, cap: Capacity) -> Target:
+    def be_target(self, cap: Capacity, usage_known: bool = True) -> Target:
         p = self.rules.policy
         s, usage = p.qosManager.cpuSuppress, p.resourceUsedThresholdWithBE
         return be_target(
             cap,
             self.ratio,
             self.level.name,
-            usage_threshold_percent=usage.cpuSuppressThresholdPercent if usage.enable else 0.0,
+            usage_threshold_percent=usage.cpuSuppressThresholdPercent if usage.enable and usage_known else 0.0,
             floor=s.minCores,
         )
 
@@ -245,7 +275,13 @@ class QoSManager:
         new = lim.step(now, target.cores)
         if new is None:
             return
-        values: dict[str, int | str] = {"cpu.cfs_quota_us": quota_us(new), "cpu.cfs_period_us": PERIOD_US}
+        values: dict[str, int | str] = {
+            "cpu.cfs_quota_us": quota_us(new),
+            "cpu.cfs_period_us": PERIOD_US,
+            # the lowest weight, as kubelet gives its besteffort group: within its quota BE
+            # still yields to LS on every CPU
+            "cpu.shares": self.rules.policy.beMinCPUShares,
+        }
         for group in self._groups:
             key = self.owner.own_group(group)
             self.desired.set_overlay(key, SUPPRESS, values, target.why)

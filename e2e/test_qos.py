@@ -1,0 +1,76 @@
+"""The QoS manager on the private containerd and this machine's real cgroup v1 tree, with the
+embedded default policy: BE gets the idle CPU, is cut within a second when LS needs its core,
+and gets the CPU back when LS goes idle."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from e2e.conftest import PluginProcess
+from e2e.harness import CGROUP_FS, Containerd
+
+BE = {"koordinator.sh/qosClass": "BE"}
+LS = {"koordinator.sh/qosClass": "LS"}
+SPIN_TWO = ["/bin/sh", "-c", "yes >/dev/null & yes >/dev/null"]
+
+
+def cpu_seconds(group: Path) -> float:
+    return int((group / "cpuacct.usage").read_text()) / 1e9
+
+
+def usage(group: Path, seconds: float) -> float:
+    """Cores used by ``group`` (its cpuacct directory) over the next ``seconds``."""
+    u0, t0 = cpu_seconds(group), time.monotonic()
+    time.sleep(seconds)
+    return (cpu_seconds(group) - u0) / (time.monotonic() - t0)
+
+
+def quota_cores(group: Path) -> float:
+    q = int((group / "cpu.cfs_quota_us").read_text())
+    return float("inf") if q < 0 else q / int((group / "cpu.cfs_period_us").read_text())
+
+
+def until(cond: Callable[[], bool], timeout: float, what: str) -> float:
+    t0 = time.monotonic()
+    while not cond():
+        assert time.monotonic() - t0 < timeout, what
+        time.sleep(0.02)
+    return time.monotonic() - t0
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) != 2, reason="the figures are for a 2-CPU node")
+def test_be_yields_to_ls_and_gets_the_idle_cpu_back(
+    runtime: Containerd, plugin_factory: Callable[..., PluginProcess]
+) -> None:
+    plugin = plugin_factory(runtime)
+    ls = runtime.run_pod("web", "Burstable", LS)
+    ls_c = runtime.create_container(ls, "main", cpu_shares=1024)  # requests one core
+    be = runtime.run_pod("batch", "BestEffort", BE)
+    be_c = runtime.create_container(be, "main", cpu_shares=2, command=SPIN_TWO)
+    be_acct = runtime.container_cgroup(be, be_c, "cpuacct")
+    ls_acct = runtime.container_cgroup(ls, ls_c, "cpuacct")
+    be_parent = CGROUP_FS / "cpu" / runtime.cgroup_root / "kubepods" / "besteffort"
+    # LS idle: BE keeps the idle CPU (at least 0.6 of a core of the two)
+    until(lambda: 0.6 <= quota_cores(be_parent) < float("inf"), 10, "the manager never limited BE")
+    assert usage(be_acct, 2.0) >= 0.6
+    spinner = subprocess.Popen(["yes"], stdout=subprocess.DEVNULL)
+    try:
+        for ctrl in ("cpu", "cpuacct"):  # one thread spinning inside the LS container
+            (runtime.container_cgroup(ls, ls_c, ctrl) / "cgroup.procs").write_text(str(spinner.pid))
+        took = until(lambda: quota_cores(be_parent) <= 0.5, 1.0, "BE not cut within a second")
+        print(f"BE cut {took * 1000:.0f} ms after the LS spike")
+        assert usage(be_acct, 2.0) <= 0.55  # the quota, plus a period's rounding
+        assert usage(ls_acct, 1.0) >= 0.9  # LS keeps its core
+    finally:
+        spinner.kill()
+        spinner.wait()
+    # LS idle again: BE gets the CPU back within seconds
+    until(lambda: quota_cores(be_parent) >= 0.6, 15, "BE did not get the idle CPU back")
+    assert usage(be_acct, 2.0) >= 0.6
+    assert plugin.metric_sum("nriplugin_qos_cpu_suppress_total") >= 3  # limited, cut, given back
