@@ -26,6 +26,7 @@ from ..model import NodeModel
 from ..policy.cache import RuleCache
 from ..policy.qos import QoSClass
 from . import scores
+from .cpu_burst import Burster
 from .cpu_suppress import PERIOD_US, Limiter, Target, be_target, quota_us
 from .levels import Assessor, Level, thresholds_of
 from .node_resource import Capacity, capacity
@@ -141,6 +142,7 @@ class QoSManager:
         self.rules = rules
         self.observer: Observer = observer or _Quiet()
         self.limiter = Limiter()
+        self.burster = Burster()
         self.decisions: deque[Decision] = deque(maxlen=50)
         self.last: NodeSample | None = None
         self.history: deque[NodeSample] = deque()  # the last HISTORY seconds, oldest first
