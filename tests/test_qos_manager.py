@@ -11,7 +11,9 @@ from nriplugin.kernel.cgroup import Cgroups
 from nriplugin.node import Node
 from nriplugin.policy.cache import RuleCache
 from nriplugin.policy.model import Policy
-from nriplugin.qos.manager import SUPPRESS, QoSManager, be_groups
+from nriplugin.policy.qos import QoSClass
+from nriplugin.qos.collect import ContainerUsage
+from nriplugin.qos.manager import BURST, SUPPRESS, QoSManager, be_groups
 from nriplugin.qos.sample import ClassUsage, FastSample, NodeSample
 from nriplugin.reconciler import Reconciler
 from tests.kernel_tree import v1_tree
@@ -31,6 +33,7 @@ class Script:
     be_seconds: float = 0.0
     rounds: int = 0
     fast_reads: list[float] = field(default_factory=list)
+    by_container: dict[str, ContainerUsage] = field(default_factory=dict)
 
     def advance(self, dt: float) -> None:
         self.t += dt
@@ -64,6 +67,8 @@ def node_with_pods(tmp_path: Path, policy: Policy | None = None) -> tuple[Node, 
     be = make_pod(1, "BE", parent=f"/{BE_GROUP}/pod1")
     ls = make_pod(2, "LS", parent="/kubepods/burstable/pod2")
     ctrs = [make_container(1, be), make_container(2, ls)]
+    ctrs[1].linux.resources.cpu.quota.value = 100000  # LS: limit one core
+    ctrs[1].linux.resources.cpu.period.value = 100000
     root = v1_tree(tmp_path, [BE_GROUP, "kubepods/burstable"] + [c.linux.cgroups_path.lstrip("/") for c in ctrs])
     (root / "cpu" / BE_GROUP / "cpu.cfs_quota_us").write_text("-1")
     rules = RuleCache(policy or Policy())
@@ -126,3 +131,36 @@ def test_disabling_the_manager_gives_be_its_cpu_back(tmp_path: Path) -> None:
     mgr.round()
     assert quota.read_text() == "-1"  # as it was before the manager
     assert not node.desired.overlays.targets(SUPPRESS)
+
+
+def test_ls_at_its_limit_bursts_first_and_be_gets_what_is_left(tmp_path: Path) -> None:
+    node, _, mgr, s, quota = node_with_pods(tmp_path)
+    ls_key = make_container(2, make_pod(2, "LS")).id
+    ls_quota = tmp_path / "cpu" / "kubepods/burstable/pod2" / ls_key / "cpu.cfs_quota_us"
+    ls_quota.write_text("100000")
+    s.ls, s.be = 0.95, 0.5  # LS at its 1-core limit, half the node idle (BE left out)
+    s.by_container = {ls_key: ContainerUsage(QoSClass.LS, "pod2", 0.95, 0, 0, limit_cores=1.0)}
+    mgr.round()
+    assert ls_quota.read_text() == "150000"  # 1.5x: more than 30 % idle
+    intent = node.desired.intent(ls_key)
+    assert intent is not None and intent.files[("cpu.cfs_quota_us", "")].owner == BURST
+    # BE within what is left: (2 - 1 request - 0.5 burst) x 0.8 (MEDIUM: LS at 95 % of its
+    # request) = 0.4; the usage budget waits until BE's own usage has been read twice
+    assert quota.read_text() == "40000"
+    for _ in range(10):  # at most burstDuration (10 s)
+        s.advance(1.0)
+        mgr.round()
+    assert ls_quota.read_text() == "100000"  # back to its limit, then a 30 s cooldown
+    assert [d.owner for d in mgr.decisions if d.owner == BURST] == [BURST, BURST]
+    s.advance(1.0)
+    mgr.round()
+    assert ls_quota.read_text() == "100000"
+
+
+def test_no_burst_when_the_node_is_busy(tmp_path: Path) -> None:
+    _, _, mgr, s, _ = node_with_pods(tmp_path)
+    ls_key = make_container(2, make_pod(2, "LS")).id
+    s.ls, s.be = 1.7, 0.3  # 15 % idle, BE left out
+    s.by_container = {ls_key: ContainerUsage(QoSClass.LS, "pod2", 0.95, 0, 0, limit_cores=1.0)}
+    mgr.round()
+    assert not mgr.burster.bursting()

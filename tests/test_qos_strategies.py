@@ -76,7 +76,8 @@ def test_burst_ratio_follows_the_seed() -> None:
     assert burst_ratio(0.5) == 1.5 and burst_ratio(0.31) == 1.5
     assert burst_ratio(0.25) == pytest.approx(1.3) and burst_ratio(0.2) == pytest.approx(1.3)
     assert burst_ratio(0.19) == 1.0
-    assert burst_ratio(0.5, max_ratio=2.0, min_idle=0.15) == 2.0  # latency-first profile
+    assert burst_ratio(0.5, full=2.0, min_idle=0.15) == 2.0  # latency-first profile
+    assert burst_ratio(0.16, full=2.0, min_idle=0.15) == 1.3
     assert wants_burst(0.5, 1.0, 2.0) and wants_burst(0.0, 1.9, 2.0) and not wants_burst(0.0, 1.0, 2.0)
     assert not wants_burst(1.0, 2.0, 0.0)  # no limit: nothing to burst past
 

@@ -60,6 +60,8 @@ class ContainerUsage:
     cpu_cores: float
     memory_bytes: int
     rss_bytes: int
+    limit_cores: float | None = None  # requested quota / period; None: unlimited
+    throttled_ratio: float = 0.0  # throttled periods / periods over the last interval
 
 
 class _Acc:
@@ -236,21 +238,24 @@ class Collector:
             if a is None:
                 a = acc[qos] = _Acc()
             a.containers += 1
-            cores = 0.0
+            cores, throttled_ratio = 0.0, 0.0
             d = self._counters.advance(key, t, (cpu.usage_ns, cpu.nr_periods, cpu.nr_throttled))
             if d is not None:
                 secs, (used_ns, periods, throttled) = d
                 cores = used_ns / 1e9 / secs
+                throttled_ratio = throttled / periods if periods > 0 else 0.0
                 a.cpu += cores
                 a.periods += periods
                 a.throttled += throttled
             c = r.container
             a.request += (requested(c, "cpu.shares") or 0) / 1024
             quota = requested(c, "cpu.cfs_quota_us")
+            limit = None
             if quota is None or quota <= 0:
                 a.unlimited = True
             else:
-                a.limit += quota / (requested(c, "cpu.cfs_period_us") or DEFAULT_PERIOD_US)
+                limit = quota / (requested(c, "cpu.cfs_period_us") or DEFAULT_PERIOD_US)
+                a.limit += limit
             mem = s.memory(group)
             before = self.by_container.get(key)
             if mem is not None:
@@ -263,7 +268,7 @@ class Collector:
                 used = rss = 0
             a.mem += used
             a.rss += rss
-            by_container[key] = ContainerUsage(qos, r.pod.id, cores, used, rss)
+            by_container[key] = ContainerUsage(qos, r.pod.id, cores, used, rss, limit, throttled_ratio)
         if self._counters.retain(seen):
             s.retain(groups)  # a container left: close its kept files
         self.by_container = by_container

@@ -15,12 +15,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-def burst_ratio(idle_fraction: float, max_ratio: float = 1.5, min_idle: float = 0.2) -> float:
-    if max_ratio <= 1.0 or idle_fraction < min_idle:
-        return 1.0
-    if idle_fraction > min_idle + 0.1:
-        return max_ratio
-    return 1.0 + (max_ratio - 1.0) * 0.6
+def burst_ratio(
+    idle_fraction: float,
+    full: float = 1.5,
+    partial: float = 1.3,
+    min_idle: float = 0.2,
+    full_idle: float = 0.3,
+) -> float:
+    """The seed's table: more than ``full_idle`` idle -> ``full``; from ``min_idle`` ->
+    ``partial``; below -> 1.0 (no burst)."""
+    if idle_fraction > full_idle:
+        return full
+    if idle_fraction >= min_idle:
+        return partial
+    return 1.0
 
 
 def wants_burst(throttled_ratio: float, usage_cores: float, limit_cores: float) -> bool:

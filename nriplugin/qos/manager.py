@@ -18,18 +18,21 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 from ..desired import DesiredState
+from ..features.base import requested
 from ..model import NodeModel
 from ..policy.cache import RuleCache
 from ..policy.qos import QoSClass
 from . import scores
-from .cpu_burst import Burster
+from .collect import ContainerUsage
+from .cpu_burst import Burster, Change, burst_ratio, wants_burst
 from .cpu_suppress import PERIOD_US, Limiter, Target, be_target, quota_us
 from .levels import Assessor, Level, thresholds_of
-from .node_resource import Capacity, capacity
+from .node_resource import LS_CLASSES, Capacity, capacity
 from .sample import FastSample, NodeSample
 
 HISTORY = 300.0  # seconds of samples kept for the trends (the seed's 5 minutes)
@@ -43,6 +46,8 @@ FAST_JUMP = 0.15  # cores: a change in non-BE usage that calls for a decision no
 
 
 class Collector(Protocol):
+    @property
+    def by_container(self) -> Mapping[str, ContainerUsage]: ...
     def sample(self) -> NodeSample: ...
     def fast(self) -> FastSample: ...
     def group_cpu_seconds(self, group: str) -> float | None: ...
@@ -155,7 +160,8 @@ class QoSManager:
         self._be_round, self._be_fast = _Rate(), _Rate()  # BE's usage over each path's own window
         self._non_be = 0.0  # non-BE usage at the last decision
         self._task: asyncio.Task[None] | None = None
-        self._applied: set[str] = set()  # keys with our overlays
+        self._applied: set[str] = set()  # QoS-level groups with our suppression overlay
+        self._burst_extra = 0.0  # cores granted to LS bursts (BE's share is cut by as much)
 
     # the loop ---------------------------------------------------------------------------------
 
@@ -201,6 +207,11 @@ class QoSManager:
         be = self._be_round.update(sample.t, self._be_seconds())
         if be is not None:  # the BE group's own counter: pods that just started count too
             cap = replace(cap, be_usage=be, non_be_usage=max(0.0, sample.cpu_busy_cores - be))
+        # LS first (§7.6): bursts are granted, then BE is limited within what is left.
+        if cfg.runs("CPUBurst"):
+            self._burst_extra = self.burst(sample.t, cap)
+        else:
+            self._burst_extra = self.end_bursts(sample.t, "CPUBurst is off")
         if cfg.runs("CPUSuppress"):
             # Until BE's group has been read twice, what is not BE is not known: the usage
             # budget waits for it rather than taking BE's own CPU for LS's.
@@ -265,8 +276,68 @@ class QoSManager:
             self.ratio,
             self.level.name,
             usage_threshold_percent=usage.cpuSuppressThresholdPercent if usage.enable and usage_known else 0.0,
+            burst_granted=self._burst_extra,
             floor=s.minCores,
         )
+
+    def burst(self, now: float, cap: Capacity) -> float:
+        """CPUBurst: LS containers at their limit get ``limit x ratio`` while the node (BE
+        left out: it yields) is idle enough and the extra fits; returns the extra cores granted."""
+        b = self.rules.policy.qosManager.cpuBurst
+        self.burster.duration, self.burster.cooldown = b.burstDuration, b.burstCooldown
+        idle = max(0.0, 1.0 - cap.non_be_usage / cap.total) if cap.total else 0.0
+        ratio = burst_ratio(idle, b.burstRatio, b.partialBurstRatio, b.minNodeCPUIdle, b.fullBurstNodeCPUIdle)
+        usage = self.collector.by_container
+        bursting = self.burster.bursting()
+        extra = 0.0
+        for k, r in bursting.items():
+            lim = usage[k].limit_cores if k in usage else None
+            extra += (lim or 0.0) * (r - 1)
+        headroom = cap.schedulable - cap.non_be_usage - extra
+        live: set[str] = set()
+        for key, u in usage.items():
+            if u.qos.value not in LS_CLASSES or not u.limit_cores:
+                continue
+            live.add(key)
+            r = ratio
+            if key not in bursting and u.limit_cores * (ratio - 1) > headroom:
+                r = 1.0  # the extra would not fit: the sum never exceeds the node
+            change = self.burster.step(now, key, wants_burst(u.throttled_ratio, u.cpu_cores, u.limit_cores), r)
+            if change is None:
+                continue
+            self._apply_burst(now, key, change)
+            delta = (
+                u.limit_cores * (change.ratio - 1)
+                if change.ratio > 1
+                else -u.limit_cores * (bursting.get(key, 1.0) - 1)
+            )
+            extra += delta
+            headroom -= delta
+        self.burster.forget(live)
+        return max(0.0, extra)
+
+    def end_bursts(self, now: float, why: str) -> float:
+        for key in self.burster.bursting():
+            self.desired.withdraw_overlay(key, BURST)
+            self.decisions.append(Decision(now, BURST, key[:12], "x1", why))
+        self.burster.forget(set())
+        return 0.0
+
+    def _apply_burst(self, now: float, key: str, change: Change) -> None:
+        r = self.model.get(key)
+        if r is None or r.container is None:
+            return
+        quota = requested(r.container, "cpu.cfs_quota_us")
+        if change.ratio > 1 and quota:
+            period = requested(r.container, "cpu.cfs_period_us") or PERIOD_US
+            values: dict[str, int | str] = {"cpu.cfs_quota_us": int(quota * change.ratio), "cpu.cfs_period_us": period}
+            self.desired.set_overlay(key, BURST, values, change.why)
+        else:
+            self.desired.withdraw_overlay(key, BURST)
+        self.observer.burst(change.ratio > 1)
+        who = f"{r.pod.namespace}/{r.pod.name}/{r.container.name}"
+        self.decisions.append(Decision(now, BURST, who, f"x{change.ratio:g}", change.why))
+        log.info("%s: CPU burst x%g: %s", who, change.ratio, change.why, extra={"ratio": change.ratio})
 
     def apply_be(self, now: float, target: Target) -> None:
         s = self.rules.policy.qosManager.cpuSuppress
@@ -299,12 +370,12 @@ class QoSManager:
         )
 
     def withdraw_all(self, why: str) -> None:
-        if not self._applied:
+        if not self._applied and not self.burster.bursting():
             return
         for key in sorted(self._applied):
             self.desired.withdraw_overlay(key, SUPPRESS)
-            self.desired.withdraw_overlay(key, BURST)
         self._applied.clear()
+        self._burst_extra = self.end_bursts(time.monotonic(), why)
         self.limiter.reset()
         self.decisions.append(Decision(time.monotonic(), SUPPRESS, "all", "withdrawn", why))
         log.info("QoS overlays withdrawn: %s", why)
