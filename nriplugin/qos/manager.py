@@ -15,6 +15,7 @@ what keeps the reaction to an LS spike near 100 ms (koordlet: 1-2 s).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -33,6 +34,7 @@ from .cpu_burst import Burster, Change, burst_ratio, wants_burst
 from .cpu_suppress import PERIOD_US, Limiter, Target, be_target, quota_us
 from .levels import Assessor, Level, thresholds_of
 from .node_resource import LS_CLASSES, Capacity, capacity
+from .psi_trigger import Trigger, open_trigger
 from .sample import FastSample, NodeSample
 
 HISTORY = 300.0  # seconds of samples kept for the trends (the seed's 5 minutes)
@@ -138,7 +140,7 @@ class QoSManager:
         collector: Collector,
         rules: RuleCache,
         observer: Observer | None = None,
-        clock: object = time.monotonic,
+        psi_path: str | None = "/proc/pressure/cpu",
     ) -> None:
         self.model = model
         self.desired = desired
@@ -160,25 +162,39 @@ class QoSManager:
         self._be_round, self._be_fast = _Rate(), _Rate()  # BE's usage over each path's own window
         self._non_be = 0.0  # non-BE usage at the last decision
         self._task: asyncio.Task[None] | None = None
+        self.psi_path = psi_path
+        self._trigger: Trigger | None = None
+        self._wake = asyncio.Event()
         self._applied: set[str] = set()  # QoS-level groups with our suppression overlay
         self._burst_extra = 0.0  # cores granted to LS bursts (BE's share is cut by as much)
 
     # the loop ---------------------------------------------------------------------------------
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self.psi_path:
+            self._trigger, why = open_trigger(self.psi_path)
+            if self._trigger is not None:
+                self._trigger.start(loop, self._wake.set)
+                log.info("PSI trigger armed on %s: a CPU stall wakes a round at once", self.psi_path)
+            else:
+                log.info("no PSI trigger (%s); the %.0f ms fast path carries the reaction", why, FAST_PERIOD * 1e3)
         self._task = loop.create_task(self.run())
 
     def stop(self) -> None:
         """Stop deciding; overlays stay (a restarted agent takes over from them)."""
         if self._task is not None:
             self._task.cancel()
+        if self._trigger is not None:
+            self._trigger.close()
+            self._trigger = None
 
     async def run(self) -> None:
         next_round = 0.0
         while True:
             try:
                 now = time.monotonic()
-                if now >= next_round:
+                if now >= next_round or self._wake.is_set():
+                    self._wake.clear()
                     self.round()
                     next_round = now + self._sync_period()
                 else:
@@ -187,7 +203,8 @@ class QoSManager:
                 raise
             except Exception:  # a round must never end the loop
                 log.exception("QoS round failed; trying again next round")
-            await asyncio.sleep(FAST_PERIOD)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), FAST_PERIOD)
 
     def _sync_period(self) -> float:
         return float(self.rules.policy.qosManager.syncPeriod)
