@@ -63,6 +63,11 @@ def _level(name: Any) -> Text:
     return Text(name, style=LEVEL_STYLE.get(name, ""))
 
 
+def _score(s: dict[str, Any]) -> Text:
+    score = s.get("score")
+    return Text("    -  " if score is None else f"{float(score):5.1f}  ") + _level(s.get("level"))
+
+
 def _cores(x: Any) -> str:
     return "-" if x is None else f"{float(x):.2f}"
 
@@ -107,7 +112,7 @@ def render(doc: dict[str, Any], address: str = "", error: str | None = None) -> 
     be_limit = doc.get("beLimitCores")
     head.add_row(
         "CPU score",
-        Text(f"{cpu.get('score', 0):.1f}  ") + _level(cpu.get("level")),
+        _score(cpu),
         "BE limit",
         "not limited" if be_limit is None else f"{be_limit:.2f} cores  (ratio {doc.get('suppressRatio', 0):g})",
     )
@@ -116,7 +121,7 @@ def render(doc: dict[str, Any], address: str = "", error: str | None = None) -> 
         avail = f"{_bytes(node.get('memAvailableBytes'))} free of {_bytes(node.get('memTotalBytes'))}"
     else:
         busy = avail = "no sample yet (the agent has just started)"
-    head.add_row("memory score", Text(f"{mem.get('score', 0):.1f}  ") + _level(mem.get("level")), "node CPU", busy)
+    head.add_row("memory score", _score(mem), "node CPU", busy)
     head.add_row("level", _level(doc.get("level")), "node memory", avail)
 
     classes = Table(box=box.SIMPLE_HEAD, expand=True, title="classes", title_justify="left")
@@ -150,13 +155,13 @@ def render(doc: dict[str, Any], address: str = "", error: str | None = None) -> 
         classes.add_row("-", "", "", "", "", Text("no sample yet", style="dim"), "", "")
 
     bursts = doc.get("bursting") or []
-    burst = Table(box=box.SIMPLE_HEAD, expand=True, title=f"bursting ({len(bursts)})", title_justify="left")
-    burst.add_column("container")
-    burst.add_column("quota x", justify="right")
-    for b in bursts:
-        burst.add_row(str(b.get("container")), f"{b.get('ratio', 1):g}")
-    if not bursts:
-        burst.add_row(Text("none", style="dim"), "")
+    burst: RenderableType = Text("bursting: none", style="dim")
+    if bursts:
+        burst = Table(box=box.SIMPLE_HEAD, expand=True, title=f"bursting ({len(bursts)})", title_justify="left")
+        burst.add_column("container")
+        burst.add_column("quota x", justify="right")
+        for b in bursts:
+            burst.add_row(str(b.get("container")), f"{b.get('ratio', 1):g}")
 
     decs = doc.get("decisions") or []
     dec = Table(box=box.SIMPLE_HEAD, expand=True, title="last decisions (newest first)", title_justify="left")

@@ -8,10 +8,14 @@ import asyncio
 import contextlib
 import io
 import json
+import os
+import pty
+import select
 import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -142,6 +146,7 @@ def test_non_finite_numbers_are_null() -> None:
     s = view.state(m, now=0.0)
     assert s["cpu"]["score"] is None and s["beLimitCores"] is None
     json.dumps(s, allow_nan=False)
+    assert "CPU score" in _text(top.render(s))
 
 
 def test_route_is_json_and_503_without_a_manager() -> None:
@@ -231,8 +236,6 @@ def nriplugin(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _env() -> dict[str, str]:
-    import os
-
     return {**os.environ, "COLUMNS": "120", "TERM": "dumb"}
 
 
@@ -243,6 +246,40 @@ def test_top_once_against_a_canned_agent() -> None:
     assert r.returncode == 0, r.stderr
     assert "59.0" in r.stdout and "MEDIUM" in r.stdout and "4.20 cores" in r.stdout and WHY in _flat(r.stdout)
     assert "\x1b[" not in r.stdout  # not a terminal: plain text for scripts
+
+
+def test_top_in_a_terminal_refreshes_and_ctrl_c_exits_cleanly() -> None:
+    """The live view in a real pseudo-terminal: the alternate screen, frames, then SIGINT."""
+    body = json.dumps(view.state(busy_manager(), now=101.5)).encode()
+    with canned(200, body) as address:
+        master, slave = pty.openpty()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "nriplugin", "top", "--interval", "0.1", "--agent", address],
+            stdin=slave,
+            stdout=slave,
+            stderr=subprocess.PIPE,
+            env={**_env(), "TERM": "xterm-256color"},
+        )
+        os.close(slave)
+        out = b""
+        try:
+            deadline = time.monotonic() + 20
+            while out.count(b"CPU score") < 2 and time.monotonic() < deadline:  # two frames: it refreshes
+                if select.select([master], [], [], 0.5)[0]:
+                    out += os.read(master, 65536)
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(10) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            with contextlib.suppress(OSError):  # EIO once the child has closed the terminal
+                while select.select([master], [], [], 0.5)[0] and (chunk := os.read(master, 65536)):
+                    out += chunk
+            os.close(master)
+    assert proc.stderr is not None
+    assert b"Traceback" not in proc.stderr.read()
+    assert out.count(b"CPU score") >= 2
+    assert b"\x1b[?1049h" in out and b"\x1b[?1049l" in out  # the alternate screen, left on exit
 
 
 def test_top_against_a_closed_port_is_one_line_and_exit_2() -> None:
