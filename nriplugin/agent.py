@@ -271,7 +271,7 @@ class Agent:
             rules,
             observer=QoSMetrics(metrics),
         )
-        server = await self.serve_http(metrics, stub)
+        server = await self.serve_http(metrics, stub, qos)
 
         def shut_http() -> None:
             if server is not None:
@@ -368,8 +368,9 @@ class Agent:
         )
         return reconciler, inventory
 
-    async def serve_http(self, metrics: Metrics, stub: Stub) -> asyncio.Server | None:
+    async def serve_http(self, metrics: Metrics, stub: Stub, qos: Any = None) -> asyncio.Server | None:
         from . import http
+        from .qos import view
 
         def readyz() -> tuple[int, str, bytes]:
             if stub.ready.is_set():
@@ -391,6 +392,7 @@ class Agent:
                 "/metrics": lambda: (200, "text/plain; version=0.0.4", metrics.render()),
                 "/healthz": healthz,
                 "/readyz": readyz,
+                "/debug/qos": lambda: view.response(qos),  # `nriplugin top` reads it
             },
         )
         host, port = self.ns.metrics_address

@@ -1,5 +1,5 @@
 """Command line: parses ``nriplugin run`` (the agent, assembled in agent.py), ``install`` (the
-pre-registered launcher), ``supervise``, ``explain`` and ``doctor``.
+pre-registered launcher), ``supervise``, ``explain``, ``doctor`` and ``top``.
 
 Start-up is on the runtime's clock in pre-registered mode (containerd 1.7 gives a plugin 5 s
 to register), so nothing heavy is imported here.
@@ -29,6 +29,16 @@ def _idx(value: str) -> str:
     if len(value) != 2 or not value.isdigit():
         raise argparse.ArgumentTypeError(f"plugin index must be two digits, got {value!r}")
     return value
+
+
+def _interval(value: str) -> float:
+    try:
+        v = float(value)
+    except ValueError:
+        v = 0.0
+    if not 0.05 <= v <= 3600:
+        raise argparse.ArgumentTypeError(f"expected seconds between 0.05 and 3600, got {value!r}")
+    return v
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,6 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("--socket", default="/var/run/nri/nri.sock")
     doc.add_argument("--agent", default="127.0.0.1:9310", help="running agent's metrics address (default %(default)s)")
     doc.add_argument("--format", choices=("yaml", "json"), default="yaml")
+
+    top = sub.add_parser("top", help="the QoS manager live: scores, levels, class usage, bursts, decisions")
+    top.add_argument("--agent", default="127.0.0.1:9310", help="running agent's metrics address (default %(default)s)")
+    top.add_argument("--interval", type=_interval, default=1.0, help="seconds between polls (default %(default)s)")
+    top.add_argument("--once", action="store_true", help="print one frame and exit (for scripts)")
 
     inst = sub.add_parser("install", help="install a pre-registered launcher into the runtime's plugin dir")
     inst.add_argument("--plugin-dir", default="/opt/nri/plugins", help="runtime plugin dir (default %(default)s)")
@@ -165,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
         target = install(ns.plugin_dir, ns.name, ns.idx, extra, ns.log_file)
         print(f"installed {target}")
         return 0
+    if ns.command == "top":
+        from . import top  # rich: only here, never on the agent's start-up
+
+        return top.run(ns.agent, ns.interval, ns.once)
     if ns.command in ("explain", "doctor"):
         logs.setup("text", "warning")
         from . import explain
