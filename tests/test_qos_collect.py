@@ -199,6 +199,23 @@ PRESSURE_CPU_OLD = "some avg10=0.22 avg60=0.17 avg300=1.11 total=58761459\n"
 # parsers ---------------------------------------------------------------------------------------
 
 
+@pytest.fixture(autouse=True)
+def _close_kept_files(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Collectors and Stats keep counter files open between rounds: every one a test makes is
+    closed after it (the suite would otherwise run out of descriptors)."""
+    made: list[Stats] = []
+    init = Stats.__init__
+
+    def keep(self: Stats, *args: object, **kwargs: object) -> None:
+        init(self, *args, **kwargs)  # type: ignore[arg-type]
+        made.append(self)
+
+    monkeypatch.setattr(Stats, "__init__", keep)
+    yield
+    for kept in made:
+        kept.close()
+
+
 def test_proc_stat_busy_excludes_idle_iowait_and_guest() -> None:
     cpu = stats.parse_proc_stat(PROC_STAT)
     # busy = user + nice + system + irq + softirq + steal; guest is inside user already
