@@ -59,6 +59,10 @@ class DesiredState:
         # that back: key -> resource -> the value before (None: the runtime's, from the facts).
         self.current = current
         self._baselines: dict[str, dict[str, int | str | None]] = {}
+        # Class-wide ceilings on CFS bandwidth (cores), owner and reason: cgroup v1 refuses a
+        # child's quota above its parent's, so a limit on a QoS-level group (BE's) is also a
+        # ceiling for every pod and container of the class, new ones at birth included.
+        self._caps: dict[QoSClass, tuple[float, str, str]] = {}
         self._logged: set[tuple[str, str]] = set()
         self._classes: dict[str, QoSClass | None] = {}  # pod id -> its class (None: bad label)
         self.rejected_labels = 0
@@ -144,7 +148,27 @@ class DesiredState:
                 for resource, value in d.values:
                     intent.files[(resource, "")] = Setting(resource, value, d.reason, owner=d.owner)
             cap_burst(intent.files)
+        qos = self.qos_of(key) if self._caps and r is not None else None
+        cap = self._caps.get(qos) if qos is not None else None
+        if cap is not None and intent is not None:
+            intent = self._ceiling(intent, *cap)
         self._cache[key] = intent
+        return intent
+
+    @staticmethod
+    def _ceiling(intent: Intent, cores: float, owner: str, reason: str) -> Intent:
+        q = intent.files.get(("cpu.cfs_quota_us", ""))
+        if q is None or not isinstance(q.value, int) or q.value < 0:
+            return intent  # no finite quota: under a limited parent, unlimited is allowed
+        p = intent.get("cpu.cfs_period_us")
+        period = p if isinstance(p, int) and p > 0 else 100_000
+        ceiling = max(1000, int(cores * period))
+        if q.value <= ceiling:
+            return intent
+        intent = intent.copy()
+        why = f"{q.why}; at most {cores:.2f} cores while {reason}"
+        intent.files[("cpu.cfs_quota_us", "")] = Setting("cpu.cfs_quota_us", ceiling, why, owner=owner)
+        cap_burst(intent.files)
         return intent
 
     def settings(self, key: str) -> tuple[Generation, list[Setting]]:
@@ -207,6 +231,17 @@ class DesiredState:
             self._baselines[key] = {**base, **new}
         self.invalidate([key])
         return True
+
+    def set_ceiling(self, qos: QoSClass, cores: float, owner: str, reason: str) -> None:
+        """A CFS-bandwidth ceiling for every pod and container of ``qos`` (see ``_caps``)."""
+        if self._caps.get(qos) == (cores, owner, reason):
+            return
+        self._caps[qos] = (cores, owner, reason)
+        self.invalidate([k for k in self.model if self.qos_of(k) is qos])
+
+    def withdraw_ceiling(self, qos: QoSClass) -> None:
+        if self._caps.pop(qos, None) is not None:
+            self.invalidate([k for k in self.model if self.qos_of(k) is qos])
 
     def _overlaid(self, key: str, resource: str) -> bool:
         return any(resource in dict(d.values) for d in self.overlays.of(key))

@@ -328,3 +328,93 @@ def test_a_falling_quota_goes_after_the_burst_on_the_real_kernel(qos_group: str)
     finally:
         for c in ("cpu", "memory"):
             (ROOT / c / rel).rmdir()
+
+
+def test_limiting_the_be_group_below_a_pods_batch_limit_works_both_ways(qos_group: str) -> None:
+    """cgroup v1 refuses a parent's quota below a child's (and a child's above its parent's):
+    limiting BE's group to 0.3 cores while a BE pod has a 1-core batch limit lowers the pod and
+    its container first, raising it back restores them after the group; a container born
+    meanwhile gets the ceiling in its adjustment. Nothing is left refused or retrying."""
+    from nriplugin.plugin import QoSPlugin
+    from nriplugin.policy.qos import QoSClass
+
+    pod = make_pod(3, "BE", parent=f"/{qos_group}/pod3")
+    pod.annotations["node.koordinator.sh/extended-resource-spec"] = BATCH  # 1-core limit
+    ctr = make_container(3, pod)
+    rel = ctr.linux.cgroups_path.lstrip("/")
+    for c in ("cpu", "memory"):
+        (ROOT / c / rel).mkdir(parents=True)
+    cpu = ROOT / "cpu"
+    try:
+        node = Node.create(cgroups=Cgroups(ROOT))
+        plugin = QoSPlugin(node)
+        r = Reconciler(node.desired, node.writer, node.model, watch=False, resync_period=3600)
+        plugin.run_pod_sandbox(pod)
+        node.model.container_started(pod, ctr)  # no loop: converged at once
+        group = r.own_group(qos_group)
+        assert (cpu / rel / "cpu.cfs_quota_us").read_text().strip() == "100000"
+        assert (cpu / f"{qos_group}/pod3" / "cpu.cfs_quota_us").read_text().strip() == "100000"
+        node.desired.set_ceiling(QoSClass.BE, 0.3, "qos:cpuSuppress", "test")
+        node.desired.set_overlay(group, "qos:cpuSuppress", {"cpu.cfs_quota_us": 30000}, "test")
+        for d in (qos_group, f"{qos_group}/pod3", rel):
+            assert (cpu / d / "cpu.cfs_quota_us").read_text().strip() == "30000", d
+        late = make_container(4, pod)
+        adj = plugin.create_container(pod, late)
+        assert adj is not None and not isinstance(adj, tuple) and adj.linux.resources.cpu.quota.value == 30000
+        node.desired.set_overlay(group, "qos:cpuSuppress", {"cpu.cfs_quota_us": 150000}, "test")
+        node.desired.withdraw_ceiling(QoSClass.BE)  # the group rose first: its children may follow
+        assert (cpu / qos_group / "cpu.cfs_quota_us").read_text().strip() == "150000"
+        assert (cpu / f"{qos_group}/pod3" / "cpu.cfs_quota_us").read_text().strip() == "100000"
+        assert (cpu / rel / "cpu.cfs_quota_us").read_text().strip() == "100000"
+        assert r.full_pass() == 0
+        assert not [f for f in r.files.values() if f.refused and f.retry is not None]
+    finally:
+        for c in ("cpu", "memory"):
+            d = ROOT / c / rel
+            while d != ROOT / c / qos_group:
+                d.rmdir()
+                d = d.parent
+
+
+def test_a_batch_in_the_wrong_order_still_lands(qos_group: str) -> None:
+    """Changes made in one callback are applied as one batch: raising BE's group and lifting its
+    children's ceiling, even in the order the kernel refuses (children first), ends right, and
+    nothing waits out a backoff."""
+    from nriplugin.policy.qos import QoSClass
+
+    pod = make_pod(5, "BE", parent=f"/{qos_group}/pod5")
+    pod.annotations["node.koordinator.sh/extended-resource-spec"] = BATCH  # 1-core limit
+    ctr = make_container(5, pod)
+    rel = ctr.linux.cgroups_path.lstrip("/")
+    for c in ("cpu", "memory"):
+        (ROOT / c / rel).mkdir(parents=True)
+    cpu = ROOT / "cpu"
+
+    async def main() -> None:
+        node = Node.create(cgroups=Cgroups(ROOT))
+        r = Reconciler(node.desired, node.writer, node.model, resync_period=3600)
+        r.start(asyncio.get_running_loop())
+        try:
+            node.desired.set_ceiling(QoSClass.BE, 0.3, "qos:cpuSuppress", "test")
+            node.model.container_started(pod, ctr)
+            group = r.own_group(qos_group)
+            node.desired.set_overlay(group, "qos:cpuSuppress", {"cpu.cfs_quota_us": 30000}, "test")
+            await until(lambda: (cpu / rel / "cpu.cfs_quota_us").read_text().strip() == "30000")
+            await asyncio.sleep(0.05)
+            node.desired.withdraw_ceiling(QoSClass.BE)  # children first: the kernel would refuse
+            node.desired.set_overlay(group, "qos:cpuSuppress", {"cpu.cfs_quota_us": 150000}, "test")
+            await until(lambda: (cpu / rel / "cpu.cfs_quota_us").read_text().strip() == "100000", timeout=0.5)
+            assert (cpu / qos_group / "cpu.cfs_quota_us").read_text().strip() == "150000"
+            assert r.rejections > 0  # it was refused once, and landed in the same batch
+            assert not [f for f in r.files.values() if f.refused]
+        finally:
+            r.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        for c in ("cpu", "memory"):
+            d = ROOT / c / rel
+            while d != ROOT / c / qos_group:
+                d.rmdir()
+                d = d.parent

@@ -362,6 +362,7 @@ class QoSManager:
             return
         lim = self.limiter
         lim.deadband, lim.relax_hold, lim.max_relax_per_minute = s.deadbandCores, s.raiseDelay, s.maxWritesPerMinute
+        before = lim.current
         new = lim.step(now, target.cores)
         if new is None:
             return
@@ -372,10 +373,18 @@ class QoSManager:
             # still yields to LS on every CPU
             "cpu.shares": self.rules.policy.beMinCPUShares,
         }
+        # cgroup v1 refuses a child's quota above its parent's: BE's pods and containers get
+        # the limit as a ceiling (new ones at birth too) - lowered before the group when it
+        # falls, after it when it rises (the reconciler also retries a batch's refusals).
+        lowering = before is None or new < before
+        if lowering:
+            self.desired.set_ceiling(QoSClass.BE, new, SUPPRESS, f"BE's group is limited to {new:.2f} cores")
         for group in self._groups:
             key = self.owner.own_group(group)
             self.desired.set_overlay(key, SUPPRESS, values, target.why)
             self._applied.add(key)
+        if not lowering:
+            self.desired.set_ceiling(QoSClass.BE, new, SUPPRESS, f"BE's group is limited to {new:.2f} cores")
         self.observer.be_limit(new)
         self.observer.suppressed(self.level.name)
         self.decisions.append(Decision(now, SUPPRESS, ",".join(self._groups), f"{new:.2f} cores", target.why))
@@ -389,8 +398,9 @@ class QoSManager:
     def withdraw_all(self, why: str) -> None:
         if not self._applied and not self.burster.bursting():
             return
-        for key in sorted(self._applied):
+        for key in sorted(self._applied):  # the group first: its children rise after it
             self.desired.withdraw_overlay(key, SUPPRESS)
+        self.desired.withdraw_ceiling(QoSClass.BE)
         self._applied.clear()
         self._burst_extra = self.end_bursts(time.monotonic(), why)
         self.limiter.reset()

@@ -73,6 +73,7 @@ class FileState:
     blocked_until: float = 0.0
     conflicts: int = 0
     retry: asyncio.TimerHandle | None = None  # the repair held back by the backoff
+    refused: int = 0  # the kernel's refusals in a row (EINVAL, ...)
 
 
 class Desired(Protocol):
@@ -136,6 +137,7 @@ class Reconciler:
         self._masks: dict[str, int] = {}  # directory -> its watch mask
         self._task: asyncio.Task[None] | None = None
         self._to_apply: set[str] = set()  # keys whose desired state changed, applied soon
+        self.rejections = 0  # writes the kernel refused
         self._events: collections.deque[tuple[Callable[[str], object], str]] = collections.deque()
         self.passes = 0
         # Relative cgroup paths under which new pod/container directories are looked for.
@@ -282,11 +284,23 @@ class Reconciler:
         loop.call_soon(self._apply_pending)
 
     def _apply_pending(self) -> None:
-        keys, self._to_apply = self._to_apply, set()
-        for key in keys:
-            self.check(key)
+        """Apply a batch until it stops making progress: the kernel checks some values against
+        other groups' (cgroup v1 refuses a child's CFS quota above its parent's), so lowering
+        a parent may need its children first and raising it the other way round; what was
+        refused is tried again after the rest of the batch."""
+        keys, self._to_apply = sorted(self._to_apply), set()
+        refused = [k for k in keys if self._refused_in(k)]
+        if refused:
+            refused = [k for k in refused if self._refused_in(k)]  # after the rest of the batch
+        for key in refused:
+            self.check(key)  # refused again: it waits out a backoff now
 
-    def check(self, key: str, only: str | None = None, event_time: float | None = None) -> int:
+    def _refused_in(self, key: str) -> bool:
+        before = self.rejections
+        self.check(key, retrying=True)
+        return self.rejections > before
+
+    def check(self, key: str, only: str | None = None, event_time: float | None = None, retrying: bool = False) -> int:
         """Compare one entry's files with its desired values and write what differs; returns
         the writes made. A difference from a desired state already applied is drift (counted,
         subject to fight detection); one from a new desired state is applied quietly."""
@@ -316,8 +330,11 @@ class Reconciler:
                 continue
             if ok:
                 continue
+            path = str(self.cgroups.file(entry.group, s.resource))
+            if self._refused_until(path, key, s.resource, retrying):
+                complete = False
+                continue
             if not applying:
-                path = str(self.cgroups.file(entry.group, s.resource))
                 self.observer.drift(s.resource)
                 if not self._may_repair(path, s.resource, key):
                     continue
@@ -326,15 +343,37 @@ class Reconciler:
         for s, res in self.writer.apply(entry.group, wrong, key, period=period, force=True):
             if res.status == "written":
                 writes += 1
+                self.files.get(str(self.cgroups.file(entry.group, s.resource)), _NO_STATE).refused = 0
                 if not applying:
                     t = event_time if event_time is not None else time.perf_counter()
                     self.observer.repaired(s.resource, time.perf_counter() - t)
             elif res.status == "rejected":
                 self.observer.write_error(res.errno)
+                self._refused(str(self.cgroups.file(entry.group, s.resource)), key, s.resource, retrying)
                 complete = False
         if only is None and complete:
             entry.applied = gen
         return writes
+
+    def _refused(self, path: str, key: str, resource: str, retrying: bool) -> None:
+        """The kernel refused a write. Within a batch it is tried again after the rest;
+        otherwise it waits, 1 s doubling to 5 min, and is tried again then: never a loop (a
+        refused write still raises IN_MODIFY on the file, which would call the check again)."""
+        self.rejections += 1
+        if retrying:
+            return
+        now = time.monotonic()
+        st = self.files.setdefault(path, FileState())
+        st.refused += 1
+        st.backoff = min(BACKOFF_MAX, max(BACKOFF_MIN, st.backoff * 2))
+        st.blocked_until = now + st.backoff
+        if st.retry is None and self.loop is not None:
+            st.retry = self.loop.call_later(st.backoff, self._retry, path, key, resource)
+
+    def _refused_until(self, path: str, key: str, resource: str, retrying: bool) -> bool:
+        """Is this file waiting out a refusal? (A batch retry is not held back.)"""
+        st = self.files.get(path)
+        return not retrying and st is not None and st.refused > 0 and time.monotonic() < st.blocked_until
 
     def _may_repair(self, path: str, resource: str, key: str) -> bool:
         now = time.monotonic()
@@ -570,6 +609,9 @@ class Reconciler:
             return
         for resource in _BY_FILE.get(p.name, ()):
             self.check(key, only=resource, event_time=when)
+
+
+_NO_STATE = FileState()
 
 
 def _by_file() -> dict[str, list[str]]:
