@@ -356,8 +356,8 @@ def test_limiting_the_be_group_below_a_pods_batch_limit_works_both_ways(qos_grou
         assert (cpu / f"{qos_group}/pod3" / "cpu.cfs_quota_us").read_text().strip() == "100000"
         node.desired.set_ceiling(QoSClass.BE, 0.3, "qos:cpuSuppress", "test")
         node.desired.set_overlay(group, "qos:cpuSuppress", {"cpu.cfs_quota_us": 30000}, "test")
-        for d in (qos_group, f"{qos_group}/pod3", rel):
-            assert (cpu / d / "cpu.cfs_quota_us").read_text().strip() == "30000", d
+        for g in (qos_group, f"{qos_group}/pod3", rel):
+            assert (cpu / g / "cpu.cfs_quota_us").read_text().strip() == "30000", g
         late = make_container(4, pod)
         adj = plugin.create_container(pod, late)
         assert adj is not None and not isinstance(adj, tuple) and adj.linux.resources.cpu.quota.value == 30000
