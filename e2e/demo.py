@@ -200,6 +200,7 @@ class Point:
     be_limit: float | None  # cores; None: no limit
     be_cpu: float  # CPU seconds used by the BE container so far
     ls_cpu: float
+    node_cpu: float = 0.0  # by the whole node (/proc/stat), so "other" = node - BE - LS
 
 
 def qos_act(rt: harness.Containerd, metrics: str, png: Path, aborted: Callable[[], bool]) -> None:
@@ -266,7 +267,9 @@ def run_act(
                 changes.append((now - t0, lim))
             if now >= next_sample:
                 score, level = scrape(metrics)
-                points.append(Point(now - t0, score, level, lim, cpu_seconds(be_acct), cpu_seconds(ls_acct)))
+                points.append(
+                    Point(now - t0, score, level, lim, cpu_seconds(be_acct), cpu_seconds(ls_acct), node_seconds())
+                )
                 next_sample += STEP
             if now >= end:
                 return
@@ -296,6 +299,13 @@ def settled(changes: list[tuple[float, float | None]], now: float) -> bool:
         return False
     t, lim = changes[-1]
     return lim is not None and lim >= GIVEN and now - t >= STABLE
+
+
+def node_seconds() -> float:
+    """CPU seconds the node has been busy (/proc/stat: all but idle and iowait)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]
+    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(acct: Path) -> float:
@@ -338,8 +348,12 @@ def parse_metrics(text: str) -> tuple[float | None, str]:
 
 
 def rate(a: Point, b: Point, attr: str) -> float:
-    """Cores used between two points."""
-    return (getattr(b, attr) - getattr(a, attr)) / (b.t - a.t) if b.t > a.t else 0.0
+    """Cores used between two points; ``other``: the node but BE and LS (never below 0)."""
+    if b.t <= a.t:
+        return 0.0
+    if attr == "other":
+        return max(0.0, rate(a, b, "node_cpu") - rate(a, b, "be_cpu") - rate(a, b, "ls_cpu"))
+    return float(getattr(b, attr) - getattr(a, attr)) / (b.t - a.t)
 
 
 def cores(v: float | None) -> str:
@@ -352,7 +366,10 @@ def phase(t: float, spike: float, idle: float) -> str:
 
 def timeline_table(points: list[Point], spike: float, idle: float, every: float = 1.0) -> str:
     """One row about every ``every`` seconds; usage averaged since the previous row."""
-    rows = [f"{'t (s)':>6s}  {'phase':8s} {'score':>5s} {'level':7s} {'BE limit':>8s} {'BE used':>7s} {'LS used':>7s}"]
+    rows = [
+        f"{'t (s)':>6s}  {'phase':8s} {'score':>5s} {'level':9s} {'BE limit':>8s} {'BE used':>7s} {'LS used':>7s}"
+        f" {'other':>6s}"
+    ]
     prev = points[0] if points else None
     for p in points[1:]:
         assert prev is not None
@@ -361,8 +378,8 @@ def timeline_table(points: list[Point], spike: float, idle: float, every: float 
             continue
         score = "-" if p.score is None else f"{p.score:.0f}"
         rows.append(
-            f"{p.t:6.1f}  {phase(p.t - 1e-9, spike, idle):8s} {score:>5s} {p.level:7s} {cores(p.be_limit):>8s} "
-            f"{rate(prev, p, 'be_cpu'):7.2f} {rate(prev, p, 'ls_cpu'):7.2f}"
+            f"{p.t:6.1f}  {phase(p.t - 1e-9, spike, idle):8s} {score:>5s} {p.level:9s} {cores(p.be_limit):>8s} "
+            f"{rate(prev, p, 'be_cpu'):7.2f} {rate(prev, p, 'ls_cpu'):7.2f} {rate(prev, p, 'other'):6.2f}"
         )
         prev = p
     return "\n".join(rows)
@@ -399,7 +416,8 @@ def reading(points: list[Point], changes: list[tuple[float, float | None]], spik
         out.append(f"Settling: BE's limit went from {cores(start)} to {cores(before)} cores at t={given:.1f} s.")
     out.append(
         f"LS idle until t={spike:.1f} s: BE limited to {cores(before)} cores, using "
-        f"{avg('be_cpu', max(0.0, spike - 1.5), spike):.2f}."
+        f"{avg('be_cpu', max(0.0, spike - 1.5), spike):.2f}; the rest of the node (not BE, not LS) used "
+        f"{avg('other', 0.0, spike):.2f}."
     )
     cut = next(((t, v) for t, v in changes if spike <= t < idle and tighter(v, before)), None)
     if cut is None:
@@ -455,6 +473,8 @@ def plot_timeline(path: Path, points: list[Point], spike: float, idle: float, nc
     ax.step(ts, lim, where="post", color="black", lw=2, label="BE limit (besteffort cfs_quota)")
     ax.plot(ts, be, color="tab:orange", label="BE used")
     ax.plot(ts, ls, color="tab:blue", label="LS used")
+    other = [rate(a, b, "other") for a, b in itertools.pairwise(points)]
+    ax.plot(ts, other, color="tab:gray", lw=0.8, label="rest of the node (not BE, not LS)")
     ax.set_ylabel("cores")
     ax.set_ylim(0, ncpu + 0.2)
     ax.legend(loc="upper right", fontsize=8)

@@ -46,7 +46,8 @@ def timeline() -> tuple[list[Point], list[tuple[float, float | None]]]:
         t = k * 0.2
         lim = 1.0 if t < 3.1 or t >= 11.2 else 0.3
         busy = 3.0 <= t < 9.0
-        points.append(Point(t, 60.0 if busy else 20.0, "HIGH" if 4 <= t < 10 else "LOW", lim, be, ls))
+        level = "HIGH" if 4 <= t < 10 else "LOW"
+        points.append(Point(t, 60.0 if busy else 20.0, level, lim, be, ls, be + ls + 0.25 * t))  # other: 0.25
         be += 0.2 * lim
         ls += 0.2 if busy else 0.0
     return points, [(0.0, 1.0), (3.1, 0.3), (11.2, 1.0)]
@@ -55,7 +56,7 @@ def timeline() -> tuple[list[Point], list[tuple[float, float | None]]]:
 def test_reading_is_computed_from_the_data() -> None:
     points, changes = timeline()
     text = reading(points, changes, 3.0, 9.0)
-    assert "BE limited to 1.00 cores" in text
+    assert "BE limited to 1.00 cores, using 1.00; the rest of the node (not BE, not LS) used 0.25" in text
     assert "LS spike at t=3.0 s: BE cut from 1.00 to 0.30 cores within 100 ms" in text
     assert "while the CPU level was still LOW" in text
     assert "LS idle at t=9.0 s: BE back to 1.00 cores at t=11.2 s (2.2 s later)" in text
@@ -83,5 +84,4 @@ def test_timeline_table_has_a_row_about_every_second_and_at_each_phase_change() 
     phases = [r.split()[1] + (" " + r.split()[2] if r.split()[1] == "LS" else "") for r in rows[1:]]
     assert phases[0] == "settle" and "LS busy" in phases and phases[-1] == "LS idle"
     busy = [r for r in rows[1:] if " LS busy " in r]
-    assert float(busy[-1].split()[-1]) == 1.0  # LS used its core
-    assert float(busy[-1].split()[-3]) == 0.3  # BE's limit
+    assert busy[-1].split()[-4:] == ["0.30", "0.30", "1.00", "0.25"]  # BE limit, BE, LS, the rest
