@@ -441,8 +441,9 @@ def reading(points: list[Point], changes: list[tuple[float, float | None]], spik
     back = next(((t, v) for t, v in changes if t >= idle and tighter(during, v)), None)
     if back is None:
         out.append(
-            f"LS idle at t={idle:.1f} s: BE still at {cores(during)} cores at t={end:.1f} s (a raise waits "
-            "raiseDelay, follows the level down, and is rate-limited to maxWritesPerMinute)."
+            f"LS idle at t={idle:.1f} s: BE still at {cores(during)} cores at t={end:.1f} s, with the CPU level "
+            f"at {level_at(end)} and the rest of the node using {avg('other', idle, end):.2f} cores (a raise "
+            "waits for raiseDelay and the level, at most maxWritesPerMinute a minute)."
         )
     else:
         out.append(

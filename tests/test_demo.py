@@ -67,7 +67,7 @@ def test_reading_says_when_nothing_moved() -> None:
     points, _ = timeline()
     text = reading(points, [(0.0, 0.1)], 3.0, 9.0)
     assert "BE's limit did not move (0.10 cores)" in text
-    assert "BE still at 0.10 cores" in text
+    assert "BE still at 0.10 cores at t=15.0 s, with the CPU level at LOW and the rest of the node using 0.25" in text
 
 
 def test_reading_tells_the_settling() -> None:
