@@ -1,10 +1,10 @@
 """The main job on a fresh machine: a private containerd 1.7 with NRI, nriplugin with the
 embedded default policy, sample LS and BE pods, and what each container really got.
 
-Then the QoS manager act (~20 s, up to ~30 s on a busy machine; needs at least 2 CPUs; --no-qos
+Then the QoS manager act (~20 s, up to ~40 s on a busy machine; needs at least 2 CPUs; --no-qos
 skips it): the sample pods make way for an idle LS pod that requests one core and a BE pod that
 spins on every CPU; once BE has the idle CPU (3-15 s) one thread spins inside the LS container
-for ~6 s, then LS is idle for ~8 s. Every ~0.2 s the demo
+for ~6 s, then LS is idle for 8-16 s (until BE's limit has come back). Every ~0.2 s the demo
 samples the CPU pressure score and level (from /metrics), BE's limit (the besteffort group's
 CFS quota) and what BE and LS use (cpuacct), prints the timeline with a reading of it and
 writes it as a PNG (--timeline-png). If the act cannot run, it says so in one line and the job
@@ -61,6 +61,7 @@ SAMPLES: list[tuple[str, str, dict[str, str], dict[str, str], int, int, int]] = 
 
 # the QoS act
 SETTLE, BUSY, IDLE = 3.0, 6.0, 8.0  # seconds: before the LS spike, the spike, LS idle after it
+IDLE_MAX = 16.0  # LS idle goes on (up to this) until BE's limit has come back, and 1.5 s more
 SETTLE_MAX = 15.0  # the spike waits (up to this) until BE has the idle CPU (GIVEN) for STABLE s
 GIVEN = 0.5  # cores
 STABLE = 1.0
@@ -80,7 +81,7 @@ def main() -> int:
         "--duration",
         type=float,
         default=0,
-        help=f"exit N seconds after the QoS act (~{ACT_SECONDS:.0f}-30 s; default: until Ctrl-C)",
+        help=f"exit N seconds after the QoS act (~{ACT_SECONDS:.0f}-40 s; default: until Ctrl-C)",
     )
     ap.add_argument("--metrics-port", type=int, default=9310)
     ap.add_argument("--no-qos", action="store_true", help="skip the QoS manager act")
@@ -208,7 +209,7 @@ def qos_act(rt: harness.Containerd, metrics: str, png: Path, aborted: Callable[[
     make way (their LS requests would leave BE only its floor on a small node) and are back
     afterwards."""
     ncpu = len(os.sched_getaffinity(0))
-    print(f"\nQoS manager act (~{ACT_SECONDS:.0f} s): LS idle -> one thread busy in LS -> LS idle", flush=True)
+    print(f"\nQoS manager act (~{ACT_SECONDS:.0f}-40 s): LS idle -> one thread busy in LS -> LS idle", flush=True)
     if ncpu < 2:
         print(f"QoS act skipped: it needs at least 2 CPUs, this machine has {ncpu}.")
         return
@@ -289,7 +290,9 @@ def run_act(
             spinner.kill()
             spinner.wait()
     idle = time.monotonic() - t0
-    sample_until(time.monotonic() + IDLE)
+    sample_until(t0 + idle + IDLE)
+    while time.monotonic() - t0 < idle + IDLE_MAX and not came_back(changes, idle, time.monotonic() - t0):
+        sample_until(time.monotonic() + STEP)
     return points, changes, spike, idle
 
 
@@ -299,6 +302,14 @@ def settled(changes: list[tuple[float, float | None]], now: float) -> bool:
         return False
     t, lim = changes[-1]
     return lim is not None and lim >= GIVEN and now - t >= STABLE
+
+
+def came_back(changes: list[tuple[float, float | None]], idle: float, now: float) -> bool:
+    """BE's limit rose after LS went idle, at least 1.5 s ago (to show BE using it)."""
+    at_idle = next((v for t, v in reversed(changes) if t <= idle), None)
+    return at_idle is not None and any(
+        t > idle and (v is None or v > at_idle + 0.05) and now - t >= 1.5 for t, v in changes
+    )
 
 
 def node_seconds() -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from e2e.demo import Point, parse_metrics, quota_cores, reading, settled, timeline_table
+from e2e.demo import Point, came_back, parse_metrics, quota_cores, reading, settled, timeline_table
 
 METRICS = """\
 # HELP nriplugin_qos_cpu_pressure_score CPU pressure score (0-100).
@@ -85,3 +85,11 @@ def test_timeline_table_has_a_row_about_every_second_and_at_each_phase_change() 
     assert phases[0] == "settle" and "LS busy" in phases and phases[-1] == "LS idle"
     busy = [r for r in rows[1:] if " LS busy " in r]
     assert busy[-1].split()[-4:] == ["0.30", "0.30", "1.00", "0.25"]  # BE limit, BE, LS, the rest
+
+
+def test_came_back_waits_for_a_raise_after_ls_goes_idle() -> None:
+    changes: list[tuple[float, float | None]] = [(0.0, 1.0), (3.1, 0.3)]
+    assert not came_back(changes, 9.0, 12.0)
+    assert not came_back([*changes, (11.2, 1.0)], 9.0, 12.0)  # just raised
+    assert came_back([*changes, (11.2, 1.0)], 9.0, 12.8)
+    assert not came_back([*changes, (11.2, 0.2)], 9.0, 13.0)  # a cut is not a way back
