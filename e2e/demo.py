@@ -1,27 +1,45 @@
 """The main job on a fresh machine: a private containerd 1.7 with NRI, nriplugin with the
 embedded default policy, sample LS and BE pods, and what each container really got.
 
-Runs until Ctrl-C (or --duration seconds), then tears everything down. On a real node use
-``nriplugin run`` instead.
+Then the QoS manager act (~20 s, up to ~40 s on a busy machine; needs at least 2 CPUs; --no-qos
+skips it): the sample pods make way for an idle LS pod that requests one core and a BE pod that
+spins on every CPU; once BE has the idle CPU (3-15 s) one thread spins inside the LS container
+for ~6 s, then LS is idle for 8-16 s (until BE's limit has come back). Every ~0.2 s the demo
+samples the CPU pressure score and level (from /metrics), BE's limit (the besteffort group's
+CFS quota) and what BE and LS use (cpuacct), prints the timeline with a reading of it and
+writes it as a PNG (--timeline-png). If the act cannot run, it says so in one line and the job
+goes on. The sample pods are then back.
+
+Runs until Ctrl-C (or --duration seconds after the act), then tears everything down. On a real
+node use ``nriplugin run`` instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from e2e import harness
 
+# No batch-cpu limit: with the QoS manager on, BE's group (kubepods/besteffort) gets a CFS quota
+# that can drop to its floor (0.1 core), and cgroup v1 refuses a child quota above its parent's
+# (EINVAL): the container would fail to start, or the agent's write of the group quota would be
+# refused over and over. The batch-memory limit still shows the feature.
 BATCH = (
     '{"containers":{"main":{"requests":{"kubernetes.io/batch-cpu":"500","kubernetes.io/batch-memory":"256Mi"},'
-    '"limits":{"kubernetes.io/batch-cpu":"1k","kubernetes.io/batch-memory":"512Mi"}}}}'
+    '"limits":{"kubernetes.io/batch-memory":"512Mi"}}}}'
 )
 SAMPLES: list[tuple[str, str, dict[str, str], dict[str, str], int, int, int]] = [
     # name, Kubernetes QoS (cgroup parent), labels, annotations, CRI cpu_shares, cpu_quota, memory
@@ -41,15 +59,35 @@ SAMPLES: list[tuple[str, str, dict[str, str], dict[str, str], int, int, int]] = 
     ("job-besteffort", "BestEffort", {}, {}, 2, 0, 0),
 ]
 
+# the QoS act
+SETTLE, BUSY, IDLE = 3.0, 6.0, 8.0  # seconds: before the LS spike, the spike, LS idle after it
+IDLE_MAX = 16.0  # LS idle goes on (up to this) until BE's limit has come back, and 1.5 s more
+SETTLE_MAX = 15.0  # the spike waits (up to this) until BE has the idle CPU (GIVEN) for STABLE s
+GIVEN = 0.5  # cores
+STABLE = 1.0
+STEP = 0.2  # seconds between samples
+POLL = 0.02  # BE's quota file is polled this often between samples, to time its changes
+DEFAULT_PNG = Path(tempfile.gettempdir()) / "nriplugin-qos-timeline.png"
+ACT_SECONDS = SETTLE + BUSY + IDLE + 3  # with the pods' start; printed in --help
+
 
 def fmt(v: str) -> str:
     return "-" if v in ("", "0", "-1", "9223372036854771712") else v
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--duration", type=float, default=0, help="exit after N seconds (default: until Ctrl-C)")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--duration",
+        type=float,
+        default=0,
+        help=f"exit N seconds after the QoS act (~{ACT_SECONDS:.0f}-40 s; default: until Ctrl-C)",
+    )
     ap.add_argument("--metrics-port", type=int, default=9310)
+    ap.add_argument("--no-qos", action="store_true", help="skip the QoS manager act")
+    ap.add_argument(
+        "--timeline-png", type=Path, default=DEFAULT_PNG, help=f"where the QoS act's PNG goes (default {DEFAULT_PNG})"
+    )
     args = ap.parse_args()
     stop = False
 
@@ -87,11 +125,7 @@ def main() -> int:
             ],
         )
         wait_ready(metrics, plugin)
-        made = []
-        for name, k8s, labels, annotations, shares, quota, mem in SAMPLES:
-            pod = rt.run_pod(name, k8s, labels, annotations)
-            cid = rt.create_container(pod, "main", cpu_shares=shares, cpu_quota=quota, memory=mem)
-            made.append((name, labels.get("koordinator.sh/qosClass", f"({k8s})"), shares, quota, mem, pod, cid))
+        made = create_samples(rt)
         time.sleep(0.3)  # share-pool moves for running containers are applied right after
         head = "CRI asked: shares/quota/mem     cgroup has: shares/quota/mem/burst/cpuset"
         print(f"\n{'container':18s} {'class':13s} {head}")
@@ -108,6 +142,8 @@ def main() -> int:
             )
             asked = f"{shares}/{fmt(str(quota))}/{fmt(str(mem))}"
             print(f"{name:18s} {cls:13s} {asked:31s} {have}")
+        if not args.no_qos and not stop:
+            qos_act(rt, metrics, args.timeline_png, lambda: stop or plugin is None or plugin.poll() is not None)
         print("\ncgroup files: /sys/fs/cgroup/{cpu,memory}/" + rt.cgroup_root + "/kubepods/...")
         print(f"metrics: {metrics}/metrics   health: {metrics}/healthz   ready: {metrics}/readyz")
         print("Ctrl-C to tear everything down." if not args.duration else f"stopping in {args.duration:.0f} s.")
@@ -124,6 +160,15 @@ def main() -> int:
         print("done.")
 
 
+def create_samples(rt: harness.Containerd) -> list[tuple[str, str, int, int, int, harness.Pod, str]]:
+    made = []
+    for name, k8s, labels, annots, shares, quota, mem in SAMPLES:
+        pod = rt.run_pod(name, k8s, labels, annots)
+        cid = rt.create_container(pod, "main", cpu_shares=shares, cpu_quota=quota, memory=mem)
+        made.append((name, labels.get("koordinator.sh/qosClass", f"({k8s})"), shares, quota, mem, pod, cid))
+    return made
+
+
 def wait_ready(metrics: str, plugin: subprocess.Popen[bytes], timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -137,6 +182,327 @@ def wait_ready(metrics: str, plugin: subprocess.Popen[bytes], timeout: float = 3
             pass
         time.sleep(0.1)
     raise SystemExit("nriplugin did not register within 30 s")
+
+
+# The QoS manager act ---------------------------------------------------------------------------
+
+
+class ActAborted(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One sample of the timeline; usage as cumulative CPU seconds (rates come from deltas)."""
+
+    t: float  # seconds since the act's timeline began
+    score: float | None  # CPU pressure score (0-100)
+    level: str  # CPU pressure level
+    be_limit: float | None  # cores; None: no limit
+    be_cpu: float  # CPU seconds used by the BE container so far
+    ls_cpu: float
+    node_cpu: float = 0.0  # by the whole node (/proc/stat), so "other" = node - BE - LS
+
+
+def qos_act(rt: harness.Containerd, metrics: str, png: Path, aborted: Callable[[], bool]) -> None:
+    """The act, start to end; any failure is one line and the job goes on. The sample pods
+    make way (their LS requests would leave BE only its floor on a small node) and are back
+    afterwards."""
+    ncpu = len(os.sched_getaffinity(0))
+    print(f"\nQoS manager act (~{ACT_SECONDS:.0f}-40 s): LS idle -> one thread busy in LS -> LS idle", flush=True)
+    if ncpu < 2:
+        print(f"QoS act skipped: it needs at least 2 CPUs, this machine has {ncpu}.")
+        return
+    try:
+        rt.remove_all_pods()
+        points, changes, spike, idle = run_act(rt, metrics, ncpu, aborted)
+        print(timeline_table(points, spike, idle))
+        print(reading(points, changes, spike, idle))
+        try:
+            plot_timeline(png, points, spike, idle, ncpu)
+            print(f"timeline PNG: {png}")
+        except ImportError:
+            print("timeline PNG skipped: matplotlib is not installed (pip install -e '.[demo]')")
+    except ActAborted as e:
+        print(f"QoS act stopped: {e}")
+    except Exception as e:  # the act is a show: the job goes on without it
+        print(f"QoS act failed ({type(e).__name__}: {e}); going on without it.")
+    finally:
+        if not aborted():
+            try:
+                rt.remove_all_pods()
+                create_samples(rt)
+                print("the sample pods are back.")
+            except Exception as e:
+                print(f"could not bring the sample pods back ({type(e).__name__}: {e}).")
+
+
+def run_act(
+    rt: harness.Containerd, metrics: str, ncpu: int, aborted: Callable[[], bool]
+) -> tuple[list[Point], list[tuple[float, float | None]], float, float]:
+    """Create the act's pods, spike LS, sample; return the points, BE limit changes (t, cores),
+    and when the spike began and ended."""
+    ls = rt.run_pod("web-ls", "Burstable", {"koordinator.sh/qosClass": "LS"})
+    ls_c = rt.create_container(ls, "main", cpu_shares=1024)  # requests one core
+    be = rt.run_pod("batch-be", "BestEffort", {"koordinator.sh/qosClass": "BE"})
+    spin = ["/bin/sh", "-c", " & ".join(["yes >/dev/null"] * ncpu)]
+    be_c = rt.create_container(be, "main", cpu_shares=2, command=spin)
+    be_acct, ls_acct = rt.container_cgroup(be, be_c, "cpuacct"), rt.container_cgroup(ls, ls_c, "cpuacct")
+    be_parent = harness.CGROUP_FS / "cpu" / rt.cgroup_root / "kubepods" / "besteffort"
+    print(f"pods: web-ls (LS, requests 1 core, idle), batch-be (BE, {ncpu} threads spinning)", flush=True)
+    points: list[Point] = []
+    changes: list[tuple[float, float | None]] = []
+    t0 = time.monotonic()
+    spinner: subprocess.Popen[bytes] | None = None
+    spike = idle = -1.0
+    next_sample = t0
+
+    def sample_until(end: float) -> None:
+        nonlocal next_sample
+        while True:
+            now = time.monotonic()
+            if aborted():
+                raise ActAborted("asked to stop")
+            lim = quota_cores(be_parent)
+            if not changes or changes[-1][1] != lim:
+                changes.append((now - t0, lim))
+            if now >= next_sample:
+                score, level = scrape(metrics)
+                points.append(
+                    Point(now - t0, score, level, lim, cpu_seconds(be_acct), cpu_seconds(ls_acct), node_seconds())
+                )
+                next_sample += STEP
+            if now >= end:
+                return
+            time.sleep(POLL)
+
+    try:
+        sample_until(t0 + SETTLE)
+        while time.monotonic() - t0 < SETTLE_MAX and not settled(changes, time.monotonic() - t0):
+            sample_until(time.monotonic() + STEP)
+        spinner = subprocess.Popen(["yes"], stdout=subprocess.DEVNULL)
+        for ctrl in ("cpu", "cpuacct"):  # one thread spinning inside the LS container
+            (rt.container_cgroup(ls, ls_c, ctrl) / "cgroup.procs").write_text(str(spinner.pid))
+        spike = time.monotonic() - t0
+        sample_until(time.monotonic() + BUSY)
+    finally:
+        if spinner is not None:
+            spinner.kill()
+            spinner.wait()
+    idle = time.monotonic() - t0
+    sample_until(t0 + idle + IDLE)
+    while time.monotonic() - t0 < idle + IDLE_MAX and not came_back(changes, idle, time.monotonic() - t0):
+        sample_until(time.monotonic() + STEP)
+    return points, changes, spike, idle
+
+
+def settled(changes: list[tuple[float, float | None]], now: float) -> bool:
+    """BE has the idle CPU: a limit of at least GIVEN cores, unchanged for STABLE seconds."""
+    if not changes:
+        return False
+    t, lim = changes[-1]
+    return lim is not None and lim >= GIVEN and now - t >= STABLE
+
+
+def came_back(changes: list[tuple[float, float | None]], idle: float, now: float) -> bool:
+    """BE's limit rose after LS went idle, at least 1.5 s ago (to show BE using it)."""
+    at_idle = next((v for t, v in reversed(changes) if t <= idle), None)
+    return at_idle is not None and any(
+        t > idle and (v is None or v > at_idle + 0.05) and now - t >= 1.5 for t, v in changes
+    )
+
+
+def node_seconds() -> float:
+    """CPU seconds the node has been busy (/proc/stat: all but idle and iowait)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]
+    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(acct: Path) -> float:
+    return int((acct / "cpuacct.usage").read_text()) / 1e9
+
+
+def quota_cores(group: Path) -> float | None:
+    """The group's CFS quota in cores; None when it has none (or the group is not there yet)."""
+    try:
+        q = int((group / "cpu.cfs_quota_us").read_text())
+        period = int((group / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return None if q < 0 else q / period
+
+
+def scrape(metrics: str) -> tuple[float | None, str]:
+    try:
+        with urllib.request.urlopen(metrics + "/metrics", timeout=1) as r:
+            return parse_metrics(r.read().decode())
+    except OSError:
+        return None, "?"
+
+
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def parse_metrics(text: str) -> tuple[float | None, str]:
+    """The CPU pressure score and level from the agent's Prometheus text."""
+    score, level = None, "?"
+    for line in text.splitlines():
+        if line.startswith("nriplugin_qos_cpu_pressure_score "):
+            score = float(line.split()[1])
+        elif line.startswith("nriplugin_qos_pressure_level{"):
+            labels, _, value = line.rpartition(" ")
+            lv = dict(_LABEL.findall(labels))
+            if lv.get("resource") == "cpu" and float(value) == 1:
+                level = lv.get("level", "?")
+    return score, level
+
+
+def rate(a: Point, b: Point, attr: str) -> float:
+    """Cores used between two points; ``other``: the node but BE and LS (never below 0)."""
+    if b.t <= a.t:
+        return 0.0
+    if attr == "other":
+        return max(0.0, rate(a, b, "node_cpu") - rate(a, b, "be_cpu") - rate(a, b, "ls_cpu"))
+    return float(getattr(b, attr) - getattr(a, attr)) / (b.t - a.t)
+
+
+def cores(v: float | None) -> str:
+    return "none" if v is None else f"{v:.2f}"
+
+
+def phase(t: float, spike: float, idle: float) -> str:
+    return "settle" if t < spike else "LS busy" if t < idle else "LS idle"
+
+
+def timeline_table(points: list[Point], spike: float, idle: float, every: float = 1.0) -> str:
+    """One row about every ``every`` seconds; usage averaged since the previous row."""
+    rows = [
+        f"{'t (s)':>6s}  {'phase':8s} {'score':>5s} {'level':9s} {'BE limit':>8s} {'BE used':>7s} {'LS used':>7s}"
+        f" {'other':>6s}"
+    ]
+    prev = points[0] if points else None
+    for p in points[1:]:
+        assert prev is not None
+        crossed = (prev.t < spike <= p.t) or (prev.t < idle <= p.t)
+        if p.t - prev.t < every - STEP / 2 and not crossed and p is not points[-1]:
+            continue
+        score = "-" if p.score is None else f"{p.score:.0f}"
+        rows.append(
+            f"{p.t:6.1f}  {phase(p.t - 1e-9, spike, idle):8s} {score:>5s} {p.level:9s} {cores(p.be_limit):>8s} "
+            f"{rate(prev, p, 'be_cpu'):7.2f} {rate(prev, p, 'ls_cpu'):7.2f} {rate(prev, p, 'other'):6.2f}"
+        )
+        prev = p
+    return "\n".join(rows)
+
+
+def reading(points: list[Point], changes: list[tuple[float, float | None]], spike: float, idle: float) -> str:
+    """A paragraph about what the timeline shows, all from the data: BE's limit before the
+    spike, the cut after it (how fast, to what, and whether a pressure level had moved yet),
+    the way back after LS goes idle, and what BE and LS used meanwhile."""
+
+    def limit_at(t: float) -> float | None:
+        v: float | None = None
+        for ct, lim in changes:
+            if ct > t:
+                break
+            v = lim
+        return v
+
+    def level_at(t: float) -> str:
+        return next((p.level for p in reversed(points) if p.t <= t), "?")
+
+    def avg(attr: str, t0: float, t1: float) -> float:
+        win = [p for p in points if t0 <= p.t <= t1]
+        return rate(win[0], win[-1], attr) if len(win) >= 2 else 0.0
+
+    def tighter(a: float | None, b: float | None) -> bool:  # None: no limit
+        return a is not None and (b is None or a < b - 0.05)
+
+    end = points[-1].t if points else idle
+    start, before = limit_at(0.0), limit_at(spike)
+    out = []
+    if tighter(start, before):
+        given = next(t for t, v in changes if t <= spike and v == before)
+        out.append(f"Settling: BE's limit went from {cores(start)} to {cores(before)} cores at t={given:.1f} s.")
+    out.append(
+        f"LS idle until t={spike:.1f} s: BE limited to {cores(before)} cores, using "
+        f"{avg('be_cpu', max(0.0, spike - 1.5), spike):.2f}; the rest of the node (not BE, not LS) used "
+        f"{avg('other', 0.0, spike):.2f}."
+    )
+    cut = next(((t, v) for t, v in changes if spike <= t < idle and tighter(v, before)), None)
+    if cut is None:
+        out.append(f"LS spike at t={spike:.1f} s: BE's limit did not move ({cores(before)} cores).")
+    else:
+        low = min((v for t, v in changes if spike <= t < idle and v is not None), default=cut[1])
+        lv0, lv1 = level_at(spike), level_at(cut[0])
+        why = (
+            f" while the CPU level was still {lv0} (the usage budget, not a level change)"
+            if lv0 == lv1
+            else f" as the CPU level went {lv0} -> {lv1}"
+        )
+        out.append(
+            f"LS spike at t={spike:.1f} s: BE cut from {cores(before)} to {cores(cut[1])} cores within "
+            f"{(cut[0] - spike) * 1000:.0f} ms{why}"
+            + (f", later down to {cores(low)}" if tighter(low, cut[1]) else "")
+            + f"; while LS was busy it used {avg('ls_cpu', cut[0] + 0.5, idle):.2f} cores and BE "
+            f"{avg('be_cpu', cut[0] + 0.5, idle):.2f}."
+        )
+    during = limit_at(idle)
+    back = next(((t, v) for t, v in changes if t >= idle and tighter(during, v)), None)
+    if back is None:
+        out.append(
+            f"LS idle at t={idle:.1f} s: BE still at {cores(during)} cores at t={end:.1f} s, with the CPU level "
+            f"at {level_at(end)} and the rest of the node using {avg('other', idle, end):.2f} cores (a raise "
+            "waits for raiseDelay and the level, at most maxWritesPerMinute a minute)."
+        )
+    else:
+        out.append(
+            f"LS idle at t={idle:.1f} s: BE back to {cores(back[1])} cores at t={back[0]:.1f} s "
+            f"({back[0] - idle:.1f} s later), then using {avg('be_cpu', back[0] + 0.5, end):.2f}."
+        )
+    scores = [p.score for p in points if p.score is not None]
+    levels = [p.level for p in points if p.level != "?"]
+    seq = [lv for k, lv in enumerate(levels) if k == 0 or levels[k - 1] != lv]
+    if scores:
+        out.append(f"CPU pressure score {min(scores):.0f}-{max(scores):.0f}, levels {' -> '.join(seq)}.")
+    return " ".join(out)
+
+
+def plot_timeline(path: Path, points: list[Point], spike: float, idle: float, ncpu: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ts = [b.t for b in points[1:]]
+    be = [rate(a, b, "be_cpu") for a, b in itertools.pairwise(points)]
+    ls = [rate(a, b, "ls_cpu") for a, b in itertools.pairwise(points)]
+    lim = [float("nan") if b.be_limit is None else b.be_limit for b in points[1:]]
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True, height_ratios=[3, 1.3])
+    for a in (ax, ax2):
+        a.axvspan(spike, idle, color="tab:red", alpha=0.08, label="LS busy (one thread)" if a is ax else None)
+    ax.step(ts, lim, where="post", color="black", lw=2, label="BE limit (besteffort cfs_quota)")
+    ax.plot(ts, be, color="tab:orange", label="BE used")
+    ax.plot(ts, ls, color="tab:blue", label="LS used")
+    other = [rate(a, b, "other") for a, b in itertools.pairwise(points)]
+    ax.plot(ts, other, color="tab:gray", lw=0.8, label="rest of the node (not BE, not LS)")
+    ax.set_ylabel("cores")
+    ax.set_ylim(0, ncpu + 0.2)
+    ax.legend(loc="upper right", fontsize=8)
+    ax.set_title(f"nriplugin QoS manager, embedded default policy, {ncpu} CPUs: BE spins, one LS thread busy (shaded)")
+    ax2.plot([p.t for p in points], [float("nan") if p.score is None else p.score for p in points], color="tab:purple")
+    for p, q in itertools.pairwise(points):
+        if p.level != q.level:
+            ax2.annotate(q.level, (q.t, q.score or 0), fontsize=8)
+    if points:
+        ax2.annotate(points[0].level, (points[0].t, points[0].score or 0), fontsize=8)
+    ax2.set_ylabel("CPU pressure\nscore")
+    ax2.set_ylim(0, 100)
+    ax2.set_xlabel("seconds")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

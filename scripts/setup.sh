@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv with nriplugin and its test extra (idempotent). Needs Python >= 3.11 with venv;
-# installs Debian's python3-venv if the interpreter lacks it.
+# installs Debian's python3-venv if the interpreter lacks it. Arguments name more extras to
+# install as well (scripts/main.sh: demo, for the QoS timeline's PNG).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v python3 >/dev/null; then
@@ -13,4 +14,6 @@ if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
   fi
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
+extras=test
+for extra in "$@"; do extras="$extras,$extra"; done
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$extras]"

@@ -1,0 +1,95 @@
+"""The main job's QoS act: its pure helpers (metrics parsing, the timeline table, the reading)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from e2e.demo import Point, came_back, parse_metrics, quota_cores, reading, settled, timeline_table
+
+METRICS = """\
+# HELP nriplugin_qos_cpu_pressure_score CPU pressure score (0-100).
+# TYPE nriplugin_qos_cpu_pressure_score gauge
+nriplugin_qos_cpu_pressure_score 57.25
+nriplugin_qos_memory_pressure_score 3.0
+nriplugin_qos_pressure_level{level="LOW",resource="cpu"} 0.0
+nriplugin_qos_pressure_level{level="MEDIUM",resource="cpu"} 1.0
+nriplugin_qos_pressure_level{level="LOW",resource="memory"} 1.0
+nriplugin_qos_be_cpu_limit_cores 0.3
+"""
+
+
+def test_parse_metrics_takes_the_cpu_score_and_level() -> None:
+    assert parse_metrics(METRICS) == (57.25, "MEDIUM")
+    assert parse_metrics("") == (None, "?")
+
+
+def test_quota_cores(tmp_path: Path) -> None:
+    (tmp_path / "cpu.cfs_period_us").write_text("100000\n")
+    (tmp_path / "cpu.cfs_quota_us").write_text("30000\n")
+    assert quota_cores(tmp_path) == 0.3
+    (tmp_path / "cpu.cfs_quota_us").write_text("-1\n")
+    assert quota_cores(tmp_path) is None
+    assert quota_cores(tmp_path / "missing") is None
+
+
+def test_settled_needs_the_idle_cpu_for_a_while() -> None:
+    assert not settled([], 5.0)
+    assert not settled([(0.0, 0.1)], 5.0)  # the floor: BE does not have the idle CPU
+    assert not settled([(0.0, 0.1), (4.5, 1.0)], 5.0)  # just given
+    assert settled([(0.0, 0.1), (3.0, 1.0)], 5.0)
+
+
+def timeline() -> tuple[list[Point], list[tuple[float, float | None]]]:
+    """LS busy from 3.0 to 9.0 s; BE cut 100 ms after the spike, back 2.2 s after LS goes idle."""
+    points, be, ls = [], 0.0, 0.0
+    for k in range(76):
+        t = k * 0.2
+        lim = 1.0 if t < 3.1 or t >= 11.2 else 0.3
+        busy = 3.0 <= t < 9.0
+        level = "HIGH" if 4 <= t < 10 else "LOW"
+        points.append(Point(t, 60.0 if busy else 20.0, level, lim, be, ls, be + ls + 0.25 * t))  # other: 0.25
+        be += 0.2 * lim
+        ls += 0.2 if busy else 0.0
+    return points, [(0.0, 1.0), (3.1, 0.3), (11.2, 1.0)]
+
+
+def test_reading_is_computed_from_the_data() -> None:
+    points, changes = timeline()
+    text = reading(points, changes, 3.0, 9.0)
+    assert "BE limited to 1.00 cores, using 1.00; the rest of the node (not BE, not LS) used 0.25" in text
+    assert "LS spike at t=3.0 s: BE cut from 1.00 to 0.30 cores within 100 ms" in text
+    assert "while the CPU level was still LOW" in text
+    assert "LS idle at t=9.0 s: BE back to 1.00 cores at t=11.2 s (2.2 s later)" in text
+    assert "levels LOW -> HIGH -> LOW" in text
+
+
+def test_reading_says_when_nothing_moved() -> None:
+    points, _ = timeline()
+    text = reading(points, [(0.0, 0.1)], 3.0, 9.0)
+    assert "BE's limit did not move (0.10 cores)" in text
+    assert "BE still at 0.10 cores at t=15.0 s, with the CPU level at LOW and the rest of the node using 0.25" in text
+
+
+def test_reading_tells_the_settling() -> None:
+    points, changes = timeline()
+    text = reading(points, [(0.0, 0.1), (1.4, 1.0), *changes[1:]], 3.0, 9.0)
+    assert "BE's limit went from 0.10 to 1.00 cores at t=1.4 s" in text
+
+
+def test_timeline_table_has_a_row_about_every_second_and_at_each_phase_change() -> None:
+    points, _ = timeline()
+    rows = timeline_table(points, 3.0, 9.0).splitlines()
+    assert rows[0].split()[:2] == ["t", "(s)"]
+    assert 14 <= len(rows) - 1 <= 20
+    phases = [r.split()[1] + (" " + r.split()[2] if r.split()[1] == "LS" else "") for r in rows[1:]]
+    assert phases[0] == "settle" and "LS busy" in phases and phases[-1] == "LS idle"
+    busy = [r for r in rows[1:] if " LS busy " in r]
+    assert busy[-1].split()[-4:] == ["0.30", "0.30", "1.00", "0.25"]  # BE limit, BE, LS, the rest
+
+
+def test_came_back_waits_for_a_raise_after_ls_goes_idle() -> None:
+    changes: list[tuple[float, float | None]] = [(0.0, 1.0), (3.1, 0.3)]
+    assert not came_back(changes, 9.0, 12.0)
+    assert not came_back([*changes, (11.2, 1.0)], 9.0, 12.0)  # just raised
+    assert came_back([*changes, (11.2, 1.0)], 9.0, 12.8)
+    assert not came_back([*changes, (11.2, 0.2)], 9.0, 13.0)  # a cut is not a way back
