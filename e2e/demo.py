@@ -33,13 +33,11 @@ from typing import Any
 
 from e2e import harness
 
-# No batch-cpu limit: with the QoS manager on, BE's group (kubepods/besteffort) gets a CFS quota
-# that can drop to its floor (0.1 core), and cgroup v1 refuses a child quota above its parent's
-# (EINVAL): the container would fail to start, or the agent's write of the group quota would be
-# refused over and over. The batch-memory limit still shows the feature.
+# A 1-core batch-cpu limit: while the QoS manager limits BE's group below it, the container is
+# born with that limit as its quota instead (cgroup v1 refuses a child's quota above its parent's).
 BATCH = (
     '{"containers":{"main":{"requests":{"kubernetes.io/batch-cpu":"500","kubernetes.io/batch-memory":"256Mi"},'
-    '"limits":{"kubernetes.io/batch-memory":"512Mi"}}}}'
+    '"limits":{"kubernetes.io/batch-cpu":"1k","kubernetes.io/batch-memory":"512Mi"}}}}'
 )
 SAMPLES: list[tuple[str, str, dict[str, str], dict[str, str], int, int, int]] = [
     # name, Kubernetes QoS (cgroup parent), labels, annotations, CRI cpu_shares, cpu_quota, memory

@@ -117,6 +117,9 @@ class NodeModel:
         self._tell("added", key)
 
     def pod_removed(self, pod_id: str) -> None:
+        """The pod is gone, and its containers with it (a runtime need not tell each one)."""
+        for key in [k for k, r in self._records.items() if r.container is not None and r.pod.id == pod_id]:
+            self._remove(key)
         self._remove(pod_key(pod_id))
 
     def container_created(self, pod: api.PodSandbox, container: api.Container) -> None:

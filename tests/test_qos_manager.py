@@ -164,3 +164,10 @@ def test_no_burst_when_the_node_is_busy(tmp_path: Path) -> None:
     s.by_container = {ls_key: ContainerUsage(QoSClass.LS, "pod2", 0.95, 0, 0, limit_cores=1.0)}
     mgr.round()
     assert not mgr.burster.bursting()
+
+
+def test_a_removed_pod_takes_its_containers_out_of_the_model(tmp_path: Path) -> None:
+    node, _, _, _, _ = node_with_pods(tmp_path)
+    ls = make_pod(2, "LS", parent="/kubepods/burstable/pod2")
+    node.model.pod_removed(ls.id)
+    assert make_container(2, ls).id not in node.model and f"pod:{ls.id}" not in node.model
