@@ -390,10 +390,11 @@ class Stats:
 
     # cgroups ------------------------------------------------------------------------------------
 
-    def cpu(self, group: str) -> CpuStat | None:
+    def cpu(self, group: str, throttling: bool = True) -> CpuStat | None:
         """CPU used (cumulative) and throttling; None when the group is gone. On v1 usage is in
         the cpuacct hierarchy (its own mount, or ``cpu,cpuacct`` behind the ``cpuacct`` link)
-        and throttling in the cpu hierarchy's ``cpu.stat``."""
+        and throttling in the cpu hierarchy's ``cpu.stat`` (not read with ``throttling=False``:
+        a group without a quota is never throttled, and it is one kernel file less)."""
         if self.v2:
             d = self._dir(group, "cpu")
             text = None if d is None else self.files.read(f"{d}/cpu.stat", group)
@@ -406,7 +407,7 @@ class Stats:
         if usage is None:
             self.files.forget(group)  # gone: none of its kept files will read again
             return None
-        cpu = self._dir(group, "cpu")
+        cpu = self._dir(group, "cpu") if throttling else None
         return parse_v1_cpu(usage, None if cpu is None else self.files.read(f"{cpu}/cpu.stat", group))
 
     def memory(self, group: str) -> MemStat | None:

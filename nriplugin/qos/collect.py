@@ -31,6 +31,7 @@ from .sample import ClassUsage, FastSample, NodeSample, Pressure
 
 LS_CLASSES = frozenset({QoSClass.LSE, QoSClass.LSR, QoSClass.LS})
 DEFAULT_PERIOD_US = 100000  # the kernel's (and kubelet's) CFS period when none is requested
+MEMORY_EVERY = 5  # rounds between reads of a known container's memory files
 
 # The trend series (see Collector.history): node CPU busy and node CPU minus BE's (cores); the
 # RSS of the latency-sensitive classes LSE+LSR+LS (bytes), and the same with arrivals and
@@ -133,6 +134,7 @@ class Collector:
         history_seconds: float = 300.0,
         history_min_interval: float = 0.5,
         max_open: int | None = None,
+        memory_every: int = MEMORY_EVERY,
     ) -> None:
         self.model = model
         self.desired = desired
@@ -145,6 +147,8 @@ class Collector:
         self.by_container: dict[str, ContainerUsage] = {}  # the last round's, rebuilt each round
         self.ncpu = os.cpu_count() or 1
         self._counters = Counters()
+        self._rounds = -1  # the first round reads everything
+        self.memory_every = max(1, memory_every)
         self._t: float | None = None
         self._cpu: ProcCpu | None = None
         self._psi: dict[str, Psi | None] = {"cpu": None, "memory": None}
@@ -158,6 +162,7 @@ class Collector:
 
     def sample(self) -> NodeSample:
         started = time.perf_counter()
+        self._rounds += 1
         t = self.clock()
         interval = 0.0 if self._t is None else max(0.0, t - self._t)
         self._t = t
@@ -231,7 +236,10 @@ class Collector:
             group = r.group
             if group is not None:
                 groups.add(group)
-            cpu = None if group is None else s.cpu(group)
+            c = r.container
+            quota = requested(c, "cpu.cfs_quota_us")
+            # throttling matters only where a limit can be burst past: LS with a quota
+            cpu = None if group is None else s.cpu(group, throttling=qos in LS_CLASSES and bool(quota and quota > 0))
             if group is None or cpu is None:
                 continue  # no usable path, or the cgroup is gone (a removal on its way)
             a = acc.get(qos)
@@ -247,17 +255,17 @@ class Collector:
                 a.cpu += cores
                 a.periods += periods
                 a.throttled += throttled
-            c = r.container
             a.request += (requested(c, "cpu.shares") or 0) / 1024
-            quota = requested(c, "cpu.cfs_quota_us")
             limit = None
             if quota is None or quota <= 0:
                 a.unlimited = True
             else:
                 limit = quota / (requested(c, "cpu.cfs_period_us") or DEFAULT_PERIOD_US)
                 a.limit += limit
-            mem = s.memory(group)
             before = self.by_container.get(key)
+            # memory moves on a scale of minutes (its trends are per minute): read every
+            # memory_every rounds, and for a container seen for the first time
+            mem = s.memory(group) if before is None or self._rounds % self.memory_every == 0 else None
             if mem is not None:
                 used, rss = max(0, mem.usage - mem.cache), mem.rss
                 if before is not None and qos in LS_CLASSES:
