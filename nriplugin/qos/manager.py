@@ -203,8 +203,11 @@ class QoSManager:
                 raise
             except Exception:  # a round must never end the loop
                 log.exception("QoS round failed; trying again next round")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), FAST_PERIOD)
+            if self._trigger is None:
+                await asyncio.sleep(FAST_PERIOD)  # nothing else can wake us: the cheap wait
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), FAST_PERIOD)
 
     def _sync_period(self) -> float:
         return float(self.rules.policy.qosManager.syncPeriod)
