@@ -97,3 +97,17 @@ def test_burst_lasts_at_most_its_duration_then_cools_down() -> None:
     assert b.step(42.0, "c2", wants=True, ratio=1.0) is None  # no idle CPU: no burst
     b.forget({"c2"})
     assert "c1" not in b._states
+
+
+def test_giving_back_in_steps_counts_once_and_fast_samples_do_not_reset_the_hold() -> None:
+    lim = Limiter(deadband=0.1, relax_hold=2.0, max_relax_per_minute=1)
+    lim.step(0.0, 1.0)
+    assert lim.step(1.0, 0.3) == 0.3  # a spike: cut
+    assert lim.step(1.5, 0.8) is None  # held
+    assert lim.step(2.0, 0.31, tighten_only=True) is None  # a noisy 50 ms sample: no cut, hold kept
+    assert lim.step(3.6, 0.8) == 0.8  # the reversal (one of one a minute)
+    assert lim.step(4.0, 1.0) is None
+    assert lim.step(6.1, 1.0) == 1.0  # further up on the way back: not a reversal, not limited
+    assert lim.step(7.0, 0.3) == 0.3  # another spike
+    assert lim.step(10.0, 1.0) is None  # a second reversal within the minute: held
+    assert lim.step(64.0, 1.0) == 1.0  # a minute after the first reversal

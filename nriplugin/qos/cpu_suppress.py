@@ -71,7 +71,13 @@ def quota_us(cores: float) -> int:
 
 @dataclass
 class Limiter:
-    """Deadband, hold and rate limit between a target and the limit actually written."""
+    """Deadband, hold and rate limit between a target and the limit actually written.
+
+    The rate limit is on *reversals*: a raise that follows a cut counts (that is what a
+    flapping load does), further raises on the way back up do not, so BE gets its CPU back in
+    as many steps as the pressure falls through. ``tighten_only`` steps (the 50 ms fast path:
+    short windows, noisy) may cut but never touch the hold of a raise, which full rounds
+    (1 s windows) decide."""
 
     deadband: float = 0.1  # cores
     relax_hold: float = 3.0  # seconds a looser target must last before it is applied
@@ -80,13 +86,17 @@ class Limiter:
     writes: int = 0
     _above_since: float | None = None
     _relaxed: deque[float] = field(default_factory=deque)
+    _last_was_cut: bool = True
 
-    def step(self, now: float, target: float) -> float | None:
+    def step(self, now: float, target: float, tighten_only: bool = False) -> float | None:
         """The limit to write now, or None to leave it."""
         cur = self.current
         if cur is None or target < cur - self.deadband:
             self._above_since = None
+            self._last_was_cut = cur is not None
             return self._write(target)
+        if tighten_only:
+            return None
         if target <= cur + self.deadband:
             self._above_since = None
             return None
@@ -94,10 +104,13 @@ class Limiter:
             self._above_since = now
         while self._relaxed and now - self._relaxed[0] >= 60.0:
             self._relaxed.popleft()
-        if now - self._above_since < self.relax_hold or len(self._relaxed) >= self.max_relax_per_minute:
+        reversal = self._last_was_cut
+        if now - self._above_since < self.relax_hold or (reversal and len(self._relaxed) >= self.max_relax_per_minute):
             return None
-        self._relaxed.append(now)
+        if reversal:
+            self._relaxed.append(now)
         self._above_since = None
+        self._last_was_cut = False
         return self._write(target)
 
     def _write(self, target: float) -> float:
@@ -107,7 +120,7 @@ class Limiter:
 
     def reset(self) -> None:
         """The limit was withdrawn (the manager disabled): start again from nothing."""
-        self.current, self._above_since = None, None
+        self.current, self._above_since, self._last_was_cut = None, None, True
         self._relaxed.clear()
 
 

@@ -256,7 +256,7 @@ class QoSManager:
         base = capacity(self.last, cfg.systemReserved.cpu)
         cap = replace(base, be_usage=be, non_be_usage=non_be)
         if cfg.runs("CPUSuppress"):
-            self.apply_be(fast.t, self.be_target(cap))
+            self.apply_be(fast.t, self.be_target(cap), tighten_only=True)
         self._non_be = non_be
 
     def _be_seconds(self) -> float | None:
@@ -359,14 +359,14 @@ class QoSManager:
         self.decisions.append(Decision(now, BURST, who, f"x{change.ratio:g}", change.why))
         log.info("%s: CPU burst x%g: %s", who, change.ratio, change.why, extra={"ratio": change.ratio})
 
-    def apply_be(self, now: float, target: Target) -> None:
+    def apply_be(self, now: float, target: Target, tighten_only: bool = False) -> None:
         s = self.rules.policy.qosManager.cpuSuppress
         if not self._groups:
             return
         lim = self.limiter
         lim.deadband, lim.relax_hold, lim.max_relax_per_minute = s.deadbandCores, s.raiseDelay, s.maxWritesPerMinute
         before = lim.current
-        new = lim.step(now, target.cores)
+        new = lim.step(now, target.cores, tighten_only)
         if new is None:
             return
         values: dict[str, int | str] = {
