@@ -77,7 +77,8 @@ class Limiter:
     flapping load does), further raises on the way back up do not, so BE gets its CPU back in
     as many steps as the pressure falls through. ``tighten_only`` steps (the 50 ms fast path:
     short windows, noisy) may cut but never touch the hold of a raise, which full rounds
-    (1 s windows) decide."""
+    (1 s windows) decide, though they count towards the lowest target seen while a raise is
+    held: a raise goes only as high as every sample of the hold allowed."""
 
     deadband: float = 0.1  # cores
     relax_hold: float = 3.0  # seconds a looser target must last before it is applied
@@ -87,6 +88,7 @@ class Limiter:
     _above_since: float | None = None
     _relaxed: deque[float] = field(default_factory=deque)
     _last_was_cut: bool = True
+    _lowest: float = 0.0  # the lowest target since the hold began
 
     def step(self, now: float, target: float, tighten_only: bool = False) -> float | None:
         """The limit to write now, or None to leave it."""
@@ -95,23 +97,33 @@ class Limiter:
             self._above_since = None
             self._last_was_cut = cur is not None
             return self._write(target)
+        if self._above_since is not None:
+            self._lowest = min(self._lowest, target)  # every sample counts, the fast path's too
         if tighten_only:
             return None
         if target <= cur + self.deadband:
             self._above_since = None
             return None
         if self._above_since is None:
-            self._above_since = now
+            self._above_since, self._lowest = now, target
+        if now - self._above_since < self.relax_hold:
+            return None
+        # Up to the lowest target seen while held: a load that keeps coming back (noisy LS)
+        # holds BE where its peaks put it instead of raising it between them.
+        up = min(target, self._lowest)
+        if up <= cur + self.deadband:
+            self._above_since, self._lowest = now, target
+            return None
         while self._relaxed and now - self._relaxed[0] >= 60.0:
             self._relaxed.popleft()
         reversal = self._last_was_cut
-        if now - self._above_since < self.relax_hold or (reversal and len(self._relaxed) >= self.max_relax_per_minute):
+        if reversal and len(self._relaxed) >= self.max_relax_per_minute:
             return None
         if reversal:
             self._relaxed.append(now)
         self._above_since = None
         self._last_was_cut = False
-        return self._write(target)
+        return self._write(up)
 
     def _write(self, target: float) -> float:
         self.current = target
