@@ -91,38 +91,30 @@ class DesiredState:
 
     def qos_of(self, key: str) -> QoSClass | None:
         """The QoS class of a pod or container the node model knows (None: unknown key, or a
-        label that could not be used), decided once per pod."""
+        label that could not be used)."""
         r = self.model.get(key)
-        if r is None:
-            return None
-        if r.pod.id not in self._classes:
-            self._classes[r.pod.id] = self.qos(r.pod)
-        return self._classes[r.pod.id]
+        return None if r is None else self._class_of(r.pod)
 
-    def _context(self, pod: api.PodSandbox, container: api.Container | None, known: bool = False) -> Context | None:
-        if known:  # a pod of the node model: its class is decided (and a bad label reported) once
-            if pod.id not in self._classes:
-                self._classes[pod.id] = self.qos(pod)
-            qos = self._classes[pod.id]
-        else:
-            qos = self.qos(pod)
+    def _class_of(self, pod: api.PodSandbox) -> QoSClass | None:
+        """Decided (and a bad label reported) once per pod of the node model."""
+        if pod.id not in self._classes:
+            self._classes[pod.id] = self.qos(pod)
+        return self._classes[pod.id]
+
+    def _context(self, pod: api.PodSandbox, container: api.Container | None) -> Context | None:
+        qos = self._class_of(pod)
         if qos is None or qos is QoSClass.SYSTEM:
             return None
         return Context(pod, container, qos, self.rules.policy, self.caps, self.cpus)
 
-    def features(self, pod: api.PodSandbox, container: api.Container | None) -> Intent | None:
-        """The features' values for a pod description (None: not managed). Pure: no cache, no
-        overlays, no allocation (``explain`` and the model's own keys share it).
-        Raises FeatureFailed when a fail-closed feature cannot compute its values."""
-        return self._features(self._context(pod, container))
-
     def _features(self, ctx: Context | None) -> Intent | None:
+        """The features' values (None: not managed). Raises FeatureFailed when a fail-closed
+        feature cannot compute its values."""
         if ctx is None:
             return None
-        pod = ctx.pod
         out = desired_state(ctx)
         for feature, reason in out.failed:
-            self._invalid(pod, feature, reason)
+            self._invalid(ctx.pod, feature, reason)
         return out.intent
 
     def intent(self, key: str) -> Intent | None:
@@ -130,7 +122,7 @@ class DesiredState:
         if key in self._cache:
             return self._cache[key]
         r = self.model.get(key)
-        intent = self._features(self._context(r.pod, r.container, known=True)) if r is not None else Intent()
+        intent = self._features(self._context(r.pod, r.container)) if r is not None else Intent()
         decisions = self.overlays.of(key)
         base = self._baselines.get(key)
         if base and intent is not None:
@@ -269,7 +261,7 @@ class DesiredState:
         r = self.model.get(key)
         if r is None or r.container is None or not cpuset.candidate(r.pod):
             return
-        ctx = self._context(r.pod, r.container, known=True)
+        ctx = self._context(r.pod, r.container)
         if ctx is not None and self.rules.policy.features.cpuset.enable:
             try:
                 shortfall = cpuset.assign(ctx)

@@ -250,9 +250,6 @@ class Reconciler:
             self.by_dir.pop(str(d), None)
             self._remove_watch(d)
 
-    def pending(self) -> int:
-        return sum(1 for e in self.entries.values() if e.pending)
-
     def _dirs(self, group: str, checked: bool = True) -> list[str]:
         ctrls = ("cpu", "cpuset", "memory", "blkio") if self.cgroups.version == 1 else ("",)
         out = []
@@ -317,6 +314,7 @@ class Reconciler:
         applying = gen != entry.applied
         period = period_of(want)
         wrong: list[Setting] = []
+        paths: dict[tuple[str, str], str] = {}  # the files of the settings that differ
         complete = True
         for s in want:
             if only is not None and s.resource != only:
@@ -330,8 +328,8 @@ class Reconciler:
                 continue
             if ok:
                 continue
-            path = str(self.cgroups.file(entry.group, s.resource))
-            if self._refused_until(path, key, s.resource, retrying):
+            path = paths[s.key] = str(self.cgroups.file(entry.group, s.resource))
+            if self._refused_until(path, retrying):
                 complete = False
                 continue
             if not applying:
@@ -343,13 +341,15 @@ class Reconciler:
         for s, res in self.writer.apply(entry.group, wrong, key, period=period, force=True):
             if res.status == "written":
                 writes += 1
-                self.files.get(str(self.cgroups.file(entry.group, s.resource)), _NO_STATE).refused = 0
+                st = self.files.get(paths[s.key])
+                if st is not None:
+                    st.refused = 0
                 if not applying:
                     t = event_time if event_time is not None else time.perf_counter()
                     self.observer.repaired(s.resource, time.perf_counter() - t)
             elif res.status == "rejected":
                 self.observer.write_error(res.errno)
-                self._refused(str(self.cgroups.file(entry.group, s.resource)), key, s.resource, retrying)
+                self._refused(paths[s.key], key, s.resource, retrying)
                 complete = False
         if only is None and complete:
             entry.applied = gen
@@ -370,7 +370,7 @@ class Reconciler:
         if st.retry is None and self.loop is not None:
             st.retry = self.loop.call_later(st.backoff, self._retry, path, key, resource)
 
-    def _refused_until(self, path: str, key: str, resource: str, retrying: bool) -> bool:
+    def _refused_until(self, path: str, retrying: bool) -> bool:
         """Is this file waiting out a refusal? (A batch retry is not held back.)"""
         st = self.files.get(path)
         return not retrying and st is not None and st.refused > 0 and time.monotonic() < st.blocked_until
@@ -609,9 +609,6 @@ class Reconciler:
             return
         for resource in _BY_FILE.get(p.name, ()):
             self.check(key, only=resource, event_time=when)
-
-
-_NO_STATE = FileState()
 
 
 def _by_file() -> dict[str, list[str]]:
