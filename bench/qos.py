@@ -9,8 +9,8 @@ spinning two threads, the agent deciding BE's quota on kubelet's besteffort grou
   pod's cpuacct over trailing 100 ms windows) is under the limit in force. The spinner spins for
   ``--spike-seconds`` and is stopped; the next spike waits for its slot (``--interval``, 31 s)
   and for BE's limit to be given back. The slot is chosen for the embedded default: a raise
-  waits ``raiseDelay`` (2 s) and at most 2 raises land per minute, so one raise every ~31 s is
-  never held back by that rate limit;
+  after a cut waits ``raiseDelay`` (2 s) doubled for each such raise in the last minute, so with
+  one spike every ~31 s a raise waits about 4 s;
 - BE-limit writes under a stationary noisy LS load: the same spinner continued and stopped in
   random chunks (busy and idle each uniform in 100-300 ms, seeded: a 50 % duty cycle on
   average, 25-75 % chunk by chunk) for ``--noise-minutes``; changes counted by the agent
@@ -580,12 +580,12 @@ def write_section(path: Path, r: dict[str, Any], command: str, plot: Path | None
 Command: `.venv/bin/{command}` ({os.cpu_count()} CPUs, {time.strftime("%Y-%m-%d")}), on the private
 containerd 1.7.24 and this machine's cgroup v1 tree, the agent with its **embedded default policy**
 (balanced profile, syncPeriod 1 s, the 50 ms fast path, usage budget 65 %, deadband 0.2 cores,
-raiseDelay 2 s, at most 2 raises a minute): an LS pod requesting one core, a BE pod spinning two
-threads. A spike is a host `yes` kept stopped inside the LS container's cpu and cpuacct cgroups
-and continued (SIGCONT) for {sp["spin_s"]:g} s, one every {sp["interval_s"]:g} s at the earliest (so
-that two raises never fall in one minute and the 2-a-minute rate limit does not hold one back),
-and only once BE's limit has been given back (else a spike cannot show a cut; waited for up to
-45 s); BE's quota is read from
+raiseDelay 2 s, doubled for each raise after a cut in the last minute, at most 4 such a minute): an
+LS pod requesting one core, a BE pod spinning two threads. A spike is a host `yes` kept stopped
+inside the LS container's cpu and cpuacct cgroups and continued (SIGCONT) for {sp["spin_s"]:g} s,
+one every {sp["interval_s"]:g} s at the earliest (an LS load that comes back every half minute), and
+only once BE's limit has been given back (else a spike cannot show a cut; waited for up to 45 s);
+BE's quota is read from
 `kubepods/besteffort/cpu.cfs_quota_us` every ~5 ms.
 
 {table}

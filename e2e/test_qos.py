@@ -14,6 +14,7 @@ import pytest
 
 from e2e.conftest import PluginProcess
 from e2e.harness import CGROUP_FS, Containerd
+from nriplugin.kernel.probe import parse_cpulist
 
 BE = {"koordinator.sh/qosClass": "BE"}
 LS = {"koordinator.sh/qosClass": "LS"}
@@ -74,3 +75,40 @@ def test_be_yields_to_ls_and_gets_the_idle_cpu_back(
     until(lambda: quota_cores(be_parent) >= 0.6, 15, "BE did not get the idle CPU back")
     assert usage(be_acct, 2.0) >= 0.6
     assert plugin.metric_sum("nriplugin_qos_cpu_suppress_total") >= 3  # limited, cut, given back
+
+
+def cpu_count(group: Path) -> int:
+    return len(parse_cpulist((group / "cpuset.cpus").read_text()))
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) != 2, reason="the figures are for a 2-CPU node")
+def test_the_cpuset_policy_squeezes_be_onto_one_cpu(
+    runtime: Containerd, plugin_factory: Callable[..., PluginProcess], tmp_path: Path
+) -> None:
+    """``cpuSuppress.policy: cpuset`` on the real tree: BE's container keeps both CPUs while LS
+    is idle, is moved onto one when LS spins a core (its usage follows), and gets both back."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("qosManager:\n  cpuSuppress:\n    policy: cpuset\n")
+    plugin = plugin_factory(runtime, "--policy", str(policy))
+    ls = runtime.run_pod("web", "Burstable", LS)
+    ls_c = runtime.create_container(ls, "main", cpu_shares=2)  # no request: the usage budget decides
+    be = runtime.run_pod("batch", "BestEffort", BE)
+    be_c = runtime.create_container(be, "main", cpu_shares=2, command=SPIN_TWO)
+    be_cpuset = runtime.container_cgroup(be, be_c, "cpuset")
+    be_acct = runtime.container_cgroup(be, be_c, "cpuacct")
+    be_parent = CGROUP_FS / "cpu" / runtime.cgroup_root / "kubepods" / "besteffort"
+    until(lambda: plugin.metric_sum("nriplugin_qos_cpu_suppress_total") >= 1, 10, "the manager never decided")
+    until(lambda: cpu_count(be_cpuset) == 2, 10, "BE not on both CPUs")  # 2 x 65 % = 1.3 cores
+    assert quota_cores(be_parent) == float("inf")  # no quota under the cpuset policy
+    spinner = subprocess.Popen(["yes"], stdout=subprocess.DEVNULL)
+    try:
+        for ctrl in ("cpu", "cpuacct"):
+            (runtime.container_cgroup(ls, ls_c, ctrl) / "cgroup.procs").write_text(str(spinner.pid))
+        took = until(lambda: cpu_count(be_cpuset) == 1, 1.0, "BE not moved onto one CPU within a second")
+        print(f"BE on one CPU {took * 1000:.0f} ms after the LS spike")
+        assert usage(be_acct, 2.0) <= 1.05
+    finally:
+        spinner.kill()
+        spinner.wait()
+    until(lambda: cpu_count(be_cpuset) == 2, 15, "BE did not get both CPUs back")
+    assert usage(be_acct, 2.0) >= 1.2

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from .features import Context, FeatureFailed, Intent, InvalidInput, Setting, cpuset, desired_state
 from .features.base import requested
 from .features.cpuset import CPUAllocator
-from .kernel.probe import Capabilities
+from .kernel.probe import Capabilities, format_cpulist
 from .model import POD_PREFIX, NodeModel
 from .nri import api_pb2 as api
 from .overlays import Overlays
@@ -63,6 +63,10 @@ class DesiredState:
         # child's quota above its parent's, so a limit on a QoS-level group (BE's) is also a
         # ceiling for every pod and container of the class, new ones at birth included.
         self._caps: dict[QoSClass, tuple[float, str, str]] = {}
+        # Class-wide cpuset limits (the cpuset suppression policy): the class's containers run on
+        # ``ncpus`` CPUs of the share pool (None: the whole pool again, kept so that a lifted
+        # limit is written back), owner and reason.
+        self._cpusets: dict[QoSClass, tuple[int | None, str, str]] = {}
         self._logged: set[tuple[str, str]] = set()
         self._classes: dict[str, QoSClass | None] = {}  # pod id -> its class (None: bad label)
         self.rejected_labels = 0
@@ -140,10 +144,13 @@ class DesiredState:
                 for resource, value in d.values:
                     intent.files[(resource, "")] = Setting(resource, value, d.reason, owner=d.owner)
             cap_burst(intent.files)
-        qos = self.qos_of(key) if self._caps and r is not None else None
+        qos = self.qos_of(key) if (self._caps or self._cpusets) and r is not None else None
         cap = self._caps.get(qos) if qos is not None else None
         if cap is not None and intent is not None:
             intent = self._ceiling(intent, *cap)
+        limit = self._cpusets.get(qos) if qos is not None else None
+        if limit is not None and intent is not None and r is not None and r.container is not None:
+            intent = self._cpuset_limit(key, intent, *limit)
         self._cache[key] = intent
         return intent
 
@@ -161,6 +168,14 @@ class DesiredState:
         why = f"{q.why}; at most {cores:.2f} cores while {reason}"
         intent.files[("cpu.cfs_quota_us", "")] = Setting("cpu.cfs_quota_us", ceiling, why, owner=owner)
         cap_burst(intent.files)
+        return intent
+
+    def _cpuset_limit(self, key: str, intent: Intent, ncpus: int | None, owner: str, reason: str) -> Intent:
+        if key in self.cpus.exclusive or not self.caps.files.get("cpuset.cpus", False):
+            return intent
+        cpus = self.cpus.share_pool() if ncpus is None else self.cpus.shared_subset(ncpus)
+        intent = intent.copy()
+        intent.files[("cpuset.cpus", "")] = Setting("cpuset.cpus", format_cpulist(cpus), reason, owner=owner)
         return intent
 
     def settings(self, key: str) -> tuple[Generation, list[Setting]]:
@@ -230,6 +245,15 @@ class DesiredState:
             return
         self._caps[qos] = (cores, owner, reason)
         self.invalidate([k for k in self.model if self.qos_of(k) is qos])
+
+    def set_cpuset_limit(self, qos: QoSClass, ncpus: int | None, owner: str, reason: str) -> None:
+        """Every container of ``qos`` on ``ncpus`` CPUs of the share pool (None: all of it).
+        Containers only: on cgroup v1 a parent's cpuset cannot shrink below its children's, and
+        the containers' own sets already confine every task; their parents keep theirs."""
+        if self._cpusets.get(qos) == (ncpus, owner, reason):
+            return
+        self._cpusets[qos] = (ncpus, owner, reason)
+        self.invalidate([k for k, _ in self.model.containers() if self.qos_of(k) is qos])
 
     def withdraw_ceiling(self, qos: QoSClass) -> None:
         if self._caps.pop(qos, None) is not None:

@@ -78,6 +78,9 @@ class NodeModel:
     def __init__(self) -> None:
         self._records: dict[str, Record] = {}
         self._listeners: list[Listener] = []
+        # Moves on every change listeners are told of: readers that derive something from the
+        # whole model (the BE groups, per-container facts) recompute only when it moved.
+        self.revision = 0
 
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -228,5 +231,6 @@ class NodeModel:
         del self._records[key]
 
     def _tell(self, event: str, key: str, *args: object) -> None:
+        self.revision += 1
         for listener in self._listeners:
             getattr(listener, event)(key, *args)

@@ -162,3 +162,21 @@ def test_a_container_that_cannot_be_pinned_shares_never_overlaps(tmp_path: Path)
     lc.linux.resources.cpu.quota.value = 100000
     out = p.create_container(late, lc)
     assert isinstance(out, tuple) and len(parse_cpulist(out[0].linux.resources.cpu.cpus)) == 1
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 8), st.integers(0, 2))
+def test_be_squeezed_by_cpuset_gets_whole_cores_of_the_share_pool(
+    tmp_path_factory: pytest.TempPathFactory, n: int, lsr: int
+) -> None:
+    """cpuset suppression: whole cores (siblings together), never an exclusive CPU, at least
+    one core, and a larger count gives a superset (a changing limit moves few CPUs)."""
+    a = CPUAllocator(topo(tmp_path_factory.mktemp("sys"), 4, 2, 1))
+    for i in range(lsr):
+        a.allocate(f"lsr{i}", 2)
+    got = a.shared_subset(n)
+    pool = a.share_pool()
+    assert got <= pool and got
+    assert all(set(a.topo.siblings[c]) <= got for c in got)  # no core half BE's
+    assert len(got) >= min(n, len(pool))
+    assert a.shared_subset(n + 1) >= got

@@ -4,6 +4,7 @@ not pressure files."""
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import pytest
@@ -44,3 +45,35 @@ def test_files_that_are_not_pressure_files(tmp_path: Path) -> None:
     regular.write_text("")
     trig, why = open_trigger(str(regular))
     assert trig is None and "cannot be polled" in why
+
+
+def test_a_watch_wakes_on_pollpri_and_follows_its_paths(tmp_path: Path) -> None:
+    """One epoll for many triggers: an fd signalling POLLPRI (a socket's urgent byte stands in
+    for an armed trigger, which this kernel refuses) wakes the loop; paths that leave the set
+    are closed; files that are not pressure files are refused once and remembered."""
+    import socket
+
+    from nriplugin.qos.psi_trigger import PressureWatch
+
+    plain = tmp_path / "cpu.pressure"  # a regular file, as on a temp tree: not pollable
+    plain.write_text("some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+
+    async def main() -> None:
+        watch = PressureWatch()
+        woke = asyncio.Event()
+        watch.start(asyncio.get_running_loop(), woke.set)
+        a, b = socket.socketpair()
+        try:
+            assert watch.watch("ls-pod", os.dup(a.fileno())) == ""
+            watch.follow({"ls-pod", str(plain)})
+            assert str(plain) in watch.refused and "ls-pod" in watch.fds
+            b.send(b"!", socket.MSG_OOB)
+            await asyncio.wait_for(woke.wait(), 2.0)
+            watch.follow(set())  # the LS pod left
+            assert not watch.fds and not watch.refused
+        finally:
+            watch.close()
+            a.close()
+            b.close()
+
+    asyncio.run(main())

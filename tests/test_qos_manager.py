@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nriplugin.kernel.cgroup import Cgroups
+from nriplugin.kernel.probe import Capabilities, Topology
 from nriplugin.node import Node
 from nriplugin.policy.cache import RuleCache
 from nriplugin.policy.model import Policy
@@ -16,7 +17,7 @@ from nriplugin.qos.collect import ContainerUsage
 from nriplugin.qos.manager import BURST, SUPPRESS, QoSManager, be_groups
 from nriplugin.qos.sample import ClassUsage, FastSample, NodeSample
 from nriplugin.reconciler import Reconciler
-from tests.kernel_tree import v1_tree
+from tests.kernel_tree import v1_tree, v2_tree
 from tests.runtime_peer import make_container, make_pod
 from tests.test_features import caps
 
@@ -29,6 +30,7 @@ class Script:
 
     t: float = 0.0
     ls: float = 0.0
+    ls_request: float = 1.0
     be: float = 2.0
     be_seconds: float = 0.0
     rounds: int = 0
@@ -50,7 +52,7 @@ class Script:
             mem_total=8 << 30,
             mem_available=6 << 30,
             by_class={
-                "LS": ClassUsage(containers=1, cpu_cores=self.ls, cpu_request_cores=1.0),
+                "LS": ClassUsage(containers=1, cpu_cores=self.ls, cpu_request_cores=self.ls_request),
                 "BE": ClassUsage(containers=1, cpu_cores=self.be),
             },
         )
@@ -62,8 +64,13 @@ class Script:
         self.fast_reads.append(self.t)
         return self.be_seconds
 
+    def pressure_path(self, group: str) -> str | None:
+        return None  # cgroup v1
 
-def node_with_pods(tmp_path: Path, policy: Policy | None = None) -> tuple[Node, Reconciler, QoSManager, Script, Path]:
+
+def node_with_pods(
+    tmp_path: Path, policy: Policy | None = None, capabilities: Capabilities | None = None
+) -> tuple[Node, Reconciler, QoSManager, Script, Path]:
     be = make_pod(1, "BE", parent=f"/{BE_GROUP}/pod1")
     ls = make_pod(2, "LS", parent="/kubepods/burstable/pod2")
     ctrs = [make_container(1, be), make_container(2, ls)]
@@ -72,7 +79,7 @@ def node_with_pods(tmp_path: Path, policy: Policy | None = None) -> tuple[Node, 
     root = v1_tree(tmp_path, [BE_GROUP, "kubepods/burstable"] + [c.linux.cgroups_path.lstrip("/") for c in ctrs])
     (root / "cpu" / BE_GROUP / "cpu.cfs_quota_us").write_text("-1")
     rules = RuleCache(policy or Policy())
-    node = Node.create(rules, caps=caps(), cgroups=Cgroups(root))
+    node = Node.create(rules, caps=capabilities or caps(), cgroups=Cgroups(root))
     rec = Reconciler(node.desired, node.writer, node.model, watch=False, resync_period=3600)
     for pod, c in ((be, ctrs[0]), (ls, ctrs[1])):
         node.model.container_started(pod, c)
@@ -171,3 +178,75 @@ def test_a_removed_pod_takes_its_containers_out_of_the_model(tmp_path: Path) -> 
     ls = make_pod(2, "LS", parent="/kubepods/burstable/pod2")
     node.model.pod_removed(ls.id)
     assert make_container(2, ls).id not in node.model and f"pod:{ls.id}" not in node.model
+
+
+def test_the_cpuset_policy_moves_be_between_whole_cpus_and_lifts_cleanly(tmp_path: Path) -> None:
+    """cpuset: BE's containers on as many CPUs of the share pool as the limit rounded up;
+    switching to cfsQuota puts the whole pool back and limits the group's quota instead."""
+    four = caps(**{"cpuset.cpus": True})
+    four.topology = Topology(online=[0, 1, 2, 3], siblings={c: [c] for c in range(4)})
+    policy = Policy.model_validate({"qosManager": {"cpuSuppress": {"policy": "cpuset"}}})
+    node, _, mgr, s, quota = node_with_pods(tmp_path, policy, four)
+    be_key = make_container(1, make_pod(1, "BE", parent=f"/{BE_GROUP}/pod1")).id
+    cpus = tmp_path / "cpuset" / BE_GROUP / "pod1" / be_key / "cpuset.cpus"
+    s.ls_request = 0.0  # the seed's bound is the whole node: the usage budget decides
+    mgr.round()  # 2 x 65 % - 0 = 1.3 cores -> 2 CPUs, the highest first
+    assert cpus.read_text() == "2-3"
+    assert quota.read_text().strip() == "-1"  # no quota under the cpuset policy
+    s.advance(0.1)
+    mgr.fast_round()
+    s.ls, s.be = 1.0, 1.0
+    s.advance(0.1)
+    mgr.fast_round()  # LS spins a core: 0.3 core -> one CPU, at once
+    assert cpus.read_text() == "3"
+    writes = mgr.limiter.writes
+    for i in range(100):  # LS wobbling around its core: same count, nothing written
+        s.ls = 1.0 + (0.05 if i % 2 else -0.05)
+        s.advance(0.1)
+        mgr.round() if i % 10 == 0 else mgr.fast_round()
+    assert cpus.read_text() == "3" and mgr.limiter.writes == writes
+    node.rules.set(Policy(), "test")  # back to the default policy, cfsQuota
+    mgr.round()
+    assert cpus.read_text() == "0-3"  # the whole share pool again
+    assert quota.read_text() != "-1"
+    node.rules.set(Policy.model_validate({"qosManager": {"enable": False}}), "test")
+    mgr.round()
+    assert cpus.read_text() == "0-3" and quota.read_text() == "-1"
+
+
+def test_on_cgroup_v2_the_ls_pods_pressure_is_watched(tmp_path: Path) -> None:
+    """cgroup v2: the manager arms a trigger on each LS pod's ``cpu.pressure`` (not BE's), and
+    follows the pods; a temp tree's regular files are refused, once, and the reason kept."""
+    import asyncio
+
+    from nriplugin.qos.collect import Collector
+
+    be = make_pod(1, "BE", parent=f"/{BE_GROUP}/pod1")
+    ls = make_pod(2, "LS", parent="/kubepods/burstable/pod2")
+    ctrs = [make_container(1, be), make_container(2, ls)]
+    groups = [BE_GROUP, "kubepods/burstable", "kubepods/besteffort/pod1", "kubepods/burstable/pod2"]
+    root = v2_tree(tmp_path, groups + [c.linux.cgroups_path.lstrip("/") for c in ctrs])
+    for g in groups:
+        (root / g / "cpu.pressure").write_text("some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    rules = RuleCache(Policy())
+    node = Node.create(rules, caps=caps(), cgroups=Cgroups(root))
+    rec = Reconciler(node.desired, node.writer, node.model, watch=False, resync_period=3600)
+    for pod, c in ((be, ctrs[0]), (ls, ctrs[1])):
+        node.model.container_started(pod, c)
+    col = Collector(node.model, node.desired, Cgroups(root))
+    mgr = QoSManager(node.model, node.desired, rec, col, rules, psi_path=None)
+
+    async def main() -> None:
+        mgr.start(asyncio.get_running_loop())
+        try:
+            mgr.round()
+            assert mgr.ls_pressure is not None
+            assert set(mgr.ls_pressure.refused) == {str(root / "kubepods/burstable/pod2/cpu.pressure")}
+            node.model.pod_removed(ls.id)
+            mgr.round()
+            assert not mgr.ls_pressure.refused
+        finally:
+            mgr.stop()
+            col.close()
+
+    asyncio.run(main())

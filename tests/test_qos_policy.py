@@ -30,7 +30,7 @@ def test_defaults_are_on_and_balanced() -> None:
     s = m.cpuSuppress
     r = s.suppressRatio
     assert s.enabled and (r.low, r.medium, r.high, r.critical, r.emergency) == (1.0, 0.8, 0.5, 0.3, 0.1)
-    assert (s.minCores, s.deadbandCores, s.raiseDelay, s.maxWritesPerMinute) == (0.1, 0.2, 2.0, 2)
+    assert (s.minCores, s.deadbandCores, s.raiseDelay, s.maxWritesPerMinute) == (0.1, 0.2, 2.0, 4)
     b = m.cpuBurst
     assert (b.enabled, b.burstRatio, b.partialBurstRatio, b.burstDuration, b.burstCooldown) == (True, 1.5, 1.3, 10, 30)
     assert (b.minNodeCPUIdle, b.fullBurstNodeCPUIdle) == (0.2, 0.3)

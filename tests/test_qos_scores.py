@@ -18,11 +18,10 @@ from nriplugin.qos.scores import (
     MemoryInputs,
     cpu_inputs,
     cpu_pressure,
-    ewma,
     memory_inputs,
     memory_pressure,
-    slope_per_min,
 )
+from nriplugin.qos.trends import Trends, WindowSlope, ewma, slope_per_min
 
 GiB = 1 << 30
 
@@ -81,13 +80,13 @@ def test_be_soaking_up_idle_cpu_does_not_suppress_itself() -> None:
                 by_class={"LS": ClassUsage(1, 0.02, 1.0), "BE": ClassUsage(2, be, 0.0)},
             )
         )
-    i = cpu_inputs(samples[-1], samples[:-1])
+    i = cpu_inputs(samples[-1], Trends.of(samples))
     assert i.trend_pct_per_min > 5 and i.be_trend_pct_per_min == pytest.approx(i.trend_pct_per_min)
     seed, ours = cpu_pressure(i, seed=True), cpu_pressure(i)
     assert CPU_THRESHOLDS.level(seed.total) >= Level.HIGH and seed.total > 60
     assert seed.node == 40 and seed.trend == 20 and seed.load > 6
     assert ours.total < 5 and CPU_THRESHOLDS.level(ours.total) == Level.LOW
-    assert ours.node == pytest.approx(0.4) and ours.trend == 0 and ours.load < 1
+    assert ours.node == pytest.approx(0.4) and ours.trend == pytest.approx(0, abs=1e-9) and ours.load < 1
 
 
 def test_ls_using_its_request_still_raises_the_score_next_to_be() -> None:
@@ -135,7 +134,7 @@ def test_memory_inputs_growth_is_in_percent_of_memtotal() -> None:
         return NodeSample(t, 1.0, 4, 0.0, 0.0, mem_total=100 * GiB, by_class={"LS": ClassUsage(rss_bytes=rss)})
 
     hist = [at(float(t), t * GiB // 60) for t in range(0, 120, 10)]  # 1 GiB per minute
-    i = memory_inputs(at(120.0, 2 * GiB), hist)
+    i = memory_inputs(at(120.0, 2 * GiB), Trends.of([*hist, at(120.0, 2 * GiB)]))
     assert i.ls_rss_growth_pct_per_min == pytest.approx(1.0)
 
 
@@ -145,6 +144,33 @@ def test_slope() -> None:
     assert slope_per_min([(0.0, 0.0), (30.0, 1.0), (60.0, 2.0)]) == pytest.approx(2.0)
     old_then_flat = [(0.0, 100.0)] + [(float(t), 10.0) for t in range(301, 600, 10)]
     assert slope_per_min(old_then_flat) == 0  # the point older than 5 minutes is left out
+
+
+def _batch_slope(points: list[tuple[float, float]], window: float) -> float:
+    """The textbook least squares over the window, recomputed from scratch."""
+    t_end = points[-1][0]
+    pts = [(t, v) for t, v in points if t >= t_end - window]
+    n = len(pts)
+    mt = sum(t for t, _ in pts) / n
+    mv = sum(v for _, v in pts) / n
+    sxx = sum((t - mt) ** 2 for t, _ in pts)
+    return 60.0 * sum((t - mt) * (v - mv) for t, v in pts) / sxx if n > 1 and sxx > 0 else 0.0
+
+
+@given(
+    steps=st.lists(st.tuples(st.floats(0.2, 30.0), st.floats(0.0, 64.0)), min_size=1, max_size=400),
+    start=st.floats(0.0, 1e7),
+)
+def test_the_running_slope_equals_a_recomputation(steps: list[tuple[float, float]], start: float) -> None:
+    """Kept incrementally over hours (re-based as it goes), the slope is the one a full
+    recomputation over the window gives, at every step."""
+    w = WindowSlope(60.0)
+    t, pts = start, []
+    for dt, v in steps:
+        t += dt
+        pts.append((t, v))
+        w.add(t, v)
+        assert w.per_minute() == pytest.approx(_batch_slope(pts, 60.0), rel=1e-6, abs=1e-6)
 
 
 def test_hysteresis_holds_a_level_around_a_boundary() -> None:

@@ -133,3 +133,34 @@ def test_a_noisy_load_seen_by_the_fast_path_holds_be_where_its_peaks_put_it() ->
         if abs(t - round(t)) < 1e-6 and (w := lim.step(t, 0.8)) is not None:  # a round: LS at half a core
             writes.append(w)
     assert writes == [0.3]
+
+
+def test_a_raise_after_a_cut_waits_longer_the_more_the_load_flaps() -> None:
+    """LS load every half minute: BE back after 2 s, then 4 s (one reversal in the last
+    minute); a load flapping every 5 s waits 2, 4, 8, 16 s... and writes ever less."""
+    lim = Limiter(deadband=0.1, relax_hold=2.0, max_relax_per_minute=4)
+
+    def give_back(start: float) -> float:
+        t = start
+        while lim.step(t, 1.0) is None:
+            t += 0.5
+        return t - start
+
+    lim.step(0.0, 1.0)
+    lim.step(1.0, 0.3)
+    assert give_back(2.0) == 2.0
+    lim.step(31.0, 0.3)
+    assert give_back(32.0) == 4.0
+    lim.step(70.0, 0.3)  # the first reversal is over a minute old by the end of this hold
+    assert give_back(71.0) == 4.0
+    flappy = Limiter(deadband=0.1, relax_hold=2.0, max_relax_per_minute=4)
+    flappy.step(0.0, 1.0)
+    t, holds = 0.0, []
+    for _ in range(4):
+        t += 1.0
+        flappy.step(t, 0.3)
+        start = t
+        while flappy.step(t, 1.0) is None:
+            t += 0.5
+        holds.append(t - start)
+    assert holds == [2.0, 4.0, 8.0, 16.0]

@@ -92,6 +92,20 @@ class CPUAllocator:
         self.generation += 1
         return self.exclusive[owner]
 
+    def shared_subset(self, ncpus: int) -> frozenset[int]:
+        """``ncpus`` CPUs of the share pool for best-effort work squeezed by the cpuset policy:
+        whole cores (SMT siblings together, so BE never shares a core with LS on the other
+        thread), from the highest-numbered core down. The same count always gives the same
+        CPUs, and a larger count a superset, so a changing limit moves as few CPUs as it can."""
+        pool = self.share_pool()
+        out: set[int] = set()
+        for core in reversed(self.cores):
+            if len(out) >= ncpus:
+                break
+            mine = set(core) & pool
+            out |= mine
+        return frozenset(out) if out else pool
+
     def release(self, owner: str) -> bool:
         self.notes.pop(owner, None)
         if self.exclusive.pop(owner, None) is None:

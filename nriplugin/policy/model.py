@@ -231,8 +231,10 @@ class CPUSuppress(_M):
     cpuset policy the floor is one whole CPU (two SMT siblings where they are paired).
     Against flapping and write storms: a new limit within ``deadbandCores`` of the current one is
     not written; a cut is written at once (LS first), a raise only once the higher target has held
-    for ``raiseDelay`` (then to the lowest target seen over that time) and while the last minute
-    holds fewer than ``maxWritesPerMinute`` writes."""
+    for ``raiseDelay`` (then to the lowest target seen over that time). A raise that reverses a
+    cut waits ``raiseDelay`` doubled for each such reversal in the last minute, and at most
+    ``maxWritesPerMinute`` of them land in a minute: LS load that comes back every half minute
+    gives BE its CPU back within seconds each time, a flapping one ever more slowly."""
 
     enabled: bool = True
     policy: Literal["cfsQuota", "cpuset"] | None = None
@@ -240,7 +242,7 @@ class CPUSuppress(_M):
     minCores: Annotated[Cores, Field(gt=0, le=1024)] = 0.1
     deadbandCores: Annotated[Cores, Field(ge=0, le=1024)] = 0.2
     raiseDelay: Annotated[Seconds, Field(ge=0, le=600)] = 2.0
-    maxWritesPerMinute: Annotated[int, Field(ge=1, le=600)] = 2
+    maxWritesPerMinute: Annotated[int, Field(ge=1, le=600)] = 4
 
 
 class CPUEvict(_M):

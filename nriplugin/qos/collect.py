@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from ..features.base import requested
 from ..kernel.cgroup import Cgroups
@@ -43,6 +43,8 @@ HISTORY = ("cpu_busy", "cpu_non_be", "ls_rss", "ls_rss_held")
 class Containers(Protocol):
     """What collection needs of the node model."""
 
+    revision: int
+
     def containers(self) -> Iterator[tuple[str, Record]]: ...
 
 
@@ -63,6 +65,25 @@ class ContainerUsage:
     rss_bytes: int
     limit_cores: float | None = None  # requested quota / period; None: unlimited
     throttled_ratio: float = 0.0  # throttled periods / periods over the last interval
+
+
+class _Facts(NamedTuple):
+    """What a round needs of a container that only changes with the node model."""
+
+    qos: QoSClass
+    group: str | None
+    throttling: bool  # LS with a quota: the only ones whose throttling matters (bursts)
+    limit: float | None  # cores; None: unlimited
+    request: float  # cores
+
+
+def _facts(qos: QoSClass, r: Record) -> _Facts:
+    c = r.container
+    quota = requested(c, "cpu.cfs_quota_us")
+    limited = bool(quota and quota > 0)
+    limit = quota / (requested(c, "cpu.cfs_period_us") or DEFAULT_PERIOD_US) if quota and limited else None
+    request = (requested(c, "cpu.shares") or 0) / 1024
+    return _Facts(qos, r.group, qos in LS_CLASSES and limited, limit, request)
 
 
 class _Acc:
@@ -157,6 +178,8 @@ class Collector:
         self._fast_t: float | None = None
         self._fast_cpu: ProcCpu | None = None
         self._fast_stall: int | None = None
+        self._facts: dict[str, _Facts | None] = {}  # None: not collected (SYSTEM, unknown class)
+        self._facts_rev = -1
 
     # the full round -----------------------------------------------------------------------------
 
@@ -226,20 +249,25 @@ class Collector:
         ls_growth = 0
         by_container: dict[str, ContainerUsage] = {}
         s = self.stats
+        if self.model.revision != self._facts_rev:  # a container came, went or changed
+            self._facts.clear()
+            self._facts_rev = self.model.revision
+        facts = self._facts
         for key, r in self.model.containers():
-            if r.state is not State.RUNNING or r.container is None:
+            if r.state is not State.RUNNING:
                 continue  # CREATED: runc may still be building its cgroup
-            qos = self.desired.qos_of(key)
-            if qos is None or qos is QoSClass.SYSTEM:
+            if key in facts:
+                f = facts[key]
+            else:
+                qos = self.desired.qos_of(key)
+                f = facts[key] = None if qos is None or qos is QoSClass.SYSTEM else _facts(qos, r)
+            if f is None:
                 continue
+            qos, group = f.qos, f.group
             seen.add(key)  # its counters stay even if this round's read fails
-            group = r.group
             if group is not None:
                 groups.add(group)
-            c = r.container
-            quota = requested(c, "cpu.cfs_quota_us")
-            # throttling matters only where a limit can be burst past: LS with a quota
-            cpu = None if group is None else s.cpu(group, throttling=qos in LS_CLASSES and bool(quota and quota > 0))
+            cpu = None if group is None else s.cpu(group, throttling=f.throttling)
             if group is None or cpu is None:
                 continue  # no usable path, or the cgroup is gone (a removal on its way)
             a = acc.get(qos)
@@ -255,12 +283,11 @@ class Collector:
                 a.cpu += cores
                 a.periods += periods
                 a.throttled += throttled
-            a.request += (requested(c, "cpu.shares") or 0) / 1024
-            limit = None
-            if quota is None or quota <= 0:
+            a.request += f.request
+            limit = f.limit
+            if limit is None:
                 a.unlimited = True
             else:
-                limit = quota / (requested(c, "cpu.cfs_period_us") or DEFAULT_PERIOD_US)
                 a.limit += limit
             before = self.by_container.get(key)
             # memory moves on a scale of minutes (its trends are per minute): read every
@@ -300,6 +327,15 @@ class Collector:
         """CPU used so far by a QoS-level group (e.g. BE's): one counter read, for the fast path."""
         cpu = self.stats.cpu(group)
         return None if cpu is None else cpu.usage_ns / 1e9
+
+    def pressure_path(self, group: str) -> str | None:
+        """A group's ``cpu.pressure`` (cgroup v2; None on v1, which has no per-group PSI)."""
+        if not self.stats.v2:
+            return None
+        try:
+            return f"{self.stats.cgroups.group_path(group, 'cpu')}/cpu.pressure"
+        except OSError:
+            return None
 
     def close(self) -> None:
         """Close the counter files kept open between rounds."""

@@ -11,10 +11,11 @@ Two bounds, the tighter wins:
 A floor keeps BE from being starved to zero.
 
 When to write (:class:`Limiter`): a tighter limit is applied at once when it is more than the
-deadband below the current one (LS needs it now); a looser one only after it has stayed more
-than the deadband above for ``relax_hold`` seconds, and at most ``max_relax_per_minute`` times a
-minute. A stationary LS load, noisy or not, therefore leaves the limit alone — unlike koordlet's
-cpuset path, which can rewrite BE's cpuset every second (koordinator#1103).
+deadband below the current one (LS needs it now); a looser one only after it has stayed more than
+the deadband above for ``relax_hold`` seconds — doubled for each raise that followed a cut in the
+last minute — and at most ``max_relax_per_minute`` such raises a minute. A stationary LS load, noisy
+or not, therefore leaves the limit alone — unlike koordlet's cpuset path, which can rewrite BE's
+cpuset every second (koordinator#1103).
 """
 
 from __future__ import annotations
@@ -106,7 +107,10 @@ class Limiter:
             return None
         if self._above_since is None:
             self._above_since, self._lowest = now, target
-        if now - self._above_since < self.relax_hold:
+        while self._relaxed and now - self._relaxed[0] >= 60.0:
+            self._relaxed.popleft()
+        reversal = self._last_was_cut
+        if now - self._above_since < self.hold(reversal):
             return None
         # Up to the lowest target seen while held: a load that keeps coming back (noisy LS)
         # holds BE where its peaks put it instead of raising it between them.
@@ -114,9 +118,6 @@ class Limiter:
         if up <= cur + self.deadband:
             self._above_since, self._lowest = now, target
             return None
-        while self._relaxed and now - self._relaxed[0] >= 60.0:
-            self._relaxed.popleft()
-        reversal = self._last_was_cut
         if reversal and len(self._relaxed) >= self.max_relax_per_minute:
             return None
         if reversal:
@@ -124,6 +125,15 @@ class Limiter:
         self._above_since = None
         self._last_was_cut = False
         return self._write(up)
+
+    def hold(self, reversal: bool) -> float:
+        """How long a higher target must last: ``relax_hold``, doubled for each reversal in the
+        last minute when this raise would be one more (at most a minute). An LS load that
+        comes and goes every half minute gets BE's CPU back within seconds each time; one that
+        flaps every few seconds waits longer and longer."""
+        if not reversal:
+            return self.relax_hold
+        return min(60.0, self.relax_hold * float(2 ** len(self._relaxed)))
 
     def _write(self, target: float) -> float:
         self.current = target

@@ -31,11 +31,12 @@ from ..policy.qos import QoSClass
 from . import scores
 from .collect import ContainerUsage
 from .cpu_burst import Burster, Change, burst_ratio, wants_burst
-from .cpu_suppress import PERIOD_US, Limiter, Target, be_target, quota_us
+from .cpu_suppress import PERIOD_US, Limiter, Target, be_target, cpuset_size, quota_us
 from .levels import Assessor, Level, thresholds_of
 from .node_resource import LS_CLASSES, Capacity, capacity
-from .psi_trigger import Trigger, open_trigger
+from .psi_trigger import PressureWatch, Trigger, open_trigger
 from .sample import FastSample, NodeSample
+from .trends import Trends
 
 HISTORY = 300.0  # seconds of samples kept for the trends (the seed's 5 minutes)
 
@@ -53,6 +54,7 @@ class Collector(Protocol):
     def sample(self) -> NodeSample: ...
     def fast(self) -> FastSample: ...
     def group_cpu_seconds(self, group: str) -> float | None: ...
+    def pressure_path(self, group: str) -> str | None: ...
 
 
 class Owner(Protocol):
@@ -152,21 +154,26 @@ class QoSManager:
         self.burster = Burster()
         self.decisions: deque[Decision] = deque(maxlen=50)
         self.last: NodeSample | None = None
-        self.history: deque[NodeSample] = deque()  # the last HISTORY seconds, oldest first
+        self.trends = Trends(HISTORY)  # the scores' 5-minute trends, kept incrementally
         cfg = rules.policy.qosManager
         self.cpu = Assessor.from_config(cfg.cpuPressure)
         self.memory = Assessor.from_config(cfg.memoryPressure)
         self.level = Level.LOW
         self.ratio = 1.0
         self._groups: list[str] = []
+        self._groups_rev = -1  # the model's revision _groups were worked out at
         self._be_round, self._be_fast = _Rate(), _Rate()  # BE's usage over each path's own window
         self._non_be = 0.0  # non-BE usage at the last decision
         self._task: asyncio.Task[None] | None = None
         self.psi_path = psi_path
         self._trigger: Trigger | None = None
+        self.ls_pressure: PressureWatch | None = None  # the LS pods' cpu.pressure (cgroup v2)
+        self._ls_refused_said = False
         self._wake = asyncio.Event()
         self._applied: set[str] = set()  # QoS-level groups with our suppression overlay
         self._burst_extra = 0.0  # cores granted to LS bursts (BE's share is cut by as much)
+        self._mode: str | None = None  # the suppression policy in force (cfsQuota, cpuset)
+        self._cpuset_n: int | None = None  # CPUs BE's containers are on (cpuset policy)
 
     # the loop ---------------------------------------------------------------------------------
 
@@ -178,6 +185,8 @@ class QoSManager:
                 log.info("PSI trigger armed on %s: a CPU stall wakes a round at once", self.psi_path)
             else:
                 log.info("no PSI trigger (%s); the %.0f ms fast path carries the reaction", why, FAST_PERIOD * 1e3)
+        self.ls_pressure = PressureWatch()
+        self.ls_pressure.start(loop, self._wake.set)
         self._task = loop.create_task(self.run())
 
     def stop(self) -> None:
@@ -187,6 +196,9 @@ class QoSManager:
         if self._trigger is not None:
             self._trigger.close()
             self._trigger = None
+        if self.ls_pressure is not None:
+            self.ls_pressure.close()
+            self.ls_pressure = None
 
     async def run(self) -> None:
         next_round = 0.0
@@ -203,7 +215,7 @@ class QoSManager:
                 raise
             except Exception:  # a round must never end the loop
                 log.exception("QoS round failed; trying again next round")
-            if self._trigger is None:
+            if self._trigger is None and not (self.ls_pressure and self.ls_pressure.fds):
                 await asyncio.sleep(FAST_PERIOD)  # nothing else can wake us: the cheap wait
             else:
                 with contextlib.suppress(TimeoutError):
@@ -222,7 +234,9 @@ class QoSManager:
             return
         sample = self.collector.sample()
         self.assess(sample)
-        self._groups = be_groups(self.model, self.desired)
+        if self.model.revision != self._groups_rev:  # pods came or went
+            self._groups, self._groups_rev = be_groups(self.model, self.desired), self.model.revision
+            self.watch_ls_pressure()
         cap = capacity(sample, cfg.systemReserved.cpu)
         be = self._be_round.update(sample.t, self._be_seconds())
         if be is not None:  # the BE group's own counter: pods that just started count too
@@ -236,7 +250,7 @@ class QoSManager:
             # Until BE's group has been read twice, what is not BE is not known: the usage
             # budget waits for it rather than taking BE's own CPU for LS's.
             self.apply_be(sample.t, self.be_target(cap, usage_known=be is not None))
-        elif self._applied:
+        elif self._applied or self._cpuset_n is not None:
             self.withdraw_all("CPUSuppress is off")
         self._non_be = cap.non_be_usage
         self.observer.round_done(time.perf_counter() - t0, sample.collect_seconds)
@@ -259,6 +273,28 @@ class QoSManager:
             self.apply_be(fast.t, self.be_target(cap), tighten_only=True)
         self._non_be = non_be
 
+    def watch_ls_pressure(self) -> None:
+        """On cgroup v2, a CPU stall of an LS pod (its ``cpu.pressure`` trigger) wakes a round
+        at once: the kernel tells us LS is waiting before usage shows it."""
+        watch = self.ls_pressure
+        if watch is None:
+            return
+        paths: set[str] = set()
+        for key in self.model:
+            r = self.model.get(key)
+            if r is None or r.container is not None or r.group is None:
+                continue
+            qos = self.desired.qos_of(key)
+            if qos is not None and qos.value in LS_CLASSES:
+                path = self.collector.pressure_path(r.group)
+                if path is not None:
+                    paths.add(path)
+        watch.follow(paths)
+        if watch.refused and not self._ls_refused_said:
+            path, why = next(iter(watch.refused.items()))
+            log.info("no PSI trigger on LS groups (%s: %s); the fast path carries the reaction", path, why)
+            self._ls_refused_said = True
+
     def _be_seconds(self) -> float | None:
         if not self._groups:
             return None
@@ -274,15 +310,12 @@ class QoSManager:
 
     def assess(self, sample: NodeSample) -> None:
         """The pressure scores (scores.py) over the last five minutes, smoothed into levels."""
-        history = self.history
-        while history and sample.t - history[0].t > HISTORY:
-            history.popleft()
+        self.trends.add(sample)
         cfg = self.rules.policy.qosManager
         for assessor, pc in ((self.cpu, cfg.cpuPressure), (self.memory, cfg.memoryPressure)):
             assessor.configure(thresholds_of(pc), pc.hysteresis, pc.fallTime)  # a reload applies at once
-        cpu = self.cpu.update(sample.t, scores.cpu_pressure(scores.cpu_inputs(sample, history)).total)
-        mem = self.memory.update(sample.t, scores.memory_pressure(scores.memory_inputs(sample, history)).total)
-        history.append(sample)
+        cpu = self.cpu.update(sample.t, scores.cpu_pressure(scores.cpu_inputs(sample, self.trends)).total)
+        mem = self.memory.update(sample.t, scores.memory_pressure(scores.memory_inputs(sample, self.trends)).total)
         self.last = sample
         self.level = cpu.level
         self.ratio = cfg.cpuSuppress.suppressRatio.of(cpu.level)
@@ -363,12 +396,34 @@ class QoSManager:
         s = self.rules.policy.qosManager.cpuSuppress
         if not self._groups:
             return
+        mode = self.rules.policy.cpu_suppress_policy()
+        if mode != self._mode:
+            self._switch(mode)
         lim = self.limiter
         lim.deadband, lim.relax_hold, lim.max_relax_per_minute = s.deadbandCores, s.raiseDelay, s.maxWritesPerMinute
         before = lim.current
         new = lim.step(now, target.cores, tighten_only)
         if new is None:
             return
+        if mode == "cpuset":
+            written = self._apply_cpuset(new, before, target.why)
+        else:
+            self._apply_quota(new, before, target.why)
+            written = f"{new:.2f} cores"
+        if written is None:
+            return
+        self.observer.be_limit(new if mode == "cfsQuota" else float(cpuset_size(new)))
+        self.observer.suppressed(self.level.name)
+        self.decisions.append(Decision(now, SUPPRESS, ",".join(self._groups), written, target.why))
+        log.info(
+            "BE limited to %s: %s",
+            written,
+            target.why,
+            extra={"be_limit_cores": round(new, 3), "level": self.level.name, "policy": mode},
+        )
+
+    def _apply_quota(self, new: float, before: float | None, why: str) -> None:
+        """cfsQuota: BE's QoS-level group gets the quota (and the lowest weight)."""
         values: dict[str, int | str] = {
             "cpu.cfs_quota_us": quota_us(new),
             "cpu.cfs_period_us": PERIOD_US,
@@ -384,27 +439,49 @@ class QoSManager:
             self.desired.set_ceiling(QoSClass.BE, new, SUPPRESS, f"BE's group is limited to {new:.2f} cores")
         for group in self._groups:
             key = self.owner.own_group(group)
-            self.desired.set_overlay(key, SUPPRESS, values, target.why)
+            self.desired.set_overlay(key, SUPPRESS, values, why)
             self._applied.add(key)
         if not lowering:
             self.desired.set_ceiling(QoSClass.BE, new, SUPPRESS, f"BE's group is limited to {new:.2f} cores")
-        self.observer.be_limit(new)
-        self.observer.suppressed(self.level.name)
-        self.decisions.append(Decision(now, SUPPRESS, ",".join(self._groups), f"{new:.2f} cores", target.why))
-        log.info(
-            "BE limited to %.2f cores: %s",
-            new,
-            target.why,
-            extra={"be_limit_cores": round(new, 3), "level": self.level.name},
-        )
+
+    def _apply_cpuset(self, new: float, before: float | None, why: str) -> str | None:
+        """cpuset: BE's containers on whole CPUs of the share pool (SMT siblings together),
+        as many as the limit rounded up (at least one). Only a change in the count is written,
+        so the integer steps are a deadband of their own (koordlet rewrites it every tick,
+        koordinator#1103)."""
+        n = cpuset_size(new)
+        if before is not None and self._cpuset_n == n:
+            return None
+        self._cpuset_n = n
+        self.desired.set_cpuset_limit(QoSClass.BE, n, SUPPRESS, f"{why}; BE on {n} CPU(s) of the share pool")
+        return f"{n} CPU(s)"
+
+    def _switch(self, mode: str) -> None:
+        """The suppression policy changed: lift what the other one set, start afresh."""
+        if mode != "cpuset":
+            self._lift_cpuset(f"the suppression policy is now {mode}")
+        if mode != "cfsQuota" and self._applied:
+            for key in sorted(self._applied):
+                self.desired.withdraw_overlay(key, SUPPRESS)
+            self.desired.withdraw_ceiling(QoSClass.BE)
+            self._applied.clear()
+        self.limiter.reset()
+        self._mode = mode
+
+    def _lift_cpuset(self, why: str) -> None:
+        if self._cpuset_n is not None:
+            self.desired.set_cpuset_limit(QoSClass.BE, None, SUPPRESS, f"{why}: BE on the whole share pool again")
+            self._cpuset_n = None
 
     def withdraw_all(self, why: str) -> None:
-        if not self._applied and not self.burster.bursting():
+        if not self._applied and not self.burster.bursting() and self._cpuset_n is None:
             return
         for key in sorted(self._applied):  # the group first: its children rise after it
             self.desired.withdraw_overlay(key, SUPPRESS)
         self.desired.withdraw_ceiling(QoSClass.BE)
         self._applied.clear()
+        self._lift_cpuset(why)
+        self._mode = None
         self._burst_extra = self.end_bursts(time.monotonic(), why)
         self.limiter.reset()
         self.decisions.append(Decision(time.monotonic(), SUPPRESS, "all", "withdrawn", why))

@@ -76,3 +76,74 @@ def open_trigger(path: str, stall_us: int = 50_000, window_us: int = 500_000) ->
         os.close(fd)
         return None, f"{path}: cannot be polled ({exc.strerror})"
     return Trigger(path, fd, ep), ""
+
+
+class PressureWatch:
+    """Triggers on many pressure files (the LS groups' ``cpu.pressure`` on cgroup v2) behind
+    one epoll, kept in step with a set of paths: :meth:`follow` arms the new ones and closes
+    the ones no longer wanted. A refused path is remembered and not tried again until it
+    leaves the set, so a kernel that refuses costs one attempt per group, not one per round."""
+
+    def __init__(self, stall_us: int = 50_000, window_us: int = 500_000, limit: int = 256) -> None:
+        self.line = trigger_line("some", stall_us, window_us).encode() + b"\0"
+        self.limit = limit  # triggers kept at most (each is an open file)
+        self.epoll = select.epoll()
+        self.fds: dict[str, int] = {}
+        self.refused: dict[str, str] = {}  # path -> why
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop, on_fire: Callable[[], None]) -> None:
+        def ready() -> None:
+            self.epoll.poll(0)  # drain: the triggers stay armed
+            on_fire()
+
+        self.loop = loop
+        loop.add_reader(self.epoll.fileno(), ready)
+
+    def follow(self, paths: set[str]) -> None:
+        for path in [p for p in self.fds if p not in paths]:
+            fd = self.fds.pop(path)
+            self.epoll.unregister(fd)
+            os.close(fd)
+        for path in [p for p in self.refused if p not in paths]:
+            del self.refused[path]
+        for path in sorted(paths):
+            if path in self.fds or path in self.refused:
+                continue
+            if len(self.fds) >= self.limit:
+                self.refused[path] = f"more than {self.limit} groups watched"
+                continue
+            why = self._arm(path)
+            if why:
+                self.refused[path] = why
+
+    def _arm(self, path: str) -> str:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_NOFOLLOW)
+        except OSError as exc:
+            return exc.strerror or str(exc)
+        try:
+            os.write(fd, self.line)
+        except OSError as exc:
+            os.close(fd)
+            return "this kernel does not accept PSI triggers" if exc.errno == errno.EINVAL else str(exc.strerror)
+        return self.watch(path, fd)
+
+    def watch(self, path: str, fd: int) -> str:
+        """Watch an armed trigger's fd (any fd that signals POLLPRI); takes ownership of it."""
+        try:
+            self.epoll.register(fd, select.EPOLLPRI)
+        except OSError as exc:  # not pollable (a regular file, say)
+            os.close(fd)
+            return f"cannot be polled ({exc.strerror})"
+        self.fds[path] = fd
+        return ""
+
+    def close(self) -> None:
+        if self.loop is not None:
+            self.loop.remove_reader(self.epoll.fileno())
+            self.loop = None
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+        self.epoll.close()

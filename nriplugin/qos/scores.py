@@ -57,16 +57,10 @@ Every division is guarded (no LS request, no swap, no CPUs: the term is 0).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .sample import NodeSample
-
-LS_CLASSES = ("LSE", "LSR", "LS")
-TREND_WINDOW = 300.0  # seconds: the seed's 5-minute history
-LOAD_TIME = 60.0  # seconds: load1's time constant
-
-Point = tuple[float, float]
+from .trends import LS_CLASSES, Trends
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,46 +157,6 @@ def memory_pressure(i: MemoryInputs) -> MemoryScore:
     return MemoryScore(used, growth, reclaim, swap, min(100.0, used + growth + reclaim + swap))
 
 
-def slope_per_min(points: Sequence[Point], window: float = TREND_WINDOW) -> float:
-    """Least-squares slope of (t seconds, value) per minute over the last ``window`` seconds
-    (relative to the last point); 0 with fewer than two points or no spread in time."""
-    if len(points) < 2:
-        return 0.0
-    t_end = points[-1][0]
-    pts = [(t, v) for t, v in points if t >= t_end - window and math.isfinite(v)]
-    if len(pts) < 2:
-        return 0.0
-    n = len(pts)
-    mt = sum(t for t, _ in pts) / n
-    mv = sum(v for _, v in pts) / n
-    sxx = sum((t - mt) ** 2 for t, _ in pts)
-    if sxx <= 0:
-        return 0.0
-    sxy = sum((t - mt) * (v - mv) for t, v in pts)
-    return 60.0 * sxy / sxx
-
-
-def ewma(points: Sequence[Point], time_constant: float) -> float:
-    """The exponentially weighted average of (t, value) at the last point, the way the kernel
-    averages load (each step weighs the old average by exp(-dt/τ)); 0 for no points."""
-    if not points:
-        return 0.0
-    avg = points[0][1]
-    t_prev = points[0][0]
-    for t, v in points[1:]:
-        a = math.exp(-max(0.0, t - t_prev) / time_constant) if time_constant > 0 else 0.0
-        avg = avg * a + v * (1.0 - a)
-        t_prev = t
-    return avg
-
-
-def _window(sample: NodeSample, history: Sequence[NodeSample], window: float) -> list[NodeSample]:
-    """History (in time order) cut to the window, ending with ``sample``."""
-    out = [s for s in history if sample.t - window <= s.t < sample.t]
-    out.append(sample)
-    return out
-
-
 def _ls(sample: NodeSample) -> tuple[float, float, int]:
     usage = request = 0.0
     rss = 0
@@ -214,14 +168,9 @@ def _ls(sample: NodeSample) -> tuple[float, float, int]:
     return usage, request, rss
 
 
-def cpu_inputs(sample: NodeSample, history: Sequence[NodeSample] = (), window: float = TREND_WINDOW) -> CpuInputs:
-    """The CPU score's inputs from this round's sample and the previous ones (oldest first;
-    samples outside the 5-minute window, or not before ``sample``, are ignored)."""
-    pts = _window(sample, history, window)
+def cpu_inputs(sample: NodeSample, trends: Trends) -> CpuInputs:
+    """The CPU score's inputs from this round's sample and the trends (which include it)."""
     n = max(1, sample.ncpu)
-    node_pct = [(s.t, 100.0 * s.cpu_busy_cores / n) for s in pts]
-    be_pct = [(s.t, 100.0 * s.usage("BE").cpu_cores / n) for s in pts]
-    be_cores = [(s.t, s.usage("BE").cpu_cores) for s in pts]
     ls_usage, ls_request, _ = _ls(sample)
     return CpuInputs(
         ncpu=sample.ncpu,
@@ -229,22 +178,20 @@ def cpu_inputs(sample: NodeSample, history: Sequence[NodeSample] = (), window: f
         be_usage_cores=sample.usage("BE").cpu_cores,
         ls_usage_cores=ls_usage,
         ls_request_cores=ls_request,
-        trend_pct_per_min=slope_per_min(node_pct, window),
+        trend_pct_per_min=100.0 * trends.node_cores.per_minute() / n,
         load1=sample.load1,
-        be_trend_pct_per_min=slope_per_min(be_pct, window),
-        be_load=ewma(be_cores, LOAD_TIME),
+        be_trend_pct_per_min=100.0 * trends.be_cores.per_minute() / n,
+        be_load=trends.be_load.value,
     )
 
 
-def memory_inputs(sample: NodeSample, history: Sequence[NodeSample] = (), window: float = TREND_WINDOW) -> MemoryInputs:
+def memory_inputs(sample: NodeSample, trends: Trends) -> MemoryInputs:
     """The memory score's inputs; LS RSS growth is the 5-minute slope in % of MemTotal."""
-    pts = _window(sample, history, window)
     total = sample.mem_total
-    growth = slope_per_min([(s.t, 100.0 * _ls(s)[2] / total) for s in pts], window) if total > 0 else 0.0
     return MemoryInputs(
         mem_total=total,
         mem_available=sample.mem_available,
-        ls_rss_growth_pct_per_min=growth,
+        ls_rss_growth_pct_per_min=100.0 * trends.rss.per_minute() / total if total > 0 else 0.0,
         pgscan_direct=sample.pgscan_direct,
         pgscan_kswapd=sample.pgscan_kswapd,
         swap_total=sample.swap_total,
