@@ -723,3 +723,34 @@ def test_memory_is_read_every_few_rounds_and_at_once_for_a_new_container(v1: tup
     assert col.sample().usage("LS").rss_bytes == 100 << 20  # the last read, not yet again
     assert col.sample().usage("LS").rss_bytes == 100 << 20
     assert col.sample().usage("LS").rss_bytes == 200 << 20  # the third round after: read
+
+
+def test_be_cpu_from_its_groups_and_its_containers_read_with_their_memory(v1: tuple[Path, Path]) -> None:
+    """Given BE's QoS-level group, BE's CPU is the group's counter (a BE pod not yet known to
+    the model counts too) and BE containers are read only every memory_every rounds (their
+    last reading stands in between); LS containers are read every round."""
+    root, proc = v1
+    node = _node(root)
+    (ls, (ls1, _)), (be, (be1,)), _ = _pods()
+    be_group = be.linux.cgroup_parent.lstrip("/").rpartition("/")[0]
+    v1_counters(root, be_group, usage_ns=0)
+    for pod, c in ((ls, ls1), (be, be1)):
+        v1_counters(root, _group(c), usage_ns=0)
+        node.model.container_started(pod, c)
+    clock = Clock()
+    col = Collector(node.model, node.desired, node.writer.cgroups, proc, clock=clock, memory_every=3)
+    col.sample([be_group])
+    for k in range(1, 7):
+        clock.t += 1.0
+        v1_counters(root, be_group, usage_ns=k * 2 * 10**9)  # BE's group: 2 cores
+        v1_counters(root, _group(be1), usage_ns=k * 10**9)  # of which this container 1
+        v1_counters(root, _group(ls1), usage_ns=k * 5 * 10**8)
+        s = col.sample([be_group])
+        assert s.usage("BE").cpu_cores == pytest.approx(2.0)
+        assert s.usage("BE").containers == 1
+        assert col.by_container[ls1.id].cpu_cores == pytest.approx(0.5)
+        if k % 3 == 0:  # read with its memory: over the 3 s since its last reading
+            assert col.by_container[be1.id].cpu_cores == pytest.approx(1.0)
+        else:  # the last reading stands (the first: none yet)
+            assert col.by_container[be1.id].cpu_cores == (0.0 if k < 3 else pytest.approx(1.0))
+    assert col.tracked == 3  # two containers and BE's group

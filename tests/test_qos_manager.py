@@ -4,6 +4,7 @@ writes nothing, disabling the manager gives BE its CPU back."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,7 +42,7 @@ class Script:
         self.t += dt
         self.be_seconds += self.be * dt
 
-    def sample(self) -> NodeSample:
+    def sample(self, be_groups: Sequence[str] = ()) -> NodeSample:
         self.rounds += 1
         return NodeSample(
             t=self.t,

@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple, Protocol
 
@@ -29,6 +29,7 @@ from ..policy.qos import QoSClass
 from .history import Counters, Series
 from .sample import ClassUsage, FastSample, NodeSample, Pressure
 
+GROUPS_KEY = "groups:"  # the counters of QoS-level groups, next to the containers'
 LS_CLASSES = frozenset({QoSClass.LSE, QoSClass.LSR, QoSClass.LS})
 DEFAULT_PERIOD_US = 100000  # the kernel's (and kubelet's) CFS period when none is requested
 MEMORY_EVERY = 5  # rounds between reads of a known container's memory files
@@ -94,6 +95,14 @@ class _Acc:
         self.cpu = self.request = self.limit = 0.0
         self.unlimited = False
         self.periods = self.throttled = self.mem = self.rss = 0
+
+    def add(self, f: _Facts) -> None:
+        self.containers += 1
+        self.request += f.request
+        if f.limit is None:
+            self.unlimited = True
+        else:
+            self.limit += f.limit
 
     def usage(self) -> ClassUsage:
         return ClassUsage(
@@ -180,10 +189,15 @@ class Collector:
         self._fast_stall: int | None = None
         self._facts: dict[str, _Facts | None] = {}  # None: not collected (SYSTEM, unknown class)
         self._facts_rev = -1
+        self._group_key = ""  # the counter of the BE groups read by the last round
 
     # the full round -----------------------------------------------------------------------------
 
-    def sample(self) -> NodeSample:
+    def sample(self, be_groups: Sequence[str] = ()) -> NodeSample:
+        """One round. With ``be_groups`` (the QoS-level groups that hold BE pods) BE's CPU is
+        their counters' (a pod that just started counts at once), and BE containers' own CPU is
+        read only with their memory (every ``memory_every`` rounds: what eviction ranks by):
+        half the reads of a round where half the containers are BE."""
         started = time.perf_counter()
         self._rounds += 1
         t = self.clock()
@@ -212,7 +226,10 @@ class Collector:
             self._pgscan = scans
 
         mem = s.meminfo()
-        by_class, ls_growth = self._classes(t)
+        be_group_cores = self._group_cores(t, be_groups) if be_groups else None
+        by_class, ls_growth = self._classes(t, be_group_cores is not None)
+        if be_group_cores is not None and QoSClass.BE.value in by_class:
+            by_class[QoSClass.BE.value] = replace(by_class[QoSClass.BE.value], cpu_cores=be_group_cores)
 
         be = by_class.get(QoSClass.BE.value)
         ls_rss = sum(u.rss_bytes for q, u in by_class.items() if q in LS_CLASSES)
@@ -241,8 +258,23 @@ class Collector:
             collect_seconds=time.perf_counter() - started,
         )
 
-    def _classes(self, t: float) -> tuple[dict[str, ClassUsage], int]:
-        """Per-class sums, and the RSS growth of LS containers measured in the last round too."""
+    def _group_cores(self, t: float, groups: Sequence[str]) -> float | None:
+        """The cores used by ``groups`` together since the last round (0.0 the first time);
+        None when one cannot be read (then BE's containers are read one by one)."""
+        total = 0
+        for g in groups:
+            cpu = self.stats.cpu(g, throttling=False)
+            if cpu is None:
+                return None
+            total += cpu.usage_ns
+        self._group_key = GROUPS_KEY + ",".join(groups)
+        d = self._counters.advance(self._group_key, t, (total,))
+        return 0.0 if d is None else d[1][0] / 1e9 / d[0]
+
+    def _classes(self, t: float, be_from_groups: bool = False) -> tuple[dict[str, ClassUsage], int]:
+        """Per-class sums, and the RSS growth of LS containers measured in the last round too.
+        ``be_from_groups``: BE's CPU comes from its groups; its containers' only every
+        ``memory_every`` rounds."""
         acc: dict[QoSClass, _Acc] = {}
         seen: set[str] = set()
         groups: set[str] = set()
@@ -265,15 +297,27 @@ class Collector:
                 continue
             qos, group = f.qos, f.group
             seen.add(key)  # its counters stay even if this round's read fails
-            if group is not None:
-                groups.add(group)
-            cpu = None if group is None else s.cpu(group, throttling=f.throttling)
-            if group is None or cpu is None:
-                continue  # no usable path, or the cgroup is gone (a removal on its way)
+            if group is None:
+                continue  # no usable path
+            groups.add(group)
+            before = self.by_container.get(key)
+            full = before is None or self._rounds % self.memory_every == 0
+            if be_from_groups and qos is QoSClass.BE and before is not None and not full:
+                a = acc.get(qos)
+                if a is None:
+                    a = acc[qos] = _Acc()
+                a.add(f)
+                a.mem += before.memory_bytes
+                a.rss += before.rss_bytes
+                by_container[key] = before  # read again with its memory
+                continue
+            cpu = s.cpu(group, throttling=f.throttling)
+            if cpu is None:
+                continue  # the cgroup is gone (a removal on its way)
             a = acc.get(qos)
             if a is None:
                 a = acc[qos] = _Acc()
-            a.containers += 1
+            a.add(f)
             cores, throttled_ratio = 0.0, 0.0
             d = self._counters.advance(key, t, (cpu.usage_ns, cpu.nr_periods, cpu.nr_throttled))
             if d is not None:
@@ -283,16 +327,10 @@ class Collector:
                 a.cpu += cores
                 a.periods += periods
                 a.throttled += throttled
-            a.request += f.request
             limit = f.limit
-            if limit is None:
-                a.unlimited = True
-            else:
-                a.limit += limit
-            before = self.by_container.get(key)
             # memory moves on a scale of minutes (its trends are per minute): read every
             # memory_every rounds, and for a container seen for the first time
-            mem = s.memory(group) if before is None or self._rounds % self.memory_every == 0 else None
+            mem = s.memory(group) if full else None
             if mem is not None:
                 used, rss = max(0, mem.usage - mem.cache), mem.rss
                 if before is not None and qos in LS_CLASSES:
@@ -304,14 +342,17 @@ class Collector:
             a.mem += used
             a.rss += rss
             by_container[key] = ContainerUsage(qos, r.pod.id, cores, used, rss, limit, throttled_ratio)
+        if self._group_key:
+            seen.add(self._group_key)  # the BE groups' counter stays too
         if self._counters.retain(seen):
-            s.retain(groups)  # a container left: close its kept files
+            s.retain(groups | set(self._group_key[len(GROUPS_KEY) :].split(",")))  # close a leaver's files
         self.by_container = by_container
         return {q.value: a.usage() for q, a in acc.items()}, ls_growth
 
     @property
     def tracked(self) -> int:
-        """How many containers' counters are kept: follows the node model, not its history."""
+        """How many counters are kept (containers, and BE's groups together): follows the node
+        model, not its history."""
         return len(self._counters)
 
     def pod_usage(self, pod_id: str) -> tuple[float, int]:

@@ -19,7 +19,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -51,7 +51,7 @@ FAST_JUMP = 0.15  # cores: a change in non-BE usage that calls for a decision no
 class Collector(Protocol):
     @property
     def by_container(self) -> Mapping[str, ContainerUsage]: ...
-    def sample(self) -> NodeSample: ...
+    def sample(self, be_groups: Sequence[str] = ()) -> NodeSample: ...
     def fast(self) -> FastSample: ...
     def group_cpu_seconds(self, group: str) -> float | None: ...
     def pressure_path(self, group: str) -> str | None: ...
@@ -232,11 +232,11 @@ class QoSManager:
         if not cfg.enable:
             self.withdraw_all("the QoS manager is disabled")
             return
-        sample = self.collector.sample()
-        self.assess(sample)
         if self.model.revision != self._groups_rev:  # pods came or went
             self._groups, self._groups_rev = be_groups(self.model, self.desired), self.model.revision
             self.watch_ls_pressure()
+        sample = self.collector.sample(self._groups)
+        self.assess(sample)
         cap = capacity(sample, cfg.systemReserved.cpu)
         be = self._be_round.update(sample.t, self._be_seconds())
         if be is not None:  # the BE group's own counter: pods that just started count too
