@@ -18,6 +18,7 @@ import yaml
 from pydantic import ValidationError
 
 from .model import Policy, from_document
+from .nodeslo import NodeSLOError
 
 log = logging.getLogger("nriplugin.policy")
 MAX_POLICY_BYTES = 1 << 20
@@ -56,7 +57,7 @@ def parse(text: str, source: str = "<text>") -> tuple[Policy, list[str]]:
         return from_document(doc)
     except ValidationError as exc:
         raise PolicyError(f"{source}: {describe(exc)}") from exc
-    except TypeError as exc:
+    except (TypeError, NodeSLOError) as exc:
         raise PolicyError(f"{source}: {exc}") from exc
 
 
