@@ -7,6 +7,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -272,3 +275,64 @@ def test_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert problem is not None and problem[0] == "--kubeconfig"
     problem = check(argparse.Namespace(cluster="on", kubeconfig=None))
     assert problem is not None and problem[0] == "--cluster"
+
+
+def test_the_agent_takes_its_nodeslo_from_the_api_server(tmp_path: Path) -> None:
+    """`nriplugin run --kubeconfig`: the NodeSLO raises the policy version without a runtime
+    (the agent keeps retrying NRI meanwhile); a missing kubeconfig is one line and exit 2."""
+    from tests.test_cli import free_port, http_get
+
+    async def main() -> None:
+        standin = KubeStandIn()
+        await standin.start()
+        standin.put_nodeslo(NODE, {"resourceUsedThresholdWithBE": {"cpuSuppressThresholdPercent": 55}})
+        port = free_port()
+        args = ["--socket", str(tmp_path / "nri.sock"), "--metrics-address", f"127.0.0.1:{port}"]
+        args += ["--log-format", "text"]
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "nriplugin",
+            "run",
+            *args,
+            "--kubeconfig",
+            kubeconfig(tmp_path, standin),
+            "--node-name",
+            NODE,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            body = ""
+            for _ in range(300):
+                _, body = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/metrics")
+                if "nriplugin_policy_version 2.0" in body:
+                    break
+                await asyncio.sleep(0.05)
+            assert "nriplugin_policy_version 2.0" in body
+            standin.put_nodeslo(NODE, {"resourceUsedThresholdWithBE": {"cpuSuppressThresholdPercent": 45}})
+            for _ in range(100):
+                _, body = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/metrics")
+                if "nriplugin_policy_version 3.0" in body:
+                    break
+                await asyncio.sleep(0.02)
+            assert "nriplugin_policy_version 3.0" in body
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(proc.wait(), 10) == 0
+            assert proc.stderr is not None
+            logs = (await proc.stderr.read()).decode()
+            assert "cluster: node node-1 (from --node-name)" in logs and "from NodeSLO node-1" in logs
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            await standin.stop()
+        r = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "nriplugin", "run", *args, "--kubeconfig", str(tmp_path / "nope")],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert r.returncode == 2 and "--kubeconfig" in r.stderr and "Traceback" not in r.stderr
+
+    asyncio.run(main())

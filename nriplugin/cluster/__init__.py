@@ -28,17 +28,22 @@ def wanted(ns: argparse.Namespace) -> bool:
     return mode == "on" or (mode == "auto" and (bool(getattr(ns, "kubeconfig", None)) or in_cluster()))
 
 
-def check(ns: argparse.Namespace) -> tuple[str, str] | None:
-    """A start-up problem with the cluster options, as (option, problem); None if fine."""
+def check(ns: argparse.Namespace) -> tuple[str, str, str, str] | None:
+    """A start-up problem with the cluster options, as (option, value, problem, fix); None if fine."""
     kubeconfig = getattr(ns, "kubeconfig", None)
     if kubeconfig:
         try:
             with open(kubeconfig, "rb") as f:
                 f.read(1)
         except OSError as exc:
-            return "--kubeconfig", f"{kubeconfig}: cannot read: {exc.strerror}"
+            return "--kubeconfig", kubeconfig, f"cannot read: {exc.strerror}", "fix the path or the mount"
     elif getattr(ns, "cluster", "off") == "on" and not in_cluster():
-        return "--cluster", "on: no --kubeconfig and no in-cluster service account (KUBERNETES_SERVICE_HOST, token)"
+        return (
+            "--cluster",
+            "on",
+            "no --kubeconfig and no in-cluster service account (KUBERNETES_SERVICE_HOST, token)",
+            "give --kubeconfig, or run in a pod with a service account, or --cluster auto",
+        )
     return None
 
 
