@@ -46,6 +46,38 @@ def kubeconfig(tmp_path: Path, standin: KubeStandIn) -> str:
     return str(path)
 
 
+def used_permissions(requests: list[tuple[str, str]]) -> set[tuple[str, str, str]]:
+    """(API group, resource, verb) of each request, as RBAC names them."""
+    out = set()
+    for method, path_qs in requests:
+        path, _, query = path_qs.partition("?")
+        parts = path.strip("/").split("/")
+        group = "" if parts[0] == "api" else parts[1]
+        rest = parts[2:] if parts[0] == "api" else parts[3:]
+        if rest[:1] == ["namespaces"]:
+            rest = rest[2:]
+        resource = rest[0] + (f"/{rest[2]}" if len(rest) > 2 else "")
+        watching = "watch=True" in query or "watch=true" in query
+        verb = {"GET": "watch" if watching else ("get" if len(rest) > 1 else "list"), "POST": "create"}.get(
+            method, method.lower()
+        )
+        out.add((group, resource, verb))
+    return out
+
+
+def granted_permissions() -> set[tuple[str, str, str]]:
+    docs = list(yaml.safe_load_all((Path(__file__).resolve().parent.parent / "kind" / "rbac.yaml").read_text()))
+    (role,) = [d for d in docs if d["kind"] == "ClusterRole"]
+    (binding,) = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
+    (account,) = [d for d in docs if d["kind"] == "ServiceAccount"]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": account["metadata"]["namespace"]}
+    ]
+    rules = role["rules"]
+    return {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+
+
 async def until(cond: Callable[[], bool], timeout: float = 2.0) -> float:
     """Seconds until ``cond`` holds (fails after ``timeout``)."""
     t0 = time.monotonic()
@@ -238,6 +270,8 @@ def test_a_pdb_429_spares_that_pod_and_the_next_candidate_goes(tmp_path: Path) -
         assert out.result is Result.GONE and out.status == 409 and ("shop", "web-1") in s.pods
         await evictor.drain()
         assert len(s.events) == 3
+        # kind/rbac.yaml grants exactly what this session needed: nothing missing, nothing spare.
+        assert used_permissions(s.requests) == granted_permissions()
 
     run(tmp_path, body, setup=setup)
 
