@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib
 import logging
 import os
 import signal
@@ -111,6 +112,7 @@ class Agent:
         self.previous: Holder | None = None
         self.metrics_sock: socket.socket | None = None
         self.standby_reason = ""
+        self.cluster: Any = None  # cluster.run.Cluster while the cluster side runs: .pods, .evictor
 
     # start-up ---------------------------------------------------------------------------------
 
@@ -151,6 +153,11 @@ class Agent:
             ) from exc
         if ns.policy and not self.prereg:
             check_policy_readable(ns.policy)
+        from . import cluster  # light: the client library loads only when the cluster side starts
+
+        problem = cluster.check(ns)
+        if problem is not None:
+            raise StartupError(*problem)
         self.got = lock.try_acquire()
         self.previous = previous = lock.holder()
         if not self.got and ns.if_held == "exit" and not self.prereg:
@@ -304,6 +311,7 @@ class Agent:
                 stub.stop()
         reconciler.start(self.loop)
         qos.start(self.loop)
+        cluster_task = self.loop.create_task(self.start_cluster(rules))
         watcher = None
         if ns.policy:
             from .policy.cache import PolicyWatcher
@@ -330,6 +338,9 @@ class Agent:
             shut_http()
             if watcher is not None:
                 watcher.stop()
+            cluster_task.cancel()
+            if self.cluster is not None:
+                await self.cluster.close()
         return 0
 
     # parts ------------------------------------------------------------------------------------
@@ -398,6 +409,22 @@ class Agent:
         host, port = self.ns.metrics_address
         log.info("metrics on http://%s:%d/metrics", host, port, extra={"address": f"{host}:{port}"})
         return server
+
+    async def start_cluster(self, rules: RuleCache) -> None:
+        """The cluster side (``--cluster``) as ``self.cluster``: the NodeSLO into ``rules``, the
+        node's pods, the Eviction API. Without an API server the agent runs as it always has."""
+        from . import cluster
+
+        if not cluster.wanted(self.ns):
+            return
+        # kubernetes_asyncio takes about a second to import: not on the loop that answers hooks.
+        run = await asyncio.to_thread(importlib.import_module, "nriplugin.cluster.run")
+        from .cluster.client import ClusterError
+
+        try:
+            self.cluster = await run.start(self.ns, rules)
+        except ClusterError as exc:
+            log.error("cluster side not started: %s", exc, extra={"option": "--kubeconfig"})
 
     def gap_before(self) -> tuple[float, str] | None:
         """When the runtime last had an agent, and why it went (None: not known)."""

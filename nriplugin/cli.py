@@ -92,6 +92,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="when another agent holds this runtime: stand by and take over when it exits (wait, the "
         "default), or exit 0 (what the supervisor's restarts do)",
     )
+    run.add_argument(
+        "--cluster",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="the cluster side (NodeSLO, the node's pods, evictions through the Eviction API): auto (the "
+        "default) = on with --kubeconfig or in a pod with a service account, else off",
+    )
+    run.add_argument("--kubeconfig", help="kubeconfig file for the API server (default: the service account)")
+    run.add_argument("--node-name", help="this node's name (default: env NODE_NAME, else the host name)")
+    run.add_argument(
+        "--nodeslo",
+        choices=("on", "off"),
+        default="on",
+        help="with the cluster side on: watch this node's NodeSLO into the policy, over --policy (default %(default)s)",
+    )
     run.add_argument("--log-format", choices=("json", "text"), default="json")
     run.add_argument("--log-level", default="info")
 

@@ -18,6 +18,7 @@ import yaml
 from pydantic import ValidationError
 
 from .model import Policy, from_document
+from .nodeslo import NodeSLOError
 
 log = logging.getLogger("nriplugin.policy")
 MAX_POLICY_BYTES = 1 << 20
@@ -56,14 +57,23 @@ def parse(text: str, source: str = "<text>") -> tuple[Policy, list[str]]:
         return from_document(doc)
     except ValidationError as exc:
         raise PolicyError(f"{source}: {describe(exc)}") from exc
-    except TypeError as exc:
+    except (TypeError, NodeSLOError) as exc:
         raise PolicyError(f"{source}: {exc}") from exc
 
 
+Layer = Callable[[Policy], Policy]
+
+
 class RuleCache:
+    """The policy in force = the base (the policy file, or the embedded default) with at most
+    one layer over it (the cluster's NodeSLO). Either can change alone: a reloaded file keeps
+    the NodeSLO over it, a new NodeSLO keeps the file under it."""
+
     def __init__(self, policy: Policy | None = None, source: str = "embedded default") -> None:
         p = policy or Policy()
         self._current = Versioned(1, p, _digest(p), source)
+        self._base = (p, source)
+        self._layer: tuple[Layer, str] | None = None
         self._listeners: list[Callable[[Versioned], None]] = []
         self.rejected = 0
 
@@ -78,7 +88,33 @@ class RuleCache:
     def subscribe(self, fn: Callable[[Versioned], None]) -> None:
         self._listeners.append(fn)
 
+    @property
+    def base(self) -> Policy:
+        """The policy under the layer (what a new layer applies over)."""
+        return self._base[0]
+
     def set(self, policy: Policy, source: str) -> Versioned:
+        """A new base policy; the layer, if any, applies over it."""
+        return self._commit((policy, source), self._layer)
+
+    def set_layer(self, layer: Layer | None, source: str = "") -> Versioned:
+        """A new layer over the base (None: none). Raises PolicyError if it does not fit the
+        base; the policy in force stays."""
+        return self._commit(self._base, (layer, source) if layer is not None else None)
+
+    def reject(self, source: str, why: str) -> None:
+        """A policy from ``source`` that could not be used: counted and logged, the last good kept."""
+        self.rejected += 1
+        log.error("policy from %s rejected, keeping version %d: %s", source, self._current.version, why)
+
+    def _commit(self, base: tuple[Policy, str], layer: tuple[Layer, str] | None) -> Versioned:
+        policy, source = base
+        if layer is not None:
+            try:
+                policy, source = layer[0](policy), f"{layer[1]} over {source}"
+            except ValidationError as exc:
+                raise PolicyError(f"{layer[1]} over {source}: {describe(exc)}") from exc
+        self._base, self._layer = base, layer
         digest = _digest(policy)
         cur = self._current
         if digest == cur.digest:
@@ -104,7 +140,11 @@ class RuleCache:
             raise
         for n in notes:
             log.warning("%s: %s", path, n)
-        return self.set(policy, str(path))
+        try:
+            return self.set(policy, str(path))
+        except PolicyError:
+            self.rejected += 1  # the file does not fit under the NodeSLO in force
+            raise
 
 
 def _digest(p: Policy) -> str:

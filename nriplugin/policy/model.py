@@ -411,32 +411,25 @@ class Policy(_M):
         return {"LSE": s.lsrClass, "LSR": s.lsrClass, "LS": s.lsClass, "BE": s.beClass}.get(qos, s.systemClass)
 
 
-NODESLO_IGNORED = ("systemStrategy", "extensions", "hostApplications")
-
-
 def from_document(doc: Any) -> tuple[Policy, list[str]]:
-    """A Policy from a parsed YAML/JSON document (our format, or a NodeSLO object).
+    """A Policy from a parsed YAML/JSON document (our format, or a NodeSLO object, which
+    ``nodeslo.py`` judges by Koordinator's CRD).
 
-    Returns the policy and notes about what was ignored. Raises pydantic.ValidationError.
+    Returns the policy and notes about what was not used. Raises pydantic.ValidationError,
+    or nodeslo.NodeSLOError for a NodeSLO its CRD rejects.
     """
-    notes: list[str] = []
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):
         raise TypeError(f"a policy must be a mapping, got {type(doc).__name__}")
     if doc.get("kind") == "NodeSLO":
-        spec = doc.get("spec") or {}
-        if not isinstance(spec, dict):
-            raise TypeError("NodeSLO spec must be a mapping")
-        spec = dict(spec)
-        for key in NODESLO_IGNORED:
-            if spec.pop(key, None) is not None:
-                notes.append(f"NodeSLO spec.{key} is not used by nriplugin; ignored")
-        doc = spec
+        from .nodeslo import from_nodeslo
+
+        return from_nodeslo(doc)
     # qosManager is left out of the defaults merged under the document: its profile must see
     # which fields the document itself sets (the model fills in the rest).
     base = Policy().model_dump(exclude={"qosManager"})
-    return Policy.model_validate(_merge(base, doc)), notes
+    return Policy.model_validate(_merge(base, doc)), []
 
 
 def _merge(base: Any, over: Any) -> Any:

@@ -1,0 +1,100 @@
+"""This node's NodeSLO (``slo.koordinator.sh/v1alpha1``, cluster-scoped, named after the node),
+watched into the rule cache as a layer over the policy file (or the embedded default).
+
+Each version is judged as a NodeSLO policy file is (``policy/nodeslo.py``: Koordinator's CRD
+decides what is refused; what nriplugin does not implement is named once as not used); a
+refused one is counted and logged with the field named, and the policy in force stays.
+Deleting the NodeSLO removes the layer: the file's policy (or the default) applies again.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
+from pydantic import ValidationError
+
+from ..policy.cache import PolicyError, RuleCache, describe
+from ..policy.model import Policy
+from ..policy.nodeslo import API_VERSION, NodeSLOError, check, overlay
+from .listwatch import ListWatch
+
+log = logging.getLogger("nriplugin.cluster")
+GROUP, VERSION = API_VERSION.split("/")
+PLURAL = "nodeslos"
+
+
+class NodeSLOSource:
+    """Feeds the rule cache from the node's NodeSLO (the ListWatch handler)."""
+
+    def __init__(self, rules: RuleCache, node: str) -> None:
+        self.rules = rules
+        self.node = node
+        self.applied: str | None = None  # resourceVersion of the NodeSLO in force, if any
+        self._noted: set[str] = set()  # notes already logged (each is said once)
+
+    def replace(self, items: list[dict[str, Any]]) -> None:
+        mine = [o for o in items if (o.get("metadata") or {}).get("name") == self.node]
+        if mine:
+            self.apply(mine[0])
+        else:
+            self.absent()
+
+    def event(self, kind: str, obj: dict[str, Any]) -> None:
+        if (obj.get("metadata") or {}).get("name") != self.node:
+            return
+        if kind == "DELETED":
+            self.absent()
+        else:
+            self.apply(obj)
+
+    def apply(self, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        rv = str(meta.get("resourceVersion", ""))
+        if rv and rv == self.applied:
+            return  # a re-list brought the same version
+        source = f"NodeSLO {self.node} (resourceVersion {rv})"
+        try:
+            check(obj)
+            spec = obj.get("spec") or {}
+            _, notes = overlay(self.rules.base, spec)
+            self.rules.set_layer(functools.partial(_layer, spec), source)
+        except NodeSLOError as exc:
+            self.rules.reject(source, str(exc))
+            return
+        except ValidationError as exc:
+            self.rules.reject(source, describe(exc))
+            return
+        except PolicyError as exc:
+            self.rules.reject(source, str(exc))
+            return
+        self.applied = rv
+        for note in notes:
+            if note not in self._noted:
+                self._noted.add(note)
+                log.warning("%s: %s", source, note)
+
+    def absent(self) -> None:
+        if self.applied is not None:
+            log.info("NodeSLO %s is gone; the policy underneath applies again", self.node)
+        self.applied = None
+        self.rules.set_layer(None)
+
+
+def _layer(spec: dict[str, Any], base: Policy) -> Policy:
+    return overlay(base, spec)[0]
+
+
+def watcher(api: ApiClient, rules: RuleCache, node: str, **kw: Any) -> tuple[ListWatch, NodeSLOSource]:
+    """The list-watch of this node's NodeSLO (by name, so other nodes' never come)."""
+    source = NodeSLOSource(rules, node)
+    call = functools.partial(
+        CustomObjectsApi(api).list_cluster_custom_object,
+        GROUP,
+        VERSION,
+        PLURAL,
+        field_selector=f"metadata.name={node}",
+    )
+    return ListWatch(f"NodeSLO {node}", call, source, **kw), source

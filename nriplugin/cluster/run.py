@@ -1,0 +1,81 @@
+"""The cluster side assembled: one API client, the NodeSLO and pod list-watches, the evictor."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from kubernetes_asyncio.client import ApiClient
+
+from ..policy.cache import RuleCache
+from . import node_name
+from .client import connect
+from .eviction import ApiEvictor
+from .listwatch import ListWatch
+from .nodeslo import NodeSLOSource
+from .nodeslo import watcher as nodeslo_watcher
+from .pods import watcher as pods_watcher
+
+log = logging.getLogger("nriplugin.cluster")
+
+
+class Cluster:
+    """What the rest of the agent uses: ``pods`` (PodLookup) and ``evictor`` (Evictor); the
+    NodeSLO feeds the rule cache by itself."""
+
+    def __init__(
+        self, api: ApiClient, rules: RuleCache, node: str, *, nodeslo: bool = True, dry_run: bool = False, **kw: Any
+    ) -> None:
+        self.api = api
+        self.node = node
+        self.watches: list[ListWatch] = []
+        self.nodeslo: NodeSLOSource | None = None
+        if nodeslo:
+            watch, self.nodeslo = nodeslo_watcher(api, rules, node, **kw)
+            self.watches.append(watch)
+        watch, self.pods = pods_watcher(api, node, **kw)
+        self.pods_watch = watch
+        self.watches.append(watch)
+        self.evictor = ApiEvictor(api, node, dry_run=dry_run)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(w.run(), name=f"nriplugin {w.what}") for w in self.watches]
+
+    async def synced(self, timeout: float) -> bool:
+        """Whether every list came back within ``timeout`` seconds."""
+        try:
+            await asyncio.wait_for(asyncio.gather(*(w.synced.wait() for w in self.watches)), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        await self.evictor.drain()
+        await self.api.close()
+
+
+async def start(ns: argparse.Namespace, rules: RuleCache) -> Cluster:
+    """Connect as ``nriplugin run``'s options say and start watching. Raises client.ClusterError."""
+    node, source = node_name(getattr(ns, "node_name", None))
+    api = await connect(getattr(ns, "kubeconfig", None))
+    cluster = Cluster(api, rules, node, nodeslo=getattr(ns, "nodeslo", "on") == "on")
+    cluster.start()
+    log.info(
+        "cluster: node %s (from %s), API server %s; NodeSLO %s",
+        node,
+        source,
+        api.configuration.host,
+        "watched" if cluster.nodeslo is not None else "not used (--nodeslo off)",
+        extra={"node": node},
+    )
+    return cluster

@@ -1,0 +1,352 @@
+"""A stand-in Kubernetes API server for tests (no kube-apiserver can run on these machines).
+
+It speaks the real endpoints and their semantics, as far as nriplugin uses them:
+
+- list and watch of pods (``/api/v1/pods``) and of the cluster-scoped custom resource
+  ``nodeslos.slo.koordinator.sh`` (``/apis/slo.koordinator.sh/v1alpha1/nodeslos``), with
+  ``fieldSelector``, one global ``resourceVersion`` counter, watch events (ADDED, MODIFIED,
+  DELETED) from a given resourceVersion, ``timeoutSeconds``, and ``410 Gone`` (an ERROR event
+  with an ``Expired`` Status, as the API server sends it) for a resourceVersion older than
+  the compacted history;
+- the Eviction subresource (``POST .../pods/NAME/eviction``, ``policy/v1``): 201 and graceful
+  deletion, ``dryRun=All``, 404 for a missing pod, 409 for a failed UID precondition, and 429
+  when a PodDisruptionBudget (``minAvailable`` over a label selector, in the pod's
+  namespace) would be violated;
+- core/v1 Events: POST and PATCH (merge) in a namespace;
+- bearer-token authentication (401 without it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+SLO_PATH = "/apis/slo.koordinator.sh/v1alpha1/nodeslos"
+
+
+@dataclass
+class PDB:
+    namespace: str
+    name: str
+    selector: dict[str, str]
+    min_available: int
+
+    def selects(self, pod: dict[str, Any]) -> bool:
+        labels = pod["metadata"].get("labels") or {}
+        return all(labels.get(k) == v for k, v in self.selector.items())
+
+
+@dataclass
+class Change:
+    rv: int
+    kind: str  # "pods" or "nodeslos"
+    type: str  # ADDED, MODIFIED, DELETED
+    obj: dict[str, Any]
+
+
+@dataclass
+class KubeStandIn:
+    token: str = "standin-token"
+    grace_delay: float = 0.0  # how long a gracefully deleted pod stays (Terminating)
+    pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    nodeslos: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pdbs: list[PDB] = field(default_factory=list)
+    events: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    requests: list[tuple[str, str]] = field(default_factory=list)  # (method, path?query)
+    history: list[Change] = field(default_factory=list)
+    compacted: int = 0  # watches from a resourceVersion below this get 410 Gone
+    rv: int = 100
+    port: int = 0
+    _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+    _runner: web.AppRunner | None = None
+    _uids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    _streams: set[web.StreamResponse] = field(default_factory=set)
+
+    # the server ---------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        """Listen (again, on the same port after stop(): an API server that comes back)."""
+        app = web.Application(middlewares=[self._auth])
+        app.router.add_get("/api/v1/pods", self._list_pods)
+        app.router.add_get(SLO_PATH, self._list_nodeslos)
+        app.router.add_get(SLO_PATH + "/{name}", self._get_nodeslo)
+        app.router.add_post("/api/v1/namespaces/{ns}/pods/{name}/eviction", self._evict)
+        app.router.add_post("/api/v1/namespaces/{ns}/events", self._post_event)
+        app.router.add_patch("/api/v1/namespaces/{ns}/events/{name}", self._patch_event)
+        self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.1)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+        await site.start()
+        if not self.port:
+            server = site._server
+            assert isinstance(server, asyncio.base_events.Server)
+            self.port = server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        """Go away: open watches are cut, new connections refused."""
+        for resp in list(self._streams):
+            task = resp.task
+            if task is not None:
+                task.cancel()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        self.requests.append((request.method, request.path_qs))
+        if request.headers.get("Authorization") != f"Bearer {self.token}":
+            return status(401, "Unauthorized", "Unauthorized")
+        return await handler(request)  # type: ignore[no-any-return]
+
+    # the store ------------------------------------------------------------------------------------
+
+    def _record(self, kind: str, type_: str, obj: dict[str, Any]) -> dict[str, Any]:
+        self.rv += 1
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+        self.history.append(Change(self.rv, kind, type_, json.loads(json.dumps(obj))))
+        asyncio.get_running_loop().create_task(self._notify())
+        return obj
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    def compact(self) -> None:
+        """Forget the history so far (etcd compaction): older watches get 410 Gone."""
+        self.compacted = self.rv + 1
+        self.history.clear()
+
+    def put_nodeslo(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        old = self.nodeslos.get(name)
+        obj = {
+            "apiVersion": "slo.koordinator.sh/v1alpha1",
+            "kind": "NodeSLO",
+            "metadata": {
+                "name": name,
+                "uid": old["metadata"]["uid"] if old else f"slo-{next(self._uids)}",
+                "generation": (old["metadata"]["generation"] + 1) if old else 1,
+            },
+            "spec": spec,
+        }
+        self.nodeslos[name] = obj
+        return self._record("nodeslos", "MODIFIED" if old else "ADDED", obj)
+
+    def delete_nodeslo(self, name: str) -> None:
+        self._record("nodeslos", "DELETED", self.nodeslos.pop(name))
+
+    def add_pod(
+        self,
+        namespace: str,
+        name: str,
+        node: str,
+        labels: dict[str, str] | None = None,
+        priority: int | None = None,
+    ) -> dict[str, Any]:
+        spec: dict[str, Any] = {"nodeName": node, "containers": [{"name": "main", "image": "busybox"}]}
+        if priority is not None:
+            spec["priority"] = priority
+        obj = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "uid": f"uid-{name}-{next(self._uids)}",
+                "labels": dict(labels or {}),
+                "creationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            },
+            "spec": spec,
+            "status": {"phase": "Running"},
+        }
+        self.pods[(namespace, name)] = obj
+        return self._record("pods", "ADDED", obj)
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        obj = self.pods.pop((namespace, name), None)
+        if obj is not None:
+            self._record("pods", "DELETED", obj)
+
+    # list and watch -----------------------------------------------------------------------------
+
+    async def _list_pods(self, request: web.Request) -> web.StreamResponse:
+        return await self._list_or_watch(request, "pods", "PodList", "v1", list(self.pods.values()))
+
+    async def _list_nodeslos(self, request: web.Request) -> web.StreamResponse:
+        items = list(self.nodeslos.values())
+        return await self._list_or_watch(request, "nodeslos", "NodeSLOList", "slo.koordinator.sh/v1alpha1", items)
+
+    async def _get_nodeslo(self, request: web.Request) -> web.StreamResponse:
+        obj = self.nodeslos.get(request.match_info["name"])
+        if obj is None:
+            return status(404, "NotFound", f'nodeslos.slo.koordinator.sh "{request.match_info["name"]}" not found')
+        return web.json_response(obj)
+
+    async def _list_or_watch(
+        self, request: web.Request, kind: str, list_kind: str, api: str, items: list[dict[str, Any]]
+    ) -> web.StreamResponse:
+        try:
+            selector = parse_selector(request.query.get("fieldSelector", ""))
+        except ValueError as exc:
+            return status(400, "BadRequest", str(exc))
+        if request.query.get("watch") not in ("1", "t", "T", "true", "TRUE", "True"):  # Go's strconv.ParseBool
+            chosen = [o for o in items if matches(o, selector)]
+            meta = {"resourceVersion": str(self.rv)}
+            return web.json_response({"apiVersion": api, "kind": list_kind, "metadata": meta, "items": chosen})
+        return await self._watch(request, kind, selector)
+
+    async def _watch(self, request: web.Request, kind: str, selector: list[tuple[str, str]]) -> web.StreamResponse:
+        since = int(request.query.get("resourceVersion") or self.rv)
+        timeout = float(request.query.get("timeoutSeconds") or 1800)
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        self._streams.add(resp)
+        try:
+            if since < self.compacted - 1:
+                gone = status_body(410, "Expired", f"too old resource version: {since} ({self.compacted})")
+                await resp.write(json.dumps({"type": "ERROR", "object": gone}).encode() + b"\n")
+                return resp
+            deadline = asyncio.get_running_loop().time() + timeout
+            while True:
+                for change in [c for c in self.history if c.rv > since]:
+                    since = change.rv
+                    if change.kind == kind and matches(change.obj, selector):
+                        await resp.write(json.dumps({"type": change.type, "object": change.obj}).encode() + b"\n")
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    return resp
+                async with self._changed:
+                    try:
+                        await asyncio.wait_for(self._changed.wait(), left)
+                    except TimeoutError:
+                        return resp
+        finally:
+            self._streams.discard(resp)
+
+    # eviction -------------------------------------------------------------------------------------
+
+    async def _evict(self, request: web.Request) -> web.StreamResponse:
+        ns, name = request.match_info["ns"], request.match_info["name"]
+        body = await request.json()
+        if body.get("kind") != "Eviction" or body.get("metadata", {}).get("name") != name:
+            return status(400, "BadRequest", "name in URL does not match name in Eviction object")
+        pod = self.pods.get((ns, name))
+        if pod is None:
+            return status(404, "NotFound", f'pods "{name}" not found')
+        options = body.get("deleteOptions") or {}
+        uid = (options.get("preconditions") or {}).get("uid")
+        if uid and uid != pod["metadata"]["uid"]:
+            have = pod["metadata"]["uid"]
+            why = f"Precondition failed: UID in precondition: {uid}, UID in object meta: {have}"
+            return status(409, "Conflict", why)
+        if "deletionTimestamp" not in pod["metadata"]:
+            for pdb in self.pdbs:
+                if pdb.namespace != ns or not pdb.selects(pod):
+                    continue
+                healthy = sum(
+                    1
+                    for p in self.pods.values()
+                    if p["metadata"]["namespace"] == ns and "deletionTimestamp" not in p["metadata"] and pdb.selects(p)
+                )
+                if healthy - 1 < pdb.min_available:
+                    return status(
+                        429,
+                        "TooManyRequests",
+                        "Cannot evict pod as it would violate the pod's disruption budget.",
+                        causes=[
+                            {
+                                "reason": "DisruptionBudget",
+                                "message": f"The disruption budget {pdb.name} needs {pdb.min_available} healthy pods "
+                                f"and has {healthy} currently",
+                            }
+                        ],
+                    )
+        if request.query.get("dryRun") != "All" and "deletionTimestamp" not in pod["metadata"]:
+            grace = options.get("gracePeriodSeconds", 30)
+            pod["metadata"]["deletionTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            pod["metadata"]["deletionGracePeriodSeconds"] = grace
+            self._record("pods", "MODIFIED", pod)
+            asyncio.get_running_loop().call_later(self.grace_delay, self.delete_pod, ns, name)
+        return web.json_response(status_body(201, "", "", status_="Success"), status=201)
+
+    # events -------------------------------------------------------------------------------------
+
+    async def _post_event(self, request: web.Request) -> web.StreamResponse:
+        ns = request.match_info["ns"]
+        ev = await request.json()
+        name = ev.get("metadata", {}).get("name")
+        missing = [f for f in ("involvedObject", "reason", "message") if not ev.get(f)]
+        if not name or missing or ev["involvedObject"].get("namespace") != ns:
+            return status(422, "Invalid", f"Event is invalid: missing {missing or ['metadata.name']}")
+        if (ns, name) in self.events:
+            return status(409, "AlreadyExists", f'events "{name}" already exists')
+        ev["metadata"]["namespace"] = ns
+        self.rv += 1
+        ev["metadata"]["resourceVersion"] = str(self.rv)
+        self.events[(ns, name)] = ev
+        return web.json_response(ev, status=201)
+
+    async def _patch_event(self, request: web.Request) -> web.StreamResponse:
+        key = (request.match_info["ns"], request.match_info["name"])
+        if key not in self.events:
+            return status(404, "NotFound", f'events "{key[1]}" not found')
+        self.events[key] = merge(self.events[key], await request.json())
+        return web.json_response(self.events[key])
+
+
+def parse_selector(text: str) -> list[tuple[str, str]]:
+    out = []
+    for term in filter(None, text.split(",")):
+        key, sep, value = term.partition("=")
+        if not sep or "!" in key:
+            raise ValueError(f"unsupported field selector {term!r}")
+        out.append((key, value.lstrip("=")))
+    return out
+
+
+def matches(obj: dict[str, Any], selector: list[tuple[str, str]]) -> bool:
+    for key, want in selector:
+        node: Any = obj
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if str(node) != want:
+            return False
+    return True
+
+
+def merge(base: Any, patch: Any) -> Any:
+    """JSON merge patch (RFC 7386)."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(base) if isinstance(base, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge(out.get(k), v)
+    return out
+
+
+def status_body(code: int, reason: str, message: str, status_: str = "Failure", **details: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": status_, "code": code}
+    if reason:
+        body["reason"] = reason
+    if message:
+        body["message"] = message
+    if details:
+        body["details"] = details
+    return body
+
+
+def status(code: int, reason: str, message: str, **details: Any) -> web.Response:
+    return web.json_response(status_body(code, reason, message, **details), status=code)
