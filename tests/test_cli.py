@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -17,24 +16,8 @@ import pytest
 from nriplugin.agent_lock import AgentLock, Holder
 from nriplugin.cli import install
 from nriplugin.nri import api_pb2 as api
+from tests.agent_proc import agent, free_port, http_get, poll, preregistered, stopped
 from tests.runtime_peer import RuntimePeer, make_container, make_pod
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def http_get(url: str) -> tuple[int, str]:
-    """(status, body); (0, "") while nothing listens yet."""
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-    except urllib.error.URLError:
-        return 0, ""
 
 
 def test_install_writes_an_absolute_launcher(tmp_path: Path) -> None:
@@ -100,60 +83,42 @@ def test_run_serves_metrics_health_and_stops_on_sigterm(tmp_path: Path) -> None:
     async def main() -> None:
         sock = str(tmp_path / "nri.sock")
         port = free_port()
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "nriplugin",
-            "run",
-            "--socket",
-            sock,
-            "--metrics-address",
-            f"127.0.0.1:{port}",
-            stderr=subprocess.PIPE,
-        )
+        url = f"http://127.0.0.1:{port}"
         peer = RuntimePeer()
         try:
-            # No runtime yet: the agent keeps retrying and serves metrics after at most 1 s.
-            code = 0
-            for _ in range(200):
-                code, _ = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/readyz")
-                if code:
-                    break
-                await asyncio.sleep(0.05)
-            assert code == 503
-            await peer.listen(sock)
-            s = await peer.next_session(timeout=15)
-            for i in range(5):
-                pod = make_pod(i, "BE")
-                await s.create_container(pod, make_container(i, pod))
-            code, _ = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/readyz")
-            assert code == 200
-            code, body = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/metrics")
-            assert code == 200
-            assert 'nriplugin_hook_duration_seconds_count{event="create_container"} 5.0' in body
-            assert 'nriplugin_hook_duration_seconds_bucket{event="create_container",le="5e-05"}' in body
-            assert 'nriplugin_connection_state{state="registered"} 1.0' in body
-            assert "nriplugin_synchronize_duration_seconds_count 1.0" in body
-            assert (await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/nope"))[0] == 404
-            doc = await asyncio.to_thread(
-                subprocess.run,
-                [sys.executable, "-m", "nriplugin", "doctor", "--format", "json", "--agent", f"127.0.0.1:{port}"],
-                capture_output=True,
-                text=True,
-                timeout=30,
-            )
-            agent = json.loads(doc.stdout)["agent"]
-            assert agent["reachable"] and agent["connection"] == "registered" and agent["policyVersion"] == 1
-            assert agent["reconcilerPasses"] >= 1  # the pass right after Synchronize
-            proc.send_signal(signal.SIGTERM)
-            assert await asyncio.wait_for(proc.wait(), 10) == 0
-            assert proc.stderr is not None
-            logs = (await proc.stderr.read()).decode()
-            assert '"msg": "registered with the runtime as 10-nriplugin"' in logs
+            async with agent("--socket", sock, "--metrics-address", f"127.0.0.1:{port}") as proc:
+                # No runtime yet: the agent keeps retrying and serves metrics after at most 1 s.
+                code, _ = await poll(f"{url}/readyz")
+                assert code == 503
+                await peer.listen(sock)
+                s = await peer.next_session(timeout=15)
+                for i in range(5):
+                    pod = make_pod(i, "BE")
+                    await s.create_container(pod, make_container(i, pod))
+                code, _ = await asyncio.to_thread(http_get, f"{url}/readyz")
+                assert code == 200
+                code, body = await asyncio.to_thread(http_get, f"{url}/metrics")
+                assert code == 200
+                assert 'nriplugin_hook_duration_seconds_count{event="create_container"} 5.0' in body
+                assert 'nriplugin_hook_duration_seconds_bucket{event="create_container",le="5e-05"}' in body
+                assert 'nriplugin_connection_state{state="registered"} 1.0' in body
+                assert "nriplugin_synchronize_duration_seconds_count 1.0" in body
+                assert (await asyncio.to_thread(http_get, f"{url}/nope"))[0] == 404
+                doc = await asyncio.to_thread(
+                    subprocess.run,
+                    [sys.executable, "-m", "nriplugin", "doctor", "--format", "json", "--agent", f"127.0.0.1:{port}"],
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                )
+                info = json.loads(doc.stdout)["agent"]
+                assert info["reachable"] and info["connection"] == "registered" and info["policyVersion"] == 1
+                assert info["reconcilerPasses"] >= 1  # the pass right after Synchronize
+                proc.send_signal(signal.SIGTERM)
+                code, logs = await stopped(proc)
+                assert code == 0
+                assert '"msg": "registered with the runtime as 10-nriplugin"' in logs
         finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
             await peer.close()
 
     asyncio.run(main())
@@ -242,37 +207,21 @@ def test_bad_policy_preregistered_runs_on_the_default(tmp_path: Path) -> None:
     policy.write_text("cpuBurstStrategy: {policy: sometimes}\n")
 
     async def main() -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         peer = RuntimePeer(synchronize=False)
-        await peer.adopt(ours)
-        env = {**os.environ, "NRI_PLUGIN_NAME": "nriplugin", "NRI_PLUGIN_IDX": "11"}
-        env["NRI_PLUGIN_SOCKET"] = str(theirs.fileno())
         args = ["--socket", str(tmp_path / "nri.sock"), "--policy", str(policy), "--metrics-address", "127.0.0.1:0"]
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "nriplugin",
-            "run",
-            *args,
-            env=env,
-            pass_fds=(theirs.fileno(),),
-            stderr=subprocess.PIPE,
-        )
-        theirs.close()
         try:
-            s = await peer.next_session(timeout=10)
-            pod = make_pod(1, "BE")
-            rsp = await s.create_container(pod, make_container(1, pod))
-            assert rsp.adjust.linux.resources.cpu.shares.value == 2
-            s.close()
-            assert await asyncio.wait_for(proc.wait(), 10) == 0
-            assert proc.stderr is not None
-            logs = (await proc.stderr.read()).decode()
-            assert "policy rejected, running with the embedded default" in logs and "cpuBurstStrategy.policy" in logs
+            async with preregistered(peer, *args) as proc:
+                s = await peer.next_session(timeout=10)
+                pod = make_pod(1, "BE")
+                rsp = await s.create_container(pod, make_container(1, pod))
+                assert rsp.adjust.linux.resources.cpu.shares.value == 2
+                s.close()
+                code, logs = await stopped(proc)
+                assert code == 0
+                assert (
+                    "policy rejected, running with the embedded default" in logs and "cpuBurstStrategy.policy" in logs
+                )
         finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
             await peer.close()
 
     asyncio.run(main())
@@ -329,23 +278,6 @@ def test_second_agent_on_a_taken_metrics_address_says_who_holds_the_runtime(tmp_
         holder.release(Holder.me("socket", sock))
 
 
-async def _preregistered(args: list[str], peer: RuntimePeer) -> asyncio.subprocess.Process:
-    """`nriplugin run ARGS` as the runtime starts a pre-registered plugin: fd in the env."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    await peer.adopt(ours)
-    env = {
-        **os.environ,
-        "NRI_PLUGIN_NAME": "nriplugin",
-        "NRI_PLUGIN_IDX": "11",
-        "NRI_PLUGIN_SOCKET": str(theirs.fileno()),
-    }
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "nriplugin", "run", *args, env=env, pass_fds=(theirs.fileno(),), stderr=subprocess.PIPE
-    )
-    theirs.close()
-    return proc
-
-
 INERT = 1 << (api.POST_UPDATE_CONTAINER - 1)
 
 
@@ -356,19 +288,15 @@ def test_preregistered_startup_error_registers_inert(tmp_path: Path) -> None:
     async def main() -> None:
         peer = RuntimePeer(synchronize=False)
         args = ["--socket", str(tmp_path / "nri.sock"), "--cgroup-root", str(tmp_path / "none")]
-        proc = await _preregistered([*args, "--metrics-address", "127.0.0.1:0"], peer)
         try:
-            s = await peer.next_session(timeout=10)
-            assert s.events == INERT
-            s.close()
-            assert await asyncio.wait_for(proc.wait(), 10) == 2
-            assert proc.stderr is not None
-            logs = (await proc.stderr.read()).decode()
-            assert "--cgroup-root" in logs and "registering inert" in logs and "Traceback" not in logs
+            async with preregistered(peer, *args, "--metrics-address", "127.0.0.1:0") as proc:
+                s = await peer.next_session(timeout=10)
+                assert s.events == INERT
+                s.close()
+                code, logs = await stopped(proc)
+                assert code == 2
+                assert "--cgroup-root" in logs and "registering inert" in logs and "Traceback" not in logs
         finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
             await peer.close()
 
     asyncio.run(main())
@@ -387,32 +315,24 @@ def test_preregistered_standby_takes_over_on_the_socket(tmp_path: Path) -> None:
         fd_peer, sock_peer = RuntimePeer(synchronize=False), RuntimePeer()
         await sock_peer.listen(sock)
         port = free_port()
-        proc = await _preregistered(["--socket", sock, "--metrics-address", f"127.0.0.1:{port}"], fd_peer)
         try:
-            inert = await fd_peer.next_session(timeout=10)
-            assert inert.events == INERT
-            code, body = 0, ""
-            for _ in range(200):
-                code, body = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/readyz")
-                if code:
-                    break
-                await asyncio.sleep(0.05)
-            assert code == 200 and body.startswith("standby:") and f"pid {os.getpid()}" in body
-            holder.release(me)
-            s = await sock_peer.next_session(timeout=10)
-            assert (s.name, s.idx) == ("nriplugin", "11") and s.subscribed(api.CREATE_CONTAINER)
-            await asyncio.wait_for(inert.closed.wait(), 10)
-            pod = make_pod(1, "BE")
-            rsp = await s.create_container(pod, make_container(1, pod))
-            assert rsp.adjust.linux.resources.cpu.shares.value == 2
-            code, body = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/metrics")
-            assert 'nriplugin_agent_gap_seconds_count{cause="handover"} 1.0' in body
-            proc.send_signal(signal.SIGTERM)
-            assert await asyncio.wait_for(proc.wait(), 10) == 0
+            async with preregistered(fd_peer, "--socket", sock, "--metrics-address", f"127.0.0.1:{port}") as proc:
+                inert = await fd_peer.next_session(timeout=10)
+                assert inert.events == INERT
+                code, body = await poll(f"http://127.0.0.1:{port}/readyz")
+                assert code == 200 and body.startswith("standby:") and f"pid {os.getpid()}" in body
+                holder.release(me)
+                s = await sock_peer.next_session(timeout=10)
+                assert (s.name, s.idx) == ("nriplugin", "11") and s.subscribed(api.CREATE_CONTAINER)
+                await asyncio.wait_for(inert.closed.wait(), 10)
+                pod = make_pod(1, "BE")
+                rsp = await s.create_container(pod, make_container(1, pod))
+                assert rsp.adjust.linux.resources.cpu.shares.value == 2
+                code, body = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/metrics")
+                assert 'nriplugin_agent_gap_seconds_count{cause="handover"} 1.0' in body
+                proc.send_signal(signal.SIGTERM)
+                assert (await stopped(proc))[0] == 0
         finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
             await fd_peer.close()
             await sock_peer.close()
 

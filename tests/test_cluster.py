@@ -314,7 +314,7 @@ def test_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_agent_takes_its_nodeslo_from_the_api_server(tmp_path: Path) -> None:
     """`nriplugin run --kubeconfig`: the NodeSLO raises the policy version without a runtime
     (the agent keeps retrying NRI meanwhile); a missing kubeconfig is one line and exit 2."""
-    from tests.test_cli import free_port, http_get
+    from tests.agent_proc import free_port, http_get
 
     async def main() -> None:
         standin = KubeStandIn()

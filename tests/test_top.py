@@ -34,8 +34,8 @@ from nriplugin.qos.cpu_suppress import Limiter
 from nriplugin.qos.levels import Level
 from nriplugin.qos.manager import SUPPRESS, Decision, QoSManager
 from nriplugin.qos.sample import ClassUsage, NodeSample
+from tests.agent_proc import agent, free_port, http_get, stopped
 from tests.runtime_peer import RuntimePeer, make_container, make_pod
-from tests.test_cli import free_port, http_get
 
 
 def _conforms(m: QoSManager) -> view.Manager:
@@ -320,43 +320,30 @@ def test_running_agent_serves_debug_qos_and_top_reads_it(tmp_path: Path) -> None
     async def main() -> None:
         sock = str(tmp_path / "nri.sock")
         port = free_port()
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "nriplugin",
-            "run",
-            "--socket",
-            sock,
-            "--metrics-address",
-            f"127.0.0.1:{port}",
-            stderr=subprocess.PIPE,
-        )
         peer = RuntimePeer()
         try:
-            await peer.listen(sock)
-            s = await peer.next_session(timeout=15)
-            pod = make_pod(0, "BE")
-            await s.create_container(pod, make_container(0, pod))
-            doc: dict[str, Any] = {}
-            for _ in range(100):  # the first full round runs once the runtime is ours
-                code, body = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/debug/qos")
-                if code == 200:
-                    doc = json.loads(body)
-                    if doc["sampled"]:
-                        break
-                await asyncio.sleep(0.1)
-            assert doc.get("sampled"), doc
-            assert isinstance(doc["cpu"]["score"], float) and doc["cpu"]["level"] in Level.__members__
-            assert doc["enabled"] is True and doc["profile"] == "balanced" and doc["node"]["ncpu"] >= 1
-            r = await asyncio.to_thread(nriplugin, "top", "--once", "--agent", f"127.0.0.1:{port}")
-            assert r.returncode == 0, r.stderr
-            assert "CPU score" in r.stdout and "profile balanced" in r.stdout
-            proc.send_signal(signal.SIGTERM)
-            assert await asyncio.wait_for(proc.wait(), 10) == 0
+            async with agent("--socket", sock, "--metrics-address", f"127.0.0.1:{port}") as proc:
+                await peer.listen(sock)
+                s = await peer.next_session(timeout=15)
+                pod = make_pod(0, "BE")
+                await s.create_container(pod, make_container(0, pod))
+                doc: dict[str, Any] = {}
+                for _ in range(100):  # the first full round runs once the runtime is ours
+                    code, body = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/debug/qos")
+                    if code == 200:
+                        doc = json.loads(body)
+                        if doc["sampled"]:
+                            break
+                    await asyncio.sleep(0.1)
+                assert doc.get("sampled"), doc
+                assert isinstance(doc["cpu"]["score"], float) and doc["cpu"]["level"] in Level.__members__
+                assert doc["enabled"] is True and doc["profile"] == "balanced" and doc["node"]["ncpu"] >= 1
+                r = await asyncio.to_thread(nriplugin, "top", "--once", "--agent", f"127.0.0.1:{port}")
+                assert r.returncode == 0, r.stderr
+                assert "CPU score" in r.stdout and "profile balanced" in r.stdout
+                proc.send_signal(signal.SIGTERM)
+                assert (await stopped(proc))[0] == 0
         finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
             await peer.close()
 
     asyncio.run(main())
