@@ -314,7 +314,7 @@ def test_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_agent_takes_its_nodeslo_from_the_api_server(tmp_path: Path) -> None:
     """`nriplugin run --kubeconfig`: the NodeSLO raises the policy version without a runtime
     (the agent keeps retrying NRI meanwhile); a missing kubeconfig is one line and exit 2."""
-    from tests.agent_proc import free_port, http_get
+    from tests.agent_proc import agent, free_port, poll, stopped
 
     async def main() -> None:
         standin = KubeStandIn()
@@ -323,42 +323,19 @@ def test_the_agent_takes_its_nodeslo_from_the_api_server(tmp_path: Path) -> None
         port = free_port()
         args = ["--socket", str(tmp_path / "nri.sock"), "--metrics-address", f"127.0.0.1:{port}"]
         args += ["--log-format", "text"]
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "nriplugin",
-            "run",
-            *args,
-            "--kubeconfig",
-            kubeconfig(tmp_path, standin),
-            "--node-name",
-            NODE,
-            stderr=subprocess.PIPE,
-        )
         try:
-            body = ""
-            for _ in range(300):
-                _, body = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/metrics")
-                if "nriplugin_policy_version 2.0" in body:
-                    break
-                await asyncio.sleep(0.05)
-            assert "nriplugin_policy_version 2.0" in body
-            standin.put_nodeslo(NODE, {"resourceUsedThresholdWithBE": {"cpuSuppressThresholdPercent": 45}})
-            for _ in range(100):
-                _, body = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/metrics")
-                if "nriplugin_policy_version 3.0" in body:
-                    break
-                await asyncio.sleep(0.02)
-            assert "nriplugin_policy_version 3.0" in body
-            proc.send_signal(signal.SIGTERM)
-            assert await asyncio.wait_for(proc.wait(), 10) == 0
-            assert proc.stderr is not None
-            logs = (await proc.stderr.read()).decode()
-            assert "cluster: node node-1 (from --node-name)" in logs and "from NodeSLO node-1" in logs
+            async with agent(*args, "--kubeconfig", kubeconfig(tmp_path, standin), "--node-name", NODE) as proc:
+                url = f"http://127.0.0.1:{port}/metrics"
+                _, body = await poll(url, lambda _, body: "nriplugin_policy_version 2.0" in body, tries=300)
+                assert "nriplugin_policy_version 2.0" in body
+                standin.put_nodeslo(NODE, {"resourceUsedThresholdWithBE": {"cpuSuppressThresholdPercent": 45}})
+                _, body = await poll(url, lambda _, body: "nriplugin_policy_version 3.0" in body, 100, 0.02)
+                assert "nriplugin_policy_version 3.0" in body
+                proc.send_signal(signal.SIGTERM)
+                code, logs = await stopped(proc)
+                assert code == 0
+                assert "cluster: node node-1 (from --node-name)" in logs and "from NodeSLO node-1" in logs
         finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
             await standin.stop()
         r = await asyncio.to_thread(
             subprocess.run,
