@@ -158,6 +158,14 @@ class StubMetrics:
         self.m = m
         self._latency: dict[str, object] = {}
 
+    def expect(self, events: list[str]) -> None:
+        """Makes each event's latency series exist at 0 before its first hook: a series born
+        with its first observation loses that hook to rate(), and its buckets would start
+        unlike each other (the SLO's recording rules read them over windows)."""
+        for event in events:
+            if event not in self._latency:
+                self._latency[event] = self.m.hook_latency.labels(event)
+
     def hook_done(self, event: str, seconds: float) -> None:
         child = self._latency.get(event)
         if child is None:

@@ -178,9 +178,11 @@ def rule_groups(slo: SLO) -> list[dict[str, Any]]:
             },
         },
     ]
+    # The burn alerts share the ratios' group: a group's rules are evaluated in order, while
+    # groups run concurrently, so an alert in another group could read ratios one round old.
     return [
-        {"name": "nriplugin-hook-latency", "rules": latency + ratios},
-        {"name": "nriplugin-slo-alerts", "rules": alerts},
+        {"name": "nriplugin-hook-latency", "rules": latency},
+        {"name": "nriplugin-slo", "rules": ratios + alerts},
         {"name": "nriplugin-agent-alerts", "rules": agent},
     ]
 
