@@ -7,6 +7,8 @@ import asyncio
 import logging
 import os
 import shutil
+import signal
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -161,5 +163,51 @@ def test_symlink_to_a_file_elsewhere(tmp_path: Path) -> None:
             assert shares(cache) != 9
         finally:
             w.stop()
+
+    asyncio.run(main())
+
+
+def test_agent_reloads_a_configmap_volume(tmp_path: Path) -> None:
+    """The running agent (`nriplugin run --policy`, registered with a runtime peer) follows
+    kubelet's updates of its ConfigMap volume: the DaemonSet's setup in kind/."""
+    from tests.runtime_peer import RuntimePeer
+    from tests.test_cli import free_port, http_get
+
+    volume = tmp_path / "etc-nriplugin"
+    volume.mkdir()
+    kubelet_write(volume, "beMinCPUShares: 3\n", "1")
+
+    def version(port: int) -> float:
+        _, body = http_get(f"http://127.0.0.1:{port}/metrics")
+        line = next((ln for ln in body.splitlines() if ln.startswith("nriplugin_policy_version ")), "x 0")
+        return float(line.split()[1])
+
+    async def main() -> None:
+        sock = str(tmp_path / "nri.sock")
+        port = free_port()
+        log = (tmp_path / "agent.log").open("w")
+        proc = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "nriplugin", "run", "--socket", sock, "--metrics-address", f"127.0.0.1:{port}"),
+            *("--policy", str(volume / "policy.yaml"), "--cri-socket", "", "--log-format", "text"),
+            stderr=log,
+        )
+        peer = RuntimePeer()
+        try:
+            await peer.listen(sock)
+            await peer.next_session(timeout=15)
+            assert await until(lambda: version(port) == 2.0, 15)  # the file's policy, at start
+            for n, value in enumerate((4, 5, 6), start=2):
+                kubelet_write(volume, f"beMinCPUShares: {value}\n", str(n))
+                assert await until(lambda n=n: version(port) == n + 1.0, 10), (tmp_path / "agent.log").read_text()  # type: ignore[misc]
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(proc.wait(), 10) == 0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            await peer.close()
+            log.close()
+        text = (tmp_path / "agent.log").read_text()
+        assert "removed" not in text and f"policy version 5 from {volume / 'policy.yaml'}" in text
 
     asyncio.run(main())
