@@ -12,9 +12,9 @@ if [ -x "$bin/prometheus" ] && [ -x "$bin/promtool" ]; then
 fi
 rm -rf "$cache/debs" "$cache/root"
 mkdir -p "$cache/debs" "$cache/root"
-if ! (cd "$cache/debs" && apt-get download -qq prometheus >&2); then
+if ! (cd "$cache/debs" && apt-get download -qq -o APT::Sandbox::User=root prometheus >&2); then
   apt-get update -qq >&2  # a fresh machine has no package lists yet
-  (cd "$cache/debs" && apt-get download -qq prometheus >&2)
+  (cd "$cache/debs" && apt-get download -qq -o APT::Sandbox::User=root prometheus >&2)
 fi
 dpkg -x "$cache"/debs/prometheus_*.deb "$cache/root"
 rm -rf "$cache/debs"
