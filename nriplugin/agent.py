@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .agent_lock import AgentLock, Holder
-from .nri.stub import BufferedObserver, HookPolicy, Plugin, Stub, StubOptions
+from .nri.stub import BufferedObserver, HookPolicy, Plugin, Stub, StubOptions, handled_events
 from .preflight import StartupError, bind_metrics, check_cgroup_root, check_policy_readable, check_socket
 from .supervise import ENV_GAP_CAUSE, ENV_GAP_SINCE  # set when the supervisor restarts a crashed agent
 
@@ -252,7 +252,8 @@ class Agent:
 
         invalid = Invalid()
         node = Node.create(rules, cgroups=Cgroups(Path(ns.cgroup_root)), on_invalid=invalid)
-        stub.replace_plugin(QoSPlugin(node, push=stub.update_containers))
+        plugin = QoSPlugin(node, push=stub.update_containers)
+        stub.replace_plugin(plugin)
         if runner is not None:
             # Registered first; metrics and the HTTP endpoint come up right after (or after 1 s).
             first: list[asyncio.Future[Any]] = [runner, asyncio.ensure_future(stub.ready.wait())]
@@ -262,6 +263,7 @@ class Agent:
         metrics = Metrics()
         observer = StubMetrics(metrics)
         early.replay(observer)
+        observer.expect(handled_events(plugin))
         stub.observer = observer
         invalid.attach(lambda reason: metrics.invalid_input.labels(reason).inc())
         metrics.policy_version.set(rules.current.version)

@@ -1,5 +1,5 @@
 """Command line: parses ``nriplugin run`` (the agent, assembled in agent.py), ``install`` (the
-pre-registered launcher), ``supervise``, ``explain``, ``doctor`` and ``top``.
+pre-registered launcher), ``supervise``, ``explain``, ``doctor``, ``top`` and ``slo``.
 
 Start-up is on the runtime's clock in pre-registered mode (containerd 1.7 gives a plugin 5 s
 to register), so nothing heavy is imported here.
@@ -127,6 +127,15 @@ def build_parser() -> argparse.ArgumentParser:
     top.add_argument("--interval", type=_interval, default=1.0, help="seconds between polls (default %(default)s)")
     top.add_argument("--once", action="store_true", help="print one frame and exit (for scripts)")
 
+    slo = sub.add_parser("slo", help="hook latency against the SLO, per event, from a running agent's /metrics")
+    slo.add_argument(
+        "--agent", default="127.0.0.1:9310", help="agent HOST:PORT or a /metrics URL (default %(default)s)"
+    )
+    slo.add_argument("--event", default="create_container", help="the SLO's hook (default %(default)s)")
+    slo.add_argument("--threshold-ms", type=float, default=2.0, help="answered within (default %(default)s)")
+    slo.add_argument("--objective", type=float, default=99.9, help="percent of hooks within it (default %(default)s)")
+    slo.add_argument("--window-days", type=int, default=30, help="the SLO's window (default %(default)s)")
+
     inst = sub.add_parser("install", help="install a pre-registered launcher into the runtime's plugin dir")
     inst.add_argument("--plugin-dir", default="/opt/nri/plugins", help="runtime plugin dir (default %(default)s)")
     inst.add_argument("--name", default="nriplugin")
@@ -199,6 +208,15 @@ def main(argv: list[str] | None = None) -> int:
         from . import top  # rich: only here, never on the agent's start-up
 
         return top.run(ns.agent, ns.interval, ns.once)
+    if ns.command == "slo":
+        from . import slo
+
+        try:
+            want = slo.SLO(ns.event, ns.threshold_ms / 1e3, ns.objective / 100, ns.window_days)
+        except ValueError as exc:
+            print(f"nriplugin slo: {exc}", file=sys.stderr)
+            return 2
+        return slo.run(ns.agent, want)
     if ns.command in ("explain", "doctor"):
         logs.setup("text", "warning")
         from . import explain

@@ -13,6 +13,7 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
 
 from tests.runtime_peer import RuntimePeer
 
@@ -50,10 +51,13 @@ async def poll(
 
 
 @contextlib.asynccontextmanager
-async def agent(*args: str, env: dict[str, str] | None = None, pass_fds: Sequence[int] = ()) -> AsyncIterator[Process]:
-    """``nriplugin run ARGS`` with its stderr piped (read it after it exited)."""
+async def agent(
+    *args: str, env: dict[str, str] | None = None, pass_fds: Sequence[int] = (), stderr: Any = subprocess.PIPE
+) -> AsyncIterator[Process]:
+    """``nriplugin run ARGS``, its log piped (read it after it exited, :func:`stopped`) or to
+    ``stderr`` (a file to read while it runs)."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "nriplugin", "run", *args, env=env, pass_fds=pass_fds, stderr=subprocess.PIPE
+        sys.executable, "-m", "nriplugin", "run", *args, env=env, pass_fds=pass_fds, stderr=stderr
     )
     try:
         yield proc

@@ -92,13 +92,21 @@ class Plugin:
     def remove_container(self, pod: Pod, container: Container) -> Any: ...
 
 
+def handled_events(plugin: Plugin) -> list[str]:
+    """The hooks ``plugin``'s class overrides, by the name the stub reports them under."""
+    return [
+        name
+        for name, ev in HANDLER_EVENTS.items()
+        if getattr(type(plugin), name) is not getattr(Plugin, name) and (1 << (ev - 1)) & VALID_EVENTS
+    ]
+
+
 def event_mask(plugin: Plugin) -> int:
     """The subscription derived from the handlers ``plugin``'s class overrides."""
     mask = 0
-    for name, ev in HANDLER_EVENTS.items():
-        if getattr(type(plugin), name) is not getattr(Plugin, name):
-            mask |= 1 << (ev - 1)
-    return mask & VALID_EVENTS
+    for name in handled_events(plugin):
+        mask |= 1 << (HANDLER_EVENTS[name] - 1)
+    return mask
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """The rule cache: the current validated policy with a version, swapped atomically; a bad new
 policy is rejected with a clear error and the last good one stays. Hot reload of the policy
-file (watchdog) feeds it."""
+file (inotify, through symlink swaps such as a ConfigMap's) feeds it."""
 
 from __future__ import annotations
 
@@ -8,15 +8,25 @@ import asyncio
 import hashlib
 import json
 import logging
-import threading
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
+from ..kernel.inotify import (
+    IN_CLOSE_WRITE,
+    IN_CREATE,
+    IN_DELETE,
+    IN_IGNORED,
+    IN_MODIFY,
+    IN_MOVED_FROM,
+    IN_MOVED_TO,
+    IN_Q_OVERFLOW,
+    Inotify,
+)
 from .model import Policy, from_document
 from .nodeslo import NodeSLOError
 
@@ -151,38 +161,93 @@ def _digest(p: Policy) -> str:
     return hashlib.sha256(p.model_dump_json().encode()).hexdigest()[:16]
 
 
+def chain(path: str) -> list[str]:
+    """The names that resolving ``path`` goes through and that a rename can swap: each symlink
+    met on the way (the path itself, a directory link such as a ConfigMap volume's ``..data``),
+    then the file it ends at. Each name's directory part holds no symlink, so a watch on that
+    directory sees the name change. Resolved component by component, as the kernel does (a
+    ``..`` after a link is the link target's parent); ends after 40 links, the kernel's ELOOP."""
+    names: list[str] = []
+    todo = list(reversed(Path(os.path.abspath(path)).parts[1:]))  # next component last
+    cur = "/"
+    while todo:
+        part = todo.pop()
+        if part == "..":
+            cur = os.path.dirname(cur)  # cur holds no symlink: its parent is the real one
+            continue
+        nxt = os.path.join(cur, part)
+        try:
+            target = os.readlink(nxt)
+        except OSError:  # not a link (or not there): a plain component
+            cur = nxt
+            continue
+        names.append(nxt)
+        if len(names) > 40:
+            return names
+        if target.startswith("/"):
+            cur = "/"
+        todo.extend(reversed([t for t in target.split("/") if t not in ("", ".")]))
+    names.append(cur)
+    return names
+
+
+_EVENTS = IN_MODIFY | IN_CLOSE_WRITE | IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO
+
+
 class PolicyWatcher:
-    """Reloads the policy file when it changes (editors replace files, so the folder is
-    watched). Events arrive on watchdog's thread and are handed to the event loop."""
+    """Reloads the policy when what its path names changes, through symlink swaps.
+
+    The path is watched as given, never resolved once: kubelet mounts a ConfigMap as
+    ``policy.yaml -> ..data/policy.yaml`` with ``..data -> ..2026_...`` and updates it by
+    writing a new timestamped directory, renaming a new ``..data`` link over the old one and
+    removing the old directory; editors rename a new file over the old. So the directory of
+    every name on the path's :func:`chain` is watched (one inotify instance, read on the event
+    loop), a change to any of those names re-resolves the chain and moves the watches, and
+    only then is the file read, so no change made after the move can be missed."""
 
     def __init__(self, path: Path, cache: RuleCache, loop: asyncio.AbstractEventLoop, debounce: float = 0.1) -> None:
-        self.path = path.resolve()
+        self.path = Path(os.path.abspath(path))
         self.cache = cache
         self.loop = loop
         self.debounce = debounce
         self._pending: asyncio.TimerHandle | None = None
-        self._observer: Any = None
-        self._lock = threading.Lock()
+        self._ino: Inotify | None = None
+        self._names: set[str] = set()
+        self._wds: dict[str, int] = {}  # watched directory -> watch descriptor
 
     def start(self) -> None:
-        from watchdog.events import FileSystemEvent, FileSystemEventHandler
-        from watchdog.observers import Observer
+        self._ino = Inotify()
+        self._rewatch()
+        self.loop.add_reader(self._ino.fd, self._on_events)
 
-        watcher = self
+    def watched(self) -> list[str]:
+        return sorted(self._wds)
 
-        class Handler(FileSystemEventHandler):
-            def on_any_event(self, event: FileSystemEvent) -> None:
-                # Our own reads raise opened/closed_no_write events: reacting to them would loop.
-                if event.event_type not in ("modified", "created", "moved", "deleted", "closed"):
-                    return
-                paths = {str(event.src_path), str(getattr(event, "dest_path", "") or "")}
-                if str(watcher.path) in paths:
-                    watcher.loop.call_soon_threadsafe(watcher._schedule)
+    def _rewatch(self) -> None:
+        assert self._ino is not None
+        names = chain(str(self.path))
+        dirs = {os.path.dirname(n) for n in names}
+        for d in set(self._wds) - dirs:
+            self._ino.remove(self._wds.pop(d))
+        for d in sorted(dirs - set(self._wds)):
+            try:
+                self._wds[d] = self._ino.add(d, _EVENTS)
+            except OSError as exc:  # gone already (the chain changed again): its event follows
+                log.debug("cannot watch %s: %s", d, exc)
+        self._names = set(names)
 
-        self._observer = Observer()
-        self._observer.schedule(Handler(), str(self.path.parent), recursive=False)
-        self._observer.daemon = True
-        self._observer.start()
+    def _on_events(self) -> None:
+        assert self._ino is not None
+        relevant = False
+        while events := self._ino.read():
+            for d, name, mask in events:
+                if mask & IN_IGNORED:  # a watched directory went away (kubelet removed the old one)
+                    self._wds.pop(d, None)
+                    relevant = True
+                elif mask & IN_Q_OVERFLOW or os.path.join(d, name) in self._names:
+                    relevant = True
+        if relevant:
+            self._schedule()
 
     def _schedule(self) -> None:
         if self._pending is not None:
@@ -191,6 +256,7 @@ class PolicyWatcher:
 
     def _reload(self) -> None:
         self._pending = None
+        self._rewatch()
         if not self.path.exists():
             log.warning("policy file %s removed; keeping policy version %d", self.path, self.cache.current.version)
             return
@@ -200,6 +266,11 @@ class PolicyWatcher:
             log.error("policy rejected, keeping version %d: %s", self.cache.current.version, exc)
 
     def stop(self) -> None:
-        if self._observer is not None:
-            self._observer.stop()
-            self._observer.join(5)
+        if self._pending is not None:
+            self._pending.cancel()
+            self._pending = None
+        if self._ino is not None:
+            self.loop.remove_reader(self._ino.fd)
+            self._ino.close()
+            self._ino = None
+            self._wds.clear()
