@@ -93,7 +93,7 @@ def test_cpu_ranking_is_priority_then_usage_then_newest_and_never_ls() -> None:
 
 def test_a_quiet_be_pod_is_not_a_cpu_victim() -> None:
     facts, _ = seed_cpu_case()
-    pods = [be(1, cpu_cores=0.001), be(2, cpu_cores=0.5)]
+    pods = [be(1, cpu_cores=0.0002), be(2, cpu_cores=0.005)]  # idle vs starved but working
     plan = CpuEvict(CpuConfig(sustain=0.0)).decide(facts, pods)
     assert plan is not None and [c.name for c in plan.victims] == ["be-2"]
 

@@ -9,7 +9,8 @@ containers throttled at their quota. The conditions must hold for ``sustain`` se
 one-round spike is suppression's job), and after an eviction CPUEvict waits ``cooldown``.
 
 How much (step 2): ``release = 1.2 x (LS demand - LS available)`` with
-``available = total - system reserved - BE usage`` (the seed's) and the demand estimated from
+``available = total - system - BE usage`` (the seed's; the system's share is what it uses or
+what is reserved for it, whichever is more) and the demand estimated from
 what LS used and how long it waited: ``usage x (1 + max(stall share, throttled share))``.
 The seed's worked example (64 cores, LS at 52 with 52 available) has no shortage by its own
 arithmetic yet frees 8 cores: with LS stalled 13 % of the time the estimate gives a shortage
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from .victims import Candidate, Plan, Release, rank_cpu
 
 RELEASE_FACTOR = 1.2  # the seed's 20 % buffer
-MIN_CORES = 0.01  # a pod using less frees nothing worth an eviction
+MIN_CORES = 0.001  # a pod using less than a millicore is idle: evicting it frees nothing
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +47,7 @@ class CpuFacts:
     system_reserved: float
     ls_usage: float
     be_usage: float
+    other_usage: float = 0.0  # neither LS nor BE: the system's daemons, anything outside the pods
     ls_stall: float = 0.0  # share of the interval LS had runnable tasks waiting
     ls_throttled: float = 0.0  # LS throttled periods / periods
     be_request: float = 0.0  # what BE pods requested (batch-cpu)
@@ -68,7 +70,7 @@ class CpuConfig:
 
 def shortage(f: CpuFacts) -> tuple[float, float, float]:
     """(LS demand, LS available, shortage) in cores."""
-    available = max(0.0, f.total - f.system_reserved - f.be_usage)
+    available = max(0.0, f.total - max(f.system_reserved, f.other_usage) - f.be_usage)
     demand = f.ls_usage * (1.0 + max(f.ls_stall, f.ls_throttled))
     return demand, available, demand - available
 
@@ -88,7 +90,7 @@ def emergency_release(f: CpuFacts, cfg: CpuConfig) -> Release | None:
     why = (
         f"CPU score {f.score:.0f} >= {cfg.threshold:g}, BE suppressed, LS stalled {f.ls_stall:.0%} / throttled "
         f"{f.ls_throttled:.0%}: LS wants {demand:.2f} cores, has {available:.2f} "
-        f"({f.total:g} - {f.system_reserved:g} reserved - {f.be_usage:.2f} BE); "
+        f"({f.total:g} - {max(f.system_reserved, f.other_usage):.2f} system - {f.be_usage:.2f} BE); "
         f"release {cfg.release_factor:g} x {short:.2f} = {amount:.2f} cores"
     )
     return Release(amount, "emergency", why)

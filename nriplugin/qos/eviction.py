@@ -61,8 +61,10 @@ class Eviction:
         priorities: Priorities | None = None,
         usage: Callable[[], Mapping[str, ContainerUsage]] | None = None,
         meminfo_total: Callable[[], int] | None = None,
+        force_dry_run: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self.force_dry_run = force_dry_run
         self.model = model
         self.desired = desired
         self.cgroups = cgroups
@@ -181,6 +183,7 @@ class Eviction:
         """The manager's hook, after CPUSuppress: CPUEvict, then a MemoryEvict check."""
         self.memory_score = memory_score
         qm = self.rules.policy.qosManager
+        self._configure_evictor()
         if qm.runs("CPUEvict"):
             facts = cpu_facts(sample, cap, level, cpu_score, be_limit, be_target, qm.cpuSuppress.deadbandCores)
             self.cpu.cfg = self._cpu_config()
@@ -197,6 +200,7 @@ class Eviction:
         self._last_check = now = self.clock()
         if not self.rules.policy.qosManager.runs("MemoryEvict"):
             return None
+        self._configure_evictor()
         total = self.meminfo_total()
         used, limits = 0, []
         for root in self.roots:
@@ -316,6 +320,13 @@ class Eviction:
 
     # policy -------------------------------------------------------------------------------------
 
+    def _configure_evictor(self) -> None:
+        """The policy's eviction settings, every time (a reload applies at once)."""
+        e, ev = self.rules.policy.qosManager.eviction, self.evictor
+        ev.dry_run = self.force_dry_run or e.dryRun
+        ev.max_per_minute, ev.grace_seconds = e.maxPerMinute, e.gracePeriodSeconds
+        ev.repeat_after, ev.retry_after = e.repeatAfter, e.retryAfter
+
     def _cpu_config(self) -> CpuConfig:
         p = self.rules.policy
         ce, u = p.qosManager.cpuEvict, p.resourceUsedThresholdWithBE
@@ -375,6 +386,7 @@ def cpu_facts(
         system_reserved=cap.system_reserved,
         ls_usage=cap.ls_usage,
         be_usage=cap.be_usage,
+        other_usage=max(0.0, cap.non_be_usage - cap.ls_usage),
         ls_stall=stall,
         ls_throttled=throttled,
         be_request=sample.usage("BE").cpu_request_cores,

@@ -222,7 +222,7 @@ class Evictor:
                     if not self.dry_run:
                         held = float(c.freeable_bytes) if plan.unit == "bytes" else share
                         self.pending[c.uid] = Pending(
-                            c.uid, c.who, plan.strategy, share, plan.unit, now, groups.get(c.uid), held
+                            c.uid, c.who, plan.strategy, held, plan.unit, now, groups.get(c.uid), held
                         )
                     self.observer.evicted(plan.strategy, rel.trigger, self.dry_run)
                     self.history.append(
