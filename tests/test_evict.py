@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -177,10 +178,21 @@ def test_under_oom_risk_a_growing_pod_counts_what_it_would_add() -> None:
     assert urgent is not None and urgent.urgent
 
 
-def test_growth_is_measured_from_readings() -> None:
+def test_growth_is_sustained_growth_not_a_jump() -> None:
     m = MemoryEvict()
-    assert m.observe(0.0, 100 * MiB) == 0.0
-    assert m.observe(1.0, 130 * MiB) == pytest.approx(30 * MiB)
+    for i in range(5):
+        m.observe(float(i), (100 + 30 * i) * MiB)
+    assert m.growth() == pytest.approx(30 * MiB)
+    jump = MemoryEvict()  # 450 MiB of pods starting at once, then steady
+    for t, used in ((0.0, 50), (1.0, 300), (2.0, 500), (3.0, 500), (4.0, 500), (5.0, 500)):
+        jump.observe(t, used * MiB)
+    assert jump.growth() == 0.0
+
+
+def test_oom_risk_takes_only_growing_pods() -> None:
+    facts = MemoryFacts(0, GiB, int(0.4 * GiB), growth=100 * MiB)
+    steady = [be(1, freeable_bytes=200 * MiB), be(2, freeable_bytes=150 * MiB)]
+    assert MemoryEvict().decide(facts, steady) is None  # nothing that grows: nothing to stop
 
 
 def test_memory_ranking_never_takes_ls() -> None:
@@ -268,3 +280,62 @@ def test_pending_releases_are_credited_until_the_victim_is_gone() -> None:
     assert ev.settle(lambda p: held.get(p.uid)) == 250 * MiB
     del held["u1"]
     assert ev.settle(lambda p: held.get(p.uid)) == 0 and not ev.pending
+
+
+# the glue: facts from the node model and the kernel's files ------------------------------------
+
+
+def test_memory_check_reads_the_pods_root_and_evicts_the_leaking_be_pod(tmp_path: Path) -> None:
+    """A tree laid out like the kernel's v1 memory hierarchy: a 1 GiB pods root at 75 %, an LS
+    pod and two BE pods, one of which grows; the check evicts the grower through the backend."""
+    from nriplugin.kernel.cgroup import Cgroups
+    from nriplugin.kernel.stats import Stats
+    from nriplugin.node import Node
+    from nriplugin.policy.cache import RuleCache
+    from nriplugin.qos.eviction import Eviction
+    from tests.kernel_tree import v1_tree
+    from tests.runtime_peer import make_container, make_pod
+    from tests.test_features import caps
+
+    pods = [make_pod(1, "LS"), make_pod(2, "BE"), make_pod(3, "BE")]
+    groups = ["kubepods", *[p.linux.cgroup_parent.lstrip("/") for p in pods]]
+    root = v1_tree(tmp_path, groups)
+
+    def memory(group: str, usage: int, rss: int, limit: int | None = None) -> None:
+        d = root / "memory" / group
+        (d / "memory.usage_in_bytes").write_text(f"{usage}\n")
+        (d / "memory.stat").write_text(f"cache 0\nrss {rss}\ntotal_rss {rss}\ntotal_inactive_file 0\n")
+        if limit:
+            (d / "memory.limit_in_bytes").write_text(f"{limit}\n")
+
+    rules = RuleCache()
+    node = Node.create(rules, caps=caps(), cgroups=Cgroups(root))
+    for i, p in enumerate(pods, 1):
+        node.model.container_started(p, make_container(i, p))
+    clock = Clock(100.0)
+    backend = Scripted()
+    ev = Evictor(runtime=backend, clock=clock)
+    cg = Cgroups(root)
+    evn = Eviction(node.model, node.desired, cg, Stats(cg), rules, ev, ["kubepods"], clock=clock)
+    evn.meminfo_total = lambda: 8 * GiB
+    leak = pods[2].linux.cgroup_parent.lstrip("/")
+    memory(pods[0].linux.cgroup_parent.lstrip("/"), 300 * MiB, 300 * MiB)
+    memory(pods[1].linux.cgroup_parent.lstrip("/"), 250 * MiB, 250 * MiB)
+
+    async def run() -> None:
+        for step in range(6):  # the leak grows 10 MiB a second: 5 s of readings
+            clock.t = 100.0 + step
+            memory(leak, (100 + 10 * step) * MiB, (100 + 10 * step) * MiB)
+            memory("kubepods", (600 + 10 * step) * MiB, (600 + 10 * step) * MiB, limit=GiB)
+            facts = evn.memory_check()
+            assert facts is not None and facts.capacity == GiB
+            assert not backend.calls  # under 70 % of 1 GiB: nothing yet
+        clock.t = 106.0
+        memory("kubepods", 780 * MiB, 780 * MiB, limit=GiB)  # over 70 %
+        memory(leak, 160 * MiB, 160 * MiB)
+        evn.memory_check()
+        await asyncio.sleep(0.01)  # the evictor's task
+
+    asyncio.run(run())
+    assert backend.calls == [(pods[2].name, 5)]  # the leaking pod, not the larger steady one
+    assert pods[2].uid in ev.pending

@@ -41,6 +41,7 @@ log = logging.getLogger("nriplugin.qos.evict")
 MIN_GAP = 0.05  # seconds between memory checks driven by events (pressure fires in storms)
 LADDER = (50.0, 60.0, 80.0, 90.0, 95.0)  # percent of node memory, besides the trigger
 POD_GROWTH_WINDOW = 60.0  # seconds over which a pod's growth is measured
+POD_GROWTH_MIN_SPAN = 4.0  # seconds of readings (two halves of 2 s) before a pod's growth counts
 
 
 class Classes(Protocol):
@@ -299,15 +300,21 @@ class Eviction:
         return out
 
     def _pod_growth(self, uid: str, t: float, anon: int) -> float:
-        """A pod's anonymous-memory growth in bytes per minute over the last minute."""
+        """A pod's sustained anonymous-memory growth in bytes per minute: the smaller of the
+        rates over the two halves of the last minute's readings, once they span
+        ``POD_GROWTH_MIN_SPAN`` seconds; a pod filling its memory as it starts is not a leak."""
         pts = self._pod_mem.setdefault(uid, deque())
         if not pts or t > pts[-1][0]:
             pts.append((t, anon))
-        while len(pts) > 2 and t - pts[0][0] > POD_GROWTH_WINDOW:
+        while len(pts) > 3 and t - pts[0][0] > POD_GROWTH_WINDOW:
             pts.popleft()
-        if len(pts) < 2 or pts[-1][0] - pts[0][0] < 0.5:
+        if len(pts) < 3 or pts[-1][0] - pts[0][0] < POD_GROWTH_MIN_SPAN:
             return 0.0
-        return (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0]) * 60.0
+        (t0, u0), (t2, u2) = pts[0], pts[-1]
+        t1, u1 = min(pts, key=lambda p: abs(p[0] - (t0 + t2) / 2))
+        if not t0 < t1 < t2:
+            return 0.0
+        return max(0.0, min((u1 - u0) / (t1 - t0), (u2 - u1) / (t2 - t1))) * 60.0
 
     def _request_cores(self, pod_id: str) -> float:
         total = 0.0

@@ -7,7 +7,8 @@ signal), since page cache is reclaimed before anything is OOM-killed.
 
 **Triggers**, any of:
 - ``threshold``: use at or above ``memoryEvictThresholdPercent`` (NodeSLO's, default 70);
-- ``oom_risk``: the use grows fast enough to reach the limit within ``horizon`` seconds;
+- ``oom_risk``: the use grows fast enough to reach the limit within ``horizon`` seconds (a
+  sustained growth: a one-off jump is not extrapolated), and then only growing pods are taken;
 - ``pressure``: the memory pressure score at ``evictThreshold`` or the kernel's pressure
   notification at ``critical`` for the pods root.
 The kernel wakes the manager for each (usage thresholds and pressure levels through
@@ -115,21 +116,35 @@ class MemoryEvict:
         self._points: deque[tuple[float, int]] = deque()
 
     def observe(self, t: float, used: int) -> float:
-        """Record a reading; returns the growth in bytes/s over the recent window (0 until
-        two readings at least 0.2 s apart)."""
+        """Record a reading; returns the growth in bytes/s (see :meth:`growth`)."""
         p = self._points
-        if p and t <= p[-1][0]:
-            return self.growth()
-        p.append((t, used))
+        if not p or t > p[-1][0]:
+            p.append((t, used))
         while len(p) > 2 and t - p[0][0] > self.rate_window:
             p.popleft()
         return self.growth()
 
-    def growth(self) -> float:
+    def growth(self, step: float = 2.0) -> float:
+        """The sustained growth in bytes/s: the smaller of the rates over the last ``step``
+        seconds and the ``step`` before, so a one-off jump (pods starting together, a
+        batch job loading its input) is not extrapolated into an OOM that never comes; 0
+        until the readings span two steps."""
         p = self._points
-        if len(p) < 2 or p[-1][0] - p[0][0] < 0.2:
+        if len(p) < 3:
             return 0.0
-        return (p[-1][1] - p[0][1]) / (p[-1][0] - p[0][0])
+        t_now, u_now = p[-1]
+        a = b = None
+        for t, u in reversed(p):
+            if a is None and t <= t_now - step:
+                a = (t, u)
+            elif a is not None and t <= a[0] - step:
+                b = (t, u)
+                break
+        if a is None or b is None:
+            return 0.0
+        r1 = (u_now - a[1]) / (t_now - a[0])
+        r2 = (a[1] - b[1]) / (a[0] - b[0])
+        return max(0.0, min(r1, r2))
 
     def decide(self, f: MemoryFacts, cands: list[Candidate]) -> Plan | None:
         cfg = self.cfg
@@ -147,6 +162,10 @@ class MemoryEvict:
             urgent=eta is not None and eta <= cfg.urgent,
         )
         victims = [c for c in ranked if plan.share(c) > 0]
+        if rel.trigger == "oom_risk":
+            # Below the threshold, only the pods that grow are the risk: evicting a steady one
+            # would not change where the growth leads.
+            victims = [c for c in victims if c.growth_bytes_per_min > cfg.leak_bytes_per_min]
         if not victims:
             return None
         return Plan(plan.strategy, rel, victims, plan.unit, plan.horizon, plan.urgent)
