@@ -383,18 +383,22 @@ class Agent:
         )
         return reconciler, inventory
 
-    def build_eviction(
-        self, node: Node, rules: RuleCache, metrics: Metrics, collector: Any, cluster: Any = None
-    ) -> Any:
-        """CPUEvict and MemoryEvict with their evictor: through ``cluster`` (the Eviction API)
-        when given, else through the runtime's CRI socket (see ``qos/evictor.py``)."""
+    def build_eviction(self, node: Node, rules: RuleCache, metrics: Metrics, collector: Any) -> Any:
+        """CPUEvict and MemoryEvict with their evictor: through the cluster's Eviction API while
+        the cluster side runs (``self.cluster``), else, and when memory runs out within seconds,
+        through the runtime's CRI socket (see ``qos/evictor.py``); priorities from the cluster's
+        pods where it knows them."""
         from .cri.client import AsyncCRI
         from .metrics import EvictionMetrics
-        from .qos.eviction import Eviction
+        from .qos.eviction import ClusterPriorities, Eviction
         from .qos.evictor import Evictor, RuntimeBackend
 
         runtime = RuntimeBackend(AsyncCRI(self.ns.cri_socket)) if self.ns.cri_socket else None
-        evictor = Evictor(cluster=cluster, runtime=runtime, observer=EvictionMetrics(metrics))
+        evictor = Evictor(
+            runtime=runtime,
+            cluster_of=lambda: getattr(self.cluster, "evictor", None),
+            observer=EvictionMetrics(metrics),
+        )
         return Eviction(
             node.model,
             node.desired,
@@ -403,6 +407,7 @@ class Agent:
             rules,
             evictor,
             self.ns.pods_root or list(DEFAULT_PODS_ROOTS),
+            priorities=ClusterPriorities(lambda: getattr(self.cluster, "pods", None)),
             usage=lambda: collector.by_container,
             force_dry_run=bool(getattr(self.ns, "evict_dry_run", False)),
         )

@@ -339,3 +339,49 @@ def test_memory_check_reads_the_pods_root_and_evicts_the_leaking_be_pod(tmp_path
     asyncio.run(run())
     assert backend.calls == [(pods[2].name, 5)]  # the leaking pod, not the larger steady one
     assert pods[2].uid in ev.pending
+
+
+def test_the_cluster_client_is_a_backend_and_its_outcomes_are_understood() -> None:
+    from nriplugin.cluster.eviction import ApiEvictor, Result
+    from nriplugin.cluster.eviction import Outcome as ApiOutcome
+    from nriplugin.qos.evictor import Backend, outcome
+
+    def backend(b: ApiEvictor) -> Backend:  # mypy checks the client against the protocol
+        return b
+
+    assert backend is not None
+    assert outcome(ApiOutcome(Result.BLOCKED, 429, "budget")) is Outcome.BLOCKED
+    assert outcome(Result.GONE) is Outcome.GONE and outcome("nonsense") is Outcome.ERROR
+
+    @dataclass
+    class Api:
+        calls: list[str] = field(default_factory=list)
+
+        async def evict(self, ns: str, name: str, uid: str, grace: int, reason: str, message: str) -> ApiOutcome:
+            self.calls.append(name)
+            if name == "be-0":
+                return ApiOutcome(
+                    Result.BLOCKED, 429, "Cannot evict pod as it would violate the pod's disruption budget"
+                )
+            return ApiOutcome(Result.EVICTED, 201, "")
+
+    api: list[Api] = []  # the cluster side comes up later than the evictor
+    ev = Evictor(runtime=Scripted(), cluster_of=lambda: api[0] if api else None)
+    api.append(Api())
+    done = asyncio.run(ev.execute(cpu_plan([be(0, cpu_cores=2.0), be(1, cpu_cores=2.0)], 1.0), {}))
+    assert [c.name for c in done] == ["be-1"] and api[0].calls == ["be-0", "be-1"]
+
+
+def test_cluster_priorities_come_first() -> None:
+    from nriplugin.cluster.pods import PodInfo
+    from nriplugin.qos.eviction import ClusterPriorities
+
+    info = {"u1": PodInfo("u1", "b", "x", priority=None, koord_priority=5500), "u2": PodInfo("u2", "b", "y", 10, 1)}
+
+    class Pods:
+        def by_uid(self, uid: str) -> PodInfo | None:
+            return info.get(uid)
+
+    p = ClusterPriorities(lambda: Pods())
+    assert (p.priority("u1"), p.priority("u2"), p.priority("u3")) == (5500, 10, None)
+    assert ClusterPriorities(lambda: None).priority("u1") is None

@@ -48,6 +48,32 @@ class Classes(Protocol):
     def qos_of(self, key: str) -> QoSClass | None: ...
 
 
+class PodInfo(Protocol):
+    @property
+    def priority(self) -> int | None: ...
+    @property
+    def koord_priority(self) -> int | None: ...
+
+
+class PodLookup(Protocol):
+    def by_uid(self, uid: str) -> PodInfo | None: ...
+
+
+class ClusterPriorities:
+    """Priorities from the cluster's pod cache (``nriplugin/cluster``) while it runs: the pod's
+    ``spec.priority``, else its ``koordinator.sh/priority`` label as the API server has it."""
+
+    def __init__(self, pods_of: Callable[[], PodLookup | None]) -> None:
+        self.pods_of = pods_of
+
+    def priority(self, uid: str) -> int | None:
+        pods = self.pods_of()
+        info = None if pods is None else pods.by_uid(uid)
+        if info is None:
+            return None
+        return info.priority if info.priority is not None else info.koord_priority
+
+
 class Eviction:
     def __init__(
         self,

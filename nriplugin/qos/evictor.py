@@ -48,19 +48,21 @@ class Outcome(enum.StrEnum):
     ERROR = "error"
 
 
-class OutcomeLike(Protocol):
-    """Any enum whose values are :class:`Outcome`'s (the cluster client's own works)."""
-
-    @property
-    def value(self) -> str: ...
-
-
 class Backend(Protocol):
-    """An eviction backend: the Eviction API client (``nriplugin/cluster``) or the runtime."""
+    """An eviction backend: the Eviction API client (``nriplugin/cluster``) or the runtime.
+    It answers an :class:`Outcome`, an enum with the same values, or an object whose
+    ``result`` is one (the cluster client's, which also carries the HTTP status)."""
 
-    async def evict(
-        self, ns: str, name: str, uid: str, grace_seconds: int, reason: str, message: str
-    ) -> OutcomeLike: ...
+    async def evict(self, ns: str, name: str, uid: str, grace_seconds: int, reason: str, message: str, /) -> object: ...
+
+
+def outcome(answer: object) -> Outcome:
+    """A backend's answer as an :class:`Outcome` (anything unknown is an error)."""
+    v = getattr(answer, "result", answer)
+    try:
+        return Outcome(str(getattr(v, "value", v)))
+    except ValueError:
+        return Outcome.ERROR
 
 
 class Priorities(Protocol):
@@ -151,6 +153,7 @@ class Pending:
 class Evictor:
     cluster: Backend | None = None
     runtime: Backend | None = None
+    cluster_of: Callable[[], Backend | None] | None = None  # the cluster side, once (and while) it runs
     observer: Any = field(default_factory=_Quiet)
     dry_run: bool = False
     max_per_minute: int = 10
@@ -250,10 +253,11 @@ class Evictor:
 
     async def _evict(self, plan: Plan, c: Candidate) -> tuple[Outcome, str]:
         rel = plan.release
-        urgent = plan.urgent or self.cluster is None
-        backend, via = (self.runtime, "runtime") if urgent else (self.cluster, "cluster")
+        cluster = self.cluster_of() if self.cluster_of is not None else self.cluster
+        urgent = plan.urgent or cluster is None
+        backend, via = (self.runtime, "runtime") if urgent else (cluster, "cluster")
         if backend is None:  # no runtime backend: the cluster is all there is
-            backend, via = self.cluster, "cluster"
+            backend, via = cluster, "cluster"
         grace = 0 if plan.urgent else self.grace_seconds
         amount = plan.share(c)
         figure = f"{amount / (1 << 20):.0f} MiB" if plan.unit == "bytes" else f"{amount:.2f} {plan.unit}"
@@ -274,10 +278,7 @@ class Evictor:
             log.error("%s: no eviction backend; %s stays", plan.strategy, c.who, extra=extra)
             return Outcome.ERROR, "none"
         log.warning("evicting %s via %s (grace %d s): %s", c.who, via, grace, message, extra=extra)
-        out = Outcome(str((await backend.evict(c.namespace, c.name, c.uid, grace, rel.trigger, message)).value))
-        if out is Outcome.ERROR and via == "cluster" and self.runtime is not None and plan.urgent:
-            out = Outcome(str((await self.runtime.evict(c.namespace, c.name, c.uid, 0, rel.trigger, message)).value))
-            via = "runtime"
+        out = outcome(await backend.evict(c.namespace, c.name, c.uid, grace, rel.trigger, message))
         return out, via
 
     def _take_token(self) -> bool:
