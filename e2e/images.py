@@ -14,7 +14,7 @@ from pathlib import Path
 
 WORKLOAD = "nriplugin.local/e2e/busybox:1"
 PAUSE = "nriplugin.local/e2e/pause:1"
-APPLETS = ("sh", "sleep", "cat", "true", "echo", "yes", "ls")
+APPLETS = ("sh", "sleep", "cat", "true", "echo", "yes", "ls", "dd")
 
 
 def _tar_bytes(add: list[tuple[tarfile.TarInfo, bytes | None]]) -> bytes:

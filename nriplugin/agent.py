@@ -272,13 +272,15 @@ class Agent:
         from .qos.collect import Collector
         from .qos.manager import QoSManager
 
+        collector = Collector(node.model, node.desired, node.cgroups)
         qos = QoSManager(
             node.model,
             node.desired,
             reconciler,
-            Collector(node.model, node.desired, node.cgroups),
+            collector,
             rules,
             observer=QoSMetrics(metrics),
+            eviction=self.build_eviction(node, rules, metrics, collector),
         )
         server = await self.serve_http(metrics, stub, qos)
 
@@ -380,6 +382,35 @@ class Agent:
             on_new_dir=on_new_dir,
         )
         return reconciler, inventory
+
+    def build_eviction(self, node: Node, rules: RuleCache, metrics: Metrics, collector: Any) -> Any:
+        """CPUEvict and MemoryEvict with their evictor: through the cluster's Eviction API while
+        the cluster side runs (``self.cluster``), else, and when memory runs out within seconds,
+        through the runtime's CRI socket (see ``qos/evictor.py``); priorities from the cluster's
+        pods where it knows them."""
+        from .cri.client import AsyncCRI
+        from .metrics import EvictionMetrics
+        from .qos.eviction import ClusterPriorities, Eviction
+        from .qos.evictor import Evictor, RuntimeBackend
+
+        runtime = RuntimeBackend(AsyncCRI(self.ns.cri_socket)) if self.ns.cri_socket else None
+        evictor = Evictor(
+            runtime=runtime,
+            cluster_of=lambda: getattr(self.cluster, "evictor", None),
+            observer=EvictionMetrics(metrics),
+        )
+        return Eviction(
+            node.model,
+            node.desired,
+            node.cgroups,
+            collector.stats,
+            rules,
+            evictor,
+            self.ns.pods_root or list(DEFAULT_PODS_ROOTS),
+            priorities=ClusterPriorities(lambda: getattr(self.cluster, "pods", None)),
+            usage=lambda: collector.by_container,
+            force_dry_run=bool(getattr(self.ns, "evict_dry_run", False)),
+        )
 
     async def serve_http(self, metrics: Metrics, stub: Stub, qos: Any = None) -> asyncio.Server | None:
         from . import http

@@ -83,7 +83,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--pods-root",
         action="append",
         help="cgroup path (relative to a hierarchy) under which kubelet puts pods; new pod and "
-        "container directories there are noticed at once (repeatable; default: kubepods, kubepods.slice)",
+        "container directories there are noticed at once, and its memory limit (kubelet's node "
+        "allocatable) is the memory MemoryEvict guards (repeatable; default: kubepods, kubepods.slice)",
+    )
+    run.add_argument(
+        "--evict-dry-run",
+        action="store_true",
+        help="log and count the evictions CPUEvict and MemoryEvict would do, evict nothing (also "
+        "policy qosManager.eviction.dryRun)",
     )
     run.add_argument(
         "--if-held",

@@ -134,6 +134,18 @@ class Metrics:
             "nriplugin_qos_cpu_burst_total", "LS bursts granted (started) and ended.", ["change"], registry=r
         )
         self.qos_be_limit = Gauge("nriplugin_qos_be_cpu_limit_cores", "BE's CPU limit in cores.", registry=r)
+        self.qos_evictions = Counter(
+            "nriplugin_qos_evictions_total",
+            "Pods evicted (or, dry_run=true, that would have been), by strategy and trigger.",
+            ["strategy", "reason", "dry_run"],
+            registry=r,
+        )
+        self.qos_eviction_failures = Counter(
+            "nriplugin_qos_eviction_failures_total",
+            "Evictions not done, by backend and outcome (blocked by a disruption budget, gone, error).",
+            ["backend", "outcome"],
+            registry=r,
+        )
         self.qos_decision = Histogram(
             "nriplugin_qos_decision_latency_milliseconds",
             "One QoS round: collect, assess, decide, apply.",
@@ -255,3 +267,16 @@ class QoSMetrics:
 
     def burst(self, granted: bool) -> None:
         self.m.qos_burst.labels("granted" if granted else "ended").inc()
+
+
+class EvictionMetrics:
+    """Implements the evictor's Observer on :class:`Metrics`."""
+
+    def __init__(self, m: Metrics) -> None:
+        self.m = m
+
+    def evicted(self, strategy: str, reason: str, dry_run: bool) -> None:
+        self.m.qos_evictions.labels(strategy, reason, "true" if dry_run else "false").inc()
+
+    def eviction_failed(self, backend: str, outcome: str) -> None:
+        self.m.qos_eviction_failures.labels(backend, outcome).inc()

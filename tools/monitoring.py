@@ -42,8 +42,7 @@ NAMESPACE = "nriplugin-system"
 
 HIST = "nriplugin_hook_duration_seconds"
 FAILURES = "nriplugin_hook_failures_total"
-# Not exported yet: eviction (CPUEvict, MemoryEvict) is being built; the alert and the panel
-# are written against the counter it is planned to export, and stay silent until then.
+# Evictions by CPUEvict and MemoryEvict (labels strategy, reason, dry_run; dry runs count too).
 EVICTIONS = "nriplugin_qos_evictions_total"
 ERRORS = "nriplugin:slo_errors:ratio_rate{w}"
 # (long window, short window, share of the budget spent in the long window, severity)

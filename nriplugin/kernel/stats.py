@@ -346,6 +346,40 @@ def parse_v1_memory(usage: str, memory_stat: str | None) -> MemStat | None:
     )
 
 
+class WorkingSet(NamedTuple):
+    """A memory group's use as the OOM killer sees it (bytes): usage minus the inactive page
+    cache the kernel drops first (kubelet's working set), and its limit (None: unlimited)."""
+
+    usage: int
+    working_set: int
+    limit: int | None
+    anon: int = 0  # anonymous memory (v1 ``total_rss``, v2 ``anon``): what ending its tasks frees
+
+
+UNLIMITED_V1 = 1 << 62  # v1 reports "no limit" as PAGE_COUNTER_MAX pages, a value near 2**63
+
+
+def parse_limit(text: str) -> int | None:
+    """``memory.limit_in_bytes`` / ``memory.max``: bytes, or None for no limit (v2 ``max``,
+    v1's huge sentinel) or unreadable text."""
+    t = text.strip()
+    if t == "max":
+        return None
+    n = parse_int(t)
+    return None if n is None or n <= 0 or n >= UNLIMITED_V1 else n
+
+
+def working_set(usage: int, memory_stat: str | None, v2: bool) -> int:
+    """Usage minus inactive file pages (hierarchical ``total_inactive_file`` on v1)."""
+    if not memory_stat:
+        return usage
+    key = "inactive_file" if v2 else "total_inactive_file"
+    inactive = field(memory_stat, key)
+    if inactive is None and not v2:
+        inactive = field(memory_stat, "inactive_file")
+    return max(0, usage - (inactive or 0))
+
+
 def parse_v2_memory(current: str, memory_stat: str | None) -> MemStat | None:
     """v2 ``memory.current`` and ``memory.stat`` (``anon``, ``file``; already hierarchical)."""
     n = parse_int(current)
@@ -419,6 +453,35 @@ class Stats:
             return None if current is None else parse_v2_memory(current, self.files.read(f"{d}/memory.stat", group))
         usage = self.files.read(f"{d}/memory.usage_in_bytes", group)
         return None if usage is None else parse_v1_memory(usage, self.files.read(f"{d}/memory.stat", group))
+
+    def working_set(self, group: str) -> WorkingSet | None:
+        """A group's usage, working set and limit, read now (not kept open: memory eviction
+        reads the pods root and a few pods on memory events, not every round)."""
+        d = self._dir(group, "memory")
+        if d is None:
+            return None
+        names = ("memory.current", "memory.max") if self.v2 else ("memory.usage_in_bytes", "memory.limit_in_bytes")
+        texts = []
+        for name in (*names, "memory.stat"):
+            try:
+                fd = os.open(f"{d}/{name}", os.O_RDONLY | os.O_NOFOLLOW)
+            except OSError:
+                if name == "memory.stat":
+                    texts.append("")
+                    continue
+                return None
+            try:
+                texts.append(_pread_all(fd))
+            except OSError:
+                texts.append("")
+            finally:
+                os.close(fd)
+        usage = parse_int(texts[0])
+        if usage is None:
+            return None
+        stat = texts[2]
+        anon = field(stat, "anon" if self.v2 else "total_rss") if stat else None
+        return WorkingSet(usage, working_set(usage, stat, self.v2), parse_limit(texts[1]), anon or 0)
 
     def pressure(self, group: str, resource: str = "cpu") -> Psi | None:
         """A cgroup's PSI (``cpu``, ``memory``, ``io``): cgroup v2 only (None on v1)."""

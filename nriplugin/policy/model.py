@@ -246,16 +246,48 @@ class CPUSuppress(_M):
 
 
 class CPUEvict(_M):
+    """Evict BE pods when the CPU score is at ``evictThreshold``, BE is already suppressed and
+    LS suffers (stalled at least ``stallThreshold`` of the time, or throttled in at least
+    ``throttleThreshold`` of its periods) for ``sustain`` seconds; free ``releaseFactor`` x the
+    LS shortage; then wait ``evictCooldown`` (see ``nriplugin/qos/cpu_evict.py``)."""
+
     enabled: bool = True
     evictThreshold: Score = 90.0
     evictCooldown: Annotated[Seconds, Field(ge=0, le=86400)] = 60.0
+    sustain: Annotated[Seconds, Field(ge=0, le=600)] = 2.0
+    stallThreshold: Annotated[float, Field(gt=0, le=1)] = 0.1
+    throttleThreshold: Annotated[float, Field(gt=0, le=1)] = 0.2
+    releaseFactor: Annotated[float, Field(ge=1, le=10)] = 1.2
 
 
 class MemoryEvict(_M):
+    """Evict BE pods when the pods' memory reaches ``resourceUsedThresholdWithBE.
+    memoryEvictThresholdPercent``, grows fast enough to reach the limit within ``oomHorizon``
+    seconds, or the memory score reaches ``evictThreshold``; free ``releaseFactor`` x what is
+    above ``memoryEvictLowerPercent``. Within ``urgentSeconds`` of the limit the runtime stops
+    the victims with no grace period (see ``nriplugin/qos/memory_evict.py``)."""
+
     enabled: bool = True
     evictThreshold: Score = 85.0
     memoryGrowthThreshold: Annotated[float, Field(ge=0)] = 5.0  # MB/min: a pod growing faster leaks
     oomScoreAdjust: Annotated[int, Field(ge=-1000, le=1000)] = 1000
+    releaseFactor: Annotated[float, Field(ge=1, le=10)] = 1.3
+    oomHorizon: Annotated[Seconds, Field(gt=0, le=3600)] = 10.0
+    urgentSeconds: Annotated[Seconds, Field(ge=0, le=600)] = 5.0
+
+
+class Eviction(_M):
+    """How evictions are carried out, for every strategy: ``dryRun`` logs and counts what would
+    be evicted and touches nothing; at most ``maxPerMinute`` pods a minute over all strategies;
+    ``gracePeriodSeconds`` for a pod to shut down; a pod is not evicted again within
+    ``repeatAfter`` seconds, and one a disruption budget protected is tried again after
+    ``retryAfter``."""
+
+    dryRun: bool = False
+    maxPerMinute: Annotated[int, Field(ge=1, le=600)] = 10
+    gracePeriodSeconds: Annotated[int, Field(ge=0, le=3600)] = 5
+    repeatAfter: Annotated[Seconds, Field(ge=0, le=86400)] = 120.0
+    retryAfter: Annotated[Seconds, Field(ge=0, le=86400)] = 30.0
 
 
 class CPUBurst(_M):
@@ -323,6 +355,7 @@ class QoSManager(_M):
     cpuSuppress: CPUSuppress = CPUSuppress()
     cpuEvict: CPUEvict = CPUEvict()
     memoryEvict: MemoryEvict = MemoryEvict()
+    eviction: Eviction = Eviction()
     cpuBurst: CPUBurst = CPUBurst()
     # Which plugins run; the order they run in is always PLUGINS' (listed order is ignored).
     plugins: list[PluginName] = list(PLUGINS)

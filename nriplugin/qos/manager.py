@@ -57,6 +57,24 @@ class Collector(Protocol):
     def pressure_path(self, group: str) -> str | None: ...
 
 
+class EvictionHook(Protocol):
+    """CPUEvict and MemoryEvict (``qos/eviction.py``): after CPUSuppress in every round, and
+    on the kernel's memory events between rounds."""
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None: ...
+    def stop(self) -> None: ...
+    def after_round(
+        self,
+        sample: NodeSample,
+        cap: Capacity,
+        level: int,
+        cpu_score: float,
+        memory_score: float,
+        be_limit: float | None,
+        be_target: float,
+    ) -> None: ...
+
+
 class Owner(Protocol):
     """Where QoS-level groups are owned (the reconciler)."""
 
@@ -143,8 +161,10 @@ class QoSManager:
         rules: RuleCache,
         observer: Observer | None = None,
         psi_path: str | None = "/proc/pressure/cpu",
+        eviction: EvictionHook | None = None,
     ) -> None:
         self.model = model
+        self.eviction = eviction
         self.desired = desired
         self.owner = owner
         self.collector = collector
@@ -187,6 +207,8 @@ class QoSManager:
                 log.info("no PSI trigger (%s); the %.0f ms fast path carries the reaction", why, FAST_PERIOD * 1e3)
         self.ls_pressure = PressureWatch()
         self.ls_pressure.start(loop, self._wake.set)
+        if self.eviction is not None:
+            self.eviction.start(loop)
         self._task = loop.create_task(self.run())
 
     def stop(self) -> None:
@@ -199,6 +221,8 @@ class QoSManager:
         if self.ls_pressure is not None:
             self.ls_pressure.close()
             self.ls_pressure = None
+        if self.eviction is not None:
+            self.eviction.stop()
 
     async def run(self) -> None:
         next_round = 0.0
@@ -252,6 +276,11 @@ class QoSManager:
             self.apply_be(sample.t, self.be_target(cap, usage_known=be is not None))
         elif self._applied or self._cpuset_n is not None:
             self.withdraw_all("CPUSuppress is off")
+        if self.eviction is not None:  # eviction only when suppression is not enough (§7.6)
+            target = self.be_target(cap).cores
+            self.eviction.after_round(
+                sample, cap, self.level, self.cpu.score, self.memory.score, self.limiter.current, target
+            )
         self._non_be = cap.non_be_usage
         self.observer.round_done(time.perf_counter() - t0, sample.collect_seconds)
 

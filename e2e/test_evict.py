@@ -1,0 +1,139 @@
+"""Eviction on the private containerd and this machine's real cgroup v1 tree, with the embedded
+default policy and no API server (so through the runtime: CRI StopContainer/StopPodSandbox).
+
+- Memory: the pods root (``<top>/kubepods``) gets a 1 GiB limit, as kubelet's node-allocatable
+  cgroup would; a BE pod grows its anonymous memory by about 30 MB/s (busybox ``dd`` holding a
+  3 MB buffer while blocked on a pipe, a new one every 0.1 s). MemoryEvict must stop it before
+  the kernel has to reclaim at the limit or OOM-kill anything in the root, while an LS pod and a
+  quiet BE pod keep running.
+- CPU: an LS pod asking for half a core spins four threads next to a BE pod spinning two: a
+  sustained EMERGENCY with LS starved. CPUEvict evicts the spinning BE pod and nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from e2e.conftest import PluginProcess
+from e2e.cri import msg
+from e2e.harness import CGROUP_FS, Containerd, Pod
+
+BE = {"koordinator.sh/qosClass": "BE"}
+LS = {"koordinator.sh/qosClass": "LS"}
+GiB = 1 << 30
+# ~30 MB/s of anonymous memory: each dd reads 3 MB from /dev/zero into its buffer and blocks
+# writing it to a pipe nobody reads, holding the buffer.
+GROW = ["/bin/sh", "-c", "while :; do dd if=/dev/zero bs=3M count=1 2>/dev/null | sleep 100000 & sleep 0.1; done"]
+SPIN_TWO = ["/bin/sh", "-c", "yes >/dev/null & yes >/dev/null"]
+SPIN_FOUR = ["/bin/sh", "-c", "yes >/dev/null & yes >/dev/null & yes >/dev/null & yes >/dev/null"]
+RUNNING = 1
+
+
+def pods_root(rt: Containerd) -> Path:
+    return CGROUP_FS / "memory" / rt.cgroup_root / "kubepods"
+
+
+def limit_pods_root(rt: Containerd, limit: int = GiB) -> Path:
+    """kubelet's node-allocatable cgroup: made before any pod, with its memory limit."""
+    root = pods_root(rt)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "memory.limit_in_bytes").write_text(str(limit))
+    return root
+
+
+def oom_kills(root: Path) -> int:
+    for line in (root / "memory.oom_control").read_text().splitlines():
+        if line.startswith("oom_kill "):
+            return int(line.split()[1])
+    return 0
+
+
+def running(rt: Containerd, cid: str) -> bool:
+    assert rt.cri is not None
+    try:
+        st = rt.cri.call("ContainerStatus", msg("ContainerStatusRequest", container_id=cid)).status.state
+    except Exception:
+        return False
+    return bool(st == RUNNING)
+
+
+def until(cond: Callable[[], bool], timeout: float, what: str, step: float = 0.05) -> float:
+    t0 = time.monotonic()
+    while not cond():
+        assert time.monotonic() - t0 < timeout, what
+        time.sleep(step)
+    return time.monotonic() - t0
+
+
+def memory_scene(rt: Containerd) -> tuple[Path, dict[str, tuple[Pod, str]]]:
+    root = limit_pods_root(rt)
+    ls = rt.run_pod("web", "Burstable", LS)
+    quiet = rt.run_pod("quiet", "BestEffort", BE)
+    grower = rt.run_pod("leaky", "BestEffort", BE)
+    pods = {
+        "ls": (ls, rt.create_container(ls, "main", cpu_shares=512)),
+        "quiet": (quiet, rt.create_container(quiet, "main")),
+        "grower": (grower, rt.create_container(grower, "main", command=GROW)),
+    }
+    return root, pods
+
+
+def test_a_growing_be_pod_is_evicted_before_the_pods_root_runs_out(
+    runtime: Containerd, plugin_factory: Callable[..., PluginProcess]
+) -> None:
+    limit_pods_root(runtime)  # before the agent starts: it arms its notifications at once
+    plugin = plugin_factory(runtime)
+    root, pods = memory_scene(runtime)
+    usage = root / "memory.usage_in_bytes"
+    peak = 0
+
+    def gone() -> bool:
+        nonlocal peak
+        peak = max(peak, int(usage.read_text()))
+        return not running(runtime, pods["grower"][1])
+
+    took = until(gone, 90, f"the growing pod was not evicted (usage {int(usage.read_text()) >> 20} MiB)")
+    print(f"evicted after {took:.1f} s; the pods root peaked at {peak >> 20} MiB of 1024")
+    assert oom_kills(root) == 0
+    assert int((root / "memory.failcnt").read_text()) == 0  # never even at the limit
+    assert peak < 0.9 * GiB
+    time.sleep(2)  # nothing else follows
+    assert running(runtime, pods["ls"][1]) and running(runtime, pods["quiet"][1])
+    counted = 'nriplugin_qos_evictions_total{dry_run="false",reason="threshold",strategy="MemoryEvict"}'
+    assert plugin.metric(counted) == 1
+    assert plugin.metric_sum("nriplugin_qos_evictions_total") == 1
+    assert "MemoryEvict" in plugin.logs() and "leaky" in plugin.logs()
+
+
+def test_dry_run_evicts_nothing(runtime: Containerd, plugin_factory: Callable[..., PluginProcess]) -> None:
+    limit_pods_root(runtime, GiB // 4)  # reached in a few seconds
+    plugin = plugin_factory(runtime, "--evict-dry-run")
+    _, pods = memory_scene(runtime)
+    until(lambda: plugin.metric_sum("nriplugin_qos_evictions_total") >= 1, 60, "no dry-run eviction counted")
+    assert running(runtime, pods["grower"][1])
+    assert 'dry_run="true"' in plugin.get("/metrics")[1]
+    assert "dry run: would evict default/leaky" in plugin.logs()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) != 2, reason="the figures are for a 2-CPU node")
+def test_sustained_emergency_with_ls_starved_evicts_be_work_only(
+    runtime: Containerd, plugin_factory: Callable[..., PluginProcess]
+) -> None:
+    plugin = plugin_factory(runtime)
+    ls = runtime.run_pod("web", "Burstable", LS)
+    ls_c = runtime.create_container(ls, "main", cpu_shares=512, command=SPIN_FOUR)
+    quiet = runtime.run_pod("quiet", "BestEffort", BE)
+    quiet_c = runtime.create_container(quiet, "main")
+    spin = runtime.run_pod("batch", "BestEffort", BE)
+    spin_c = runtime.create_container(spin, "main", command=SPIN_TWO)
+    took = until(lambda: not running(runtime, spin_c), 60, "the spinning BE pod was not evicted", step=0.2)
+    print(f"CPUEvict after {took:.1f} s")
+    time.sleep(3)
+    assert running(runtime, ls_c) and running(runtime, quiet_c)
+    assert plugin.metric('nriplugin_qos_evictions_total{dry_run="false",reason="emergency",strategy="CPUEvict"}') == 1
+    assert plugin.metric_sum("nriplugin_qos_evictions_total") == 1
