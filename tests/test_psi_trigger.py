@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nriplugin.qos.psi_trigger import open_trigger, trigger_line
+from nriplugin.kernel.psi_trigger import open_trigger, trigger_line
 
 
 def test_trigger_line_keeps_the_kernels_bounds() -> None:
@@ -53,7 +53,7 @@ def test_a_watch_wakes_on_pollpri_and_follows_its_paths(tmp_path: Path) -> None:
     are closed; files that are not pressure files are refused once and remembered."""
     import socket
 
-    from nriplugin.qos.psi_trigger import PressureWatch
+    from nriplugin.kernel.psi_trigger import PressureWatch
 
     plain = tmp_path / "cpu.pressure"  # a regular file, as on a temp tree: not pollable
     plain.write_text("some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")

@@ -166,7 +166,7 @@ def rule_groups(slo: SLO) -> list[dict[str, Any]]:
         },
         {
             "alert": "NriPluginEvictionBurst",
-            "expr": f"sum by (instance) (increase({EVICTIONS}[10m])) > 3\n",
+            "expr": f'sum by (instance) (increase({EVICTIONS}{{dry_run="false"}}[10m])) > 3\n',
             "labels": {"severity": "warning"},
             "annotations": {
                 "summary": "{{ $value | humanize }} BE pods evicted on {{ $labels.instance }} in 10 minutes",

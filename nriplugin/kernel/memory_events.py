@@ -8,7 +8,7 @@ cgroup v1 (``cgroup.event_control``, one eventfd per registration):
 - pressure levels: ``"<eventfd> <fd of memory.pressure_level> <low|medium|critical>[,<mode>]"``;
   under reclaim it fires in storms (hundreds a second), so a wake-up only sets a flag.
 cgroup v2: ``memory.events`` changes (high, max, oom, oom_kill) through inotify, and a PSI
-trigger on the group's ``memory.pressure`` (POLLPRI, see ``qos/psi_trigger.py``).
+trigger on the group's ``memory.pressure`` (POLLPRI, see ``psi_trigger.py``).
 
 Everything is driven by the asyncio loop (``loop.add_reader``); the callback gets the name of
 what fired. A registration the kernel refuses is returned as a reason, never raised, so the
@@ -24,8 +24,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..qos.psi_trigger import Trigger, open_trigger
 from .inotify import IN_MODIFY, Inotify
+from .psi_trigger import Trigger, open_trigger
 
 LEVELS = ("low", "medium", "critical")
 MODES = ("default", "hierarchy", "local")

@@ -25,6 +25,7 @@ from typing import Protocol
 
 from ..desired import DesiredState
 from ..features.base import requested
+from ..kernel.psi_trigger import PressureWatch, Trigger, open_trigger
 from ..model import NodeModel
 from ..policy.cache import RuleCache
 from ..policy.qos import QoSClass
@@ -34,7 +35,6 @@ from .cpu_burst import Burster, Change, burst_ratio, wants_burst
 from .cpu_suppress import PERIOD_US, Limiter, Target, be_target, cpuset_size, quota_us
 from .levels import Assessor, Level, thresholds_of
 from .node_resource import LS_CLASSES, Capacity, capacity
-from .psi_trigger import PressureWatch, Trigger, open_trigger
 from .sample import FastSample, NodeSample
 from .trends import Trends
 
