@@ -112,6 +112,17 @@ def children(pid: int, marker: str = "nriplugin") -> list[int]:
     return out
 
 
+def terminate(proc: subprocess.Popen[bytes], timeout: float = 10) -> None:
+    """SIGTERM our child, SIGKILL it if it has not exited within ``timeout``; reaped either way."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -177,13 +188,7 @@ class PluginProcess:
         return Path(self.log.name).read_text(errors="replace")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
         self.log.close()
         if os.path.exists(self.log.name):
             os.unlink(self.log.name)

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from e2e.conftest import ROOT, PluginProcess, free_port
+from e2e.conftest import ROOT, PluginProcess, free_port, terminate
 from e2e.harness import Containerd
 from nriplugin.slo import HISTOGRAM, SLO, quantile
 from tests.prometheus import bin_dir
@@ -92,13 +92,7 @@ class Prometheus:
         return (self.dir / "prometheus.log").read_text(errors="replace")[-3000:]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
         self.log.close()
         shutil.rmtree(self.dir)
 
