@@ -98,7 +98,14 @@ def test_bundle_started_by_containerd(bundle: Path, runtime_factory: Callable[..
         cid2 = rt.create_container(pod2, "main", cpu_shares=1024)
         assert read_cgroup(rt.container_cgroup(pod2, cid2), "cpu.shares") == "2"
     finally:
+        # SIGTERM first: the bundle's outer process forwards it and removes its unpacked folder.
+        left = [q for p in plugins if alive(p) for q in [p, *descendants(p)]]
         for p in plugins:
-            for q in [p, *descendants(p)] if alive(p) else []:
-                if alive(q):
-                    os.kill(q, signal.SIGKILL)
+            if alive(p):
+                os.kill(p, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while any(alive(q) for q in left) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for q in left:
+            if alive(q):
+                os.kill(q, signal.SIGKILL)

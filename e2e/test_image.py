@@ -1,7 +1,9 @@
 """The image from ``image/build.sh``, imported into the private containerd and run through CRI
 the way the DaemonSet runs it: host network and host PID, the NRI socket's directory, the
-cgroup tree and the CRI socket mounted from the host. Not privileged, no added capabilities:
-what the agent does here needs none (see README, "Deploy").
+cgroup tree and the CRI socket mounted from the host. Not privileged, every capability
+dropped: root in the host's PID namespace with those mounts is all the agent needs for what it
+does here (see README, "Deploy"). Host network only so that the test reaches /metrics on
+127.0.0.1; the agent itself talks over unix sockets.
 
 The image is built once per test session (build.sh's own cache makes an unchanged tree a few
 seconds; a change rebuilds only the layers it touches).
@@ -106,6 +108,7 @@ def run_agent_container(rt: Containerd, port: int) -> tuple[str, Path]:
         c.mounts.append(msg("Mount", container_path=container_path, host_path=host_path))
     sc = c.linux.security_context
     sc.namespace_options.network, sc.namespace_options.pid = NODE, NODE
+    sc.capabilities.drop_capabilities.append("ALL")  # root in the host's PID namespace, no capability
     req = msg("CreateContainerRequest", pod_sandbox_id=pod_id, config=c, sandbox_config=cfg)
     cid: str = rt.cri.call("CreateContainer", req).container_id
     rt.cri.call("StartContainer", msg("StartContainerRequest", container_id=cid))
@@ -156,6 +159,8 @@ def test_image_on_containerd(image_archive: Path, runtime: Containerd) -> None:
     status = runtime.cri.call("ContainerStatus", msg("ContainerStatusRequest", container_id=cid, verbose=True))
     pid = json.loads(status.info["info"])["pid"]
     assert "/opt/nriplugin" in Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+    status_lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    assert "CapEff:\t0000000000000000" in status_lines  # no capability at all
 
     # A new BE pod is adjusted at birth.
     be = runtime.run_pod("be", "BestEffort", BE)
