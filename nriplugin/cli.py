@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
+import shutil
 import stat
 import sys
 from pathlib import Path
@@ -150,6 +152,12 @@ def build_parser() -> argparse.ArgumentParser:
     inst.add_argument(
         "--log-file", help="where the launcher sends the agent's log (default: none; the runtime discards it)"
     )
+    inst.add_argument(
+        "--bundle",
+        metavar="PATH",
+        help="install this self-contained executable (image/bundle.sh) as the plugin instead of a launcher "
+        "(the default when `install` runs from the bundle itself)",
+    )
     inst.add_argument("args", nargs=argparse.REMAINDER, help="extra arguments for `nriplugin run`")
 
     sup = sub.add_parser(
@@ -169,9 +177,50 @@ def launcher_script(python: str, args: list[str], log_file: str | None = None) -
     return f"#!/bin/sh\n# Written by `nriplugin install`; started by the container runtime.\n{redirect}exec {quoted}\n"
 
 
-def install(plugin_dir: str, name: str, idx: str, args: list[str], log_file: str | None = None) -> Path:
-    """Write the launcher after checking its arguments: a pre-registered plugin that cannot
-    start makes containerd 1.7 exit, so what can be checked now is checked now."""
+OPTIONS_SUFFIX = ".options.json"
+
+
+def options_path(executable: str) -> Path:
+    """Where a bundled plugin finds its options: next to itself, ``IDX-NAME.options.json``.
+    The runtime starts a plugin with no arguments, and skips files that are not executable."""
+    return Path(executable).with_name(Path(executable).name + OPTIONS_SUFFIX)
+
+
+def read_options(executable: str) -> tuple[list[str], str | None]:
+    """(run's arguments, log file) for a plugin the runtime started with no arguments."""
+    path = options_path(executable)
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        return [], None
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected an object with 'args' and 'logFile'")
+    args, log_file = raw.get("args", []), raw.get("logFile")
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise ValueError(f"{path}: 'args' must be a list of strings")
+    if log_file is not None and not isinstance(log_file, str):
+        raise ValueError(f"{path}: 'logFile' must be a string")
+    return args, log_file
+
+
+def frozen() -> bool:
+    return bool(getattr(sys, "frozen", False))
+
+
+def install(
+    plugin_dir: str,
+    name: str,
+    idx: str,
+    args: list[str],
+    log_file: str | None = None,
+    bundle: str | None = None,
+) -> Path:
+    """Write the plugin after checking its arguments: a pre-registered plugin that cannot
+    start makes containerd 1.7 exit, so what can be checked now is checked now. The plugin is
+    the self-contained executable (``bundle``, or this one when it is the bundle) with its
+    options next to it, else a launcher that runs this Python environment's nriplugin."""
     if "/" in name or not name:
         raise SystemExit(f"invalid plugin name {name!r}")
     from .preflight import StartupError, check_cgroup_root, check_policy_readable
@@ -186,17 +235,56 @@ def install(plugin_dir: str, name: str, idx: str, args: list[str], log_file: str
             check_policy_readable(ns.policy)
     except StartupError as exc:
         raise SystemExit(f"not installed: {exc}") from None
+    if bundle is None and frozen():
+        bundle = sys.executable
+    if bundle is not None and not (os.path.isfile(bundle) and os.access(bundle, os.X_OK)):
+        raise SystemExit(f"not installed: --bundle {bundle}: not an executable file")
     target = Path(plugin_dir) / f"{idx}-{name}"
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp")
-    tmp.write_text(launcher_script(os.path.abspath(sys.executable), args, log_file))
+    options = options_path(str(target))
+    if bundle is not None:
+        if os.path.realpath(bundle) != os.path.realpath(target):
+            shutil.copyfile(bundle, tmp)
+        else:
+            shutil.copyfile(target, tmp)  # reinstalling itself: new options only
+        if args or log_file:
+            opts_tmp = options.with_name(f".{options.name}.tmp")
+            opts_tmp.write_text(json.dumps({"args": args, "logFile": log_file}, indent=2) + "\n")
+            opts_tmp.replace(options)
+        else:
+            options.unlink(missing_ok=True)
+    else:
+        tmp.write_text(launcher_script(os.path.abspath(sys.executable), args, log_file))
+        options.unlink(missing_ok=True)  # a bundle's, from an earlier install
     tmp.chmod(stat.S_IRWXU | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
     tmp.replace(target)
     return target
 
 
+def preregistered_start() -> int:
+    """The runtime started this executable with no arguments (as it starts every plugin in its
+    plugin dir): supervise the agent with the options installed next to it."""
+    from . import supervise
+
+    try:
+        args, log_file = read_options(sys.executable if frozen() else sys.argv[0])
+    except ValueError as exc:
+        # Still register (containerd 1.7 exits if a pre-registered plugin does not): defaults.
+        print(f"nriplugin: ignoring unreadable options, running with the defaults: {exc}", file=sys.stderr)
+        args, log_file = [], None
+    if log_file:
+        fd = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+    return supervise.main(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if not args and os.environ.get("NRI_PLUGIN_SOCKET"):
+        return preregistered_start()
     if args[:1] == ["supervise"]:
         # Everything after `supervise` belongs to `run` (argparse's REMAINDER stops at options).
         from . import supervise
@@ -208,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.command == "install":
         logs.setup("text")
         extra = [a for a in ns.args if a != "--"]
-        target = install(ns.plugin_dir, ns.name, ns.idx, extra, ns.log_file)
+        target = install(ns.plugin_dir, ns.name, ns.idx, extra, ns.log_file, ns.bundle)
         print(f"installed {target}")
         return 0
     if ns.command == "top":

@@ -36,6 +36,14 @@ BACKOFF_FIRST, BACKOFF_MAX = 0.5, 10.0
 STABLE_AFTER = 30.0  # an agent that ran this long crashed "once": restart it at once
 
 
+def agent_command(python: str = sys.executable) -> list[str]:
+    """How to start ``nriplugin``: the bundled executable itself (PyInstaller sets
+    ``sys.frozen``; its ``sys.executable`` is the bundle), else ``python -m nriplugin``."""
+    if getattr(sys, "frozen", False):
+        return [sys.executable]
+    return [python, "-m", "nriplugin"]
+
+
 def how_it_ended(rc: int) -> str:
     if rc < 0:
         try:
@@ -59,7 +67,7 @@ class Supervisor:
             self.child.send_signal(signum)
 
     def _start(self, env: dict[str, str], extra: list[str], pass_fds: tuple[int, ...] = ()) -> None:
-        cmd = [self.python, "-m", "nriplugin", "run", *self.args, *extra]
+        cmd = [*agent_command(self.python), "run", *self.args, *extra]
         self.child = subprocess.Popen(cmd, env=env, pass_fds=pass_fds)
 
     def run(self) -> int:

@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 
 from nriplugin.agent_lock import AgentLock, Holder
-from nriplugin.cli import install
+from nriplugin.cli import install, options_path, read_options
 from nriplugin.nri import api_pb2 as api
 from tests.agent_proc import agent, free_port, http_get, poll, preregistered, stopped
 from tests.runtime_peer import RuntimePeer, make_container, make_pod
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_install_writes_an_absolute_launcher(tmp_path: Path) -> None:
@@ -38,6 +40,49 @@ def test_install_writes_an_absolute_launcher(tmp_path: Path) -> None:
         install(str(tmp_path), "nriplugin", "07", ["--idx", "7"])
     logged = install(str(tmp_path / "plugins"), "nriplugin", "08", [], log_file=str(tmp_path / "agent log"))
     assert f"exec >>'{tmp_path}/agent log' 2>&1\n" in logged.read_text()
+
+
+def test_install_bundle_copies_it_with_its_options(tmp_path: Path) -> None:
+    exe = tmp_path / "nriplugin-bundle"
+    exe.write_bytes(b"#!/bin/sh\nexit 0\n")
+    exe.chmod(0o755)
+    plugins = tmp_path / "plugins"
+    target = install(str(plugins), "nriplugin", "10", ["--log-format", "text"], str(tmp_path / "a.log"), str(exe))
+    assert target.read_bytes() == exe.read_bytes() and target.stat().st_mode & 0o111
+    opts = plugins / "10-nriplugin.options.json"
+    assert not opts.stat().st_mode & 0o111  # the runtime skips non-executable files in its plugin dir
+    assert read_options(str(target)) == (["--log-format", "text"], str(tmp_path / "a.log"))
+    install(str(plugins), "nriplugin", "10", [], bundle=str(exe))  # no options: none left behind
+    assert not opts.exists() and read_options(str(target)) == ([], None)
+    install(str(plugins), "nriplugin", "10", ["--log-format", "text"], bundle=str(exe))
+    install(str(plugins), "nriplugin", "10", [])  # back to the launcher: the bundle's options go
+    assert not opts.exists() and target.read_text().startswith("#!/bin/sh")
+    with pytest.raises(SystemExit, match="not an executable"):
+        install(str(plugins), "nriplugin", "10", [], bundle=str(tmp_path / "missing"))
+    for bad in ("{", "[1]", '{"args": "--x"}', '{"args": [], "logFile": 3}'):
+        opts.write_text(bad)
+        with pytest.raises(ValueError, match=r"options\.json"):
+            read_options(str(target))
+
+
+def test_runtime_start_without_arguments_reads_the_options(tmp_path: Path) -> None:
+    """What containerd does with a bundle in its plugin dir (no arguments, the connection as fd
+    NRI_PLUGIN_SOCKET), here with `python -m nriplugin`: options come from the file next to
+    argv[0] and reach the agent (a bad --idx in them: the agent's start-up error, exit 2)."""
+    (tmp_path / "__main__.py").write_text("import runpy\nrunpy.run_module('nriplugin', run_name='__main__')\n")
+    options_path(str(tmp_path / "__main__.py")).write_text(json.dumps({"args": ["--idx", "7"]}))
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        env = {**os.environ, "NRI_PLUGIN_SOCKET": str(theirs.fileno()), "PYTHONPATH": str(ROOT)}
+        r = subprocess.run(
+            [sys.executable, str(tmp_path / "__main__.py")],
+            env=env,
+            pass_fds=(theirs.fileno(),),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert r.returncode == 2 and "two digits" in r.stderr
 
 
 def test_bad_arguments_are_refused_clearly() -> None:

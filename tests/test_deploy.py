@@ -72,12 +72,17 @@ def test_daemonset_matches_cli_and_cluster() -> None:
 
 
 def test_containerfile_installs_the_package() -> None:
+    """The recipe's shape (image/build.sh builds and e2e/test_image.py runs the real thing)."""
     text = (ROOT / "image" / "Containerfile").read_text()
-    for src in re.findall(r"^COPY (.+) \S+$", text, re.M):
-        for path in src.split():
-            assert (ROOT / path).exists(), f"Containerfile copies missing {path}"
+    assert re.search(r"^ARG BASE=\S+$", text, re.M) and re.search(r"^FROM \$\{BASE\}", text, re.M)
+    # The build context is what build.sh assembles: the lock, the dependencies' wheels, the agent's.
+    copied = {p for src in re.findall(r"^COPY (?!--from)(.+) \S+$", text, re.M) for p in src.split()}
+    assert copied == {"requirements.lock", "deps/", "app/"}
+    assert (ROOT / "image" / "requirements.lock").is_file() and "--require-hashes" in text
+    for label in ("version", "revision", "source"):
+        assert f"org.opencontainers.image.{label}=" in text
     entry = re.search(r"^ENTRYPOINT (\[.*\])$", text, re.M)
-    assert entry is not None and yaml.safe_load(entry.group(1)) == ["nriplugin", "run"]
+    assert entry is not None and yaml.safe_load(entry.group(1)) == ["/opt/nriplugin/bin/nriplugin", "run"]
     cmd = re.search(r"^CMD (\[.*\])$", text, re.M)
     assert cmd is not None
     build_parser().parse_args(["run", *yaml.safe_load(cmd.group(1))])
