@@ -148,9 +148,8 @@ class Containerd:
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"containerd exited with {self.proc.returncode}; see {self.base}/logs/containerd.log"
-                )
+                tail = (self.base / "logs" / "containerd.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"containerd exited with {self.proc.returncode}; its log ends:\n{tail}")
             try:
                 self.cri.call("Version", msg("VersionRequest"), timeout=2)
                 # CRI answers Version before the image service is ready; wait for that too.

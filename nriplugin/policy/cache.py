@@ -27,8 +27,7 @@ from ..kernel.inotify import (
     IN_Q_OVERFLOW,
     Inotify,
 )
-from .model import Policy, from_document
-from .nodeslo import NodeSLOError
+from .model import NodeSLOError, Policy, from_document
 
 log = logging.getLogger("nriplugin.policy")
 MAX_POLICY_BYTES = 1 << 20

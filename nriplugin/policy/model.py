@@ -444,6 +444,10 @@ class Policy(_M):
         return {"LSE": s.lsrClass, "LSR": s.lsrClass, "LS": s.lsClass, "BE": s.beClass}.get(qos, s.systemClass)
 
 
+class NodeSLOError(ValueError):
+    """A NodeSLO its CRD rejects; the message names every offending field."""
+
+
 def from_document(doc: Any) -> tuple[Policy, list[str]]:
     """A Policy from a parsed YAML/JSON document (our format, or a NodeSLO object, which
     ``nodeslo.py`` judges by Koordinator's CRD).

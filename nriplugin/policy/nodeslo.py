@@ -31,15 +31,12 @@ from jsonschema import Draft4Validator, FormatChecker
 from jsonschema.exceptions import ValidationError as SchemaError
 from pydantic import BaseModel, ValidationError
 
+from .model import NodeSLOError as NodeSLOError
 from .model import Policy, _explicit, _merge
 
 API_VERSION = "slo.koordinator.sh/v1alpha1"
 CRD_FILE = "slo.koordinator.sh_nodeslos.yaml"
 _INT_RANGE = {"int32": 1 << 31, "int64": 1 << 63}
-
-
-class NodeSLOError(ValueError):
-    """A NodeSLO its CRD rejects; the message names every offending field."""
 
 
 @functools.cache
