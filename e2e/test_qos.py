@@ -37,6 +37,27 @@ def quota_cores(group: Path) -> float:
     return float("inf") if q < 0 else q / int((group / "cpu.cfs_period_us").read_text())
 
 
+def node_busy(seconds: float = 1.0) -> float:
+    """Cores busy on the whole node over the next ``seconds`` (/proc/stat)."""
+
+    def ticks() -> tuple[int, int]:
+        f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(f[:8]) - f[3] - f[4], sum(f[:8])
+
+    b0, t0 = ticks()
+    time.sleep(seconds)
+    b1, t1 = ticks()
+    return (b1 - b0) / max(1, t1 - t0) * (os.cpu_count() or 1)
+
+
+def require_quiet_node() -> None:
+    """The usage budget counts every non-BE process on the node (as it should on a real node):
+    with other work using a core, BE rightly gets less than these figures. Skip, saying so."""
+    busy = node_busy()
+    if busy > 0.3:
+        pytest.skip(f"the node is busy with other work ({busy:.2f} cores): BE's figures here assume an idle node")
+
+
 def until(cond: Callable[[], bool], timeout: float, what: str) -> float:
     t0 = time.monotonic()
     while not cond():
@@ -49,6 +70,7 @@ def until(cond: Callable[[], bool], timeout: float, what: str) -> float:
 def test_be_yields_to_ls_and_gets_the_idle_cpu_back(
     runtime: Containerd, plugin_factory: Callable[..., PluginProcess]
 ) -> None:
+    require_quiet_node()
     plugin = plugin_factory(runtime)
     ls = runtime.run_pod("web", "Burstable", LS)
     ls_c = runtime.create_container(ls, "main", cpu_shares=1024)  # requests one core
@@ -87,6 +109,7 @@ def test_the_cpuset_policy_squeezes_be_onto_one_cpu(
 ) -> None:
     """``cpuSuppress.policy: cpuset`` on the real tree: BE's container keeps both CPUs while LS
     is idle, is moved onto one when LS spins a core (its usage follows), and gets both back."""
+    require_quiet_node()
     policy = tmp_path / "policy.yaml"
     policy.write_text("qosManager:\n  cpuSuppress:\n    policy: cpuset\n")
     plugin = plugin_factory(runtime, "--policy", str(policy))
