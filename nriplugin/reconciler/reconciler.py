@@ -242,6 +242,7 @@ class Reconciler:
         return True
 
     def forget(self, key: str) -> None:
+        """Let go of an entry: its watches, its files' fight state, its cached paths."""
         entry = self.entries.pop(key, None)
         if entry is None:
             return
@@ -249,6 +250,13 @@ class Reconciler:
         for d in entry.dirs or ():
             self.by_dir.pop(str(d), None)
             self._remove_watch(d)
+        if self.files and entry.dirs:
+            prefixes = tuple(f"{d}/" for d in entry.dirs)
+            for path in [p for p in self.files if p.startswith(prefixes)]:
+                st = self.files.pop(path)
+                if st.retry is not None:
+                    st.retry.cancel()
+        self.cgroups.forget(entry.group)
 
     def _dirs(self, group: str, checked: bool = True) -> list[str]:
         ctrls = ("cpu", "cpuset", "memory", "blkio") if self.cgroups.version == 1 else ("",)
