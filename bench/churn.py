@@ -3,7 +3,8 @@
 On the private containerd 1.7 with NRI, the agent running as in production (hooks, CRI
 inventory, reconciler, QoS manager, metrics): about ``--live`` pods stay alive while pods are
 created (one container each, half BE with batch resources, half LS with a quota, each with a
-2 KB ``kubectl.kubernetes.io/last-applied-configuration``) and the oldest removed, for
+2 KB ``kubectl.kubernetes.io/last-applied-configuration``) and the oldest removed (its pod
+cgroup too, as kubelet does), for
 ``--minutes``. The agent's VmRSS and open fds are sampled as pods churn; reported: RSS after
 the warm-up and at the end, the growth per pod that came and went (least squares over the
 samples after the warm-up), fds, and the hook failures the agent counted. The warm-up is by
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import subprocess
@@ -60,6 +62,20 @@ def slope(points: list[tuple[int, float]]) -> float:
     return sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else float("nan")
 
 
+def remove_pod_cgroup(parent: str) -> None:
+    """What kubelet does once a pod is gone: its pod-level cgroup goes too (containerd leaves
+    it: kubelet made it). Left behind, every pod directory would stay watched, rightly."""
+    for h in harness.CGROUP_FS.iterdir():
+        d = h / parent.lstrip("/")
+        if not d.is_dir() or h.is_symlink():
+            continue
+        for sub in sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                sub.rmdir()
+        with contextlib.suppress(OSError):
+            d.rmdir()
+
+
 class Churner:
     """Pods come and go; ``churned`` counts those that came and went."""
 
@@ -93,6 +109,7 @@ class Churner:
             assert cri is not None
             cri.call("StopPodSandbox", msg("StopPodSandboxRequest", pod_sandbox_id=old.id))
             cri.call("RemovePodSandbox", msg("RemovePodSandboxRequest", pod_sandbox_id=old.id))
+            remove_pod_cgroup(old.config.linux.cgroup_parent)
             with self.lock:
                 self.churned += 1
 
@@ -199,13 +216,11 @@ def write_section(path: Path, results: list[dict[str, Any]], labels: list[str], 
 
 Command: `.venv/bin/python -m {cmd}` ({os.cpu_count()} CPUs, {time.strftime("%Y-%m-%d")}), on the private
 containerd 1.7.24 with NRI and the agent as in production (hooks, CRI inventory, reconciler, QoS
-manager, metrics): {r["live"]} pods alive while pods were created (one container, half BE with
-batch resources, half LS with a quota, each with a 2 KB last-applied-configuration) and the
-oldest removed, for {r["minutes"]:g} minutes. Growth: least-squares slope of the agent's RSS over
-the pods that came and went after a {r["warmup_s"]:.0f} s warm-up (the QoS manager's 5-minute trends
-fill up in it whatever the pods do). Before the fix, with a 100-pod warm-up over 4 minutes:
-main 7.2 KB per pod (9.3 in the first half, 7.1 in the second), this branch 2.7 (4.4, then
-1.4: levelling off as the trends fill).
+manager, metrics): {r["live"]} pods alive while pods were created (one container, half BE
+with batch resources, half LS with a quota, each with a 2 KB last-applied-configuration) and
+the oldest removed (with its pod cgroup, as kubelet does), for {r["minutes"]:g} minutes. Growth:
+least-squares slope of the agent's RSS over the pods that came and went after a
+{r["warmup_s"]:.0f} s warm-up (the QoS manager's 5-minute trends fill up in it whatever the pods do).
 
 | agent | pods that came and went | RSS (after warm-up → end) | growth per pod | fds | hook failures |
 |---|---|---|---|---|---|
@@ -214,9 +229,8 @@ main 7.2 KB per pod (9.3 in the first half, 7.1 in the second), this branch 2.7 
 Target: under 1 KB per pod that came and went (issue 13). What kept per-pod state after the pod
 was gone: the cgroup layer's path caches (a resolved directory per controller per pod, cleared
 only at 65,536 entries), the reconciler's per-file fight state of a removed container, and
-desired-state entries made for a key after its removal (a late check, an overlay on a
-container that had just gone); `tests/test_churn.py` checks every per-container structure
-empties when its container goes.
+desired-state cache entries and generations made for a key after its removal (a late check);
+`tests/test_churn.py` checks every per-container structure empties when its container goes.
 
 ![RSS against pods churned]({png})
 <!-- churn:end -->

@@ -636,6 +636,8 @@ class Stub:
                     log.warning("NRI connection lost: %s", exc)
                 elif self._stopping:
                     log.info("NRI connection closed: stopping")
+                elif self._refused:
+                    pass  # said when refusing
                 else:
                     log.info("NRI connection closed by the runtime")
                 delay = self.opts.backoff_initial

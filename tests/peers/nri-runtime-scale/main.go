@@ -173,15 +173,24 @@ func main() {
 		ready = syncErr == ""
 	case <-time.After(*wait):
 	}
+	firstCreate, firstErr := 0.0, ""
 	for i := 0; ready && i < 50; i++ { // warm-up: a plugin may finish its own start-up now
 		p := pod(900000+i, "BE")
 		c := container(900000+i, p, "BE")
-		r.CreateContainer(ctx, &adaptation.CreateContainerRequest{Pod: p, Container: c})
+		t0 := time.Now()
+		_, err := r.CreateContainer(ctx, &adaptation.CreateContainerRequest{Pod: p, Container: c})
+		if i == 0 { // right after Synchronize: waits for whatever the plugin does after its answer
+			firstCreate = float64(time.Since(t0).Nanoseconds()) / 1000
+			if err != nil {
+				firstErr = err.Error()
+			}
+		}
 		r.RemoveContainer(ctx, &adaptation.StateChangeEvent{Pod: p, Container: c})
 		r.RemovePodSandbox(ctx, &adaptation.StateChangeEvent{Pod: p})
 	}
 	out := map[string]interface{}{"ready": ready, "sync_pods": *syncPods, "sync_bytes": syncBytes,
-		"sync_ms": float64(syncDur.Microseconds()) / 1000, "sync_error": syncErr, "sync_updates": syncUpdates}
+		"sync_ms": float64(syncDur.Microseconds()) / 1000, "sync_error": syncErr, "sync_updates": syncUpdates,
+		"first_create_us": firstCreate, "first_create_error": firstErr}
 	if ready {
 		lat := []float64{}
 		errs, beAdj := 0, 0
