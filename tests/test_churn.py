@@ -134,3 +134,38 @@ def test_every_per_container_structure_empties_when_its_container_goes(tmp_path:
             churn.collector.close()
 
     asyncio.run(main())
+
+
+def test_after_synchronize_the_reconciler_works_in_chunks_between_hooks(tmp_path: Path) -> None:
+    """Taking in a node of hundreds of containers (tracking, watching, applying, the first
+    full pass) runs in chunks: a hook that arrives right after Synchronize waits for one chunk,
+    not for the whole node; everything converges in the end."""
+    from nriplugin.reconciler.reconciler import CHUNK
+
+    async def main() -> None:
+        churn = Churn(tmp_path / "cg")
+        churn.start()
+        pods, ctrs = [], []
+        for i in range(CHUNK * 5):
+            pod = make_pod(i, "BE", parent=f"/kubepods/besteffort/pod{i}")
+            pod.annotations["node.koordinator.sh/extended-resource-spec"] = BATCH
+            ctr = make_container(i, pod)
+            v1_group(churn.root, ctr.linux.cgroups_path.lstrip("/"))
+            pods.append(pod)
+            ctrs.append(ctr)
+        seen: list[int] = []
+        try:
+            churn.node.model.synchronize(pods, ctrs)
+            asyncio.get_running_loop().call_soon(lambda: seen.append(len(churn.reconciler.entries)))
+            for _ in range(2000):
+                await asyncio.sleep(0)
+                if churn.reconciler.passes:
+                    break
+            assert seen and 0 < seen[0] < 2 * len(ctrs)  # a hook got in before the node was done
+            assert churn.reconciler.passes == 1 and len(churn.reconciler.entries) == 2 * len(ctrs)
+            shares = churn.root / "cpu" / ctrs[-1].linux.cgroups_path.lstrip("/") / "cpu.shares"
+            assert shares.read_text().strip() == "512"  # applied
+        finally:
+            churn.reconciler.stop()
+
+    asyncio.run(main())

@@ -120,6 +120,7 @@ func main() {
 	syncPods := flag.Int("sync-pods", 2000, "pods (one container each) handed over at Synchronize")
 	wait := flag.Duration("wait", 30*time.Second, "how long to wait for the plugin to synchronize")
 	linger := flag.Duration("linger", 0, "keep the connection this long after printing the figures")
+	settle := flag.Duration("settle", 0, "pause after the warm-up, before the timed calls (the plugin converges)")
 	verbose := flag.Bool("v", false, "runtime library logs")
 	flag.StringVar(&prefix, "cgroup-prefix", "", "cgroup path prefix of every pod (e.g. /bench-1234)")
 	flag.IntVar(&noteBytes, "note-bytes", 3000, "size of each pod's last-applied-configuration (0: none)")
@@ -187,6 +188,9 @@ func main() {
 		}
 		r.RemoveContainer(ctx, &adaptation.StateChangeEvent{Pod: p, Container: c})
 		r.RemovePodSandbox(ctx, &adaptation.StateChangeEvent{Pod: p})
+	}
+	if ready {
+		time.Sleep(*settle)
 	}
 	out := map[string]interface{}{"ready": ready, "sync_pods": *syncPods, "sync_bytes": syncBytes,
 		"sync_ms": float64(syncDur.Microseconds()) / 1000, "sync_error": syncErr, "sync_updates": syncUpdates,
