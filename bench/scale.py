@@ -263,7 +263,10 @@ Go stub: `go-nri-refplugin` on the same runtime and pods.
 CreateContainer p99 relative to {rows[0]["n"]} pods: {ratios}. Targets (issue 13): Synchronize of
 2000 well within the runtime's 2 s; CreateContainer p99 within 10 % of the 200-pod figure; RSS
 with 2000 containers under 150 MiB. The Go stub cannot take a Synchronize over ttrpc's 4 MiB
-(its ttrpc discards the message: "failed to discard after receiving oversized message").
+(its ttrpc discards the message and never answers: the runtime's "context deadline exceeded").
+The QoS round column is the QoS manager's once-a-second round (the collector reads every
+container's counters, in one callback): a hook that arrives during it waits for it, which is
+what grows the p99 on the largest node; the reconciler's work yields to hooks every 32 entries.
 `nriplugin doctor` shows the node's inotify headroom (watches in use against
 `fs.inotify.max_user_watches`, and who holds them).
 
