@@ -99,6 +99,7 @@ class Agent:
             idx=ns.idx,
             socket_path=ns.socket,
             default_policy=HookPolicy(budget=ns.hook_budget_ms / 1000.0, fail_closed=ns.fail_closed),
+            max_message=ns.max_message_mib << 20,
         )
         self.prereg = self.opts.fd is not None
         self.gap_since = os.environ.pop(ENV_GAP_SINCE, "")

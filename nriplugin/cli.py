@@ -43,6 +43,12 @@ def _interval(value: str) -> float:
     return v
 
 
+def _mib(value: str) -> int:
+    if not value.isdigit() or not 4 <= int(value) <= 1024:
+        raise argparse.ArgumentTypeError(f"expected MiB between 4 and 1024, got {value!r}")
+    return int(value)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nriplugin", description="containerd NRI plugin and node QoS agent")
     sub = p.add_subparsers(dest="command", required=True)
@@ -62,6 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="HOST:PORT for /metrics, /healthz, /readyz (default 127.0.0.1:9310; port 0 = off)",
     )
     run.add_argument("--hook-budget-ms", type=float, default=500.0, help="time budget per hook (default %(default)s)")
+    run.add_argument(
+        "--max-message-mib",
+        type=_mib,
+        default=64,
+        help="largest NRI message accepted from the runtime, in MiB (default %(default)s; containerd 1.7 "
+        "sends Synchronize whole, over ttrpc's 4 MiB with a few thousand pods); a larger one is refused "
+        "and the agent serves reconciler-only for a while",
+    )
     run.add_argument(
         "--fail-closed", action="store_true", help="refuse containers whose hook fails or overruns (default: fail-open)"
     )

@@ -22,7 +22,7 @@ from .features.cpuset import CPUAllocator
 from .kernel.probe import Capabilities, format_cpulist
 from .model import POD_PREFIX, NodeModel
 from .nri import api_pb2 as api
-from .overlays import Overlays
+from .overlays import GROUP_PREFIX, Overlays
 from .policy.cache import RuleCache
 from .policy.qos import InvalidQoSLabel, QoSClass, qos_class
 from .writer import cap_burst
@@ -151,8 +151,14 @@ class DesiredState:
         limit = self._cpusets.get(qos) if qos is not None else None
         if limit is not None and intent is not None and r is not None and r.container is not None:
             intent = self._cpuset_limit(key, intent, *limit)
-        self._cache[key] = intent
+        if self._known(key):  # a gone container's key (a late check) is not kept
+            self._cache[key] = intent
         return intent
+
+    def _known(self, key: str) -> bool:
+        """Something that exists: in the node model, or a QoS-level group (owned, not modelled).
+        Per-key state is kept only for these, so keys that went leave nothing behind."""
+        return key in self.model or key.startswith(GROUP_PREFIX)
 
     @staticmethod
     def _ceiling(intent: Intent, cores: float, owner: str, reason: str) -> Intent:
@@ -200,7 +206,10 @@ class DesiredState:
         for key in keys:
             self._cache.pop(key, None)
             self._next += 1
-            self._gens[key] = self._next
+            if self._known(key):
+                self._gens[key] = self._next
+            else:
+                self._gens.pop(key, None)
             changed.append(key)
         if changed:
             for fn in self._listeners:

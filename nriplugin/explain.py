@@ -196,8 +196,18 @@ def doctor(caps: Capabilities, cg: Cgroups, nri_socket: str) -> dict[str, Any]:
         "psi": caps.psi,
         "coreScheduling": caps.core_sched,
         "nri": {"socket": nri_socket, "present": os.path.exists(nri_socket), "lock": runtime_lock(nri_socket)},
+        "inotify": inotify_usage(),  # the reconciler's watches: one per managed cgroup directory
         "features": features,
     }
+
+
+def inotify_usage() -> dict[str, Any]:
+    from .kernel.inotify import usage
+
+    try:
+        return usage()
+    except OSError as exc:
+        return {"error": str(exc)}
 
 
 def runtime_lock(nri_socket: str) -> dict[str, Any]:

@@ -63,6 +63,12 @@ class Metrics:
             buckets=(1e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1.0, 2.0),
             registry=r,
         )
+        self.refused_messages = Counter(
+            "nriplugin_nri_refused_messages_total",
+            "Messages from the runtime over the receive bound (run --max-message-mib), refused unread; "
+            "the agent then serves without NRI hooks for a while (reconciler only).",
+            registry=r,
+        )
         self.sync_objects = Gauge(
             "nriplugin_synchronize_objects", "Pods and containers in the last Synchronize.", ["kind"], registry=r
         )
@@ -197,6 +203,9 @@ class StubMetrics:
         self.m.sync_duration.observe(seconds)
         self.m.sync_objects.labels("pods").set(pods)
         self.m.sync_objects.labels("containers").set(containers)
+
+    def message_refused(self, length: int, limit: int) -> None:
+        self.m.refused_messages.inc()
 
 
 class ReconcilerMetrics:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from .features import FeatureFailed, Intent
@@ -204,6 +205,7 @@ class QoSPlugin(Plugin):
             self._push_later(updates[i : i + PUSH_CHUNK])
 
     def _take_in(self, pods: list[api.PodSandbox], containers: list[api.Container]) -> list[api.ContainerUpdate]:
+        t0 = time.perf_counter()
         self.model.synchronize(pods, containers)
         updates = []
         for c in containers:
@@ -221,7 +223,15 @@ class QoSPlugin(Plugin):
                 c.linux.resources, u.linux.resources
             ):
                 updates.append(u)
-        log.info("synchronized %d pods, %d containers, %d updates", len(pods), len(containers), len(updates))
+        ms = (time.perf_counter() - t0) * 1e3
+        log.info(
+            "synchronized %d pods, %d containers, %d updates (taken in in %.0f ms)",
+            len(pods),
+            len(containers),
+            len(updates),
+            ms,
+            extra={"take_in_ms": round(ms, 1)},
+        )
         return updates
 
 

@@ -191,3 +191,23 @@ def test_real_cgroup_v1(tmp_path: Path) -> None:
         assert cg.write(group, "cpu.bvt_warp_ns", 1).status == "unsupported"  # not an Anolis kernel
     finally:
         d.rmdir()
+
+
+def test_inotify_usage_counts_our_watches_against_the_user_limit(tmp_path: Path) -> None:
+    from nriplugin.kernel.inotify import Inotify, usage, watches_of
+
+    before = watches_of(os.getpid())
+    ino = Inotify()
+    try:
+        for i in range(25):
+            (tmp_path / str(i)).mkdir()
+            ino.add(str(tmp_path / str(i)))
+        assert watches_of(os.getpid()) == before + 25
+        u = usage()
+        limit = int(Path("/proc/sys/fs/inotify/max_user_watches").read_text())
+        assert u["maxUserWatches"] == limit and u["watches"] >= 25
+        assert u["watchHeadroom"] == limit - u["watches"] and u["instances"] >= 1
+        assert any(h["pid"] == os.getpid() and h["watches"] >= 25 for h in u["topHolders"]) or len(u["topHolders"]) == 3
+    finally:
+        ino.close()
+    assert watches_of(os.getpid()) == before

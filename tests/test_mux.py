@@ -108,3 +108,19 @@ def test_message_spanning_frames_through_the_stack() -> None:
     # The answer is framed for the Go runtime's 4 KiB reader.
     out = plugin.respond(ev.stream_id, b"r" * 5000)
     assert [n for _, n in frames(out)] == [4096, len(out) - 8 - 4096 - 8]
+
+
+def test_stream_hands_on_pieces_as_they_arrive() -> None:
+    """stream(): payload bytes per conn as soon as they arrive, frames of unknown conns
+    skipped; only a partial header is ever held."""
+    wire = mux.encode_frame(1, b"a" * 100) + mux.encode_frame(7, b"junk") + mux.encode_frame(2, b"") + b""
+    wire += mux.encode_frame(2, b"bc") + mux.encode_frame(1, b"d")
+    for step in (1, 5, 30, len(wire)):
+        d = mux.Demultiplexer()
+        got: dict[int, bytes] = {1: b"", 2: b""}
+        for i in range(0, len(wire), step):
+            for conn_id, piece in d.stream(wire[i : i + step]):
+                assert piece and isinstance(piece, memoryview)
+                got[conn_id] += bytes(piece)
+            assert d.buffered < mux.HEADER_LEN
+        assert got == {1: b"a" * 100 + b"d", 2: b"bc"} and d.dropped_frames == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ class Recorder:
         self.failed: list[tuple[str, str, bool]] = []
         self.states: list[str] = []
         self.syncs: list[tuple[int, int]] = []
+        self.refused: list[tuple[int, int]] = []
 
     def hook_done(self, event: str, seconds: float) -> None:
         self.done.append(event)
@@ -35,6 +37,9 @@ class Recorder:
 
     def synchronized(self, seconds: float, pods: int, containers: int) -> None:
         self.syncs.append((pods, containers))
+
+    def message_refused(self, length: int, limit: int) -> None:
+        self.refused.append((length, limit))
 
 
 class SharesPlugin(Plugin):
@@ -476,5 +481,76 @@ def test_placeholder_registers_first_and_holds_requests(tmp_path: Path) -> None:
         s = await peer.next_session()
         assert s.events == event_mask(real) and real.synced == (1, 1)
         await stopped(stub, task, peer)
+
+    run(main, tmp_path)
+
+
+class ManyUpdates(SharesPlugin):
+    """Answers Synchronize with updates for every container, each carrying ~1 KB."""
+
+    def synchronize(self, pods: list[api.PodSandbox], containers: list[api.Container]) -> list[api.ContainerUpdate]:
+        self.synced = (len(pods), len(containers))
+        out = []
+        for c in containers:
+            u = api.ContainerUpdate(container_id=c.id)
+            u.linux.resources.unified["x.note"] = "n" * 1000
+            out.append(u)
+        return out
+
+
+def big_node(n: int, note: int) -> tuple[list[api.PodSandbox], list[api.Container]]:
+    pods = [make_pod(i, "BE") for i in range(n)]
+    for p in pods:
+        p.annotations["kubectl.kubernetes.io/last-applied-configuration"] = "{" + "a" * note + "}"
+    return pods, [make_container(i, p) for i, p in enumerate(pods)]
+
+
+def test_synchronize_over_4mib_is_accepted_and_an_answer_over_4mib_is_split(tmp_path: Path) -> None:
+    """containerd 1.7 sends Synchronize whole (here ~5.5 MB, over ttrpc's 4 MiB): accepted.
+    Our answer (~5 MB of updates) would be refused by the runtime: what fits goes in the
+    answer, the rest follows in UpdateContainers calls, each within 4 MiB, nothing lost."""
+
+    async def main(tmp: Path) -> None:
+        pods, ctrs = big_node(4500, 1000)
+        assert api.SynchronizeRequest(pods=pods, containers=ctrs).ByteSize() > ttrpc.MAX_MESSAGE
+        peer = RuntimePeer(pods, ctrs, request_timeout=10)
+        plugin = ManyUpdates()
+        stub, task = await started(peer, plugin, tmp)
+        s = await peer.next_session(10)
+        assert s.sync_error == "" and plugin.synced == (4500, 4500)
+        for _ in range(200):
+            if len(s.sync_updates) + sum(len(r.update) for r in peer.updates) >= 4500:
+                break
+            await asyncio.sleep(0.02)
+        pushed = [u.container_id for r in peer.updates for u in r.update]
+        answered = [u.container_id for u in s.sync_updates]
+        assert 0 < len(answered) < 4500 and pushed  # split, both ways used
+        assert sorted(answered + pushed) == sorted(c.id for c in ctrs)  # each exactly once
+        assert all(r.ByteSize() <= ttrpc.MAX_MESSAGE for r in peer.updates)
+        await stopped(stub, task, peer)
+
+    run(main, tmp_path)
+
+
+def test_a_message_over_the_bound_is_refused_counted_and_not_retried_in_a_loop(tmp_path: Path) -> None:
+    async def main(tmp: Path) -> None:
+        pods, ctrs = big_node(300, 1000)  # ~400 KB, over this stub's 64 KiB bound
+        peer = RuntimePeer(pods, ctrs)
+        obs = Recorder()
+        sock = str(tmp / "nri.sock")
+        await peer.listen(sock)
+        opts = StubOptions(socket_path=sock, backoff_initial=0.01, max_message=64 << 10, refused_retry=60)
+        stub = Stub(SharesPlugin(), opts, observer=obs)
+        task = asyncio.ensure_future(stub.run())
+        for _ in range(200):
+            if obs.refused and "disconnected" in obs.states:
+                break
+            await asyncio.sleep(0.01)
+        assert len(obs.refused) == 1 and obs.refused[0][1] == 64 << 10 and obs.refused[0][0] > 64 << 10
+        await asyncio.sleep(0.5)  # 50 backoffs' worth: still one connection, no loop
+        assert stub.connections == 1 and len(obs.refused) == 1 and not stub.ready.is_set()
+        t0 = time.monotonic()
+        await stopped(stub, task, peer)  # the long wait ends at once on stop()
+        assert time.monotonic() - t0 < 1
 
     run(main, tmp_path)

@@ -86,30 +86,92 @@ def test_header_layout() -> None:
 )
 def test_stream_round_trip(msgs: list[tuple[int, int, int, bytes]]) -> None:
     wire = b"".join(ttrpc.encode_message(s, t, p, f) for s, t, f, p in msgs)
-    got = ttrpc.MessageDecoder().feed(wire)
+    got = messages(ttrpc.MessageDecoder().feed(wire))
     assert [(m.stream_id, m.type, m.flags, m.payload) for m in got] == [(s, t, f, p) for s, t, f, p in msgs]
+
+
+def messages(got: list[ttrpc.Message | ttrpc.TooLarge]) -> list[ttrpc.Message]:
+    assert all(isinstance(m, ttrpc.Message) for m in got)
+    return [m for m in got if isinstance(m, ttrpc.Message)]
 
 
 def test_split_at_every_byte_boundary() -> None:
     wire = ttrpc.encode_message(1, 1, b"x" * 50) + ttrpc.encode_message(3, 1, b"") + ttrpc.encode_message(5, 2, b"yz")
     for cut in range(len(wire) + 1):
         dec = ttrpc.MessageDecoder()
-        got = dec.feed(wire[:cut]) + dec.feed(wire[cut:])
+        got = messages(dec.feed(wire[:cut]) + dec.feed(wire[cut:]))
         assert [(m.stream_id, m.payload) for m in got] == [(1, b"x" * 50), (3, b""), (5, b"yz")]
         assert dec.buffered == 0
     dec = ttrpc.MessageDecoder()
-    got = [m for b in wire for m in dec.feed(bytes([b]))]
+    got = messages([m for b in wire for m in dec.feed(bytes([b]))])
     assert len(got) == 3
 
 
-def test_oversized_message_is_refused_before_buffering() -> None:
-    dec = ttrpc.MessageDecoder()
-    with pytest.raises(ProtocolError, match="exceeds"):
-        dec.feed(struct.pack(">IIBB", ttrpc.MAX_MESSAGE + 1, 1, 1, 0))
-    with pytest.raises(ProtocolError):  # poisoned: no resynchronising on a corrupt stream
-        dec.feed(ttrpc.encode_message(1, 1, b""))
+@pytest.mark.parametrize("chunk", [1, 7, 4096, 1 << 20])
+def test_receive_bound_is_exact(chunk: int) -> None:
+    """A message of exactly the bound is accepted; one byte more is refused from its header
+    and skipped unread, and the stream goes on (the next message decodes)."""
+    bound = 5000
+    at = ttrpc.encode_message(1, 1, b"a" * bound, limit=bound)
+    over = ttrpc.encode_message(3, 1, b"b" * (bound + 1), limit=bound + 1)
+    after = ttrpc.encode_message(5, 1, b"c")
+    wire = at + over + after
+    dec = ttrpc.MessageDecoder(max_message=bound)
+    got: list[ttrpc.Message | ttrpc.TooLarge] = []
+    for i in range(0, len(wire), chunk):
+        got += dec.feed(wire[i : i + chunk])
+        assert dec.buffered <= ttrpc.HEADER_LEN + bound  # the refused one never buffered
+    assert len(got) == 3
+    assert isinstance(got[0], ttrpc.Message) and got[0].payload == b"a" * bound
+    assert got[1] == ttrpc.TooLarge(3, 1, bound + 1, bound)
+    assert isinstance(got[2], ttrpc.Message) and (got[2].stream_id, got[2].payload) == (5, b"c")
+    assert dec.buffered == 0 and dec.skipping == 0
+
+
+def test_too_large_is_skipped_unbuffered_then_reported() -> None:
+    """Reported once it has streamed past, so an error answer reaches a sender that has
+    finished writing (Go's ttrpc does the same)."""
+    dec = ttrpc.MessageDecoder(max_message=100)
+    assert dec.feed(struct.pack(">IIBB", 101, 7, 1, 0)) == [] and dec.skipping == 101
+    assert dec.feed(b"x" * 60) == [] and dec.skipping == 41 and dec.buffered == 0
+    got = dec.feed(b"y" * 41 + ttrpc.encode_message(9, 2, b"ok"))
+    assert got == [ttrpc.TooLarge(7, 1, 101, 100), ttrpc.Message(9, 2, 0, b"ok")]
+
+
+def test_default_bounds() -> None:
+    """Sent: ttrpc's 4 MiB convention (what the runtime accepts); received: 64 MiB."""
+    assert ttrpc.MAX_MESSAGE == 4 << 20 and ttrpc.RECEIVE_BOUND == 64 << 20
+    assert ttrpc.MessageDecoder().max_message == ttrpc.RECEIVE_BOUND
     with pytest.raises(ValueError):
         ttrpc.encode_message(1, 1, b"\0" * (ttrpc.MAX_MESSAGE + 1))
+    ttrpc.encode_message(1, 1, b"\0" * ttrpc.MAX_MESSAGE)
+
+
+def test_large_message_in_many_chunks_is_filled_in_place() -> None:
+    payload = bytes(range(256)) * 40_000  # ~10 MB, over ttrpc's 4 MiB convention
+    wire = ttrpc.encode_message(1, 1, payload, limit=len(payload))
+    dec = ttrpc.MessageDecoder()
+    got = []
+    for i in range(0, len(wire), 65536):
+        got += dec.feed(memoryview(wire)[i : i + 65536])
+    (m,) = got
+    assert isinstance(m, ttrpc.Message) and m.payload == payload
+
+
+def test_connection_refuses_a_request_over_the_bound() -> None:
+    client = ttrpc.Connection(send_limit=1 << 20)
+    server = ttrpc.Connection(max_message=1000)
+    sid, big = client.send_request("svc", "Synchronize", b"p" * 2000)
+    _, small = client.send_request("svc", "CreateContainer", b"q")
+    evs = server.receive_data(big + small)
+    assert isinstance(evs[0], ttrpc.RequestTooLarge) and evs[0].stream_id == sid
+    assert "1000-byte receive bound" in evs[0].message
+    assert isinstance(evs[1], ttrpc.RequestReceived) and evs[1].request.method == "CreateContainer"
+    # A response over the bound fails the call it answers, with RESOURCE_EXHAUSTED.
+    caller = ttrpc.Connection(max_message=100)
+    sid, _ = caller.send_request("svc", "M", b"")
+    (r,) = caller.receive_data(ttrpc.Connection().send_response(sid, b"r" * 200))
+    assert isinstance(r, ttrpc.ResponseReceived) and r.response.code == ttrpc.Code.RESOURCE_EXHAUSTED
 
 
 def test_unknown_message_type() -> None:

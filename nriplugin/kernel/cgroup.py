@@ -146,6 +146,7 @@ class Cgroups:
     def __post_init__(self) -> None:
         self.root = Path(self.root)
         self._dirs: dict[tuple[str, str], str] = {}
+        self._ctrls: set[str] = set()  # controllers in _dirs' keys
         self._root = str(self.root).rstrip("/") or "/"
         self._real_bases: dict[str, str] = {}
         self._resolved: dict[str, str] = {}  # directory -> its real path
@@ -193,7 +194,15 @@ class Cgroups:
             if len(self._dirs) > 65536:
                 self._dirs.clear()
             self._dirs[key] = d
+            self._ctrls.add(controller)
         return d
+
+    def forget(self, group: str) -> None:
+        """``group`` is gone (its container or pod left): its cached paths go too, so a node
+        that churns pods all day does not keep a path per pod it ever had."""
+        for c in self._ctrls:
+            self._dirs.pop((c, group), None)
+            self._resolved.pop(f"{self._root}/{c}/{group}" if c else f"{self._root}/{group}", None)
 
     def _contained(self, base: str, path: str) -> str:
         real_base = self._real_bases.get(base)

@@ -10,6 +10,8 @@ import ctypes
 import ctypes.util
 import os
 import struct
+from pathlib import Path
+from typing import Any
 
 IN_MODIFY = 0x00000002
 IN_ATTRIB = 0x00000004
@@ -79,3 +81,67 @@ class Inotify:
     def close(self) -> None:
         os.close(self.fd)
         self.paths.clear()
+
+
+def usage(proc: Path = Path("/proc"), uid: int | None = None, top: int = 3) -> dict[str, Any]:
+    """inotify headroom for ``uid`` (default: ours): watches and instances in use, counted from
+    every process's inotify fds (``fdinfo`` lists one ``inotify wd:`` line per watch), against
+    ``fs.inotify.max_user_watches`` / ``max_user_instances``, which are per user; and the
+    processes holding the most watches. The reconciler holds one watch per managed cgroup
+    directory and hierarchy, so a node with thousands of containers needs the headroom."""
+    uid = os.geteuid() if uid is None else uid
+    watches = instances = 0
+    holders: list[tuple[int, int, str]] = []  # (watches, pid, comm)
+    for d in proc.iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if d.stat().st_uid != uid:
+                continue
+            fds = list((d / "fd").iterdir())
+        except OSError:  # gone, or not ours to look at
+            continue
+        mine = 0
+        for fd in fds:
+            try:
+                if os.readlink(fd) != "anon_inode:inotify":
+                    continue
+                text = (d / "fdinfo" / fd.name).read_text()
+            except OSError:
+                continue
+            instances += 1
+            mine += text.count("inotify wd:")
+        if mine:
+            watches += mine
+            try:
+                comm = (d / "comm").read_text().strip()
+            except OSError:
+                comm = "?"
+            holders.append((mine, int(d.name), comm))
+    holders.sort(reverse=True)
+    limits = {}
+    for name in ("max_user_watches", "max_user_instances"):
+        try:
+            limits[name] = int((proc / "sys" / "fs" / "inotify" / name).read_text())
+        except (OSError, ValueError):
+            limits[name] = 0
+    return {
+        "watches": watches,
+        "maxUserWatches": limits["max_user_watches"],
+        "watchHeadroom": limits["max_user_watches"] - watches,
+        "instances": instances,
+        "maxUserInstances": limits["max_user_instances"],
+        "topHolders": [{"pid": pid, "comm": comm, "watches": n} for n, pid, comm in holders[:top]],
+    }
+
+
+def watches_of(pid: int, proc: Path = Path("/proc")) -> int:
+    """Watches held by one process (all its inotify instances)."""
+    n = 0
+    for fd in (proc / str(pid) / "fd").iterdir():
+        try:
+            if os.readlink(fd) == "anon_inode:inotify":
+                n += (proc / str(pid) / "fdinfo" / fd.name).read_text().count("inotify wd:")
+        except OSError:
+            continue
+    return n

@@ -20,19 +20,21 @@ class NriConnection:
         serve_conn: int = mux.PLUGIN_SERVICE_CONN,
         call_conn: int = mux.RUNTIME_SERVICE_CONN,
         frame: Callable[[int, bytes], bytes] = mux.encode_for_runtime,
-        max_message: int = ttrpc.MAX_MESSAGE,
+        max_message: int = ttrpc.RECEIVE_BOUND,
+        send_limit: int = ttrpc.MAX_MESSAGE,
     ) -> None:
         self.demux = mux.Demultiplexer(frozenset({serve_conn, call_conn}))
         self.serve_conn = serve_conn
         self.call_conn = call_conn
-        self.server = ttrpc.Connection(max_message)
-        self.client = ttrpc.Connection(max_message)
+        self.server = ttrpc.Connection(max_message, send_limit)
+        self.client = ttrpc.Connection(max_message, send_limit)
         self._frame = frame
 
     @classmethod
     def runtime_side(cls) -> NriConnection:
-        """The runtime's end of the trunk (for tests and benchmarks): serves on conn 2."""
-        return cls(mux.RUNTIME_SERVICE_CONN, mux.PLUGIN_SERVICE_CONN, mux.encode_frame)
+        """The runtime's end of the trunk (for tests and benchmarks): serves on conn 2, and
+        sends messages of any size, as containerd 1.7's ttrpc does (up to a mux frame)."""
+        return cls(mux.RUNTIME_SERVICE_CONN, mux.PLUGIN_SERVICE_CONN, mux.encode_frame, send_limit=mux.MAX_FRAME)
 
     def receive_data(self, data: bytes) -> list[ttrpc.Event]:
         """Feed trunk bytes; returns requests to serve and responses to our calls.
@@ -40,9 +42,9 @@ class NriConnection:
         Raises :class:`~nriplugin.nri.errors.ProtocolError` on a corrupt stream.
         """
         events: list[ttrpc.Event] = []
-        for conn_id, chunk in self.demux.feed(data):
+        for conn_id, chunk in self.demux.stream(data):
             if conn_id == self.serve_conn:
-                # Only requests travel this way; a stray response here is dropped.
+                # Only requests (and refused ones) travel this way; a stray response is dropped.
                 events += [ev for ev in self.server.receive_data(chunk) if not isinstance(ev, ttrpc.ResponseReceived)]
             else:
                 # Only responses to our calls; the peer has no service to call on this conn.
@@ -56,6 +58,6 @@ class NriConnection:
     def respond(self, stream_id: int, payload: bytes = b"", code: int = 0, message: str = "") -> bytes:
         return self._frame(self.serve_conn, self.server.send_response(stream_id, payload, code, message))
 
-    def reject(self, bad: ttrpc.BadRequest) -> bytes:
+    def reject(self, bad: ttrpc.BadRequest | ttrpc.RequestTooLarge) -> bytes:
         """Bytes answering a request that could not be dispatched (on the conn it came from)."""
         return self.respond(bad.stream_id, code=bad.code, message=bad.message)

@@ -47,47 +47,87 @@ def encode_for_runtime(conn_id: int, message: bytes) -> bytes:
 class Demultiplexer:
     """Splits the trunk's byte stream into (conn id, bytes) chunks.
 
-    Frames for conns not in ``known`` are dropped and counted (the Go mux does the same)
-    rather than buffered, so a confused peer cannot make memory grow.
+    :meth:`stream` hands each frame's payload on as it arrives, as views of the input with no
+    copy (a conn is a byte stream: where its frames end means nothing), so a message of
+    megabytes is never held here; :meth:`feed` returns whole frames. Frames for conns not in
+    ``known`` are dropped and counted (the Go mux does the same) rather than buffered, so a
+    confused peer cannot make memory grow.
     """
 
-    __slots__ = ("_buf", "_error", "dropped_frames", "known", "max_frame")
+    __slots__ = ("_conn", "_error", "_frame", "_head", "_left", "dropped_frames", "known", "max_frame")
 
     def __init__(self, known: frozenset[int] = frozenset({1, 2}), max_frame: int = MAX_FRAME) -> None:
-        self._buf = bytearray()
+        self._head = bytearray()  # a partial frame header
+        self._conn = 0  # the frame being read (0: none; its conn id when kept, -1 when dropped)
+        self._left = 0  # its payload bytes still to come
+        self._frame = bytearray()  # feed() only: the frame so far
         self._error: ProtocolError | None = None
         self.known = known
         self.max_frame = max_frame
         self.dropped_frames = 0
 
+    def stream(self, data: bytes | memoryview) -> list[tuple[int, memoryview]]:
+        """The payload bytes in ``data``, per conn, in order (a frame may come in pieces)."""
+        return [(c, piece) for c, piece, _end in self._pieces(data) if piece]
+
     def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        """Whole frames, in order."""
+        out: list[tuple[int, bytes]] = []
+        for conn_id, piece, end in self._pieces(data):
+            if end and not self._frame:
+                out.append((conn_id, bytes(piece)))
+                continue
+            self._frame += piece
+            if end:
+                out.append((conn_id, bytes(self._frame)))
+                self._frame.clear()
+        return out
+
+    def _pieces(self, data: bytes | memoryview) -> list[tuple[int, memoryview, bool]]:
         if self._error is not None:
             raise self._error
-        buf = self._buf
-        buf += data
-        out: list[tuple[int, bytes]] = []
-        pos = 0
-        end = len(buf)
-        while end - pos >= HEADER_LEN:
-            conn_id, length = HEADER.unpack_from(buf, pos)
+        view = memoryview(data)
+        out: list[tuple[int, memoryview, bool]] = []
+        pos, end = 0, len(view)
+        while True:
+            if self._conn:
+                n = min(self._left, end - pos)
+                self._left -= n
+                if self._conn > 0:
+                    out.append((self._conn, view[pos : pos + n], not self._left))
+                pos += n
+                if self._left:
+                    break
+                self._conn = 0
+            head = self._head
+            take = min(HEADER_LEN - len(head), end - pos)
+            if not take:
+                break
+            head += view[pos : pos + take]
+            pos += take
+            if len(head) < HEADER_LEN:
+                break
+            conn_id, length = HEADER.unpack(head)
+            head.clear()
             if length > self.max_frame:
                 self._error = ProtocolError(f"mux frame of {length} bytes for conn {conn_id} exceeds {self.max_frame}")
                 raise self._error
             if conn_id == 0:
                 self._error = ProtocolError("mux frame for reserved conn 0")
                 raise self._error
-            if end - pos - HEADER_LEN < length:
-                break
-            start = pos + HEADER_LEN
-            if conn_id in self.known:
-                out.append((conn_id, bytes(buf[start : start + length])))
-            else:
+            if conn_id not in self.known:
                 self.dropped_frames += 1
-            pos = start + length
-        if pos:
-            del buf[:pos]
+                self._conn = -1
+            else:
+                self._conn = conn_id
+            self._left = length
+            if not length:  # an empty frame: nothing to read, but feed() reports it
+                if self._conn > 0:
+                    out.append((conn_id, view[pos:pos], True))
+                self._conn = 0
         return out
 
     @property
     def buffered(self) -> int:
-        return len(self._buf)
+        """Bytes held: a partial header, and for :meth:`feed` the frame so far."""
+        return len(self._head) + (HEADER_LEN + len(self._frame) if self._frame else 0)

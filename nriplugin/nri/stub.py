@@ -6,11 +6,20 @@ Handlers may be plain functions (the fast path: answered straight from the socke
 or coroutines (run as a task under ``asyncio.wait_for`` with the hook's budget). A plain
 handler cannot be interrupted; if it overruns its budget it is counted as such and its
 answer is still sent.
+
+Sizes: the runtime accepts messages of at most ttrpc's 4 MiB, so an answer that would be
+larger (updates for thousands of containers) carries what fits and the rest follows in
+UpdateContainers calls right after it; the runtime may send more than 4 MiB (containerd 1.7's
+Synchronize is one message), accepted up to ``StubOptions.max_message``. A request over that
+bound is refused unread and the stub then stays away from the runtime for
+``refused_retry`` seconds (the agent serves reconciler-only meanwhile) rather than
+re-registering into the same message again and again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import inspect
 import logging
@@ -35,6 +44,7 @@ PLUGIN_SERVICE = "nri.pkg.api.v1alpha1.Plugin"
 RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
 REGISTRATION_TIMEOUT = 5.0  # the runtime's own registration timeout
 DEADLINE_SHARE = 0.8  # of the runtime's per-request deadline that a hook may use
+SEND_LIMIT = ttrpc.MAX_MESSAGE - 1024  # an answer's or a call's payload (room for the ttrpc envelope)
 ENV_SOCKET, ENV_NAME, ENV_IDX = "NRI_PLUGIN_SOCKET", "NRI_PLUGIN_NAME", "NRI_PLUGIN_IDX"
 
 # Every event of the vendored protocol (NRI v0.6.1), bit (event - 1) of the mask. The
@@ -128,6 +138,7 @@ class Observer(Protocol):
     def hook_failed(self, event: str, reason: str, fail_closed: bool) -> None: ...
     def connection_state(self, state: str) -> None: ...
     def synchronized(self, seconds: float, pods: int, containers: int) -> None: ...
+    def message_refused(self, length: int, limit: int) -> None: ...
 
 
 class NullObserver:
@@ -141,6 +152,9 @@ class NullObserver:
         pass
 
     def synchronized(self, seconds: float, pods: int, containers: int) -> None:
+        pass
+
+    def message_refused(self, length: int, limit: int) -> None:
         pass
 
 
@@ -167,6 +181,9 @@ class BufferedObserver(NullObserver):
 
     def synchronized(self, seconds: float, pods: int, containers: int) -> None:
         self._keep("synchronized", seconds, pods, containers)
+
+    def message_refused(self, length: int, limit: int) -> None:
+        self._keep("message_refused", length, limit)
 
     def replay(self, target: Observer) -> None:
         for name, args in self.calls:
@@ -206,13 +223,41 @@ def _as_updates(result: Any) -> Updates:
     return list(result) if result else []
 
 
-def _encode_create(result: Any) -> bytes:
-    if result is None:
-        return b""
-    if isinstance(result, tuple):
-        adjust, updates = result
-        return api.CreateContainerResponse(adjust=adjust, update=_as_updates(updates)).SerializeToString()
-    return api.CreateContainerResponse(adjust=result).SerializeToString()
+def fit(updates: Updates, room: int) -> tuple[Updates, Updates]:
+    """The leading updates whose encoding (as a repeated field) fits in ``room`` bytes, and the rest."""
+    used = 0
+    for i, u in enumerate(updates):
+        n = u.ByteSize()
+        used += n + 1 + _varint_len(n)
+        if used > room:
+            return updates[:i], updates[i:]
+    return updates, []
+
+
+def _varint_len(n: int) -> int:
+    return max(1, (n.bit_length() + 6) // 7)
+
+
+def chunks(updates: Updates, room: int = SEND_LIMIT) -> list[Updates]:
+    """``updates`` in consecutive pieces that each fit in ``room`` bytes (one at least each)."""
+    out = []
+    while updates:
+        head, updates = fit(updates, room)
+        if not head:  # one update larger than a message: sent alone, the runtime will say
+            head, updates = updates[:1], updates[1:]
+        out.append(head)
+    return out
+
+
+def _reply(cls: Callable[..., PbMessage], updates: Updates, later: Callable[[Updates], None], **fields: Any) -> bytes:
+    """A response carrying ``updates``: all of them when it fits in a message the runtime
+    accepts, otherwise what fits, and ``later`` gets the rest (pushed after the answer)."""
+    msg = cls(update=updates, **fields)
+    if msg.ByteSize() <= SEND_LIMIT:
+        return msg.SerializeToString()
+    head, rest = fit(updates, SEND_LIMIT - cls(**fields).ByteSize())
+    later(rest)
+    return cls(update=head, **fields).SerializeToString()
 
 
 @dataclass
@@ -226,6 +271,8 @@ class StubOptions:
     backoff_initial: float = 0.1
     backoff_max: float = 10.0
     call_timeout: float = 2.0
+    max_message: int = ttrpc.RECEIVE_BOUND  # the largest message accepted from the runtime
+    refused_retry: float = 600.0  # seconds without NRI after refusing a message over max_message
 
     @classmethod
     def from_env(cls, **kw: Any) -> StubOptions:
@@ -270,9 +317,12 @@ class Stub:
         self.runtime: tuple[str, str] = ("", "")
         self.connections = 0
         self._stopping = False
+        self._stopped = asyncio.Event()  # wakes run() from a wait between connections
         self._tasks: set[asyncio.Future[None]] = set()  # hooks in flight (kept referenced)
         self._sync_pods: list[Pod] = []
         self._sync_ctrs: list[Container] = []
+        self._refused = False  # this connection brought a message over the bound
+        self._overflow: set[asyncio.Future[None]] = set()  # pushes of what did not fit in an answer
         self._methods = self._build_methods()
         # With a placeholder plugin, requests wait here until replace_plugin() brings the real one.
         self._held: list[ttrpc.RequestReceived] | None = [] if placeholder else None
@@ -303,6 +353,12 @@ class Stub:
                 return handler(req.pod)
             return handler(req.pod, req.container)
 
+        def create_reply(result: Any) -> bytes:
+            if result is None:
+                return b""
+            adjust, updates = result if isinstance(result, tuple) else (result, None)
+            return _reply(api.CreateContainerResponse, _as_updates(updates), self._push_after, adjust=adjust)
+
         return {
             "Configure": _Method(api.ConfigureRequest, self._configure, _identity, "configure"),
             "Synchronize": _Method(api.SynchronizeRequest, self._synchronize, _identity, "synchronize"),
@@ -310,19 +366,19 @@ class Stub:
             "CreateContainer": _Method(
                 api.CreateContainerRequest,
                 lambda r: p.create_container(r.pod, r.container),
-                _encode_create,
+                create_reply,
                 "create_container",
             ),
             "UpdateContainer": _Method(
                 api.UpdateContainerRequest,
                 lambda r: p.update_container(r.pod, r.container, r.linux_resources),
-                lambda res: api.UpdateContainerResponse(update=_as_updates(res)).SerializeToString(),
+                lambda res: _reply(api.UpdateContainerResponse, _as_updates(res), self._push_after),
                 "update_container",
             ),
             "StopContainer": _Method(
                 api.StopContainerRequest,
                 lambda r: p.stop_container(r.pod, r.container),
-                lambda res: api.StopContainerResponse(update=_as_updates(res)).SerializeToString(),
+                lambda res: _reply(api.StopContainerResponse, _as_updates(res), self._push_after),
                 "stop_container",
             ),
             "StateChange": _Method(api.StateChangeEvent, state_change, _empty, "state_change"),
@@ -356,7 +412,7 @@ class Stub:
         def finish(res: Any) -> bytes:
             self.observer.synchronized(time.perf_counter() - t0, len(pods), len(ctrs))
             self.ready.set()
-            return api.SynchronizeResponse(update=_as_updates(res)).SerializeToString()
+            return _reply(api.SynchronizeResponse, _as_updates(res), self._push_after)
 
         if inspect.isawaitable(result):
             return _then(result, finish)
@@ -474,6 +530,43 @@ class Stub:
         else:
             trunk.respond(sid, b"")  # the empty response: no adjustment, no updates
 
+    def _push_after(self, updates: Updates) -> None:
+        """What did not fit in an answer: pushed right after it (this callback writes it first)."""
+        if not updates:
+            return
+        log.info("answer too large for one message: %d updates follow in UpdateContainers", len(updates))
+        task = asyncio.ensure_future(self._push_rest(updates))
+        self._overflow.add(task)
+        task.add_done_callback(self._overflow.discard)
+
+    async def _push_rest(self, updates: Updates) -> None:
+        _in_handler.set(None)  # a task of its own: the answer has gone by the time this runs
+        try:
+            failed = await self.update_containers(updates)
+        except Exception as exc:  # the reconciler still converges the files
+            log.warning("UpdateContainers of %d containers failed: %s", len(updates), exc)
+            return
+        if failed:
+            log.info("the runtime could not update %d of %d containers", len(failed), len(updates))
+
+    def _on_refused(self, ev: ttrpc.RequestTooLarge) -> None:
+        """The runtime sent more than we accept (the trunk answered it with an error): leave
+        the connection, which the runtime would otherwise keep with no events for us, and stay
+        away for ``refused_retry`` s instead of re-registering into the same message."""
+        self.observer.message_refused(ev.length, ev.limit)
+        log.error(
+            "the runtime sent a %d-byte message, over the %d-byte bound (run --max-message-mib): refused; "
+            "serving without NRI hooks (the reconciler keeps the cgroups) and trying again in %.0f s",
+            ev.length,
+            ev.limit,
+            self.opts.refused_retry,
+            extra={"length": ev.length, "limit": ev.limit},
+        )
+        self._refused = True
+        trunk = self.trunk
+        if trunk is not None:
+            asyncio.get_running_loop().call_soon(trunk.close)
+
     # outside event handlers ---------------------------------------------------------------
 
     async def update_containers(
@@ -490,9 +583,16 @@ class Stub:
         trunk = self.trunk
         if trunk is None or not self.ready.is_set():
             raise ConnectionError("not connected to the runtime")
-        req = api.UpdateContainersRequest(update=list(updates), evict=list(evictions))
-        payload = await trunk.call(RUNTIME_SERVICE, "UpdateContainers", req.SerializeToString(), self.opts.call_timeout)
-        return list(api.UpdateContainersResponse.FromString(payload).failed)
+        evict = list(evictions)
+        failed: Updates = []
+        for part in chunks(list(updates), SEND_LIMIT - api.UpdateContainersRequest(evict=evict).ByteSize()) or [[]]:
+            req = api.UpdateContainersRequest(update=part, evict=evict)
+            evict = []  # evictions go with the first call
+            payload = await trunk.call(
+                RUNTIME_SERVICE, "UpdateContainers", req.SerializeToString(), self.opts.call_timeout
+            )
+            failed += api.UpdateContainersResponse.FromString(payload).failed
+        return failed
 
     # connection lifecycle -----------------------------------------------------------------
 
@@ -503,8 +603,13 @@ class Stub:
         if self._held is not None:
             self._held.clear()  # requests of a previous connection must not be answered here
         self.observer.connection_state("connecting")
+        self._refused = False
         trunk = await open_trunk(
-            self._on_request, path=self.opts.socket_path if self.opts.fd is None else None, fd=self.opts.fd
+            self._on_request,
+            path=self.opts.socket_path if self.opts.fd is None else None,
+            fd=self.opts.fd,
+            max_message=self.opts.max_message,
+            on_refused=self._on_refused,
         )
         self.trunk = trunk
         self.connections += 1
@@ -539,6 +644,8 @@ class Stub:
                     log.warning("NRI connection lost: %s", exc)
                 elif self._stopping:
                     log.info("NRI connection closed: stopping")
+                elif self._refused:
+                    pass  # said when refusing
                 else:
                     log.info("NRI connection closed by the runtime")
                 delay = self.opts.backoff_initial
@@ -557,11 +664,19 @@ class Stub:
                 self.observer.connection_state("disconnected")
             if self.opts.fd is not None or self._stopping:
                 return
-            await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+            if self._refused:  # not a loop into the same refused message
+                await self._pause(self.opts.refused_retry)
+                continue
+            await self._pause(delay * random.uniform(0.8, 1.2))
             delay = min(delay * 2, self.opts.backoff_max)
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopped.wait(), seconds)
 
     def stop(self) -> None:
         self._stopping = True
+        self._stopped.set()
         if self.trunk is not None:
             self.trunk.close()
 

@@ -26,9 +26,15 @@ class CallError(Exception):
 
 
 class Trunk(asyncio.Protocol):
-    def __init__(self, conn: NriConnection, on_request: Callable[[ttrpc.RequestReceived], None]) -> None:
+    def __init__(
+        self,
+        conn: NriConnection,
+        on_request: Callable[[ttrpc.RequestReceived], None],
+        on_refused: Callable[[ttrpc.RequestTooLarge], None] | None = None,
+    ) -> None:
         self.conn = conn
         self.on_request = on_request
+        self.on_refused = on_refused  # a request over the receive bound (answered with an error here)
         self.transport: asyncio.Transport | None = None
         self.closed: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
         self._calls: dict[int, asyncio.Future[ttrpc.Response]] = {}
@@ -53,6 +59,8 @@ class Trunk(asyncio.Protocol):
                     fut.set_result(ev.response)
             else:
                 self.write(self.conn.reject(ev))
+                if isinstance(ev, ttrpc.RequestTooLarge) and self.on_refused is not None:
+                    self.on_refused(ev)
 
     def connection_lost(self, exc: Exception | None) -> None:
         err = exc or ConnectionResetError("NRI connection closed by peer")
@@ -106,15 +114,17 @@ async def open_trunk(
     *,
     path: str | None = None,
     fd: int | None = None,
+    max_message: int = ttrpc.RECEIVE_BOUND,
+    on_refused: Callable[[ttrpc.RequestTooLarge], None] | None = None,
 ) -> Trunk:
     """Connect to the runtime by socket path, or adopt an inherited connected socket fd."""
     loop = asyncio.get_running_loop()
-    conn = NriConnection()
+    conn = NriConnection(max_message=max_message)
     if fd is not None:
         sock = socket.socket(fileno=fd)
-        _, proto = await loop.create_unix_connection(lambda: Trunk(conn, on_request), sock=sock)
+        _, proto = await loop.create_unix_connection(lambda: Trunk(conn, on_request, on_refused), sock=sock)
     elif path is not None:
-        _, proto = await loop.create_unix_connection(lambda: Trunk(conn, on_request), path)
+        _, proto = await loop.create_unix_connection(lambda: Trunk(conn, on_request, on_refused), path)
     else:
         raise ValueError("need a socket path or an inherited fd")
     return proto

@@ -9,6 +9,14 @@ ids that only ever grow. The payload of a Request/Response is the protobuf envel
 containerd/ttrpc ``request.proto`` (vendored in ``protos/ttrpc/``); the status in a Response
 is ``google.rpc.Status`` (code 1, message 2). No I/O here; every malformed input raises
 :class:`ProtocolError`.
+
+Two limits, one per direction. What we *send* stays within ttrpc's 4 MiB convention
+(:data:`MAX_MESSAGE`): the Go runtime discards anything larger. What we *receive* is bounded
+separately (:data:`RECEIVE_BOUND`, 64 MiB by default): containerd 1.7 sends Synchronize in one
+piece, which passes 4 MiB on a node with a few thousand pods. A message over the receive bound
+is skipped unread (never buffered) and reported as :class:`TooLarge` once it has streamed
+past, as Go's ttrpc does, so the stream stays usable and the request can be answered with an
+error the sender reads (it is done writing by then).
 """
 
 from __future__ import annotations
@@ -25,7 +33,8 @@ from .errors import ProtocolError
 
 HEADER = struct.Struct(">IIBB")
 HEADER_LEN = HEADER.size  # 10
-MAX_MESSAGE = 4 << 20  # ttrpc's messageLengthMax
+MAX_MESSAGE = 4 << 20  # ttrpc's messageLengthMax: the most we send (the runtime refuses more)
+RECEIVE_BOUND = 64 << 20  # the most we accept by default (containerd 1.7's Synchronize is one message)
 
 
 class MessageType(IntEnum):
@@ -55,7 +64,17 @@ class Message:
     stream_id: int
     type: int
     flags: int
-    payload: bytes
+    payload: bytes | bytearray  # bytearray: a large message, filled in place as it arrived
+
+
+@dataclass(frozen=True, slots=True)
+class TooLarge:
+    """A message longer than the receive bound: its payload is skipped, never buffered."""
+
+    stream_id: int
+    type: int
+    length: int
+    limit: int
 
 
 @dataclass(slots=True)
@@ -74,52 +93,93 @@ class Response:
     message: str = ""
 
 
-def encode_message(stream_id: int, mtype: int, payload: bytes, flags: int = 0) -> bytes:
-    if len(payload) > MAX_MESSAGE:
-        raise ValueError(f"ttrpc message of {len(payload)} bytes exceeds the {MAX_MESSAGE}-byte limit")
+def encode_message(stream_id: int, mtype: int, payload: bytes, flags: int = 0, limit: int = MAX_MESSAGE) -> bytes:
+    if len(payload) > limit:
+        raise ValueError(f"ttrpc message of {len(payload)} bytes exceeds the {limit}-byte limit")
     return HEADER.pack(len(payload), stream_id, mtype, flags) + payload
 
 
 class MessageDecoder:
-    """Turns a byte stream into ttrpc messages; holds at most one partial message."""
+    """Turns a byte stream into ttrpc messages.
 
-    __slots__ = ("_buf", "_error", "max_message")
+    Holds at most one partial message. A message that arrives whole in one chunk is sliced
+    out of it (one copy); a larger one gets a buffer of its announced size as soon as its
+    header is read and is filled in place, so a big message is copied once, whatever the
+    chunking. A message over ``max_message`` is refused from its header: its payload is
+    skipped as it streams past, then it is reported as :class:`TooLarge`.
+    """
 
-    def __init__(self, max_message: int = MAX_MESSAGE) -> None:
-        self._buf = bytearray()
+    __slots__ = ("_body", "_error", "_filled", "_head", "_refused", "_skip", "_what", "max_message")
+
+    def __init__(self, max_message: int = RECEIVE_BOUND) -> None:
+        self._head = bytearray()  # a partial header
+        self._body: bytearray | None = None  # the message being filled
+        self._filled = 0
+        self._what = (0, 0, 0)  # its stream id, type and flags
+        self._skip = 0  # payload bytes of a refused message still to pass
+        self._refused: TooLarge | None = None  # that message
         self._error: ProtocolError | None = None
         self.max_message = max_message
 
-    def feed(self, data: bytes) -> list[Message]:
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Message | TooLarge]:
         if self._error is not None:
             raise self._error
-        buf = self._buf
-        buf += data
-        out: list[Message] = []
-        pos = 0
-        end = len(buf)
-        while end - pos >= HEADER_LEN:
-            length, sid, mtype, flags = HEADER.unpack_from(buf, pos)
-            if length > self.max_message:
-                self._error = ProtocolError(
-                    f"ttrpc message length {length} on stream {sid} exceeds the {self.max_message}-byte limit"
-                )
-                raise self._error
+        view = memoryview(data)
+        out: list[Message | TooLarge] = []
+        pos, end = 0, len(view)
+        while True:
+            if self._skip:
+                n = min(self._skip, end - pos)
+                self._skip -= n
+                pos += n
+                if self._skip:
+                    break
+                if self._refused is not None:
+                    out.append(self._refused)
+                    self._refused = None
+            body = self._body
+            if body is not None:
+                n = min(len(body) - self._filled, end - pos)
+                body[self._filled : self._filled + n] = view[pos : pos + n]
+                self._filled += n
+                pos += n
+                if self._filled < len(body):
+                    break
+                self._body = None
+                out.append(Message(*self._what, body))
+            head = self._head
+            if head or end - pos < HEADER_LEN:
+                take = min(HEADER_LEN - len(head), end - pos)
+                head += view[pos : pos + take]
+                pos += take
+                if len(head) < HEADER_LEN:
+                    break
+                length, sid, mtype, flags = HEADER.unpack(head)
+                head.clear()
+            else:
+                length, sid, mtype, flags = HEADER.unpack_from(view, pos)
+                pos += HEADER_LEN
             if mtype not in (1, 2, 3):
                 self._error = ProtocolError(f"unknown ttrpc message type {mtype} on stream {sid}")
                 raise self._error
-            if end - pos - HEADER_LEN < length:
-                break
-            start = pos + HEADER_LEN
-            out.append(Message(sid, mtype, flags, bytes(buf[start : start + length])))
-            pos = start + length
-        if pos:
-            del buf[:pos]
+            if length > self.max_message:
+                self._refused, self._skip = TooLarge(sid, mtype, length, self.max_message), length
+            elif end - pos >= length:
+                out.append(Message(sid, mtype, flags, bytes(view[pos : pos + length])))
+                pos += length
+            else:
+                self._body, self._filled, self._what = bytearray(length), 0, (sid, mtype, flags)
         return out
 
     @property
     def buffered(self) -> int:
-        return len(self._buf)
+        """Bytes of the partial message held (its header included)."""
+        return len(self._head) if self._body is None else HEADER_LEN + self._filled
+
+    @property
+    def skipping(self) -> int:
+        """Bytes of a refused message still to pass."""
+        return self._skip
 
 
 # --- the envelope ----------------------------------------------------------------------------
@@ -175,7 +235,7 @@ def encode_request(req: Request) -> bytes:
     return m.SerializeToString()  # type: ignore[no-any-return]
 
 
-def decode_request(data: bytes) -> Request:
+def decode_request(data: bytes | bytearray) -> Request:
     try:
         m = RequestPb.FromString(data)
     except DecodeError as exc:
@@ -191,7 +251,7 @@ def encode_response(resp: Response) -> bytes:
     return m.SerializeToString()  # type: ignore[no-any-return]
 
 
-def decode_response(data: bytes) -> Response:
+def decode_response(data: bytes | bytearray) -> Response:
     try:
         m = ResponsePb.FromString(data)
     except DecodeError as exc:
@@ -223,7 +283,23 @@ class BadRequest:
     message: str
 
 
-Event = RequestReceived | ResponseReceived | BadRequest
+@dataclass(frozen=True, slots=True)
+class RequestTooLarge:
+    """A request over the receive bound, skipped unread: answer it with an error (or drop the
+    connection); the stream itself is intact."""
+
+    stream_id: int
+    length: int
+    limit: int
+
+    code = Code.RESOURCE_EXHAUSTED
+
+    @property
+    def message(self) -> str:
+        return f"request of {self.length} bytes exceeds this plugin's {self.limit}-byte receive bound"
+
+
+Event = RequestReceived | ResponseReceived | BadRequest | RequestTooLarge
 
 
 class Connection:
@@ -234,10 +310,11 @@ class Connection:
     reuse it.
     """
 
-    __slots__ = ("_decoder", "_last_peer_stream", "_next_stream", "_pending")
+    __slots__ = ("_decoder", "_last_peer_stream", "_next_stream", "_pending", "send_limit")
 
-    def __init__(self, max_message: int = MAX_MESSAGE) -> None:
+    def __init__(self, max_message: int = RECEIVE_BOUND, send_limit: int = MAX_MESSAGE) -> None:
         self._decoder = MessageDecoder(max_message)
+        self.send_limit = send_limit
         self._next_stream = 1
         self._last_peer_stream = 0
         self._pending: set[int] = set()
@@ -247,15 +324,15 @@ class Connection:
         self._next_stream += 2
         self._pending.add(sid)
         body = encode_request(Request(service, method, payload, timeout_nano))
-        return sid, encode_message(sid, MessageType.REQUEST, body)
+        return sid, encode_message(sid, MessageType.REQUEST, body, limit=self.send_limit)
 
     def send_response(self, stream_id: int, payload: bytes = b"", code: int = 0, message: str = "") -> bytes:
         body = encode_response(Response(payload, code, message))
-        if len(body) > MAX_MESSAGE:
+        if len(body) > self.send_limit:  # callers fit their answers (stub.py); this is the last guard
             body = encode_response(
                 Response(b"", Code.RESOURCE_EXHAUSTED, f"response of {len(body)} bytes exceeds the ttrpc limit")
             )
-        return encode_message(stream_id, MessageType.RESPONSE, body)
+        return encode_message(stream_id, MessageType.RESPONSE, body, limit=self.send_limit)
 
     def abandon(self, stream_id: int) -> None:
         """Forget a request we stopped waiting for; a late response is then dropped."""
@@ -265,10 +342,12 @@ class Connection:
     def pending(self) -> int:
         return len(self._pending)
 
-    def receive_data(self, data: bytes) -> list[Event]:
+    def receive_data(self, data: bytes | bytearray | memoryview) -> list[Event]:
         events: list[Event] = []
         for msg in self._decoder.feed(data):
-            if msg.type == MessageType.REQUEST:
+            if isinstance(msg, TooLarge):
+                events += self._too_large(msg)
+            elif msg.type == MessageType.REQUEST:
                 sid = msg.stream_id
                 if sid % 2 != 1:
                     events.append(
@@ -295,3 +374,17 @@ class Connection:
             else:
                 raise ProtocolError(f"ttrpc data message on stream {msg.stream_id}: streams are not supported")
         return events
+
+    def _too_large(self, msg: TooLarge) -> list[Event]:
+        sid = msg.stream_id
+        if msg.type == MessageType.REQUEST:
+            if sid % 2 == 1 and sid > self._last_peer_stream:
+                self._last_peer_stream = sid
+            return [RequestTooLarge(sid, msg.length, msg.limit)]
+        if msg.type == MessageType.RESPONSE:
+            if sid not in self._pending:
+                return []
+            self._pending.discard(sid)
+            text = f"response of {msg.length} bytes exceeds the {msg.limit}-byte receive bound"
+            return [ResponseReceived(sid, Response(b"", Code.RESOURCE_EXHAUSTED, text))]
+        raise ProtocolError(f"ttrpc data message on stream {sid}: streams are not supported")

@@ -43,6 +43,10 @@ log = logging.getLogger("nriplugin.reconciler")
 FIGHT_WINDOW = 10.0  # seconds
 FIGHT_REPAIRS = 3  # repairs of one file within the window that make it a fight
 BACKOFF_MIN, BACKOFF_MAX = 1.0, 300.0
+# Entries taken per event-loop turn when there are many (after Synchronize on a node of
+# thousands of containers, a full pass): a hook that arrives meanwhile waits for one chunk,
+# not for the whole node.
+CHUNK = 32
 # A container's cgroup (cgroupfs: its 64-hex id; systemd: a .scope), as opposed to a QoS or pod
 # directory, whose new children we want to see as well.
 _CONTAINER_DIR = re.compile(r"^([0-9a-f]{64}|.*\.scope)$")
@@ -137,6 +141,7 @@ class Reconciler:
         self._masks: dict[str, int] = {}  # directory -> its watch mask
         self._task: asyncio.Task[None] | None = None
         self._to_apply: set[str] = set()  # keys whose desired state changed, applied soon
+        self._passes: set[asyncio.Task[int]] = set()  # chunked full passes running
         self.rejections = 0  # writes the kernel refused
         self._events: collections.deque[tuple[Callable[[str], object], str]] = collections.deque()
         self.passes = 0
@@ -172,8 +177,17 @@ class Reconciler:
 
     def resynced(self) -> None:
         """After Synchronize: a full pass right after the answer (what changed while we were
-        not connected converges)."""
-        self._later(lambda _key: self.full_pass(), "")
+        not connected converges), in chunks between which hooks are answered."""
+        self._later(lambda _key: self._pass_soon(), "")
+
+    def _pass_soon(self) -> None:
+        try:
+            task = asyncio.get_running_loop().create_task(self.full_pass_chunked())
+        except RuntimeError:  # no loop (tests, explain): now
+            self.full_pass()
+            return
+        self._passes.add(task)
+        task.add_done_callback(self._passes.discard)
 
     def _added(self, key: str) -> None:
         r = None if self.model is None else self.model.get(key)
@@ -186,14 +200,21 @@ class Reconciler:
         if not first:
             return
         try:
-            asyncio.get_running_loop().call_soon(self._drain)
+            asyncio.get_running_loop().call_soon(self._drain, CHUNK)
         except RuntimeError:  # no loop (tests, explain): now
             self._drain()
 
-    def _drain(self) -> None:
+    def _drain(self, limit: int = 0) -> None:
+        """Take the queued news in order; with ``limit``, that many per loop turn (the rest
+        right after whatever else is ready: a hook's request goes first)."""
+        n = 0
         while self._events:
             fn, key = self._events.popleft()
             fn(key)
+            n += 1
+            if limit and n >= limit and self._events:
+                asyncio.get_running_loop().call_soon(self._drain, limit)
+                return
 
     def own_group(self, path: str) -> str:
         """Own a QoS-level cgroup (e.g. the BE parent): tracked, watched and repaired like a
@@ -242,6 +263,7 @@ class Reconciler:
         return True
 
     def forget(self, key: str) -> None:
+        """Let go of an entry: its watches, its files' fight state, its cached paths."""
         entry = self.entries.pop(key, None)
         if entry is None:
             return
@@ -249,6 +271,13 @@ class Reconciler:
         for d in entry.dirs or ():
             self.by_dir.pop(str(d), None)
             self._remove_watch(d)
+        if self.files and entry.dirs:
+            prefixes = tuple(f"{d}/" for d in entry.dirs)
+            for path in [p for p in self.files if p.startswith(prefixes)]:
+                st = self.files.pop(path)
+                if st.retry is not None:
+                    st.retry.cancel()
+        self.cgroups.forget(entry.group)
 
     def _dirs(self, group: str, checked: bool = True) -> list[str]:
         ctrls = ("cpu", "cpuset", "memory", "blkio") if self.cgroups.version == 1 else ("",)
@@ -285,7 +314,13 @@ class Reconciler:
         other groups' (cgroup v1 refuses a child's CFS quota above its parent's), so lowering
         a parent may need its children first and raising it the other way round; what was
         refused is tried again after the rest of the batch."""
-        keys, self._to_apply = sorted(self._to_apply), set()
+        keys = sorted(self._to_apply)
+        if len(keys) > CHUNK * 4 and self._loop_running():  # thousands (after Synchronize): in turns
+            keys, rest = keys[: CHUNK * 4], keys[CHUNK * 4 :]
+            self._to_apply = set(rest)
+            asyncio.get_running_loop().call_soon(self._apply_pending)
+        else:
+            self._to_apply = set()
         refused = [k for k in keys if self._refused_in(k)]
         if refused:
             refused = [k for k in refused if self._refused_in(k)]  # after the rest of the batch
@@ -429,6 +464,30 @@ class Reconciler:
         self.observer.pass_done(time.perf_counter() - t0, time.process_time() - c0, len(self.entries))
         return repairs
 
+    async def full_pass_chunked(self) -> int:
+        """:meth:`full_pass` in chunks of entries, yielding to the loop between them. Its
+        figures are the chunks' own time (what the pass costs), not the waits between."""
+        keys = list(self.entries)
+        wall = cpu = 0.0
+        repairs = 0
+        for i in range(0, len(keys), CHUNK):
+            t0, c0 = time.perf_counter(), time.process_time()
+            repairs += sum(self.check(k) for k in keys[i : i + CHUNK])
+            wall += time.perf_counter() - t0
+            cpu += time.process_time() - c0
+            await asyncio.sleep(0)
+        self.passes += 1
+        self.observer.pass_done(wall, cpu, len(self.entries))
+        return repairs
+
+    @staticmethod
+    def _loop_running() -> bool:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        return True
+
     # event plumbing --------------------------------------------------------------------------
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -478,11 +537,13 @@ class Reconciler:
     async def _resync(self) -> None:
         while True:
             await asyncio.sleep(self.resync_period)
-            self.full_pass()
+            await self.full_pass_chunked()
 
     def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
+        for task in self._passes:
+            task.cancel()
         for st in self.files.values():
             if st.retry is not None:
                 st.retry.cancel()
