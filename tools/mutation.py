@@ -82,11 +82,12 @@ def mutmut() -> list[str]:
 def run_module(module: str, max_children: int) -> Score:
     """mutmut on one module's mutants (every one re-tested), then its results from the meta file."""
     t0 = time.monotonic()
+    env = dict(os.environ, NRIPLUGIN_HYPOTHESIS_PROFILE="mutation")  # tests/conftest.py: fixed examples
     cmd = [*mutmut(), "run", "--max-children", str(max_children), f"{dotted(module)}.*"]
     with open(ROOT / "mutants" / "run.log", "a") as log:
         log.write(f"\n$ {' '.join(cmd)}\n")
         log.flush()
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+        rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
     if rc != 0:
         raise SystemExit(f"mutmut failed on {module} (exit {rc}); see mutants/run.log")
     return read_score(module, time.monotonic() - t0)
