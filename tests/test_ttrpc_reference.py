@@ -167,6 +167,7 @@ def test_client_streams_responses_and_late_answers() -> None:
     sids = [conn.send_request("svc", "M", b"")[0] for _ in range(3)]
     assert sids == [1, 3, 5] and conn.pending == 3
     sid, wire = conn.send_request("svc", "M", b"p", timeout_nano=7)
+    assert sid == 7
     assert ttrpc.MessageDecoder().feed(wire) == [
         ttrpc.Message(7, 1, 0, ttrpc.encode_request(ttrpc.Request("svc", "M", b"p", 7)))
     ]
