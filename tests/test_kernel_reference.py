@@ -608,3 +608,25 @@ def test_v2_probe_falls_back_to_the_first_directory(tmp_path: Path) -> None:
     v2_tree(empty)
     assert not Cgroups(empty).supported("cpu.idle")
     assert not Cgroups(tmp_path / "nowhere", version=Version.V2).supported("cpu.idle")
+
+
+def test_a_write_error_without_errno_is_rejected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = v1_tree(tmp_path, [V1G])
+
+    def write(fd: int, data: bytes) -> int:
+        raise OSError("no errno")
+
+    monkeypatch.setattr("nriplugin.kernel.cgroup.os.write", write)
+    out = Cgroups(root).write(V1G, "cpu.shares", 3)
+    assert (out.status, out.errno) == ("rejected", 0)
+
+
+def test_a_linked_file_is_never_written(tmp_path: Path) -> None:
+    root = v2_tree(tmp_path / "cg", [G])
+    target = tmp_path / "target"
+    target.write_text("100\n")
+    (root / G / "cpu.weight").unlink()
+    (root / G / "cpu.weight").symlink_to(target)
+    with pytest.raises(PermissionError, match=r"refusing .*/cpu\.weight: a symbolic link"):
+        Cgroups(root).write(G, "cpu.shares", 2, force=True)
+    assert target.read_text() == "100\n"

@@ -268,7 +268,7 @@ class Cgroups:
             if resource == "blkio.weight" and text.startswith("default "):
                 text = text.split()[1]
             if text == "max":
-                return res.unlimited if res.unlimited is not None else -1
+                return -1  # every unlimited value is -1 (memory.low's "max" too)
             v = int(text)
             return res.from_v2(v) if res.from_v2 else v
         return int(text)
