@@ -34,7 +34,9 @@ from nriplugin.kernel.cgroup import (
     shares_to_weight,
     weight_to_shares,
 )
-from tests.kernel_tree import v1_tree, v2_tree
+from nriplugin.kernel.probe import Resctrl, Topology, format_cpulist, parse_cpulist, probe, topology
+from nriplugin.kernel.probe import resctrl as resctrl_info
+from tests.kernel_tree import resctrl_tree, sys_tree, v1_tree, v2_tree
 
 G = "kubepods.slice/kubepods-besteffort.slice/pod1.slice/cri-containerd-abc.scope"
 V1G = "kubepods/besteffort/pod1/abc"
@@ -630,3 +632,100 @@ def test_a_linked_file_is_never_written(tmp_path: Path) -> None:
     with pytest.raises(PermissionError, match=r"refusing .*/cpu\.weight: a symbolic link"):
         Cgroups(root).write(G, "cpu.shares", 2, force=True)
     assert target.read_text() == "100\n"
+
+
+# the capability probe --------------------------------------------------------------------------
+
+# cpu lists as the kernel prints them (Documentation/admin-guide/cputopology.rst, cpuset(7))
+CPULISTS = [
+    ("0-3,8,10-11", [0, 1, 2, 3, 8, 10, 11]),
+    ("0", [0]),
+    ("0-0", [0]),
+    ("3,1,2", [1, 2, 3]),
+    ("1,1-2", [1, 2]),
+    ("  0-1\n", [0, 1]),
+    ("", []),
+    ("\n", []),
+    ("0-65536", list(range(65537))),  # the widest range taken
+]
+
+
+@pytest.mark.parametrize(("text", "cpus"), CPULISTS)
+def test_cpulists(text: str, cpus: list[int]) -> None:
+    assert parse_cpulist(text) == cpus
+
+
+@pytest.mark.parametrize("bad", ["0-65537", "-1", "2-1", "a", "1,,2", "1-", "0x1", "1 2"])
+def test_bad_cpulists_are_refused(bad: str) -> None:
+    with pytest.raises(ValueError):
+        parse_cpulist(bad)
+
+
+@pytest.mark.parametrize(
+    ("cpus", "text"),
+    [([0, 1, 2, 3, 8, 10, 11], "0-3,8,10-11"), ([], ""), ([5], "5"), ([3, 1, 2, 2], "1-3"), ([0, 2, 4], "0,2,4")],
+)
+def test_cpulists_are_written_as_the_kernel_writes_them(cpus: list[int], text: str) -> None:
+    assert format_cpulist(cpus) == text
+
+
+def test_topology_from_sys(tmp_path: Path) -> None:
+    t = topology(sys_tree(tmp_path, cores=2, smt=2, numa_nodes=2))
+    assert t.online == [0, 1, 2, 3] and t.smt
+    assert t.siblings == {0: [0, 2], 1: [1, 3], 2: [0, 2], 3: [1, 3]}
+    assert t.core == {0: (0, 0), 1: (1, 1), 2: (0, 0), 3: (1, 1)}
+    assert t.numa == {0: 0, 1: 1, 2: 0, 3: 1}
+    # a CPU whose topology cannot be read is its own core on package 0, node 0
+    cpu = tmp_path / "devices" / "system" / "cpu"
+    (cpu / "cpu1" / "topology" / "core_id").write_text("x\n")
+    (cpu / "cpu3" / "topology" / "thread_siblings_list").unlink()
+    (cpu / "cpu3" / "node1").rmdir()
+    t = topology(tmp_path)
+    assert t.siblings[1] == [1] and t.core[1] == (0, 1) and t.siblings[3] == [3] and t.core[3] == (0, 3)
+    assert t.numa[3] == 0 and t.numa[1] == 1
+    single = topology(sys_tree(tmp_path / "one", cores=2, smt=1))
+    assert not single.smt and single.siblings == {0: [0], 1: [1]}
+    assert topology(tmp_path / "none") == Topology()
+
+
+def test_resctrl_info(tmp_path: Path) -> None:
+    r = resctrl_info(resctrl_tree(tmp_path / "a", closids=16, cbm_mask="7ff"))
+    assert r == Resctrl(True, 16, "7ff", 1, 8, 10, 10) and r.cache_ways == 11
+    assert resctrl_info(tmp_path / "none") == Resctrl() and Resctrl().cache_ways == 0
+    b = resctrl_tree(tmp_path / "b", cbm_mask="ff0", mb=False)
+    (b / "info" / "L3" / "min_cbm_bits").write_text("2\n")
+    (b / "info" / "L3" / "num_closids").write_text("junk\n")
+    r = resctrl_info(b)
+    assert (r.mounted, r.l3_closids, r.l3_min_cbm_bits, r.cache_ways, r.mb_closids) == (True, 0, 2, 8, 0)
+    (b / "info" / "L3" / "min_cbm_bits").write_text("0\n")
+    (b / "info" / "L3" / "cbm_mask").unlink()
+    r = resctrl_info(b)
+    assert r.l3_min_cbm_bits == 1 and r.l3_cbm_mask == "" and r.cache_ways == 0
+    c = tmp_path / "c"
+    c.mkdir()
+    (c / "schemata").write_text("MB:0=100\n")  # mounted, no info directory
+    assert resctrl_info(c) == Resctrl(mounted=True)
+
+
+def test_probe_v2_and_v1_controllers(tmp_path: Path) -> None:
+    v2 = v2_tree(tmp_path / "v2", ["kubepods.slice"])
+    proc = tmp_path / "proc"
+    (proc / "pressure").mkdir(parents=True)
+    (proc / "pressure" / "cpu").write_text("some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    caps = probe(v2, tmp_path / "no-resctrl", proc, sys_tree(tmp_path / "sys"), core_sched=True)
+    assert caps.cgroup_version is Version.V2 and caps.controllers == ["cpuset", "cpu", "io", "memory", "pids"]
+    assert caps.psi and caps.core_sched and not caps.resctrl.mounted
+    assert (
+        caps.files["memory.min"] and not caps.files["memory.soft_limit_in_bytes"] and set(caps.files) == set(RESOURCES)
+    )
+    v1 = v1_tree(tmp_path / "v1", ["kubepods"])
+    (v1 / "systemd").mkdir()
+    (v1 / "systemd" / "cgroup.procs").write_text("")
+    (v1 / "unified").mkdir()
+    (v1 / "unified" / "cgroup.procs").write_text("")
+    (v1 / "misc").mkdir()  # no cgroup.procs: not a mounted hierarchy
+    (v1 / "cpuacct").symlink_to(v1 / "cpu")  # cpu,cpuacct's alias
+    (v1 / "file").write_text("")
+    caps = probe(v1, tmp_path / "no-resctrl", tmp_path / "no-proc", sys_tree(tmp_path / "sys1"), core_sched=False)
+    assert caps.controllers == ["blkio", "cpu", "cpuset", "memory"] and not caps.psi and not caps.core_sched
+    assert caps.topology.online == list(range(8))
