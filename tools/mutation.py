@@ -3,7 +3,8 @@ score of each to BENCHMARKS.md (section ``mutation``).
 
 Usage (from the checkout, with the test extra installed):
 
-    python tools/mutation.py [MODULE ...] [--max-children N] [--write] [--check]
+    python tools/mutation.py [MODULE ...] [--max-children N] [--write] [--check] [--keep]
+    python tools/mutation.py --report --write    # the modules measured since mutants/ was rebuilt
 
 MODULE is a path listed in ``[tool.mutmut] only_mutate`` (default: all of them, in that order).
 mutmut's own configuration (which modules, which unit tests) is in pyproject.toml. A module's
@@ -90,7 +91,23 @@ def run_module(module: str, max_children: int) -> Score:
         rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
     if rc != 0:
         raise SystemExit(f"mutmut failed on {module} (exit {rc}); see mutants/run.log")
-    return read_score(module, time.monotonic() - t0)
+    seconds = time.monotonic() - t0
+    record_time(module, seconds)
+    return read_score(module, seconds)
+
+
+TIMES = ROOT / "mutants" / "mutation-times.json"  # seconds per module, for --report
+
+
+def record_time(module: str, seconds: float) -> None:
+    times = json.loads(TIMES.read_text()) if TIMES.exists() else {}
+    times[module] = round(seconds, 1)
+    TIMES.write_text(json.dumps(times, indent=1))
+
+
+def measured() -> dict[str, float]:
+    """Modules run (to the end) since mutants/ was last rebuilt, with their run time."""
+    return json.loads(TIMES.read_text()) if TIMES.exists() else {}
 
 
 def read_score(module: str, seconds: float = 0.0) -> Score:
@@ -161,15 +178,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write", action="store_true", help="write the section into BENCHMARKS.md")
     ap.add_argument("--check", action="store_true", help=f"exit 1 when a module is below {THRESHOLD:g} %%")
     ap.add_argument("--keep", action="store_true", help="reuse mutants/ from an earlier run")
+    ap.add_argument("--report", action="store_true", help="run nothing: report every module run since the rebuild")
     ns = ap.parse_args(argv)
     known = configured_modules()
     modules = ns.modules or known
     unknown = [m for m in modules if m not in known]
     if unknown:
         ap.error(f"not in [tool.mutmut] only_mutate: {', '.join(unknown)}")
+    if ns.report:
+        done = measured()
+        scores = [read_score(m, done[m]) for m in known if m in done]
+        for s in scores:
+            print(f"{s.module}: {s.killed}/{s.total} killed ({s.score:.1f} %)")
+        if ns.write:
+            replace_section(ROOT / "BENCHMARKS.md", "mutation", section(scores, "python tools/mutation.py --write"))
+        return 1 if ns.check and any(s.score < THRESHOLD for s in scores) else 0
     if not ns.keep:
         shutil.rmtree(ROOT / "mutants", ignore_errors=True)
     (ROOT / "mutants").mkdir(exist_ok=True)
+    command = "python tools/mutation.py --write" + (" " + " ".join(ns.modules) if ns.modules else "")
     scores = []
     for module in modules:
         s = run_module(module, ns.max_children)
@@ -177,9 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{module}: {s.killed}/{s.total} killed ({s.score:.1f} %) in {s.seconds:.0f} s", flush=True)
         for m in s.unexplained:
             print(f"  unexplained survivor: {m}", flush=True)
-    command = "python tools/mutation.py --write" + (" " + " ".join(ns.modules) if ns.modules else "")
-    if ns.write:
-        replace_section(ROOT / "BENCHMARKS.md", "mutation", section(scores, command))
+        if ns.write:  # after every module: a long run that is stopped keeps what it measured
+            replace_section(ROOT / "BENCHMARKS.md", "mutation", section(scores, command))
     low = [s.module for s in scores if s.score < THRESHOLD]
     if low:
         print(f"below {THRESHOLD:g} %: {', '.join(low)}", file=sys.stderr)
