@@ -167,7 +167,7 @@ def test_integer_resources_take_integers_only(bad: object) -> None:
 def test_string_resources_take_one_line() -> None:
     r = RESOURCES["cpuset.cpus"]
     assert r.check("0-3\n") == "0-3\n" and r.check("x" * 4096) == "x" * 4096
-    for bad in ("0\n1", "x" * 4097, 5):
+    for bad in ("0\n1", "0-3\n\t", "0\nX", "x" * 4097, 5):
         with pytest.raises(InvalidValue, match=r"cpuset\.cpus: expected a single-line string"):
             r.check(bad)
 
@@ -729,3 +729,25 @@ def test_probe_v2_and_v1_controllers(tmp_path: Path) -> None:
     caps = probe(v1, tmp_path / "no-resctrl", tmp_path / "no-proc", sys_tree(tmp_path / "sys1"), core_sched=False)
     assert caps.controllers == ["blkio", "cpu", "cpuset", "memory"] and not caps.psi and not caps.core_sched
     assert caps.topology.online == list(range(8))
+
+
+def test_a_path_that_climbs_out_is_refused(tmp_path: Path) -> None:
+    """paths.relative refuses "..", and the kernel layer checks again on its own."""
+    for cg, base in (
+        (Cgroups(v1_tree(tmp_path / "v1", ["kubepods"])), "cpu"),
+        (Cgroups(v2_tree(tmp_path / "v2", ["kubepods"])), ""),
+    ):
+        for group in ("kubepods/../..", "kubepods/../../..", ".."):
+            with pytest.raises(PermissionError, match="resolves outside"):
+                cg.group_path(group)
+        assert cg.group_path("kubepods/..") == (f"{cg.root}/{base}/kubepods/.." if base else f"{cg.root}/kubepods/..")
+
+
+def test_a_bad_device_rule_is_named_in_the_error(tmp_path: Path) -> None:
+    cg = Cgroups(v2_tree(tmp_path))
+    with pytest.raises(InvalidValue, match=r"blkio\.throttle\.read_bps_device: expected 'MAJOR:MINOR N', got '8:16'$"):
+        cg.encode("blkio.throttle.read_bps_device", "8:16")
+    long = "8:16 " + "1" * 70
+    with pytest.raises(InvalidValue) as info:
+        cg.encode("blkio.throttle.read_bps_device", long)
+    assert str(info.value).endswith(f"got {long[:60]!r}")

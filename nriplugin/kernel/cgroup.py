@@ -295,8 +295,7 @@ class Cgroups:
             dev, _, kv = want.partition(" ")
             return any(ln.split(" ")[0] == dev and kv in ln.split(" ")[1:] for ln in text.splitlines())
         res = RESOURCES[resource]
-        if res.lo is None or not isinstance(value, int):
-            return False
+        assert isinstance(value, int)  # the string resources were all compared above
         try:
             have = self.decode(resource, text)
         except ValueError:
