@@ -18,6 +18,7 @@ Sources:
 from __future__ import annotations
 
 import json
+import re
 from decimal import Decimal
 from pathlib import Path
 
@@ -26,7 +27,10 @@ import pytest
 from nriplugin.features import Intent, batch, blkio, cpu_burst, cpu_qos, desired_state, resctrl
 from nriplugin.features.quantity import parse_quantity
 from nriplugin.kernel.probe import Capabilities
+from nriplugin.kernel.probe import resctrl as resctrl_probe
+from nriplugin.kernel.resctrl import ResctrlFS
 from nriplugin.policy.model import Policy
+from tests.kernel_tree import resctrl_tree
 from tests.test_features import caps, ctx
 
 SPEC = batch.ANNOTATION
@@ -387,13 +391,13 @@ def test_blkio_weights_and_throttles(monkeypatch: pytest.MonkeyPatch) -> None:
     a fixed MAJOR:MINOR so the formulas are checked everywhere."""
     monkeypatch.setattr(blkio, "resolve_device", lambda name: {"/dev/vda": "253:0", "/dev/sdb": "8:16"}.get(name))
     blocks = [
+        {"name": "vg0", "type": "volumegroup", "ioCfg": {"readBPS": 9}},  # skipped, not the end
+        {"name": "/dev/none", "ioCfg": {"readBPS": 7}},  # not resolved: skipped, not the end
         {
             "name": "/dev/vda",
             "ioCfg": {"readBPS": 1048576, "writeBPS": 2, "readIOPS": 3, "writeIOPS": 4, "ioWeightPercent": 1},
         },
         {"name": "/dev/sdb", "ioCfg": {"readBPS": 0, "ioWeightPercent": 100}},
-        {"name": "/dev/none", "ioCfg": {"readBPS": 7}},
-        {"name": "vg0", "type": "volumegroup", "ioCfg": {"readBPS": 9}},
     ]
     pol = Policy.model_validate({"resourceQOSStrategy": {"beClass": {"blkioQOS": {"enable": True, "blocks": blocks}}}})
     c = caps(**{"blkio.weight": True})
@@ -410,7 +414,7 @@ def test_blkio_weights_and_throttles(monkeypatch: pytest.MonkeyPatch) -> None:
     assert intent.files[("blkio.throttle.read_bps_device", "253:0")].why == "BE: readBPS on /dev/vda (253:0)"
     assert intent.files[("blkio.weight", "")].why == "BE: ioWeightPercent 100"
     one = Policy.model_validate(
-        {"resourceQOSStrategy": {"beClass": {"blkioQOS": {"enable": True, "blocks": blocks[:1]}}}}
+        {"resourceQOSStrategy": {"beClass": {"blkioQOS": {"enable": True, "blocks": blocks[:3]}}}}
     )
     first = Intent()
     blkio.desired(ctx("BE", policy=one, c=c), first)
@@ -518,9 +522,39 @@ def test_quantities_as_kubernetes_reads_them(text: str | int, value: Decimal | i
     assert parse_quantity(text) == value
 
 
-@pytest.mark.parametrize(
-    "bad", ["", "1kk", "Mi", "1 k", "0x10", "1e1000", "1ki", "1.2.3", "e3", "1K", "1" * 65, True, None, 1.5]
-)
-def test_quantities_kubernetes_refuses(bad: object) -> None:
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("bad", ["", "1kk", "Mi", "1 k", "0x10", "1e1000", "1ki", "1.2.3", "e3", "1K"])
+def test_quantities_kubernetes_refuses(bad: str) -> None:
+    with pytest.raises(ValueError, match=f"^not a quantity: {re.escape(repr(bad))}$"):
         parse_quantity(bad)
+
+
+def test_quantity_errors_name_the_problem() -> None:
+    for bad, name in ((True, "bool"), (None, "NoneType"), (1.5, "float"), ([1], "list")):
+        with pytest.raises(ValueError, match=f"^expected a quantity string, got {name}$"):
+            parse_quantity(bad)
+    assert parse_quantity("1" * 64) > 10**63  # 64 characters are taken
+    with pytest.raises(ValueError, match=r"^quantity too long$"):
+        parse_quantity("1" * 65)
+    with pytest.raises(ValueError, match=r"^not a quantity: '1111111111111111111111111111111111111111'$"):
+        parse_quantity("1" * 50 + "x")
+
+
+def test_resctrl_join_moves_only_tasks_not_there(tmp_path: Path) -> None:
+    """Several threads: the group's task list is read once and only the missing ones written.
+    One thread (a new container's first task, never in the group yet) is written at once."""
+    root = resctrl_tree(tmp_path)
+    (root / "schemata").write_text("L3:0=7ff\nMB:0=100\n")
+    fs = ResctrlFS(root, resctrl_probe(root))
+    pol = Policy.model_validate({"resourceQOSStrategy": {"beClass": {"resctrlQOS": {"enable": True}}}})
+    tasks = root / "koordlet-BE" / "tasks"
+    tasks.parent.mkdir()  # as the kernel makes it on mkdir: an empty task list
+    tasks.write_text("")
+    resctrl.join(fs, pol, "koordlet-BE", [10])
+    assert (root / "koordlet-BE" / "schemata").read_text() == "L3:0=7ff\nMB:0=100\n"
+    assert tasks.read_text() == "10\n"
+    resctrl.join(fs, pol, "koordlet-BE", [10, 11])
+    assert tasks.read_text() == "10\n11\n"
+    resctrl.join(fs, pol, "koordlet-BE", [10, 11, 12])
+    assert tasks.read_text() == "10\n11\n12\n"
+    resctrl.join(fs, pol, "koordlet-BE", [12])  # one thread: written without reading the list
+    assert tasks.read_text() == "10\n11\n12\n12\n"

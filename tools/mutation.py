@@ -44,7 +44,28 @@ NO_TESTS = {5, 33}
 
 # Survivors no test can kill: the mutated code behaves exactly as the original. Keyed by mutmut's
 # mutant name; the reason says why the behaviour is the same.
-EQUIVALENT: dict[str, str] = {}
+_CG = "nriplugin.kernel.cgroup."
+_PERIOD = "the period only serves the exact-text shortcut; the quota is then compared decoded"
+_CACHE = "a cache of resolved directories (no effect on any result, only on how often paths are resolved)"
+EQUIVALENT: dict[str, str] = {
+    _CG + "x__read__mutmut_11": "reads 65537 bytes instead of 65536: every cgroup file is far smaller",
+    _CG + "xǁCgroupsǁ_dir__mutmut_3": f"never finds the cached directory: {_CACHE}",
+    _CG + "xǁCgroupsǁ_file__mutmut_13": "v2's controller None instead of '': both mean the unified root",
+    _CG + "xǁCgroupsǁ_resolve__mutmut_12": f"never reads the cache: {_CACHE}",
+    _CG + "xǁCgroupsǁ_resolve__mutmut_13": f"never finds the cached parent: {_CACHE}",
+    _CG + "xǁCgroupsǁ_resolve__mutmut_17": f"clears at 65536 entries instead of 65537: {_CACHE}",
+    _CG + "xǁCgroupsǁ_resolve__mutmut_18": f"clears at 65538 entries instead of 65537: {_CACHE}",
+    _CG + "xǁCgroupsǁ_resolve__mutmut_19": f"caches None, so always resolves again: {_CACHE}",
+    _CG + "xǁCgroupsǁ_resolve__mutmut_24": "realpath of a missing name under a resolved parent is that name",
+    _CG + "xǁCgroupsǁ_resolve__mutmut_26": "realpath of a non-link under a resolved parent is that name",
+    _CG + "xǁCgroupsǁdecode__mutmut_12": "rpartition of cpu.max's 'QUOTA PERIOD': the kernel writes exactly one space",
+    _CG + "xǁCgroupsǁmatches__mutmut_10": _PERIOD,
+    _CG + "xǁCgroupsǁmatches__mutmut_13": _PERIOD,
+    _CG + "xǁCgroupsǁmatches__mutmut_28": "rpartition of an encoded device rule: it has exactly one space",
+    _CG + "xǁCgroupsǁmatches__mutmut_32": "split() of an io.max line: the kernel separates its fields by single spaces",
+    _CG + "xǁCgroupsǁmatches__mutmut_37": "split() of an io.max line: the kernel separates its fields by single spaces",
+    _CG + "xǁCgroupsǁwrite__mutmut_80": "`errno or 1` where errno is one of EINVAL/EPERM/EACCES/EOPNOTSUPP, never 0",
+}
 
 
 @dataclass
