@@ -558,3 +558,23 @@ def test_resctrl_join_moves_only_tasks_not_there(tmp_path: Path) -> None:
     assert tasks.read_text() == "10\n11\n12\n"
     resctrl.join(fs, pol, "koordlet-BE", [12])  # one thread: written without reading the list
     assert tasks.read_text() == "10\n11\n12\n12\n"
+
+
+LONG = "p" * 50
+
+
+@pytest.mark.parametrize(
+    ("override", "why"),
+    [
+        ('"auto"', "expected a JSON object"),
+        ("[1]", "expected a JSON object"),
+        ('{"policy": "bogus"}', "policy 'bogus' is not one of none, cpuBurstOnly, cfsQuotaBurstOnly, auto"),
+        (f'{{"policy": "{LONG}"}}', f"policy {LONG[:40]!r} is not one of none, cpuBurstOnly, cfsQuotaBurstOnly, auto"),
+        ('{"cpuBurstPercent": 0}', "cpuBurstPercent '0' is not an integer in [1, 10000]"),
+        ('{"cpuBurstPercent": true}', "cpuBurstPercent 'True' is not an integer in [1, 10000]"),
+        (f'{{"cpuBurstPercent": "{LONG}"}}', f"cpuBurstPercent {LONG[:40]!r} is not an integer in [1, 10000]"),
+    ],
+)
+def test_cpu_burst_annotation_errors_say_what_is_wrong(override: str, why: str) -> None:
+    out = desired_state(ctx("LS", {cpu_burst.ANNOTATION: override}, quota=40000))
+    assert out.failed == [("cpuBurst", f"{cpu_burst.ANNOTATION}: {why}")]
