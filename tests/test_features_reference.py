@@ -578,3 +578,33 @@ LONG = "p" * 50
 def test_cpu_burst_annotation_errors_say_what_is_wrong(override: str, why: str) -> None:
     out = desired_state(ctx("LS", {cpu_burst.ANNOTATION: override}, quota=40000))
     assert out.failed == [("cpuBurst", f"{cpu_burst.ANNOTATION}: {why}")]
+
+
+def test_memory_qos_values_are_integers_and_edges() -> None:
+    """A float would be written as "4096.0", which the kernel refuses: every value is an int."""
+    on = {"enable": True, "minLimitPercent": 33, "lowLimitPercent": 33, "throttlingPercent": 33, "oomKillGroup": 1}
+    pol = Policy.model_validate({"resourceQOSStrategy": {"beClass": {"memoryQOS": on}, "lsrClass": {"memoryQOS": on}}})
+    v = desired_state(ctx("BE", spec(main=({MEM: "3Gi"}, {MEM: "7Gi"})), policy=pol, c=V2)).intent
+    mem = {s.resource: s.value for s in v.settings() if s.resource.startswith("memory.")}
+    assert all(type(x) is int for x in mem.values()), mem
+    assert v.why["memory.oom.group"] == "oomKillGroup"
+    # a request of one byte still counts (values round down to 0), a limit of one byte too
+    one = desired_state(ctx("BE", spec(main=({MEM: "1"}, {MEM: "8Ki"})), policy=pol, c=V2)).intent
+    assert one.get("memory.min") == 0 and one.get("memory.low") == 0
+    lsr = ctx("LSR", policy=pol, c=V2)
+    assert lsr.container is not None
+    lsr.container.linux.resources.memory.limit.value = 1
+    assert desired_state(lsr).intent.get("memory.min") == 0
+
+
+def test_memory_qos_batch_request_with_the_runtimes_limit() -> None:
+    """BE: the request from batch-memory; the limit from batch-memory, else the runtime's."""
+    on = {"enable": True, "throttlingPercent": 50}
+    pol = Policy.model_validate({"resourceQOSStrategy": {"beClass": {"memoryQOS": on}, "lsClass": {"memoryQOS": on}}})
+    c = ctx("BE", spec(main=({MEM: "1Gi"}, {})), policy=pol, c=V2)
+    assert c.container is not None
+    c.container.linux.resources.memory.limit.value = 3 << 30
+    assert desired_state(c).intent.get("memory.high") == 2 << 30
+    # batch-memory is BE's: an LS container's batch annotation is not its request
+    ls = ctx("LS", spec(main=({MEM: "1Gi"}, {MEM: "3Gi"})), policy=pol, c=V2)
+    assert desired_state(ls).intent.get("memory.high") is None
