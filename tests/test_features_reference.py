@@ -37,6 +37,13 @@ SPEC = batch.ANNOTATION
 CPU, MEM = batch.BATCH_CPU, batch.BATCH_MEMORY
 
 
+@pytest.fixture(autouse=True)
+def _fresh_parse_cache() -> None:
+    """The annotation parser caches by text: start each test without another test's results
+    (and, under mutation testing, without results of the unmutated code)."""
+    batch._parse.cache_clear()
+
+
 def spec(**containers: tuple[dict[str, str], dict[str, str]]) -> dict[str, str]:
     return {SPEC: json.dumps({"containers": {n: {"requests": r, "limits": lim} for n, (r, lim) in containers.items()}})}
 
@@ -114,6 +121,7 @@ POD = [
     ({"a": ({}, {CPU: "500", MEM: "4Ki"}), "b": ({CPU: "1"}, {CPU: "500", MEM: "4Ki"})}, 2, 100000, 8192),
     ({"a": ({}, {MEM: "1Mi"}), "b": ({}, {MEM: "0"})}, None, None, None),
     ({"a": ({CPU: "0"}, {}), "b": ({CPU: "0"}, {})}, 2, None, None),
+    ({"a": ({}, {CPU: "1", MEM: "1"}), "b": ({}, {CPU: "1", MEM: "4Ki"})}, None, 1000, 4097),  # the least limits
 ]
 
 
@@ -155,7 +163,7 @@ def test_batch_limits_out_of_range_are_refused() -> None:
     for raw, why in cases.items():
         out = desired_state(ctx("BE", {SPEC: raw}))
         if why:
-            assert out.failed and why in out.failed[0][1], raw
+            assert out.failed and out.failed[0][1].startswith(f"{SPEC}: ") and why in out.failed[0][1], raw
         else:
             assert not out.failed
     ok = f'{{"containers": {{"main": {{"requests": {{"{CPU}": "1073741824"}}, "limits": {{"{MEM}": "{2**62}"}}}}}}}}'
@@ -608,3 +616,43 @@ def test_memory_qos_batch_request_with_the_runtimes_limit() -> None:
     # batch-memory is BE's: an LS container's batch annotation is not its request
     ls = ctx("LS", spec(main=({MEM: "1Gi"}, {MEM: "3Gi"})), policy=pol, c=V2)
     assert desired_state(ls).intent.get("memory.high") is None
+
+
+N70 = "n" * 70
+BAD_BATCH = [
+    ("[]", 'expected {"containers": {NAME: {...}}}'),
+    ('{"containers": [1]}', 'expected {"containers": {NAME: {...}}}'),
+    (json.dumps({"containers": {N70: 5}}), f"containers.{N70[:64]} is not an object"),
+    (json.dumps({"containers": {"m": {"limits": [1]}}}), "containers.m.limits is not an object"),
+    (json.dumps({"containers": {"m": {"requests": "x"}}}), "containers.m.requests is not an object"),
+    (
+        json.dumps({"containers": {N70: {"requests": {CPU: "1x"}}}}),
+        f"containers.{N70[:64]}.requests.{CPU}: not a quantity: '1x'",
+    ),
+    (json.dumps({"containers": {"m": {"limits": {MEM: "-1"}}}}), f"containers.m.limits.{MEM}='-1' out of range"),
+    (json.dumps({"containers": {"m": {"limits": {CPU: "0.5"}}}}), f"containers.m.limits.{CPU}='0.5' out of range"),
+    (
+        json.dumps({"containers": {"m": {"limits": {CPU: "1" * 50}}}}),
+        f"containers.m.limits.{CPU}='{'1' * 39} out of range",  # the value's repr, cut at 40
+    ),
+    (
+        json.dumps({"containers": {"m": {"limits": {CPU: 2**30 + 1}}}}),
+        f"containers.m.limits.{CPU}={2**30 + 1} out of range",
+    ),
+]
+
+
+@pytest.mark.parametrize(("raw", "why"), BAD_BATCH)
+def test_batch_annotation_errors_say_what_is_wrong(raw: str, why: str) -> None:
+    assert desired_state(ctx("BE", {SPEC: raw})).failed == [("batchResource", f"{SPEC}: {why}")]
+
+
+def test_batch_annotation_edges() -> None:
+    ok = {"containers": {"m": {"requests": {CPU: 1073741824, MEM: 2**62}, "limits": None}}}
+    assert batch.container_batch(ctx("BE", {SPEC: json.dumps(ok)}), "m") == ({CPU: 1073741824, MEM: 2**62}, {})
+    assert batch.container_batch(ctx("BE", {SPEC: '{"other": 1}'}), "m") is None  # no containers: none for m
+    many: dict[str, dict[str, object]] = {"containers": {f"{i}": {} for i in range(300)}}  # within the 16 KiB annotation bound
+    c = ctx("BE", {SPEC: json.dumps(many)})
+    assert batch.container_batch(c, "255") == ({}, {})
+    assert batch.container_batch(c, "256") is None  # at most 256 containers are read
+    assert batch.container_batch(ctx("BE", {SPEC: json.dumps({"containers": {"7": {}}})}), "7") == ({}, {})

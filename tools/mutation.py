@@ -65,6 +65,8 @@ EQUIVALENT: dict[str, str] = {
     _CG + "xǁCgroupsǁmatches__mutmut_32": "split() of an io.max line: the kernel separates its fields by single spaces",
     _CG + "xǁCgroupsǁmatches__mutmut_37": "split() of an io.max line: the kernel separates its fields by single spaces",
     _CG + "xǁCgroupsǁwrite__mutmut_80": "`errno or 1` where errno is one of EINVAL/EPERM/EACCES/EOPNOTSUPP, never 0",
+    "nriplugin.features.memory_qos.x__request__mutmut_30": "`limit >= 0` after `limit and`: 0 is already false",
+    "nriplugin.features.memory_qos.x__request__mutmut_35": "the source text returned with no request is never shown",
 }
 
 
