@@ -651,7 +651,7 @@ def test_batch_annotation_edges() -> None:
     ok = {"containers": {"m": {"requests": {CPU: 1073741824, MEM: 2**62}, "limits": None}}}
     assert batch.container_batch(ctx("BE", {SPEC: json.dumps(ok)}), "m") == ({CPU: 1073741824, MEM: 2**62}, {})
     assert batch.container_batch(ctx("BE", {SPEC: '{"other": 1}'}), "m") is None  # no containers: none for m
-    many: dict[str, dict[str, object]] = {"containers": {f"{i}": {} for i in range(300)}}  # within the 16 KiB annotation bound
+    many: dict[str, dict[str, object]] = {"containers": {f"{i}": {} for i in range(300)}}  # under 16 KiB
     c = ctx("BE", {SPEC: json.dumps(many)})
     assert batch.container_batch(c, "255") == ({}, {})
     assert batch.container_batch(c, "256") is None  # at most 256 containers are read
