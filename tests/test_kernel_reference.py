@@ -19,8 +19,10 @@ Sources, named where they are used:
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -34,7 +36,15 @@ from nriplugin.kernel.cgroup import (
     shares_to_weight,
     weight_to_shares,
 )
-from nriplugin.kernel.probe import Resctrl, Topology, format_cpulist, parse_cpulist, probe, topology
+from nriplugin.kernel.probe import (
+    Resctrl,
+    Topology,
+    core_sched_supported,
+    format_cpulist,
+    parse_cpulist,
+    probe,
+    topology,
+)
 from nriplugin.kernel.probe import resctrl as resctrl_info
 from tests.kernel_tree import resctrl_tree, sys_tree, v1_tree, v2_tree
 
@@ -751,3 +761,66 @@ def test_a_bad_device_rule_is_named_in_the_error(tmp_path: Path) -> None:
     with pytest.raises(InvalidValue) as info:
         cg.encode("blkio.throttle.read_bps_device", long)
     assert str(info.value).endswith(f"got {long[:60]!r}")
+
+
+class FakeLibc:
+    """prctl as the kernel answers it (include/uapi/linux/prctl.h: PR_SCHED_CORE 62,
+    PR_SCHED_CORE_GET 0; PIDTYPE_PID 0): a return code and an errno."""
+
+    def __init__(self, rc: int, err: int) -> None:
+        self.rc, self.err = rc, err
+        self.calls: list[tuple[object, ...]] = []
+        self.opened: dict[str, object] = {}
+
+    def dll(self, name: object, **kwargs: object) -> FakeLibc:
+        self.opened = {"name": name, **kwargs}
+        return self
+
+    def prctl(self, *args: object) -> int:
+        self.calls.append(args[:4])
+        ctypes.set_errno(self.err)
+        return self.rc
+
+
+@pytest.mark.parametrize(
+    ("rc", "err", "supported"),
+    [
+        (0, 0, True),
+        (-1, errno.EINVAL, False),
+        (-1, errno.ENOSYS, False),
+        (-1, errno.EPERM, True),
+        (-1, errno.ESRCH, True),
+    ],
+)
+def test_core_sched_probe(monkeypatch: pytest.MonkeyPatch, rc: int, err: int, supported: bool) -> None:
+    """The kernel's answer decides, through libc's errno (a kernel without core scheduling
+    says EINVAL, an old libc/kernel ENOSYS; anything else means the call exists)."""
+    libc = FakeLibc(rc, err)
+    monkeypatch.setattr("nriplugin.kernel.probe.ctypes.CDLL", libc.dll)
+    assert core_sched_supported() is supported
+    assert libc.calls == [(62, 0, 0, 0)] and libc.opened == {"name": None, "use_errno": True}
+
+
+def test_core_sched_probe_without_libc(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_libc(*_a: object, **_k: object) -> object:
+        raise OSError("no libc")
+
+    monkeypatch.setattr("nriplugin.kernel.probe.ctypes.CDLL", no_libc)
+    assert core_sched_supported() is False
+
+
+def test_probe_asks_about_core_scheduling_unless_told(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root, sys_root = v1_tree(tmp_path / "cg"), sys_tree(tmp_path / "sys")
+    for answer in (True, False):
+        monkeypatch.setattr("nriplugin.kernel.probe.core_sched_supported", lambda a=answer: a)
+        assert probe(root, tmp_path, tmp_path, sys_root).core_sched is answer
+        assert probe(root, tmp_path, tmp_path, sys_root, core_sched=not answer).core_sched is (not answer)
+
+
+def test_cpulist_errors_and_wide_ids() -> None:
+    assert parse_cpulist("70000") == [70000] and parse_cpulist("70000-70001") == [70000, 70001]
+    with pytest.raises(ValueError, match=r"^bad cpu list '2-1'$"):
+        parse_cpulist("2-1")
+    long = "3-1," + "0," * 60
+    with pytest.raises(ValueError, match=f"^bad cpu list {re.escape(repr(long.strip()[:80]))}$"):
+        parse_cpulist(long)

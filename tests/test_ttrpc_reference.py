@@ -207,7 +207,7 @@ def test_mux_constants_and_layout() -> None:
     assert mux.HEADER_LEN == 8 and mux.MAX_FRAME == 1 << 24
     assert (mux.PLUGIN_SERVICE_CONN, mux.RUNTIME_SERVICE_CONN, mux.RUNTIME_READ_BUFFER) == (1, 2, 4096)
     assert mux.encode_frame(2, b"ab") == b"\x00\x00\x00\x02\x00\x00\x00\x02ab"
-    with pytest.raises(ValueError, match="^conn id 0 is reserved$"):
+    with pytest.raises(ValueError, match=r"^conn id 0 is reserved$"):
         mux.encode_frame(0, b"")
     assert len(mux.encode_frame(1, b"x" * mux.MAX_FRAME)) == 8 + mux.MAX_FRAME
     with pytest.raises(ValueError, match="exceeds"):
@@ -237,5 +237,5 @@ def test_demux_several_frames_unknown_conns_and_limits() -> None:
     with pytest.raises(ProtocolError):
         d.feed(b"")
     zero = mux.Demultiplexer()
-    with pytest.raises(ProtocolError, match="^mux frame for reserved conn 0$"):
+    with pytest.raises(ProtocolError, match=r"^mux frame for reserved conn 0$"):
         zero.feed(mux.HEADER.pack(0, 0))
