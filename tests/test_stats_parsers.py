@@ -57,6 +57,10 @@ def test_proc_stat() -> None:
     assert parse_proc_stat("cpu  1 2 3\n") is None
     assert parse_proc_stat("cpu  1 2 3 4 5") == ProcCpu(6, 15, 1)  # one line, no per-cpu lines
     assert parse_proc_stat("cpu  1 2 3 4 5 6 7 8\ncpu0 1 2 3 4 5 6 7 8\n") == ProcCpu(27, 36, 1)
+    # zeros are counts too; a short first line does not borrow the next line's fields
+    assert parse_proc_stat("cpu  0 0 0 0 0 0 0 0 0 0\n") == ProcCpu(0, 0, 1)
+    assert parse_proc_stat("cpu  1 0 3 4 0\ncpu0 1 0 3 4 0\n") == ProcCpu(4, 8, 1)
+    assert parse_proc_stat("\ncpu  1 2 3 4 5\n") is None  # the first line is the aggregate or nothing
     for bad in ("", "cpu0 1 2 3 4 5\n", "intr 1 2 3 4 5\n", "cpu  1 2 x 4 5\n", "cpu  1 2 -3 4 5\n"):
         assert parse_proc_stat(bad) is None, bad
 
@@ -128,6 +132,8 @@ def test_meminfo() -> None:
     assert parse_meminfo("MemTotal: x kB\nMemAvailable: 5 kB\n") is None
     assert parse_meminfo("MemTotal: 1 kB\nSwapFree: x kB\n\nMemTotal:\n") == MemInfo(1024, 0, 0, 0)
     assert parse_meminfo("") is None
+    assert parse_meminfo("MemTotal: 100\n") == MemInfo(102400, 0, 0, 0)  # a value without its unit
+    assert parse_meminfo("MemTotal: 1 kB\nSwapTotal: x kB\nSwapFree: 5 kB\n") == MemInfo(1024, 0, 0, 5120)
 
 
 def test_pgscan() -> None:
@@ -151,6 +157,7 @@ def test_field_and_int() -> None:
     assert field(text, "throttled") is None and field(text, "nr_period") is None and field(text, "bursts") is None
     assert field("total_rss 1\nrss 2\n", "rss") == 2  # a whole key, not the end of another
     assert field("rss x\n", "rss") is None
+    assert field("\nrss 5", "rss") == 5  # found after a newline at the very start
     assert parse_int(" 42\n") == 42 and parse_int("") is None and parse_int("4 2") is None
 
 
@@ -206,9 +213,22 @@ def test_parsers_never_raise_and_return_their_types(text: str) -> None:
 
 
 def test_nofile_budget(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A quarter of the soft RLIMIT_NOFILE, at most 4096."""
+    """A quarter of the soft RLIMIT_NOFILE, at most 4096; none when the limit cannot be read."""
+    asked: list[int] = []
     for soft, want in ((1024, 256), (1_048_576, 4096), (16384, 4096), (16380, 4095), (3, 0)):
-        monkeypatch.setattr("nriplugin.kernel.stats.resource.getrlimit", lambda _r, s=soft: (s, s))
+
+        def getrlimit(which: int, s: int = soft) -> tuple[int, int]:
+            asked.append(which)
+            return s, s
+
+        monkeypatch.setattr("nriplugin.kernel.stats.resource.getrlimit", getrlimit)
         assert stats._nofile_budget() == want
+    assert set(asked) == {resource.RLIMIT_NOFILE}
     monkeypatch.setattr("nriplugin.kernel.stats.resource.getrlimit", lambda _r: (resource.RLIM_INFINITY, 0))
     assert stats._nofile_budget() == 4096
+
+    def broken(_r: int) -> tuple[int, int]:
+        raise OSError("no limits")
+
+    monkeypatch.setattr("nriplugin.kernel.stats.resource.getrlimit", broken)
+    assert stats._nofile_budget() == 0

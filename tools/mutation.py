@@ -45,6 +45,7 @@ NO_TESTS = {5, 33}
 # Survivors no test can kill: the mutated code behaves exactly as the original. Keyed by mutmut's
 # mutant name; the reason says why the behaviour is the same.
 _CG = "nriplugin.kernel.cgroup."
+_ST = "nriplugin.kernel.stats."
 _PERIOD = "the period only serves the exact-text shortcut; the quota is then compared decoded"
 _CACHE = "a cache of resolved directories (no effect on any result, only on how often paths are resolved)"
 EQUIVALENT: dict[str, str] = {
@@ -65,6 +66,22 @@ EQUIVALENT: dict[str, str] = {
     _CG + "xǁCgroupsǁmatches__mutmut_32": "split() of an io.max line: the kernel separates its fields by single spaces",
     _CG + "xǁCgroupsǁmatches__mutmut_37": "split() of an io.max line: the kernel separates its fields by single spaces",
     _CG + "xǁCgroupsǁwrite__mutmut_80": "`errno or 1` where errno is one of EINVAL/EPERM/EACCES/EOPNOTSUPP, never 0",
+    _ST + "x__psi_line__mutmut_4": "rpartition('=') of 'key=value': a field with a second '=' is refused either way",
+    _ST + "x__psi_line__mutmut_35": "also checks total_us for finite and >= 0, which the next test does anyway",
+    _ST + "x_field__mutmut_9": "rfind of a key: every key appears once in a kernel stat file",
+    _ST + "x_field__mutmut_30": "`end <= 0`: a newline is searched after the key, so it is never at 0",
+    _ST + "x_field__mutmut_31": "`end < 1`: a newline is searched after the key, so it is never at 0",
+    _ST + "x_parse_loadavg__mutmut_5": "maxsplit=2 instead of 1: only the first field is read",
+    _ST + "x_parse_meminfo__mutmut_2": "MemTotal starts at 1: the result exists only once MemTotal overwrote it",
+    _ST + "x_parse_meminfo__mutmut_6": "`found = None`: `None or x` is x, as `False or x` is",
+    _ST + "x_parse_pgscan__mutmut_5": "scans from the start instead of the first pgscan_ line: other lines are skipped anyway",
+    _ST + "x_parse_pgscan__mutmut_25": "rpartition(' ') of 'key value': one space",
+    _ST + "x_parse_psi_some_total__mutmut_10": "`total=` follows 'some ', so it is never at 0",
+    _ST + "x_parse_psi_some_total__mutmut_11": "`total=` follows 'some ', so it is never at 0",
+    _ST + "x_parse_psi_some_total__mutmut_14": "the first newline of a PSI file ends the some line, where total= is",
+    _ST + "x_parse_psi_some_total__mutmut_16": "the first newline of a PSI file ends the some line, where total= is",
+    _ST + "x_parse_psi_some_total__mutmut_24": "the newline is searched after total=, so it is never at 0",
+    _ST + "x_parse_psi_some_total__mutmut_25": "the newline is searched after total=, so it is never at 0",
     "nriplugin.features.memory_qos.x__request__mutmut_30": "`limit >= 0` after `limit and`: 0 is already false",
     "nriplugin.features.memory_qos.x__request__mutmut_35": "the source text returned with no request is never shown",
 }
