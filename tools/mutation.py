@@ -74,7 +74,7 @@ EQUIVALENT: dict[str, str] = {
     _ST + "x_parse_loadavg__mutmut_5": "maxsplit=2 instead of 1: only the first field is read",
     _ST + "x_parse_meminfo__mutmut_2": "MemTotal starts at 1: the result exists only once MemTotal overwrote it",
     _ST + "x_parse_meminfo__mutmut_6": "`found = None`: `None or x` is x, as `False or x` is",
-    _ST + "x_parse_pgscan__mutmut_5": "scans from the start instead of the first pgscan_ line: other lines are skipped anyway",
+    _ST + "x_parse_pgscan__mutmut_5": "scans from the start, not the first pgscan_ line: other lines are skipped",
     _ST + "x_parse_pgscan__mutmut_25": "rpartition(' ') of 'key value': one space",
     _ST + "x_parse_psi_some_total__mutmut_10": "`total=` follows 'some ', so it is never at 0",
     _ST + "x_parse_psi_some_total__mutmut_11": "`total=` follows 'some ', so it is never at 0",
