@@ -239,3 +239,11 @@ def test_demux_several_frames_unknown_conns_and_limits() -> None:
     zero = mux.Demultiplexer()
     with pytest.raises(ProtocolError, match=r"^mux frame for reserved conn 0$"):
         zero.feed(mux.HEADER.pack(0, 0))
+
+
+def test_defaults_of_requests_and_responses() -> None:
+    conn = ttrpc.Connection()
+    _, wire = conn.send_request("svc", "M", b"")
+    (msg,) = ttrpc.MessageDecoder().feed(wire)
+    assert ttrpc.decode_request(msg.payload).timeout_nano == 0 and msg.payload == b"\x0a\x03svc\x12\x01M"
+    assert conn.send_response(9) == ttrpc.encode_message(9, 2, b"")  # OK, empty: an empty envelope
