@@ -624,6 +624,11 @@ BAD_BATCH = [
     ('{"containers": [1]}', 'expected {"containers": {NAME: {...}}}'),
     (json.dumps({"containers": {N70: 5}}), f"containers.{N70[:64]} is not an object"),
     (json.dumps({"containers": {"m": {"limits": [1]}}}), "containers.m.limits is not an object"),
+    (json.dumps({"containers": {N70: {"limits": [1]}}}), f"containers.{N70[:64]}.limits is not an object"),
+    (
+        json.dumps({"containers": {N70: {"limits": {MEM: "-1"}}}}),
+        f"containers.{N70[:64]}.limits.{MEM}='-1' out of range",
+    ),
     (json.dumps({"containers": {"m": {"requests": "x"}}}), "containers.m.requests is not an object"),
     (
         json.dumps({"containers": {N70: {"requests": {CPU: "1x"}}}}),

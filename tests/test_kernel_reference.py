@@ -824,3 +824,12 @@ def test_cpulist_errors_and_wide_ids() -> None:
     long = "3-1," + "0," * 60
     with pytest.raises(ValueError, match=f"^bad cpu list {re.escape(repr(long.strip()[:80]))}$"):
         parse_cpulist(long)
+
+
+@pytest.mark.parametrize("name", ["cg X", "cg "])
+def test_the_root_is_taken_verbatim(tmp_path: Path, name: str) -> None:
+    root = v2_tree(tmp_path / name, [G])
+    cg = Cgroups(root)
+    assert cg.group_path(G) == f"{root}/{G}" and cg.group_path(G, checked=False) == f"{root}/{G}"
+    assert cg.write(G, "cpu.shares", 2, force=True).status == "written"
+    assert (root / G / "cpu.weight").read_text() == "1"

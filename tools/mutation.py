@@ -47,10 +47,24 @@ NO_TESTS = {5, 33}
 _CG = "nriplugin.kernel.cgroup."
 _ST = "nriplugin.kernel.stats."
 _PERIOD = "the period only serves the exact-text shortcut; the quota is then compared decoded"
+_SLOW = "takes the slow path (os.path.realpath of the whole path) more often: the same result"
 _CACHE = "a cache of resolved directories (no effect on any result, only on how often paths are resolved)"
 EQUIVALENT: dict[str, str] = {
     _CG + "x__read__mutmut_11": "reads 65537 bytes instead of 65536: every cgroup file is far smaller",
+    _CG + "xǁCgroupsǁ_dir__mutmut_2": f"never reads the cache: {_CACHE}",
     _CG + "xǁCgroupsǁ_dir__mutmut_3": f"never finds the cached directory: {_CACHE}",
+    _CG + "xǁCgroupsǁ_dir__mutmut_15": f"clears at 65536 entries instead of 65537: {_CACHE}",
+    _CG + "xǁCgroupsǁ_dir__mutmut_16": f"clears at 65538 entries instead of 65537: {_CACHE}",
+    _CG + "xǁCgroupsǁ_dir__mutmut_17": f"caches None, so always resolves again: {_CACHE}",
+    _CG + "xǁCgroupsǁ_contained__mutmut_1": f"never reads the cached real base: {_CACHE}",
+    _CG + "xǁCgroupsǁ_contained__mutmut_2": f"never finds the cached real base: {_CACHE}",
+    _CG + "xǁCgroupsǁ__post_init____mutmut_10": "the root '/' would be 'XX/XX': the cgroup root is never '/'",
+    _CG + "xǁCgroupsǁ_resolve__mutmut_3": _SLOW,
+    _CG + "xǁCgroupsǁ_resolve__mutmut_4": _SLOW,
+    _CG + "xǁCgroupsǁ_resolve__mutmut_6": _SLOW,
+    _CG + "xǁCgroupsǁ_resolve__mutmut_8": "a '' component is resolved as is; it cannot move a path out of its parent",
+    _CG + "xǁCgroupsǁ_resolve__mutmut_9": "a '.' component is resolved as is; it cannot move a path out of its parent",
+    _CG + "xǁCgroupsǁ_resolve__mutmut_23": "`link = None` where False was: both false",
     _CG + "xǁCgroupsǁ_file__mutmut_13": "v2's controller None instead of '': both mean the unified root",
     _CG + "xǁCgroupsǁ_resolve__mutmut_12": f"never reads the cache: {_CACHE}",
     _CG + "xǁCgroupsǁ_resolve__mutmut_13": f"never finds the cached parent: {_CACHE}",
