@@ -369,3 +369,23 @@ def test_the_schedulers_decision_is_taken_as_written(tmp_path: Path) -> None:
     assert assign(ctx) is None and ctx.cpus.generation == 1  # once
     other = lsr_ctx(tmp_path / "n", 200000, annotations={RESOURCE_STATUS: '{"numa": 1}'})
     assert assign(other) is None and other.cpus is not None and len(other.cpus.exclusive) == 1  # sized by quota
+
+
+def test_degenerate_topologies() -> None:
+    empty = CPUAllocator(Topology())
+    with pytest.raises(NoCapacity, match=r"^needs 2 whole core\(s\) for 2 CPU\(s\); 0 of 0 core\(s\) are free"):
+        empty.allocate("x", 2)
+    partial = CPUAllocator(Topology(online=[0, 1, 2], siblings={0: [0]}))  # 1 and 2 have no sibling list
+    assert partial.cores == [(0,), (1,), (2,)]
+
+
+def test_desired_needs_an_allocator_a_container_and_cpuset_files(tmp_path: Path) -> None:
+    for i, (has, alloc) in enumerate(((False, True), (True, False))):
+        ctx = lsr_ctx(tmp_path / str(i), None, qos="LS", has=has)
+        assert ctx.cpus is not None
+        ctx.cpus.claim("other", {0, 4})
+        if not alloc:
+            ctx = Context(ctx.pod, ctx.container, ctx.qos, ctx.policy, ctx.caps, None)
+        intent = Intent()
+        desired(ctx, intent)
+        assert intent.values == {}, i

@@ -96,6 +96,12 @@ EQUIVALENT: dict[str, str] = {
     _ST + "x_parse_psi_some_total__mutmut_16": "the first newline of a PSI file ends the some line, where total= is",
     _ST + "x_parse_psi_some_total__mutmut_24": "the newline is searched after total=, so it is never at 0",
     _ST + "x_parse_psi_some_total__mutmut_25": "the newline is searched after total=, so it is never at 0",
+    "nriplugin.features.cpuset.x_assign__mutmut_40": "`quota < 0` after `not quota`: 0 is already refused",
+    "nriplugin.features.cpuset.xǁCPUAllocatorǁ__post_init____mutmut_5": "an insertion-ordered set's dummy value",
+    "nriplugin.policy.model.x__seconds__mutmut_9": "one more pass at the end of the text: nothing matches there",
+    "nriplugin.nri.ttrpc.xǁConnectionǁsend_response__mutmut_15": (
+        "payload None in the oversize answer: protobuf leaves the field unset, as it does for b''"
+    ),
     "nriplugin.features.memory_qos.x__request__mutmut_30": "`limit >= 0` after `limit and`: 0 is already false",
     "nriplugin.features.memory_qos.x__request__mutmut_35": "the source text returned with no request is never shown",
 }
