@@ -777,7 +777,7 @@ class FakeLibc:
         return self
 
     def prctl(self, *args: object) -> int:
-        self.calls.append(args[:4])
+        self.calls.append((*args[:4], type(args[4]).__name__ if len(args) > 4 else None))
         ctypes.set_errno(self.err)
         return self.rc
 
@@ -786,6 +786,7 @@ class FakeLibc:
     ("rc", "err", "supported"),
     [
         (0, 0, True),
+        (0, errno.EINVAL, True),
         (-1, errno.EINVAL, False),
         (-1, errno.ENOSYS, False),
         (-1, errno.EPERM, True),
@@ -798,7 +799,9 @@ def test_core_sched_probe(monkeypatch: pytest.MonkeyPatch, rc: int, err: int, su
     libc = FakeLibc(rc, err)
     monkeypatch.setattr("nriplugin.kernel.probe.ctypes.CDLL", libc.dll)
     assert core_sched_supported() is supported
-    assert libc.calls == [(62, 0, 0, 0)] and libc.opened == {"name": None, "use_errno": True}
+    # the cookie is written through a pointer (CArgObject is ctypes.byref's type); on success
+    # errno keeps whatever an earlier call left there, so only a failed call's errno counts
+    assert libc.calls == [(62, 0, 0, 0, "CArgObject")] and libc.opened == {"name": None, "use_errno": True}
 
 
 def test_core_sched_probe_without_libc(monkeypatch: pytest.MonkeyPatch) -> None:

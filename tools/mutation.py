@@ -96,6 +96,7 @@ EQUIVALENT: dict[str, str] = {
     _ST + "x_parse_psi_some_total__mutmut_16": "the first newline of a PSI file ends the some line, where total= is",
     _ST + "x_parse_psi_some_total__mutmut_24": "the newline is searched after total=, so it is never at 0",
     _ST + "x_parse_psi_some_total__mutmut_25": "the newline is searched after total=, so it is never at 0",
+    "nriplugin.kernel.probe.x_core_sched_supported__mutmut_8": "the cookie's initial value: the kernel overwrites it",
     "nriplugin.features.cpuset.x_assign__mutmut_40": "`quota < 0` after `not quota`: 0 is already refused",
     "nriplugin.features.cpuset.xǁCPUAllocatorǁ__post_init____mutmut_5": "an insertion-ordered set's dummy value",
     "nriplugin.policy.model.x__seconds__mutmut_9": "one more pass at the end of the text: nothing matches there",
