@@ -282,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         for s in scores:
             print(f"{s.module}: {s.killed}/{s.counted} killed ({s.score:.1f} %)")
         if ns.write:
-            replace_section(ROOT / "BENCHMARKS.md", "mutation", section(scores, "python tools/mutation.py --write"))
+            how = "python tools/mutation.py --write` (run here as `--keep MODULE...` batches, then `--report --write"
+            replace_section(ROOT / "BENCHMARKS.md", "mutation", section(scores, how))
         return 1 if ns.check and any(s.score < THRESHOLD for s in scores) else 0
     if not ns.keep:
         shutil.rmtree(ROOT / "mutants", ignore_errors=True)
