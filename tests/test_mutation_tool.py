@@ -35,6 +35,6 @@ def test_names_and_scores() -> None:
     assert tool.short("nriplugin.kernel.stats.x_field__mutmut_9") == "field #9"
     s = tool.Score("m.py", total=10, killed=8, at_import=["a"])
     assert s.counted == 9 and round(s.score, 1) == 88.9
-    text = tool.section([s], "cmd")
+    text = tool.section([s], "`cmd`")
     assert text.startswith("<!-- mutation:begin -->") and text.rstrip().endswith("<!-- mutation:end -->")
     assert "| `m.py` | 10 | 8 | 0 (0) | 0 | 1 | 88.9 % | 0 s |" in text

@@ -228,13 +228,14 @@ def section(scores: list[Score], command: str) -> str:
         "<!-- mutation:begin -->",
         "## Mutation score of the pure modules (`tools/mutation.py`)",
         "",
-        f"`{command}` — mutmut {version}, unit tests only (`[tool.mutmut]` in pyproject.toml: no",
+        f"{command} — mutmut {version}, unit tests only (`[tool.mutmut]` in pyproject.toml: no",
         "containerd, no Go peers), one module at a time, on this 2-core machine shared with other",
         "work. Score = killed / mutants: a survivor counts against it even where it is explained as",
         "equivalent below, and so does a mutant no test reaches. mutmut 3 mutates function bodies,",
         "not module-level tables: the `RESOURCES` range table and the protocol constants are pinned",
         "by reference tables instead (`tests/*_reference.py`). Mutants of a function that runs only",
         "at import cannot be switched on by mutmut: they are listed apart and not counted.",
+        f"Run as {'root: the tests on the real cgroup tree ran too' if os.geteuid() == 0 else 'an unprivileged user'}.",
         "",
         "| module | mutants | killed | survived (equivalent) | no test | at import | score | time |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -282,13 +283,13 @@ def main(argv: list[str] | None = None) -> int:
         for s in scores:
             print(f"{s.module}: {s.killed}/{s.counted} killed ({s.score:.1f} %)")
         if ns.write:
-            how = "python tools/mutation.py --write` (run here as `--keep MODULE...` batches, then `--report --write"
+            how = "`python tools/mutation.py --write` (run here as `--keep MODULE...` batches, then `--report --write`)"
             replace_section(ROOT / "BENCHMARKS.md", "mutation", section(scores, how))
         return 1 if ns.check and any(s.score < THRESHOLD for s in scores) else 0
     if not ns.keep:
         shutil.rmtree(ROOT / "mutants", ignore_errors=True)
     (ROOT / "mutants").mkdir(exist_ok=True)
-    command = "python tools/mutation.py --write" + (" " + " ".join(ns.modules) if ns.modules else "")
+    command = "`python tools/mutation.py --write" + (" " + " ".join(ns.modules) if ns.modules else "") + "`"
     scores = []
     for module in modules:
         s = run_module(module, ns.max_children)
