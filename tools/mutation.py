@@ -223,7 +223,10 @@ def short(name: str) -> str:
 
 
 def section(scores: list[Score], command: str) -> str:
-    version = metadata.version("mutmut")
+    try:
+        version = metadata.version("mutmut")
+    except metadata.PackageNotFoundError:  # reporting only (tests): mutmut runs need it installed
+        version = "(not installed)"
     lines = [
         "<!-- mutation:begin -->",
         "## Mutation score of the pure modules (`tools/mutation.py`)",
