@@ -31,6 +31,7 @@ V2_FILES = {
     "memory.max": "max",
     "memory.oom.group": "0",
     "io.weight": "default 100",
+    "io.max": "",
 }
 
 

@@ -172,8 +172,8 @@ REAL = Path("/sys/fs/cgroup")
 
 @pytest.mark.skipif(os.geteuid() != 0 or not (REAL / "cpu" / "cpu.shares").exists(), reason="needs root + cgroup v1")
 def test_real_cgroup_v1(tmp_path: Path) -> None:
-    """On this machine's real cpu controller: writes land, the kernel's own EINVAL for a value
-    it rejects is 'rejected' (the feature exists), and nothing is left behind."""
+    """On this machine's real cpu controller: writes land, read back, match, and nothing is left
+    behind."""
     group = f"nriplugin-test-{os.getpid()}"
     d = REAL / "cpu" / group
     d.mkdir()
@@ -183,11 +183,7 @@ def test_real_cgroup_v1(tmp_path: Path) -> None:
         assert (d / "cpu.shares").read_text().strip() == "3"
         assert cg.write(group, "cpu.cfs_quota_us", 20000).status == "written"
         assert cg.read(group, "cpu.cfs_quota_us") == 20000
-        if cg.supported("cpu.cfs_burst_us"):
-            assert cg.write(group, "cpu.cfs_burst_us", 10000).status == "written"
-            bad = cg.write(group, "cpu.cfs_burst_us", 50000)  # burst above quota: the kernel says EINVAL
-            assert bad.status == "rejected" and bad.errno == 22
-            assert "cpu.cfs_burst_us" not in cg.unsupported
+        assert cg.matches(group, "cpu.cfs_quota_us", 20000) and not cg.matches(group, "cpu.cfs_quota_us", 30000)
         assert cg.write(group, "cpu.bvt_warp_ns", 1).status == "unsupported"  # not an Anolis kernel
     finally:
         d.rmdir()
@@ -211,3 +207,23 @@ def test_inotify_usage_counts_our_watches_against_the_user_limit(tmp_path: Path)
     finally:
         ino.close()
     assert watches_of(os.getpid()) == before
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not (REAL / "cpu" / "cpu.cfs_burst_us").exists(),
+    reason="needs root + cgroup v1 with CFS burst",
+)
+def test_real_burst_above_quota_is_rejected_not_unsupported() -> None:
+    """The kernel's own EINVAL for a burst above the quota: 'rejected' (the feature exists)."""
+    group = f"nriplugin-test-burst-{os.getpid()}"
+    d = REAL / "cpu" / group
+    d.mkdir()
+    try:
+        cg = Cgroups(REAL)
+        assert cg.write(group, "cpu.cfs_quota_us", 20000).status == "written"
+        assert cg.write(group, "cpu.cfs_burst_us", 10000).status == "written"
+        bad = cg.write(group, "cpu.cfs_burst_us", 50000)
+        assert bad.status == "rejected" and bad.errno == 22
+        assert "cpu.cfs_burst_us" not in cg.unsupported and cg.read(group, "cpu.cfs_burst_us") == 10000
+    finally:
+        d.rmdir()

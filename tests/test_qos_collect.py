@@ -670,28 +670,20 @@ def _many(root: Path, n: int, write: bool = True) -> Node:
     return node
 
 
-def _time(fn: object, rounds: int) -> float:
-    assert callable(fn)
-    fn()
-    t0 = time.perf_counter()
-    for _ in range(rounds):
-        fn()
-    return (time.perf_counter() - t0) / rounds
-
-
-def test_figures_200_containers_fake_tree(tmp_path: Path) -> None:
+def test_200_containers_fake_tree_are_all_counted(tmp_path: Path) -> None:
+    """Every one of 200 containers is counted in a round, and again in the next (its kept files
+    read anew); how long a round takes is measured in bench/qos.py, not here."""
     root = v1_tree(tmp_path / "cg")
     node = _many(root, 200)
     col = Collector(node.model, node.desired, Cgroups(root))  # this machine's /proc
-    per_round = _time(col.sample, 50)
-    per_fast = _time(col.fast, 2000)
-    s = col.sample()
-    assert sum(u.containers for u in s.by_class.values()) == 200
-    print(f"\nfake v1 tree, 200 containers: sample() {per_round * 1e3:.2f} ms, fast() {per_fast * 1e6:.0f} µs")
+    for _ in range(2):
+        s = col.sample()
+        assert sum(u.containers for u in s.by_class.values()) == 200
+    col.fast()
 
 
 @real_v1
-def test_figures_200_containers_real_tree() -> None:
+def test_200_containers_real_tree_are_all_counted() -> None:
     top = f"nriplugin-ctest-{os.getpid()}"
     node = _node(ROOT)
     for i in range(200):
@@ -701,12 +693,9 @@ def test_figures_200_containers_real_tree() -> None:
         node.model.container_started(pod, c)
     try:
         col = Collector(node.model, node.desired, Cgroups(ROOT))
-        per_round = _time(col.sample, 20)
         s = col.sample()
         assert sum(u.containers for u in s.by_class.values()) == 200
-        print(
-            f"\nreal v1 tree, 200 containers: sample() {per_round * 1e3:.2f} ms (collect {s.collect_seconds * 1e3:.2f})"
-        )
+        assert s.collect_seconds > 0
     finally:
         _rmgroups(top)
 

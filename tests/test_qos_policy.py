@@ -8,9 +8,19 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from nriplugin.policy.cache import PolicyError, RuleCache, parse
-from nriplugin.policy.model import PLUGINS, CPUPressure, Policy, QoSManager
+from nriplugin.policy.model import (
+    PLUGINS,
+    CPUPressure,
+    NodeSLOError,
+    Policy,
+    QoSManager,
+    _cores,
+    _seconds,
+    from_document,
+)
 from nriplugin.qos.levels import Assessor, Level, thresholds_of
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "policy.yaml"
@@ -210,3 +220,92 @@ def test_example_policy_loads_and_does_not_pin_the_profile() -> None:
     # Switching the example's profile moves the profile's fields: it leaves them to the profile.
     lat, _ = parse(text.replace("profile: balanced", "profile: latency-first"))
     assert lat.qosManager == qm("qosManager: {profile: latency-first}\n")
+
+
+# the model's own helpers, against the references they follow ----------------------------------
+
+
+def test_a_partial_policy_keeps_every_default_it_does_not_mention() -> None:
+    """Deep merge: naming beClass.memoryQOS must not reset beClass.cpuQOS to CPUQOS()."""
+    p, notes = from_document({"resourceQOSStrategy": {"beClass": {"memoryQOS": {"enable": True}}}})
+    be = p.resourceQOSStrategy.beClass
+    assert be.memoryQOS.enable and (be.cpuQOS.groupIdentity, be.cpuQOS.schedIdle) == (-1, 1) and notes == []
+    assert p.resourceQOSStrategy.lsClass.cpuQOS.groupIdentity == 2
+    slo = {"kind": "NodeSLO", "spec": {"resourceQOSStrategy": {"lsClass": {"cpuQOS": {"enable": False}}}}}
+    p, _ = from_document(slo)
+    assert not p.resourceQOSStrategy.lsClass.cpuQOS.enable and p.resourceQOSStrategy.beClass.cpuQOS.schedIdle == 1
+    with pytest.raises(ValidationError):
+        from_document({"features": 5})  # a scalar over a section: refused, not merged
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ([1], "a policy must be a mapping, got list"),
+        ("x", "a policy must be a mapping, got str"),
+    ],
+)
+def test_documents_that_are_not_mappings(doc: object, message: str) -> None:
+    with pytest.raises(TypeError, match=f"^{re.escape(message)}$"):
+        from_document(doc)
+
+
+def test_a_nodeslo_spec_that_is_not_a_mapping_is_refused_by_its_crd() -> None:
+    with pytest.raises(NodeSLOError, match=re.escape("spec: [1] is not of type 'object'")):
+        from_document({"kind": "NodeSLO", "spec": [1]})
+
+
+@pytest.mark.parametrize(
+    ("plugin", "section"),
+    [
+        ("CPUBurst", "cpuBurst"),
+        ("CPUSuppress", "cpuSuppress"),
+        ("CPUEvict", "cpuEvict"),
+        ("MemoryEvict", "memoryEvict"),
+    ],
+)
+def test_a_plugin_runs_only_with_its_section_enabled(plugin: str, section: str) -> None:
+    assert QoSManager().runs(plugin)
+    assert not QoSManager.model_validate({section: {"enabled": False}}).runs(plugin)
+    assert not QoSManager.model_validate({"enable": False}).runs(plugin)
+    assert QoSManager.model_validate({section: {"enabled": False}}).runs("NodeQOSResource")
+
+
+def test_suppress_ratio_by_level_is_clamped() -> None:
+    r = Policy().qosManager.cpuSuppress.suppressRatio
+    assert [r.of(level) for level in range(-2, 7)] == [1.0, 1.0, 1.0, 0.8, 0.5, 0.3, 0.1, 0.1, 0.1]
+
+
+@pytest.mark.parametrize(
+    ("value", "cores"), [("500m", 0.5), ("1.5", 1.5), ("2", 2.0), (" 250m ", 0.25), (3, 3), (0.5, 0.5)]
+)
+def test_cores_as_kubernetes_cpu_quantities(value: object, cores: float) -> None:
+    assert _cores(value) == cores
+
+
+def test_cores_and_durations_name_what_is_wrong() -> None:
+    with pytest.raises(ValueError, match=r"^expected cores, e\.g\. 0\.5 or 500m$"):
+        _cores(True)
+    long = "x" * 50
+    with pytest.raises(ValueError, match=f"^not a CPU quantity: {re.escape(repr(long[:40]))} "):
+        _cores(long)
+    with pytest.raises(ValueError, match=f"^not a duration: {re.escape(repr(long[:40]))} "):
+        _seconds(long)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("1m30s", 90.0),
+        ("500ms", 0.5),
+        ("1.5h", 5400.0),
+        ("2us", 2e-6),
+        ("2µs", 2e-6),
+        ("3ns", 3e-9),
+        (".5s", 0.5),
+        (7, 7),
+    ],
+)
+def test_durations_as_go_parses_them(text: object, seconds: float) -> None:
+    """Go's time.ParseDuration units (ns, us/µs, ms, s, m, h), concatenated."""
+    assert _seconds(text) == pytest.approx(seconds)

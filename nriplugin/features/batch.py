@@ -1,8 +1,9 @@
 """Batch resources: BE containers sized from Koordinator's ``kubernetes.io/batch-cpu`` (in
 milli-cores) and ``kubernetes.io/batch-memory`` in ``node.koordinator.sh/extended-resource-spec``.
 
-shares = clamp(request * 1024 / 1000, 2, 262144); quota = limit * 100 µs per 100 ms period
-(-1 without a limit); memory limit = batch-memory limit.
+shares = clamp(request * 1024 / 1000, 2, 262144); quota = max(limit * 100 µs, 1000) per 100 ms
+period (none without a limit, or with a limit of 0); memory limit = batch-memory limit. A pod's
+values are its containers' sums; its limit only when every container has one.
 """
 
 from __future__ import annotations
@@ -82,12 +83,13 @@ def pod_batch(ctx: Context) -> Limits | None:
     lim: dict[str, int] = {}
     per = list(parsed.values())
     for key in (BATCH_CPU, BATCH_MEMORY):
-        rs = [p[0][key] for p in per if p and key in p[0]]
+        rs = [p[0][key] for p in per if key in p[0]]
         if rs:
             req[key] = sum(rs)
-        ls = [p[1].get(key) for p in per if p]
-        if ls and all(v is not None for v in ls):
-            lim[key] = sum(v for v in ls if v is not None)
+        # Koordinator: the pod is unlimited once one container is (no limit, or a limit of 0).
+        ls = [p[1].get(key, 0) for p in per]
+        if all(v > 0 for v in ls):
+            lim[key] = sum(ls)
     return req, lim
 
 
@@ -106,7 +108,7 @@ def desired(ctx: Context, intent: Intent) -> None:
     if BATCH_CPU in req:
         shares = min(max(req[BATCH_CPU] * 1024 // 1000, 2), 262144)
         intent.set("cpu.shares", shares, f"batch-cpu request {req[BATCH_CPU]}m -> {shares} shares ({src})")
-    if BATCH_CPU in lim:
+    if lim.get(BATCH_CPU, 0) > 0:  # a limit of 0 is no limit (Koordinator: quota -1)
         quota = max(lim[BATCH_CPU] * PERIOD // 1000, 1000)
         intent.set("cpu.cfs_quota_us", quota, f"batch-cpu limit {lim[BATCH_CPU]}m -> {quota} us per {PERIOD} us")
         intent.set("cpu.cfs_period_us", PERIOD, "batch quota period")

@@ -46,7 +46,7 @@ def desired(ctx: Context, intent: Intent) -> None:
             continue
         io = block.ioCfg
         if io.ioWeightPercent is not None and ctx.has("blkio.weight"):
-            w = max(10, min(1000, io.ioWeightPercent * 10))
+            w = io.ioWeightPercent * 10  # the policy takes 1-100: blkio.weight's [10, 1000]
             intent.set("blkio.weight", w, f"{ctx.qos}: ioWeightPercent {io.ioWeightPercent}")
         for field, resource in THROTTLES:
             value = getattr(io, field)

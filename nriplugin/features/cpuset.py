@@ -45,7 +45,7 @@ class CPUAllocator:
         self.cores = list(cores)
 
     def taken(self) -> set[int]:
-        return set().union(*self.exclusive.values()) if self.exclusive else set()
+        return set().union(*self.exclusive.values())
 
     def share_pool(self) -> frozenset[int]:
         pool = self.online - self.taken() - self.reserved

@@ -124,6 +124,10 @@ DEVICE_RULES = {
     "blkio.throttle.read_iops_device": "riops",
     "blkio.throttle.write_iops_device": "wiops",
 }
+# Byte values the kernel keeps in pages (page_counter_memparse): they read back rounded down.
+PAGE_ROUNDED = frozenset(
+    ("memory.limit_in_bytes", "memory.min", "memory.low", "memory.high", "memory.soft_limit_in_bytes")
+)
 _DEVICE_RULE = re.compile(r"^([0-9]{1,4}):([0-9]{1,7}) ([0-9]{1,19})$")
 
 
@@ -273,7 +277,7 @@ class Cgroups:
             if resource == "blkio.weight" and text.startswith("default "):
                 text = text.split()[1]
             if text == "max":
-                return res.unlimited if res.unlimited is not None else -1
+                return -1  # every unlimited value is -1 (memory.low's "max" too)
             v = int(text)
             return res.from_v2(v) if res.from_v2 else v
         return int(text)
@@ -300,15 +304,14 @@ class Cgroups:
             dev, _, kv = want.partition(" ")
             return any(ln.split(" ")[0] == dev and kv in ln.split(" ")[1:] for ln in text.splitlines())
         res = RESOURCES[resource]
-        if res.lo is None or not isinstance(value, int):
-            return False
+        assert isinstance(value, int)  # the string resources were all compared above
         try:
             have = self.decode(resource, text)
         except ValueError:
             return False
         if res.unlimited is not None and value == res.unlimited:
             return have == res.unlimited or (isinstance(have, int) and have >= 2**62)
-        if resource.startswith("memory."):
+        if resource in PAGE_ROUNDED:
             return isinstance(have, int) and have == value // 4096 * 4096
         if self.version is Version.V2 and res.to_v2 is not None:
             return isinstance(have, int) and res.to_v2(have) == res.to_v2(value)
@@ -330,7 +333,7 @@ class Cgroups:
         try:
             path = self.file(group, resource)
         except KeyError as exc:
-            self._mark_unsupported(resource, str(exc))
+            self._mark_unsupported(resource, str(exc.args[0]))
             return Outcome("unsupported")
         if not path.parent.is_dir():
             return Outcome("missing", errno.ENOENT, f"cgroup {group} does not exist")

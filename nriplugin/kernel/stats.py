@@ -27,7 +27,7 @@ _CHUNK = 65536
 _LIMIT = 1 << 20  # no counter file is anywhere near this: a bound, not a size estimate
 
 
-def _pread_all(fd: int) -> str:
+def _pread_all(fd: int) -> str:  # pragma: no mutate block (file I/O, not a parser: tools/mutation.py)
     """Read from offset 0: a kernel seq file regenerates its text, so an fd kept open reads
     current values. One call suffices unless the buffer fills."""
     data = os.pread(fd, _CHUNK, 0)
@@ -56,7 +56,7 @@ def _nofile_budget() -> int:
     return max(0, min(4096, soft // 4))
 
 
-class OpenFiles:
+class OpenFiles:  # pragma: no mutate block (file I/O, not a parser: tools/mutation.py)
     """Counter files kept open between rounds: opening (the path walk) is most of a small
     file's cost, and the kernel regenerates a seq file on each read from offset 0 — a round
     of 200 containers costs about half as much.
@@ -393,7 +393,7 @@ def parse_v2_memory(current: str, memory_stat: str | None) -> MemStat | None:
 # reading ------------------------------------------------------------------------------------
 
 
-class Stats:
+class Stats:  # pragma: no mutate block (file I/O, not a parser: tools/mutation.py)
     """The counters of cgroups under ``cgroups.root`` and of the node under ``proc_root``.
 
     Every method returns None (or zeros) when its file is missing or unreadable."""

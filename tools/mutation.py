@@ -1,0 +1,312 @@
+"""The kept mutation score: run mutmut on the pure modules, one module at a time, and write the
+score of each to BENCHMARKS.md (section ``mutation``).
+
+Usage (from the checkout, with the test extra installed):
+
+    python tools/mutation.py [MODULE ...] [--max-children N] [--write] [--check] [--keep]
+    python tools/mutation.py --report --write    # the modules measured since mutants/ was rebuilt
+
+MODULE is a path listed in ``[tool.mutmut] only_mutate`` (default: all of them, in that order).
+mutmut's own configuration (which modules, which unit tests) is in pyproject.toml. A module's
+score is killed / mutants: a mutant no test reaches counts as surviving. The survivors that
+are equivalent (no test can tell them from the original: the behaviour is the same) are listed
+in ``EQUIVALENT`` with the reason; any other survivor is printed and listed as unexplained.
+``--check`` exits 1 when a module is below ``THRESHOLD`` % (not in CI by default: the run takes
+tens of minutes on two cores).
+
+The mutants directory (``mutants/``) is rebuilt at the start of every run, so a result never
+comes from an older version of a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.report import replace_section  # noqa: E402
+
+THRESHOLD = 90.0
+KILLED = {1, 3, 24, -24, 152, 255, 36}  # a failing test (or pytest error); SIGXCPU / timeout
+SURVIVED = {0}
+NO_TESTS = {5, 33}
+
+# Survivors no test can kill: the mutated code behaves exactly as the original. Keyed by mutmut's
+# mutant name; the reason says why the behaviour is the same.
+_CG = "nriplugin.kernel.cgroup."
+_ST = "nriplugin.kernel.stats."
+_PERIOD = "the period only serves the exact-text shortcut; the quota is then compared decoded"
+_SLOW = "takes the slow path (os.path.realpath of the whole path) more often: the same result"
+_CACHE = "a cache of resolved directories (no effect on any result, only on how often paths are resolved)"
+EQUIVALENT: dict[str, str] = {
+    _CG + "x__read__mutmut_11": "reads 65537 bytes instead of 65536: every cgroup file is far smaller",
+    _CG + "xǁCgroupsǁ_dir__mutmut_2": f"never reads the cache: {_CACHE}",
+    _CG + "xǁCgroupsǁ_dir__mutmut_3": f"never finds the cached directory: {_CACHE}",
+    _CG + "xǁCgroupsǁ_dir__mutmut_15": f"clears at 65536 entries instead of 65537: {_CACHE}",
+    _CG + "xǁCgroupsǁ_dir__mutmut_16": f"clears at 65538 entries instead of 65537: {_CACHE}",
+    _CG + "xǁCgroupsǁ_dir__mutmut_17": f"caches None, so always resolves again: {_CACHE}",
+    _CG + "xǁCgroupsǁ_contained__mutmut_1": f"never reads the cached real base: {_CACHE}",
+    _CG + "xǁCgroupsǁ_contained__mutmut_2": f"never finds the cached real base: {_CACHE}",
+    _CG + "xǁCgroupsǁ__post_init____mutmut_10": "the root '/' would be 'XX/XX': the cgroup root is never '/'",
+    _CG + "xǁCgroupsǁ_resolve__mutmut_3": _SLOW,
+    _CG + "xǁCgroupsǁ_resolve__mutmut_4": _SLOW,
+    _CG + "xǁCgroupsǁ_resolve__mutmut_6": _SLOW,
+    _CG + "xǁCgroupsǁ_resolve__mutmut_8": "a '' component is resolved as is; it cannot move a path out of its parent",
+    _CG + "xǁCgroupsǁ_resolve__mutmut_9": "a '.' component is resolved as is; it cannot move a path out of its parent",
+    _CG + "xǁCgroupsǁ_resolve__mutmut_23": "`link = None` where False was: both false",
+    _CG + "xǁCgroupsǁ_file__mutmut_13": "v2's controller None instead of '': both mean the unified root",
+    _CG + "xǁCgroupsǁ_resolve__mutmut_12": f"never reads the cache: {_CACHE}",
+    _CG + "xǁCgroupsǁ_resolve__mutmut_13": f"never finds the cached parent: {_CACHE}",
+    _CG + "xǁCgroupsǁ_resolve__mutmut_17": f"clears at 65536 entries instead of 65537: {_CACHE}",
+    _CG + "xǁCgroupsǁ_resolve__mutmut_18": f"clears at 65538 entries instead of 65537: {_CACHE}",
+    _CG + "xǁCgroupsǁ_resolve__mutmut_19": f"caches None, so always resolves again: {_CACHE}",
+    _CG + "xǁCgroupsǁ_resolve__mutmut_24": "realpath of a missing name under a resolved parent is that name",
+    _CG + "xǁCgroupsǁ_resolve__mutmut_26": "realpath of a non-link under a resolved parent is that name",
+    _CG + "xǁCgroupsǁdecode__mutmut_12": "rpartition of cpu.max's 'QUOTA PERIOD': the kernel writes exactly one space",
+    _CG + "xǁCgroupsǁmatches__mutmut_10": _PERIOD,
+    _CG + "xǁCgroupsǁmatches__mutmut_13": _PERIOD,
+    _CG + "xǁCgroupsǁmatches__mutmut_28": "rpartition of an encoded device rule: it has exactly one space",
+    _CG + "xǁCgroupsǁmatches__mutmut_32": "split() of an io.max line: the kernel separates its fields by single spaces",
+    _CG + "xǁCgroupsǁmatches__mutmut_37": "split() of an io.max line: the kernel separates its fields by single spaces",
+    _CG + "xǁCgroupsǁwrite__mutmut_80": "`errno or 1` where errno is one of EINVAL/EPERM/EACCES/EOPNOTSUPP, never 0",
+    _ST + "x__psi_line__mutmut_4": "rpartition('=') of 'key=value': a field with a second '=' is refused either way",
+    _ST + "x__psi_line__mutmut_35": "also checks total_us for finite and >= 0, which the next test does anyway",
+    _ST + "x_field__mutmut_9": "rfind of a key: every key appears once in a kernel stat file",
+    _ST + "x_field__mutmut_30": "`end <= 0`: a newline is searched after the key, so it is never at 0",
+    _ST + "x_field__mutmut_31": "`end < 1`: a newline is searched after the key, so it is never at 0",
+    _ST + "x_parse_loadavg__mutmut_5": "maxsplit=2 instead of 1: only the first field is read",
+    _ST + "x_parse_meminfo__mutmut_2": "MemTotal starts at 1: the result exists only once MemTotal overwrote it",
+    _ST + "x_parse_meminfo__mutmut_6": "`found = None`: `None or x` is x, as `False or x` is",
+    _ST + "x_parse_pgscan__mutmut_5": "scans from the start, not the first pgscan_ line: other lines are skipped",
+    _ST + "x_parse_pgscan__mutmut_25": "rpartition(' ') of 'key value': one space",
+    _ST + "x_parse_psi_some_total__mutmut_10": "`total=` follows 'some ', so it is never at 0",
+    _ST + "x_parse_psi_some_total__mutmut_11": "`total=` follows 'some ', so it is never at 0",
+    _ST + "x_parse_psi_some_total__mutmut_14": "the first newline of a PSI file ends the some line, where total= is",
+    _ST + "x_parse_psi_some_total__mutmut_16": "the first newline of a PSI file ends the some line, where total= is",
+    _ST + "x_parse_psi_some_total__mutmut_24": "the newline is searched after total=, so it is never at 0",
+    _ST + "x_parse_psi_some_total__mutmut_25": "the newline is searched after total=, so it is never at 0",
+    "nriplugin.kernel.probe.x_core_sched_supported__mutmut_8": "the cookie's initial value: the kernel overwrites it",
+    "nriplugin.features.cpuset.x_assign__mutmut_40": "`quota < 0` after `not quota`: 0 is already refused",
+    "nriplugin.features.cpuset.xǁCPUAllocatorǁ__post_init____mutmut_5": "an insertion-ordered set's dummy value",
+    "nriplugin.policy.model.x__seconds__mutmut_9": "one more pass at the end of the text: nothing matches there",
+    "nriplugin.nri.ttrpc.xǁConnectionǁsend_response__mutmut_15": (
+        "payload None in the oversize answer: protobuf leaves the field unset, as it does for b''"
+    ),
+    "nriplugin.features.memory_qos.x__request__mutmut_30": "`limit >= 0` after `limit and`: 0 is already false",
+    "nriplugin.features.memory_qos.x__request__mutmut_35": "the source text returned with no request is never shown",
+}
+
+
+# Functions that run only while their module is imported. mutmut imports the code once, before
+# it forks a process per mutant, and switches a mutant on when the function is called: a
+# function called only at import never runs mutated, so no test can kill its mutants. They are
+# listed, not counted; what such a function builds is pinned by the tests named here.
+IMPORT_TIME: dict[str, str] = {
+    "nriplugin.nri.ttrpc.x__envelope_classes": (
+        "builds the envelope message classes at import; their wire layout is pinned byte for byte "
+        "by tests/test_ttrpc_reference.py and against the vendored request.proto by tests/test_ttrpc.py"
+    ),
+}
+
+
+def import_time(name: str) -> str | None:
+    return IMPORT_TIME.get(name.rpartition("__mutmut_")[0])
+
+
+@dataclass
+class Score:
+    module: str
+    total: int = 0
+    killed: int = 0
+    survivors: list[str] = field(default_factory=list)
+    no_tests: list[str] = field(default_factory=list)
+    other: list[str] = field(default_factory=list)  # skipped, suspicious, not checked
+    at_import: list[str] = field(default_factory=list)  # in IMPORT_TIME functions: never run
+    seconds: float = 0.0
+
+    @property
+    def counted(self) -> int:
+        return self.total - len(self.at_import)
+
+    @property
+    def score(self) -> float:
+        return 100.0 * self.killed / self.counted if self.counted else 0.0
+
+    @property
+    def unexplained(self) -> list[str]:
+        return [m for m in self.survivors + self.no_tests + self.other if m not in EQUIVALENT]
+
+
+def configured_modules() -> list[str]:
+    conf = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
+    return list(conf["only_mutate"])
+
+
+def dotted(module: str) -> str:
+    return module.removesuffix(".py").replace("/", ".")
+
+
+def mutmut() -> list[str]:
+    exe = Path(sys.executable).with_name("mutmut")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "mutmut"]
+
+
+def run_module(module: str, max_children: int) -> Score:
+    """mutmut on one module's mutants (every one re-tested), then its results from the meta file."""
+    t0 = time.monotonic()
+    env = dict(os.environ, NRIPLUGIN_HYPOTHESIS_PROFILE="mutation")  # tests/conftest.py: fixed examples
+    cmd = [*mutmut(), "run", "--max-children", str(max_children), f"{dotted(module)}.*"]
+    with open(ROOT / "mutants" / "run.log", "a") as log:
+        log.write(f"\n$ {' '.join(cmd)}\n")
+        log.flush()
+        rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+    if rc != 0:
+        raise SystemExit(f"mutmut failed on {module} (exit {rc}); see mutants/run.log")
+    seconds = time.monotonic() - t0
+    record_time(module, seconds)
+    return read_score(module, seconds)
+
+
+TIMES = ROOT / "mutants" / "mutation-times.json"  # seconds per module, for --report
+
+
+def record_time(module: str, seconds: float) -> None:
+    times = json.loads(TIMES.read_text()) if TIMES.exists() else {}
+    times[module] = round(seconds, 1)
+    TIMES.write_text(json.dumps(times, indent=1))
+
+
+def measured() -> dict[str, float]:
+    """Modules run (to the end) since mutants/ was last rebuilt, with their run time."""
+    return json.loads(TIMES.read_text()) if TIMES.exists() else {}
+
+
+def read_score(module: str, seconds: float = 0.0) -> Score:
+    meta = json.loads((ROOT / "mutants" / f"{module}.meta").read_text())
+    s = Score(module, seconds=seconds)
+    for name, code in sorted(meta["exit_code_by_key"].items(), key=lambda kv: _order(kv[0])):
+        s.total += 1
+        if import_time(name) and code not in KILLED:
+            s.at_import.append(name)
+        elif code in KILLED:
+            s.killed += 1
+        elif code in SURVIVED:
+            s.survivors.append(name)
+        elif code in NO_TESTS:
+            s.no_tests.append(name)
+        else:
+            s.other.append(name)
+    return s
+
+
+def _order(name: str) -> tuple[str, int]:
+    head, _, n = name.rpartition("__mutmut_")
+    return head, int(n) if n.isdigit() else 0
+
+
+def short(name: str) -> str:
+    """``nriplugin.kernel.cgroup.xǁCgroupsǁmatches__mutmut_7`` -> ``Cgroups.matches #7``."""
+    head, _, n = name.rpartition("__mutmut_")
+    func = head.rsplit(".", 1)[-1].removeprefix("x_").replace("xǁ", "").replace("ǁ", ".")
+    return f"{func} #{n}" if n else func
+
+
+def section(scores: list[Score], command: str) -> str:
+    try:
+        version = metadata.version("mutmut")
+    except metadata.PackageNotFoundError:  # reporting only (tests): mutmut runs need it installed
+        version = "(not installed)"
+    lines = [
+        "<!-- mutation:begin -->",
+        "## Mutation score of the pure modules (`tools/mutation.py`)",
+        "",
+        f"{command} — mutmut {version}, unit tests only (`[tool.mutmut]` in pyproject.toml: no",
+        "containerd, no Go peers), one module at a time, on this 2-core machine shared with other",
+        "work. Score = killed / mutants: a survivor counts against it even where it is explained as",
+        "equivalent below, and so does a mutant no test reaches. mutmut 3 mutates function bodies,",
+        "not module-level tables: the `RESOURCES` range table and the protocol constants are pinned",
+        "by reference tables instead (`tests/*_reference.py`). Mutants of a function that runs only",
+        "at import cannot be switched on by mutmut: they are listed apart and not counted.",
+        f"Run as {'root: the tests on the real cgroup tree ran too' if os.geteuid() == 0 else 'an unprivileged user'}.",
+        "",
+        "| module | mutants | killed | survived (equivalent) | no test | at import | score | time |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for s in scores:
+        eq = sum(1 for m in s.survivors if m in EQUIVALENT)
+        lines.append(
+            f"| `{s.module}` | {s.total} | {s.killed} | {len(s.survivors)} ({eq}) | {len(s.no_tests)} | "
+            f"{len(s.at_import)} | {s.score:.1f} % | {s.seconds:.0f} s |"
+        )
+    lines += ["", "Surviving mutants (`mutmut show NAME` prints the diff):", ""]
+    any_listed = False
+    for s in scores:
+        for m in s.survivors + s.no_tests + s.other:
+            any_listed = True
+            why = EQUIVALENT.get(m, "**not explained**: a test is missing")
+            lines.append(f"- `{s.module}` `{short(m)}`: {why}")
+    if not any_listed:
+        lines.append("- none")
+    for fn, why in IMPORT_TIME.items():
+        n = sum(1 for s in scores for m in s.at_import if m.startswith(fn + "__mutmut_"))
+        if n:
+            lines.append(f"- not counted: {n} mutants of `{short(fn + '__mutmut_')}`, which {why}")
+    lines += ["<!-- mutation:end -->", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("modules", nargs="*", help="paths from [tool.mutmut] only_mutate (default: all)")
+    ap.add_argument("--max-children", type=int, default=max(1, (os.cpu_count() or 2) // 2))
+    ap.add_argument("--write", action="store_true", help="write the section into BENCHMARKS.md")
+    ap.add_argument("--check", action="store_true", help=f"exit 1 when a module is below {THRESHOLD:g} %%")
+    ap.add_argument("--keep", action="store_true", help="reuse mutants/ from an earlier run")
+    ap.add_argument("--report", action="store_true", help="run nothing: report every module run since the rebuild")
+    ns = ap.parse_args(argv)
+    known = configured_modules()
+    modules = ns.modules or known
+    unknown = [m for m in modules if m not in known]
+    if unknown:
+        ap.error(f"not in [tool.mutmut] only_mutate: {', '.join(unknown)}")
+    if ns.report:
+        done = measured()
+        scores = [read_score(m, done[m]) for m in known if m in done]
+        for s in scores:
+            print(f"{s.module}: {s.killed}/{s.counted} killed ({s.score:.1f} %)")
+        if ns.write:
+            how = "`python tools/mutation.py --write` (run here as `--keep MODULE...` batches, then `--report --write`)"
+            replace_section(ROOT / "BENCHMARKS.md", "mutation", section(scores, how))
+        return 1 if ns.check and any(s.score < THRESHOLD for s in scores) else 0
+    if not ns.keep:
+        shutil.rmtree(ROOT / "mutants", ignore_errors=True)
+    (ROOT / "mutants").mkdir(exist_ok=True)
+    command = "`python tools/mutation.py --write" + (" " + " ".join(ns.modules) if ns.modules else "") + "`"
+    scores = []
+    for module in modules:
+        s = run_module(module, ns.max_children)
+        scores.append(s)
+        print(f"{module}: {s.killed}/{s.counted} killed ({s.score:.1f} %) in {s.seconds:.0f} s", flush=True)
+        for m in s.unexplained:
+            print(f"  unexplained survivor: {m}", flush=True)
+        if ns.write:  # after every module: a long run that is stopped keeps what it measured
+            replace_section(ROOT / "BENCHMARKS.md", "mutation", section(scores, command))
+    low = [s.module for s in scores if s.score < THRESHOLD]
+    if low:
+        print(f"below {THRESHOLD:g} %: {', '.join(low)}", file=sys.stderr)
+    return 1 if ns.check and low else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
