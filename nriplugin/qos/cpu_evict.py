@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from .victims import Candidate, Plan, Release, rank_cpu
+from .victims import Candidates, Plan, Release, listed, rank_cpu
 
 RELEASE_FACTOR = 1.2  # the seed's 20 % buffer
 MIN_CORES = 0.001  # a pod using less than a millicore is idle: evicting it frees nothing
@@ -128,7 +128,7 @@ class CpuEvict:
         """An eviction went out: the cooldown starts."""
         self.last_evicted = t
 
-    def decide(self, f: CpuFacts, cands: list[Candidate]) -> Plan | None:
+    def decide(self, f: CpuFacts, cands: Candidates) -> Plan | None:
         cfg = self.cfg
         rel = emergency_release(f, cfg)
         if rel is None:
@@ -141,10 +141,10 @@ class CpuEvict:
         if self.last_evicted is not None and f.t - self.last_evicted < cfg.cooldown:
             return None
         if rel is not None:
-            victims = [c for c in rank_cpu(cands) if c.cpu_cores >= MIN_CORES]
+            victims = [c for c in rank_cpu(listed(cands)) if c.cpu_cores >= MIN_CORES]
             return Plan("CPUEvict", rel, victims, "cores") if victims else None
         if sat is not None:
-            victims = [c for c in rank_cpu(cands) if c.cpu_request_cores > 0]
+            victims = [c for c in rank_cpu(listed(cands)) if c.cpu_request_cores > 0]
             return Plan("CPUEvict", sat, victims, "request") if victims else None
         return None
 

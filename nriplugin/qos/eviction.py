@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -41,6 +42,7 @@ log = logging.getLogger("nriplugin.qos.evict")
 MIN_GAP = 0.05  # seconds between memory checks driven by events (pressure fires in storms)
 LADDER = (50.0, 60.0, 80.0, 90.0, 95.0)  # percent of node memory, besides the trigger
 POD_GROWTH_WINDOW = 60.0  # seconds over which a pod's growth is measured
+POD_READ_EVERY = 2.0  # seconds between reads of the BE pods' memory (for their growth)
 POD_GROWTH_MIN_SPAN = 4.0  # seconds of readings (two halves of 2 s) before a pod's growth counts
 
 
@@ -112,6 +114,8 @@ class Eviction:
         self._scheduled: asyncio.Handle | None = None
         self._last_check = -1.0
         self._pod_mem: dict[str, deque[tuple[float, int]]] = {}
+        self._pods_read_at = -math.inf  # when the BE pods' memory was last read
+        self._cands: list[Candidate] = []
         self.last_facts: MemoryFacts | None = None
         self.wakeups: deque[tuple[float, str]] = deque(maxlen=100)  # (t, what fired), for the bench
         self.plans: deque[tuple[float, Plan]] = deque(maxlen=20)
@@ -215,7 +219,9 @@ class Eviction:
             facts = cpu_facts(sample, cap, level, cpu_score, be_limit, be_target, qm.cpuSuppress.deadbandCores)
             self.cpu.cfg = self._cpu_config()
             if not self.evictor.busy("CPUEvict"):
-                plan = self.cpu.decide(facts, [c for c in self.candidates(memory=False) if self.evictor.eligible(c)])
+                plan = self.cpu.decide(
+                    facts, lambda: [c for c in self.candidates(memory=False) if self.evictor.eligible(c)]
+                )
                 if plan is not None:
                     self._submit(plan)
         if qm.runs("MemoryEvict"):
@@ -247,7 +253,18 @@ class Eviction:
         self.last_facts = facts
         if self.evictor.busy("MemoryEvict"):
             return facts
-        cands = [c for c in self.candidates(memory=True) if self.evictor.eligible(c)]
+        # Pods' memory is read for their growth (leaks) every POD_READ_EVERY seconds, and at
+        # once when MemoryEvict acts: not every BE pod's memory.stat on every round.
+        if now - self._pods_read_at >= POD_READ_EVERY:
+            self._pods_read_at = now
+            self._cands = self.candidates(memory=True)
+
+        def cands() -> list[Candidate]:
+            if self._pods_read_at != now:
+                self._pods_read_at = now
+                self._cands = self.candidates(memory=True)
+            return [c for c in self._cands if self.evictor.eligible(c)]
+
         plan = self.memory.decide(facts, cands)
         if plan is not None:
             log.info("MemoryEvict: %s", plan.release.why, extra={"trigger": plan.release.trigger})
@@ -284,6 +301,11 @@ class Eviction:
         for u in self.usage().values():
             cpu_by_pod[u.pod_id] = cpu_by_pod.get(u.pod_id, 0.0) + u.cpu_cores
         now = self.clock()
+        requests: dict[str, float] = {}  # pod id -> its containers' CPU requests (cores)
+        for _, c in self.model.containers():
+            if c.container is not None:
+                shares = c.container.linux.resources.cpu.shares.value
+                requests[c.pod.id] = requests.get(c.pod.id, 0.0) + (shares / 1024 if shares > 2 else 0.0)
         out: list[Candidate] = []
         groups: dict[str, str] = {}
         seen: set[str] = set()
@@ -313,7 +335,7 @@ class Eviction:
                     qos=QoSClass.BE,
                     priority=prio or 0,
                     cpu_cores=cpu_by_pod.get(pod.id, 0.0),
-                    cpu_request_cores=self._request_cores(pod.id),
+                    cpu_request_cores=requests.get(pod.id, 0.0),
                     freeable_bytes=anon,
                     growth_bytes_per_min=growth,
                     started=r.since,
@@ -341,15 +363,6 @@ class Eviction:
         if not t0 < t1 < t2:
             return 0.0
         return max(0.0, min((u1 - u0) / (t1 - t0), (u2 - u1) / (t2 - t1))) * 60.0
-
-    def _request_cores(self, pod_id: str) -> float:
-        total = 0.0
-        for _, r in self.model.containers():
-            if r.container is None or r.pod.id != pod_id:
-                continue
-            shares = r.container.linux.resources.cpu.shares.value
-            total += shares / 1024 if shares > 2 else 0.0
-        return total
 
     # policy -------------------------------------------------------------------------------------
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from .victims import LEAK_BYTES_PER_MIN, Candidate, Plan, Release, rank_memory
+from .victims import LEAK_BYTES_PER_MIN, Candidates, Plan, Release, listed, rank_memory
 
 RELEASE_FACTOR = 1.3  # the seed's 30 % buffer
 MiB = 1 << 20
@@ -146,13 +146,13 @@ class MemoryEvict:
         r2 = (a[1] - b[1]) / (a[0] - b[0])
         return max(0.0, min(r1, r2))
 
-    def decide(self, f: MemoryFacts, cands: list[Candidate]) -> Plan | None:
+    def decide(self, f: MemoryFacts, cands: Candidates) -> Plan | None:
         cfg = self.cfg
         rel = release(f, cfg)
         if rel is None:
             return None
         eta = seconds_to_limit(f)
-        ranked = rank_memory(cands, cfg.leak_bytes_per_min)
+        ranked = rank_memory(listed(cands), cfg.leak_bytes_per_min)
         plan = Plan(
             "MemoryEvict",
             rel,

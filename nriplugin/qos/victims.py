@@ -148,3 +148,12 @@ def fewest(cands: Iterable[Candidate], target: float, amount: Callable[[Candidat
         if freed >= target:
             return n
     return -1
+
+
+# The candidates, or a function that makes them: a strategy that does not act never asks, so a
+# round on a quiet node does not walk every BE pod.
+Candidates = Sequence[Candidate] | Callable[[], Sequence[Candidate]]
+
+
+def listed(cands: Candidates) -> Sequence[Candidate]:
+    return cands() if callable(cands) else cands
