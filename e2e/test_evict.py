@@ -104,8 +104,10 @@ def test_a_growing_be_pod_is_evicted_before_the_pods_root_runs_out(
     assert peak < 0.9 * GiB
     time.sleep(2)  # nothing else follows
     assert running(runtime, pods["ls"][1]) and running(runtime, pods["quiet"][1])
-    counted = 'nriplugin_qos_evictions_total{dry_run="false",reason="threshold",strategy="MemoryEvict"}'
-    assert plugin.metric(counted) == 1
+    # over the threshold, growing into the limit within seconds, or the kernel's critical
+    # pressure: which the agent sees first depends on timing; either way one MemoryEvict eviction
+    counted = 'nriplugin_qos_evictions_total{{dry_run="false",reason="{}",strategy="MemoryEvict"}}'
+    assert sum(plugin.metric(counted.format(r)) for r in ("threshold", "oom_risk", "pressure")) == 1
     assert plugin.metric_sum("nriplugin_qos_evictions_total") == 1
     assert "MemoryEvict" in plugin.logs() and "leaky" in plugin.logs()
 
