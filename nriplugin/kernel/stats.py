@@ -455,27 +455,18 @@ class Stats:  # pragma: no mutate block (file I/O, not a parser: tools/mutation.
         return None if usage is None else parse_v1_memory(usage, self.files.read(f"{d}/memory.stat", group))
 
     def working_set(self, group: str) -> WorkingSet | None:
-        """A group's usage, working set and limit, read now (not kept open: memory eviction
-        reads the pods root and a few pods on memory events, not every round)."""
+        """A group's usage, working set and limit, read now (memory eviction: the pods roots
+        every round and on memory events, BE pods every 2 s for their growth)."""
         d = self._dir(group, "memory")
         if d is None:
             return None
         names = ("memory.current", "memory.max") if self.v2 else ("memory.usage_in_bytes", "memory.limit_in_bytes")
         texts = []
         for name in (*names, "memory.stat"):
-            try:
-                fd = os.open(f"{d}/{name}", os.O_RDONLY | os.O_NOFOLLOW)
-            except OSError:
-                if name == "memory.stat":
-                    texts.append("")
-                    continue
+            text = self.files.read(f"{d}/{name}", group)  # kept open: eviction reads BE pods every 2 s
+            if text is None and name != "memory.stat":
                 return None
-            try:
-                texts.append(_pread_all(fd))
-            except OSError:
-                texts.append("")
-            finally:
-                os.close(fd)
+            texts.append(text or "")
         usage = parse_int(texts[0])
         if usage is None:
             return None
