@@ -112,6 +112,17 @@ def children(pid: int, marker: str = "nriplugin") -> list[int]:
     return out
 
 
+def build_script(name: str) -> Path:
+    """Run ``image/NAME`` (cached between runs by the script itself) with this interpreter and
+    return the path it prints last: the image archive, the bundle."""
+    env = {**os.environ, "PYTHON": sys.executable}
+    script = ROOT / "image" / name
+    r = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=1800)
+    if r.returncode != 0:
+        raise RuntimeError(f"image/{name} failed:\n{r.stderr[-4000:]}")
+    return Path(r.stdout.strip().splitlines()[-1])
+
+
 def terminate(proc: subprocess.Popen[bytes], timeout: float = 10) -> None:
     """SIGTERM our child, SIGKILL it if it has not exited within ``timeout``; reaped either way."""
     if proc.poll() is None:

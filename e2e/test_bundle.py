@@ -12,14 +12,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from e2e.conftest import alive, children, free_port, runtime_args, scrape
+from e2e.conftest import alive, build_script, children, free_port, runtime_args, scrape
 from e2e.harness import Containerd, read_cgroup
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,13 +27,7 @@ BE = {"koordinator.sh/qosClass": "BE"}
 
 @pytest.fixture(scope="session")
 def bundle(pkg_root: Path) -> Path:
-    env = {**os.environ, "PYTHON": sys.executable}
-    r = subprocess.run(
-        ["bash", str(ROOT / "image" / "bundle.sh")], capture_output=True, text=True, env=env, timeout=1800
-    )
-    if r.returncode != 0:
-        raise RuntimeError(f"image/bundle.sh failed:\n{r.stderr[-4000:]}")
-    return Path(r.stdout.strip().splitlines()[-1])
+    return build_script("bundle.sh")
 
 
 def descendants(pid: int) -> list[int]:

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -25,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from e2e.conftest import free_port
+from e2e.conftest import build_script, free_port
 from e2e.cri import msg
 from e2e.harness import Containerd, read_cgroup
 
@@ -38,14 +36,8 @@ NODE = 2  # CRI NamespaceMode NODE: the host's namespace
 @pytest.fixture(scope="session")
 def image_archive(pkg_root: Path) -> Path:
     """Build the image once per session (needs root: buildah, debootstrap)."""
-    env = {**os.environ, "PYTHON": sys.executable}
-    r = subprocess.run(
-        ["bash", str(ROOT / "image" / "build.sh")], capture_output=True, text=True, env=env, timeout=1800
-    )
-    if r.returncode != 0:
-        raise RuntimeError(f"image/build.sh failed:\n{r.stderr[-4000:]}")
-    archive = Path(r.stdout.strip().splitlines()[-1])
-    assert archive.is_file(), r.stdout
+    archive = build_script("build.sh")
+    assert archive.is_file(), archive
     return archive
 
 
