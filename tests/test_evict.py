@@ -287,56 +287,79 @@ def test_pending_releases_are_credited_until_the_victim_is_gone() -> None:
 
 def test_memory_check_reads_the_pods_root_and_evicts_the_leaking_be_pod(tmp_path: Path) -> None:
     """A tree laid out like the kernel's v1 memory hierarchy: a 1 GiB pods root at 75 %, an LS
-    pod and two BE pods, one of which grows; the check evicts the grower through the backend."""
+    pod and two BE pods, one of which grows. The collector's rounds give the pods' growth (no
+    reads of their own), and the check evicts the grower through the backend."""
     from nriplugin.kernel.cgroup import Cgroups
-    from nriplugin.kernel.stats import Stats
     from nriplugin.node import Node
     from nriplugin.policy.cache import RuleCache
+    from nriplugin.qos.collect import Collector
     from nriplugin.qos.eviction import Eviction
+    from nriplugin.qos.node_resource import capacity
     from tests.kernel_tree import v1_tree
     from tests.runtime_peer import make_container, make_pod
     from tests.test_features import caps
 
     pods = [make_pod(1, "LS"), make_pod(2, "BE"), make_pod(3, "BE")]
-    groups = ["kubepods", *[p.linux.cgroup_parent.lstrip("/") for p in pods]]
-    root = v1_tree(tmp_path, groups)
+    containers = [make_container(i, p) for i, p in enumerate(pods, 1)]
+    pod_groups = [p.linux.cgroup_parent.lstrip("/") for p in pods]
+    groups = ["kubepods", *pod_groups, *[c.linux.cgroups_path.lstrip("/") for c in containers]]
+    root = v1_tree(tmp_path, groups, extra={"cpuacct": {"cpuacct.usage": "0"}})
 
-    def memory(group: str, usage: int, rss: int, limit: int | None = None) -> None:
+    def memory(group: str, usage: int, limit: int | None = None) -> None:
         d = root / "memory" / group
         (d / "memory.usage_in_bytes").write_text(f"{usage}\n")
-        (d / "memory.stat").write_text(f"cache 0\nrss {rss}\ntotal_rss {rss}\ntotal_inactive_file 0\n")
+        (d / "memory.stat").write_text(f"cache 0\nrss {usage}\ntotal_rss {usage}\ntotal_inactive_file 0\n")
         if limit:
             (d / "memory.limit_in_bytes").write_text(f"{limit}\n")
 
+    def pod_memory(i: int, usage: int) -> None:  # the pod and its one container
+        memory(pod_groups[i], usage)
+        memory(containers[i].linux.cgroups_path.lstrip("/"), usage)
+
     rules = RuleCache()
-    node = Node.create(rules, caps=caps(), cgroups=Cgroups(root))
-    for i, p in enumerate(pods, 1):
-        node.model.container_started(p, make_container(i, p))
+    cg = Cgroups(root)
+    node = Node.create(rules, caps=caps(), cgroups=cg)
+    for p, c in zip(pods, containers, strict=True):
+        node.model.container_started(p, c)
     clock = Clock(100.0)
     backend = Scripted()
     ev = Evictor(runtime=backend, clock=clock)
-    cg = Cgroups(root)
-    evn = Eviction(node.model, node.desired, cg, Stats(cg), rules, ev, ["kubepods"], clock=clock)
+    coll = Collector(node.model, node.desired, cg, clock=clock, memory_every=2)
+    evn = Eviction(
+        node.model, node.desired, cg, coll.stats, rules, ev, ["kubepods"], usage=lambda: coll.by_container, clock=clock
+    )
     evn.meminfo_total = lambda: 8 * GiB
-    leak = pods[2].linux.cgroup_parent.lstrip("/")
-    memory(pods[0].linux.cgroup_parent.lstrip("/"), 300 * MiB, 300 * MiB)
-    memory(pods[1].linux.cgroup_parent.lstrip("/"), 250 * MiB, 250 * MiB)
+    pod_memory(0, 300 * MiB)
+    pod_memory(1, 250 * MiB)
+    reads: list[str] = []
+    real = coll.stats.working_set
+
+    def counted(group: str):  # type: ignore[no-untyped-def]
+        reads.append(group)
+        return real(group)
+
+    coll.stats.working_set = counted  # type: ignore[method-assign]
 
     async def run() -> None:
-        for step in range(6):  # the leak grows 10 MiB a second: 5 s of readings
+        for step in range(9):  # the leak grows 10 MiB a second; memory read every other round
             clock.t = 100.0 + step
-            memory(leak, (100 + 10 * step) * MiB, (100 + 10 * step) * MiB)
-            memory("kubepods", (600 + 10 * step) * MiB, (600 + 10 * step) * MiB, limit=GiB)
-            facts = evn.memory_check()
+            pod_memory(2, (100 + 10 * step) * MiB)
+            memory("kubepods", (600 + 10 * step) * MiB, limit=GiB)
+            sample = coll.sample()
+            assert sample.memory_read == (step % 2 == 0)
+            evn.after_round(sample, capacity(sample, 0.0), 0, 0.0, 0.0, None, 2.0)
+            facts = evn.last_facts
             assert facts is not None and facts.capacity == GiB
             assert not backend.calls  # under 70 % of 1 GiB: nothing yet
-        clock.t = 106.0
-        memory("kubepods", 780 * MiB, 780 * MiB, limit=GiB)  # over 70 %
-        memory(leak, 160 * MiB, 160 * MiB)
+        assert set(reads) == {"kubepods"}  # no pod group read while nothing is to be done
+        clock.t = 109.0
+        memory("kubepods", 780 * MiB, limit=GiB)  # over 70 %
+        pod_memory(2, 190 * MiB)
         evn.memory_check()
         await asyncio.sleep(0.01)  # the evictor's task
 
     asyncio.run(run())
+    coll.close()
     assert backend.calls == [(pods[2].name, 5)]  # the leaking pod, not the larger steady one
     assert pods[2].uid in ev.pending
 

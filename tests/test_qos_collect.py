@@ -736,6 +736,8 @@ def test_be_cpu_from_its_groups_and_its_containers_read_with_their_memory(v1: tu
         v1_counters(root, _group(ls1), usage_ns=k * 5 * 10**8)
         s = col.sample([be_group])
         assert s.usage("BE").cpu_cores == pytest.approx(2.0)
+        assert s.be_cpu_seconds == pytest.approx(k * 2.0)  # the counter itself, for the manager
+        assert s.memory_read == (k % 3 == 0)  # what eviction keeps pods' growth from
         assert s.usage("BE").containers == 1
         assert col.by_container[ls1.id].cpu_cores == pytest.approx(0.5)
         if k % 3 == 0:  # read with its memory: over the 3 s since its last reading

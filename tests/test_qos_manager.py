@@ -56,6 +56,7 @@ class Script:
                 "LS": ClassUsage(containers=1, cpu_cores=self.ls, cpu_request_cores=self.ls_request),
                 "BE": ClassUsage(containers=1, cpu_cores=self.be),
             },
+            be_cpu_seconds=self.be_seconds if be_groups else None,
         )
 
     def fast(self) -> FastSample:

@@ -190,6 +190,7 @@ class Collector:
         self._facts: dict[str, _Facts | None] = {}  # None: not collected (SYSTEM, unknown class)
         self._facts_rev = -1
         self._group_key = ""  # the counter of the BE groups read by the last round
+        self._be_seconds: float | None = None  # their CPU so far, as that round read it
 
     # the full round -----------------------------------------------------------------------------
 
@@ -226,7 +227,9 @@ class Collector:
             self._pgscan = scans
 
         mem = s.meminfo()
+        self._be_seconds = None
         be_group_cores = self._group_cores(t, be_groups) if be_groups else None
+        memory_read = self._rounds % self.memory_every == 0
         by_class, ls_growth = self._classes(t, be_group_cores is not None)
         if be_group_cores is not None and QoSClass.BE.value in by_class:
             by_class[QoSClass.BE.value] = replace(by_class[QoSClass.BE.value], cpu_cores=be_group_cores)
@@ -256,6 +259,8 @@ class Collector:
             pgscan_kswapd=kswapd,
             by_class=by_class,
             collect_seconds=time.perf_counter() - started,
+            be_cpu_seconds=self._be_seconds,
+            memory_read=memory_read,
         )
 
     def _group_cores(self, t: float, groups: Sequence[str]) -> float | None:
@@ -267,6 +272,7 @@ class Collector:
             if cpu is None:
                 return None
             total += cpu.usage_ns
+        self._be_seconds = total / 1e9
         self._group_key = GROUPS_KEY + ",".join(groups)
         d = self._counters.advance(self._group_key, t, (total,))
         return 0.0 if d is None else d[1][0] / 1e9 / d[0]
@@ -301,7 +307,7 @@ class Collector:
                 continue  # no usable path
             groups.add(group)
             before = self.by_container.get(key)
-            full = before is None or self._rounds % self.memory_every == 0
+            full = before is None or self._rounds % self.memory_every == 0  # see NodeSample.memory_read
             if be_from_groups and qos is QoSClass.BE and before is not None and not full:
                 a = acc.get(qos)
                 if a is None:

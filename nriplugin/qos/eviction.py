@@ -7,7 +7,9 @@ and handing their plans to the evictor.
   crossing one of a ladder of thresholds (50, 60, the trigger, 80, 90, 95 % of the node's
   memory), reclaim at ``critical`` pressure; ``memory.events`` and PSI on v2 — coalesced to at
   most one check per ``MIN_GAP``, and once per round as a safety net. A check reads only the
-  pods root(s) and the BE pods' groups (a few files each), not the whole collection.
+  pods root(s); the BE pods' groups are read when MemoryEvict acts. Each pod's growth (leaks)
+  is kept from the collector's rounds that read every container's memory
+  (:meth:`Eviction.observe_pods`), so the trend costs no reads of its own.
 
 Candidates come from the node model (pods and their QoS class), the round's per-container CPU,
 and priorities from the cluster (``Priorities``) or the ``koordinator.sh/priority`` label.
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -42,8 +43,7 @@ log = logging.getLogger("nriplugin.qos.evict")
 MIN_GAP = 0.05  # seconds between memory checks driven by events (pressure fires in storms)
 LADDER = (50.0, 60.0, 80.0, 90.0, 95.0)  # percent of node memory, besides the trigger
 POD_GROWTH_WINDOW = 60.0  # seconds over which a pod's growth is measured
-POD_READ_EVERY = 2.0  # seconds between reads of the BE pods' memory (for their growth)
-POD_GROWTH_MIN_SPAN = 4.0  # seconds of readings (two halves of 2 s) before a pod's growth counts
+POD_GROWTH_MIN_SPAN = 4.0  # seconds of readings (two halves) before a pod's growth counts
 
 
 class Classes(Protocol):
@@ -113,9 +113,7 @@ class Eviction:
         self._armed: dict[str, tuple[int, ...]] = {}  # root -> thresholds armed (bytes)
         self._scheduled: asyncio.Handle | None = None
         self._last_check = -1.0
-        self._pod_mem: dict[str, deque[tuple[float, int]]] = {}
-        self._pods_read_at = -math.inf  # when the BE pods' memory was last read
-        self._cands: list[Candidate] = []
+        self._pod_mem: dict[str, deque[tuple[float, int]]] = {}  # pod id -> (t, anon bytes)
         self.last_facts: MemoryFacts | None = None
         self.wakeups: deque[tuple[float, str]] = deque(maxlen=100)  # (t, what fired), for the bench
         self.plans: deque[tuple[float, Plan]] = deque(maxlen=20)
@@ -215,6 +213,8 @@ class Eviction:
         self.memory_score = memory_score
         qm = self.rules.policy.qosManager
         self._configure_evictor()
+        if sample.memory_read and qm.runs("MemoryEvict"):
+            self.observe_pods(sample.t)
         if qm.runs("CPUEvict"):
             facts = cpu_facts(sample, cap, level, cpu_score, be_limit, be_target, qm.cpuSuppress.deadbandCores)
             self.cpu.cfg = self._cpu_config()
@@ -253,17 +253,15 @@ class Eviction:
         self.last_facts = facts
         if self.evictor.busy("MemoryEvict"):
             return facts
-        # Pods' memory is read for their growth (leaks) every POD_READ_EVERY seconds, and at
-        # once when MemoryEvict acts: not every BE pod's memory.stat on every round.
-        if now - self._pods_read_at >= POD_READ_EVERY:
-            self._pods_read_at = now
-            self._cands = self.candidates(memory=True)
+        # The BE pods' own memory files are read only when MemoryEvict acts; their growth
+        # comes from the collector's readings (observe_pods).
+        read: list[Candidate] | None = None
 
         def cands() -> list[Candidate]:
-            if self._pods_read_at != now:
-                self._pods_read_at = now
-                self._cands = self.candidates(memory=True)
-            return [c for c in self._cands if self.evictor.eligible(c)]
+            nonlocal read
+            if read is None:
+                read = self.candidates(memory=True)
+            return [c for c in read if self.evictor.eligible(c)]
 
         plan = self.memory.decide(facts, cands)
         if plan is not None:
@@ -300,7 +298,6 @@ class Eviction:
         cpu_by_pod: dict[str, float] = {}
         for u in self.usage().values():
             cpu_by_pod[u.pod_id] = cpu_by_pod.get(u.pod_id, 0.0) + u.cpu_cores
-        now = self.clock()
         requests: dict[str, float] = {}  # pod id -> its containers' CPU requests (cores)
         for _, c in self.model.containers():
             if c.container is not None:
@@ -308,14 +305,12 @@ class Eviction:
                 requests[c.pod.id] = requests.get(c.pod.id, 0.0) + (shares / 1024 if shares > 2 else 0.0)
         out: list[Candidate] = []
         groups: dict[str, str] = {}
-        seen: set[str] = set()
         for key in self.model:
             r = self.model.get(key)
             if r is None or r.container is not None or self.desired.qos_of(key) is not QoSClass.BE:
                 continue
             pod = r.pod
             uid = pod.uid or pod.id
-            seen.add(uid)
             if r.group is not None:
                 groups[uid] = r.group
             anon, growth = 0, 0.0
@@ -323,7 +318,7 @@ class Eviction:
                 ws: WorkingSet | None = self.stats.working_set(r.group)
                 if ws is not None:
                     anon = ws.anon
-                    growth = self._pod_growth(uid, now, anon)
+                    growth = self._pod_growth(pod.id)
             prio = self.priorities.priority(uid) if self.priorities is not None else None
             if prio is None:
                 prio = label_priority(dict(pod.labels))
@@ -343,20 +338,31 @@ class Eviction:
                 )
             )
         self._pod_groups = groups
-        for uid in [u for u in self._pod_mem if u not in seen]:
-            del self._pod_mem[uid]  # the pod left: its readings go too
         return out
 
-    def _pod_growth(self, uid: str, t: float, anon: int) -> float:
+    def observe_pods(self, t: float) -> None:
+        """One point of each BE pod's anonymous memory (its containers' RSS) from the
+        collector's round that read every container's memory: the leak trend costs no reads
+        of its own. A pod with no running container left drops its points."""
+        rss: dict[str, int] = {}
+        for u in self.usage().values():
+            if u.qos is QoSClass.BE:
+                rss[u.pod_id] = rss.get(u.pod_id, 0) + u.rss_bytes
+        for pod_id in [p for p in self._pod_mem if p not in rss]:
+            del self._pod_mem[pod_id]
+        for pod_id, anon in rss.items():
+            pts = self._pod_mem.setdefault(pod_id, deque())
+            if not pts or t > pts[-1][0]:
+                pts.append((t, anon))
+            while len(pts) > 3 and t - pts[0][0] > POD_GROWTH_WINDOW:
+                pts.popleft()
+
+    def _pod_growth(self, pod_id: str) -> float:
         """A pod's sustained anonymous-memory growth in bytes per minute: the smaller of the
-        rates over the two halves of the last minute's readings, once they span
+        rates over the two halves of the last minute's points, once they span
         ``POD_GROWTH_MIN_SPAN`` seconds; a pod filling its memory as it starts is not a leak."""
-        pts = self._pod_mem.setdefault(uid, deque())
-        if not pts or t > pts[-1][0]:
-            pts.append((t, anon))
-        while len(pts) > 3 and t - pts[0][0] > POD_GROWTH_WINDOW:
-            pts.popleft()
-        if len(pts) < 3 or pts[-1][0] - pts[0][0] < POD_GROWTH_MIN_SPAN:
+        pts = self._pod_mem.get(pod_id)
+        if pts is None or len(pts) < 3 or pts[-1][0] - pts[0][0] < POD_GROWTH_MIN_SPAN:
             return 0.0
         (t0, u0), (t2, u2) = pts[0], pts[-1]
         t1, u1 = min(pts, key=lambda p: abs(p[0] - (t0 + t2) / 2))

@@ -262,8 +262,8 @@ class QoSManager:
         sample = self.collector.sample(self._groups)
         self.assess(sample)
         cap = capacity(sample, cfg.systemReserved.cpu)
-        be = self._be_round.update(sample.t, self._be_seconds())
-        if be is not None:  # the BE group's own counter: pods that just started count too
+        be = self._be_round.update(sample.t, sample.be_cpu_seconds)
+        if be is not None:  # the BE group's own counter (read once, by the collector): pods that just started count too
             cap = replace(cap, be_usage=be, non_be_usage=max(0.0, sample.cpu_busy_cores - be))
         # LS first (§7.6): bursts are granted, then BE is limited within what is left.
         if cfg.runs("CPUBurst"):

@@ -53,6 +53,8 @@ class NodeSample:
     pgscan_kswapd: int = 0
     by_class: dict[str, ClassUsage] = field(default_factory=dict)
     collect_seconds: float = 0.0  # how long the round took
+    be_cpu_seconds: float | None = None  # CPU used so far by BE's QoS-level groups (None: not read)
+    memory_read: bool = False  # every known container's memory was read in this round
 
     def usage(self, qos: str) -> ClassUsage:
         return self.by_class.get(qos, ClassUsage())
