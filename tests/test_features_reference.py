@@ -323,11 +323,12 @@ def kep2570_high(request: int, limit: int, percent: int) -> int:
         (100000, 300000, 33, 32768, 163840),  # page aligned, rounded down
         (1 << 30, 1 << 30, 100, 1 << 30, None),  # no room above the request: no memory.high
         (4096, 4096 * 3, 1, 0, 4096),
+        (1, 4097, 80, 0, None),  # under a page: no memory.high of 0 (it would throttle everything)
     ],
 )
 def test_memory_qos_formulas(req: int, limit: int, pct: int, low: int, high: int | None) -> None:
     request = req
-    assert kep2570_high(request, limit, pct) == (high if high is not None else kep2570_high(request, limit, pct))
+    assert kep2570_high(request, limit, pct) == (high if high else kep2570_high(request, limit, pct))
     pol = Policy.model_validate(
         {
             "resourceQOSStrategy": {

@@ -3,6 +3,7 @@
     memory.min  = request * minLimitPercent / 100
     memory.low  = request * lowLimitPercent / 100
     memory.high = request + throttlingPercent / 100 * (limit - request), page aligned
+                  (none when that rounds to 0: a high of 0 would throttle every allocation)
     memory.oom.group = oomKillGroup
 
 The request is what the runtime does not tell NRI: it is known for Guaranteed containers
@@ -51,6 +52,7 @@ def desired(ctx: Context, intent: Intent) -> None:
             intent.set("memory.soft_limit_in_bytes", v, f"{why}; v1 soft limit in place of memory.low")
     if cfg.throttlingPercent and limit and limit > request and ctx.has("memory.high"):
         v = (request + (limit - request) * cfg.throttlingPercent // 100) // PAGE * PAGE
-        intent.set("memory.high", v, f"request + {cfg.throttlingPercent}% of (limit - request)")
+        if v > 0:  # under a page rounds to 0, which would throttle every allocation: the limit alone
+            intent.set("memory.high", v, f"request + {cfg.throttlingPercent}% of (limit - request)")
     if cfg.oomKillGroup is not None and ctx.has("memory.oom.group"):
         intent.set("memory.oom.group", cfg.oomKillGroup, "oomKillGroup")
