@@ -4,6 +4,7 @@ on this machine's real cgroup v1 tree."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
@@ -23,6 +24,7 @@ from nriplugin.node import Node
 from nriplugin.nri import api_pb2 as api
 from nriplugin.qos.collect import Collector, busy_cores
 from nriplugin.qos.history import Counters, Series
+from nriplugin.qos.sample import NodeSample
 from tests.kernel_tree import proc_tree, v1_counters, v1_tree, v2_counters, v2_tree
 from tests.runtime_peer import make_container, make_pod
 from tests.test_features import caps
@@ -745,3 +747,57 @@ def test_be_cpu_from_its_groups_and_its_containers_read_with_their_memory(v1: tu
         else:  # the last reading stands (the first: none yet)
             assert col.by_container[be1.id].cpu_cores == (0.0 if k < 3 else pytest.approx(1.0))
     assert col.tracked == 3  # two containers and BE's group
+
+
+def test_sample_async_yields_between_chunks_and_equals_sample(
+    v1: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent's rounds yield to the event loop every CHUNK containers (a hook is not held up
+    behind a large node's round) and measure what the one-go round measures. The round reads
+    the containers the model had when it started: one that leaves between chunks is still
+    counted (its group readable) or skipped (gone), and is not in the next round."""
+    import nriplugin.qos.collect as collect
+
+    monkeypatch.setattr(collect, "CHUNK", 2)
+    root, proc = v1
+    node = _node(root)
+    pod = make_pod(1, "LS")
+    ctrs = [make_container(i, pod, shares=1024) for i in range(1, 8)]
+    for c in ctrs:
+        v1_counters(root, _group(c), usage_ns=10**9, memory=300 << 20, rss=100 << 20, cache=0)
+        node.model.container_started(pod, c)
+    clock = Clock()
+    one_go = Collector(node.model, node.desired, node.writer.cgroups, proc, clock=clock, memory_every=1)
+    chunked = Collector(node.model, node.desired, node.writer.cgroups, proc, clock=clock, memory_every=1)
+    one_go.sample()
+
+    async def both() -> tuple[NodeSample, int]:
+        await chunked.sample_async()
+        turns = 0
+
+        async def other() -> None:  # another callback (a hook) that wants the loop meanwhile
+            nonlocal turns
+            while True:
+                turns += 1
+                if turns == 2:  # the last container leaves the model mid-round
+                    node.model.container_removed(ctrs[-1].id)
+                await asyncio.sleep(0)
+
+        task = asyncio.ensure_future(other())
+        await asyncio.sleep(0)
+        clock.t += 1.0
+        for c in ctrs:
+            v1_counters(root, _group(c), usage_ns=2 * 10**9, memory=400 << 20, rss=200 << 20, cache=0)
+        s = await chunked.sample_async()
+        task.cancel()
+        return s, turns
+
+    s, turns = asyncio.run(both())
+    assert turns >= 3  # 7 containers in chunks of 2: the loop ran others between them
+    ref = one_go.sample()
+    assert s.usage("LS").cpu_cores == pytest.approx(7.0)  # 7 containers, a core each
+    assert s.usage("LS").rss_bytes == 7 * (200 << 20)
+    assert ref.usage("LS").cpu_cores == pytest.approx(6.0) and ref.usage("LS").containers == 6
+    clock.t += 1.0
+    assert chunked.sample().usage("LS").containers == 6  # the next round: the leaver is not read
+    assert 0 < s.collect_seconds < 1.0

@@ -59,6 +59,9 @@ class Script:
             be_cpu_seconds=self.be_seconds if be_groups else None,
         )
 
+    async def sample_async(self, be_groups: Sequence[str] = ()) -> NodeSample:
+        return self.sample(be_groups)
+
     def fast(self) -> FastSample:
         return FastSample(t=self.t, interval=0.1, cpu_busy_cores=self.ls + self.be)
 

@@ -7,16 +7,19 @@ on (SYSTEM and unknown pods are skipped, and cost nothing). Counters are turned 
 over the interval; per-container readings are kept only for keys the model still has, and the
 trend history is a set of fixed-size ring buffers, so memory stays flat under churn.
 
-Rounds are synchronous and short (a few sysfs reads per container): the manager calls them
-from its loop directly.
+A round is a few sysfs reads per container. The agent's loop drives it with
+:meth:`Collector.sample_async`, which yields to the event loop every ``CHUNK`` containers, so
+that an NRI hook never waits behind a whole round on a node with thousands of containers;
+:meth:`Collector.sample` runs the same steps in one go (tests, tools).
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple, Protocol
@@ -33,6 +36,7 @@ GROUPS_KEY = "groups:"  # the counters of QoS-level groups, next to the containe
 LS_CLASSES = frozenset({QoSClass.LSE, QoSClass.LSR, QoSClass.LS})
 DEFAULT_PERIOD_US = 100000  # the kernel's (and kubelet's) CFS period when none is requested
 MEMORY_EVERY = 5  # rounds between reads of a known container's memory files
+CHUNK = 256  # containers read between yields to the event loop (sample_async)
 
 # The trend series (see Collector.history): node CPU busy and node CPU minus BE's (cores); the
 # RSS of the latency-sensitive classes LSE+LSR+LS (bytes), and the same with arrivals and
@@ -195,11 +199,31 @@ class Collector:
     # the full round -----------------------------------------------------------------------------
 
     def sample(self, be_groups: Sequence[str] = ()) -> NodeSample:
-        """One round. With ``be_groups`` (the QoS-level groups that hold BE pods) BE's CPU is
-        their counters' (a pod that just started counts at once), and BE containers' own CPU is
-        read only with their memory (every ``memory_every`` rounds: what eviction ranks by):
-        half the reads of a round where half the containers are BE."""
+        """One round, in one go. With ``be_groups`` (the QoS-level groups that hold BE pods)
+        BE's CPU is their counters' (a pod that just started counts at once), and BE
+        containers' own CPU is read only with their memory (every ``memory_every`` rounds:
+        what eviction ranks by): half the reads of a round where half the containers are BE."""
+        steps = self._sample(be_groups)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+
+    async def sample_async(self, be_groups: Sequence[str] = ()) -> NodeSample:
+        """:meth:`sample`, yielding to the event loop every ``CHUNK`` containers. Its
+        ``collect_seconds`` is the reading's own time, not the waits between chunks."""
+        steps = self._sample(be_groups)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            await asyncio.sleep(0)
+
+    def _sample(self, be_groups: Sequence[str]) -> Generator[None, None, NodeSample]:
         started = time.perf_counter()
+        paused = 0.0  # time spent at yields (other callbacks' turn)
         self._rounds += 1
         t = self.clock()
         interval = 0.0 if self._t is None else max(0.0, t - self._t)
@@ -230,7 +254,16 @@ class Collector:
         self._be_seconds = None
         be_group_cores = self._group_cores(t, be_groups) if be_groups else None
         memory_read = self._rounds % self.memory_every == 0
-        by_class, ls_growth = self._classes(t, be_group_cores is not None)
+        steps = self._classes(t, be_group_cores is not None)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                by_class, ls_growth = done.value
+                break
+            left = time.perf_counter()
+            yield
+            paused += time.perf_counter() - left
         if be_group_cores is not None and QoSClass.BE.value in by_class:
             by_class[QoSClass.BE.value] = replace(by_class[QoSClass.BE.value], cpu_cores=be_group_cores)
 
@@ -258,7 +291,7 @@ class Collector:
             pgscan_direct=direct,
             pgscan_kswapd=kswapd,
             by_class=by_class,
-            collect_seconds=time.perf_counter() - started,
+            collect_seconds=time.perf_counter() - started - paused,
             be_cpu_seconds=self._be_seconds,
             memory_read=memory_read,
         )
@@ -277,10 +310,14 @@ class Collector:
         d = self._counters.advance(self._group_key, t, (total,))
         return 0.0 if d is None else d[1][0] / 1e9 / d[0]
 
-    def _classes(self, t: float, be_from_groups: bool = False) -> tuple[dict[str, ClassUsage], int]:
-        """Per-class sums, and the RSS growth of LS containers measured in the last round too.
-        ``be_from_groups``: BE's CPU comes from its groups; its containers' only every
-        ``memory_every`` rounds."""
+    def _classes(
+        self, t: float, be_from_groups: bool = False
+    ) -> Generator[None, None, tuple[dict[str, ClassUsage], int]]:
+        """Per-class sums, and the RSS growth of LS containers measured in the last round too;
+        a step (yield) every ``CHUNK`` containers. ``be_from_groups``: BE's CPU comes from its
+        groups; its containers' only every ``memory_every`` rounds. The containers are the
+        model's at the start: one that comes between steps is read next round, one that
+        leaves is skipped (its group is gone) and dropped with the next revision."""
         acc: dict[QoSClass, _Acc] = {}
         seen: set[str] = set()
         groups: set[str] = set()
@@ -291,7 +328,9 @@ class Collector:
             self._facts.clear()
             self._facts_rev = self.model.revision
         facts = self._facts
-        for key, r in self.model.containers():
+        for n, (key, r) in enumerate(list(self.model.containers()), 1):
+            if n % CHUNK == 0:
+                yield
             if r.state is not State.RUNNING:
                 continue  # CREATED: runc may still be building its cgroup
             if key in facts:

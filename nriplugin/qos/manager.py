@@ -52,6 +52,7 @@ class Collector(Protocol):
     @property
     def by_container(self) -> Mapping[str, ContainerUsage]: ...
     def sample(self, be_groups: Sequence[str] = ()) -> NodeSample: ...
+    async def sample_async(self, be_groups: Sequence[str] = ()) -> NodeSample: ...
     def fast(self) -> FastSample: ...
     def group_cpu_seconds(self, group: str) -> float | None: ...
     def pressure_path(self, group: str) -> str | None: ...
@@ -231,7 +232,7 @@ class QoSManager:
                 now = time.monotonic()
                 if now >= next_round or self._wake.is_set():
                     self._wake.clear()
-                    self.round()
+                    await self.round_async()
                     next_round = now + self._sync_period()
                 else:
                     self.fast_round()
@@ -251,19 +252,35 @@ class QoSManager:
     # rounds -----------------------------------------------------------------------------------
 
     def round(self) -> None:
-        t0 = time.perf_counter()
-        cfg = self.rules.policy.qosManager
-        if not cfg.enable:
+        """One full round, its collection in one go (tests, tools)."""
+        if self._prepare():
+            self._decide(self.collector.sample(self._groups))
+
+    async def round_async(self) -> None:
+        """One full round; the collection yields to the event loop between chunks of
+        containers (the agent's loop: hooks are not held up by a large node's round)."""
+        if self._prepare():
+            self._decide(await self.collector.sample_async(self._groups))
+
+    def _prepare(self) -> bool:
+        """False when the manager is off (its overlays withdrawn)."""
+        if not self.rules.policy.qosManager.enable:
             self.withdraw_all("the QoS manager is disabled")
-            return
+            return False
         if self.model.revision != self._groups_rev:  # pods came or went
             self._groups, self._groups_rev = be_groups(self.model, self.desired), self.model.revision
             self.watch_ls_pressure()
-        sample = self.collector.sample(self._groups)
+        return True
+
+    def _decide(self, sample: NodeSample) -> None:
+        """Assess and act on a round's sample. Its latency is the collection's own time plus
+        this (not the waits between collection chunks)."""
+        t0 = time.perf_counter()
+        cfg = self.rules.policy.qosManager
         self.assess(sample)
         cap = capacity(sample, cfg.systemReserved.cpu)
         be = self._be_round.update(sample.t, sample.be_cpu_seconds)
-        if be is not None:  # the BE group's own counter (read once, by the collector): pods that just started count too
+        if be is not None:  # BE's group counter (read by the collector): pods just started count too
             cap = replace(cap, be_usage=be, non_be_usage=max(0.0, sample.cpu_busy_cores - be))
         # LS first (§7.6): bursts are granted, then BE is limited within what is left.
         if cfg.runs("CPUBurst"):
@@ -282,7 +299,7 @@ class QoSManager:
                 sample, cap, self.level, self.cpu.score, self.memory.score, self.limiter.current, target
             )
         self._non_be = cap.non_be_usage
-        self.observer.round_done(time.perf_counter() - t0, sample.collect_seconds)
+        self.observer.round_done(time.perf_counter() - t0 + sample.collect_seconds, sample.collect_seconds)
 
     def fast_round(self) -> None:
         """Between rounds: node CPU and BE's usage only; decide now if non-BE usage jumped."""
