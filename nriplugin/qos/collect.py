@@ -146,6 +146,15 @@ def _pressure(prev: Psi | None, now: Psi | None) -> Pressure:
     )
 
 
+def _run(steps: Generator[None, None, NodeSample]) -> NodeSample:
+    """Run a round's steps in one go."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+
 class Collector:
     """Measures the node and the QoS classes of the containers ``model`` knows.
 
@@ -203,12 +212,7 @@ class Collector:
         BE's CPU is their counters' (a pod that just started counts at once), and BE
         containers' own CPU is read only with their memory (every ``memory_every`` rounds:
         what eviction ranks by): half the reads of a round where half the containers are BE."""
-        steps = self._sample(be_groups)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
+        return _run(self._sample(be_groups))
 
     async def sample_async(self, be_groups: Sequence[str] = ()) -> NodeSample:
         """:meth:`sample`, yielding to the event loop every ``CHUNK`` containers. Its
