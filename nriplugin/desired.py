@@ -264,6 +264,10 @@ class DesiredState:
         self._cpusets[qos] = (ncpus, owner, reason)
         self.invalidate([k for k, _ in self.model.containers() if self.qos_of(k) is qos])
 
+    def capped(self, key: str) -> bool:
+        """Whether a class-wide CFS ceiling applies to ``key`` now (its class is suppressed)."""
+        return bool(self._caps) and self.qos_of(key) in self._caps
+
     def withdraw_ceiling(self, qos: QoSClass) -> None:
         if self._caps.pop(qos, None) is not None:
             self.invalidate([k for k in self.model if self.qos_of(k) is qos])

@@ -122,6 +122,9 @@ class QoSPlugin(Plugin):
             raise RuntimeError(f"refusing {pod.namespace}/{pod.name}/{container.name}: {exc}") from exc
         if intent is None:
             return None
+        if self._quota_at_start(container.id, intent):
+            intent = intent.copy()
+            intent.files.pop(("cpu.cfs_quota_us", ""), None)
         adj = api.ContainerAdjustment()
         if not to_resources(intent, self.cgroups, adj.linux.resources):
             return None
@@ -143,9 +146,25 @@ class QoSPlugin(Plugin):
         r = self.model.get(key)
         if intent is not None and r is not None and r.group is not None:
             v1 = self.cgroups.version is Version.V1  # on v2 NRI's unified carried all but devices
-            extra = [s for s in intent.settings() if s.device or (v1 and s.resource not in NRI_FIELDS)]
+            late = self._quota_at_start(key, intent)
+            extra = [
+                s
+                for s in intent.settings()
+                if s.device or (v1 and s.resource not in NRI_FIELDS) or (late and s.resource == "cpu.cfs_quota_us")
+            ]
             if extra:
                 self.writer.apply(r.group, extra, f"{pod.namespace}/{pod.name}/{container.name}")
+
+    def _quota_at_start(self, key: str, intent: Intent) -> bool:
+        """cgroup v1 refuses a child's quota above its parent's. While the container's class is
+        suppressed, its QoS-level group can be cut between CreateContainer's answer and runc
+        writing the quota (tens of ms), and runc would then fail the container (EINVAL): its
+        own finite quota is written at StartContainer instead, capped as the group is then.
+        Until then it runs in nothing (created, not started), so nothing escapes the limit."""
+        if self.cgroups.version is not Version.V1 or not self.desired.capped(key):
+            return False
+        q = intent.get("cpu.cfs_quota_us")
+        return isinstance(q, int) and q > 0
 
     def remove_container(self, pod: api.PodSandbox, container: api.Container) -> None:
         generation = self.desired.cpus.generation

@@ -236,6 +236,28 @@ def test_hot_reload(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+def test_v1_a_suppressed_be_containers_quota_is_written_at_start_not_at_birth(tmp_path: Path) -> None:
+    """While BE is suppressed, its group can be cut between CreateContainer's answer and runc
+    writing the quota, and cgroup v1 refuses a child's quota above its parent's (runc fails the
+    container): the quota leaves the adjustment and is written at StartContainer, capped as
+    the group is then. Without suppression it is born with it, as always."""
+    be = make_pod(1, "BE")
+    be.annotations[SPEC] = BATCH  # batch-cpu limit 1k milli-cores -> quota 100000
+    ctr, ctr2 = make_container(1, be), make_container(2, be)
+    groups = [c.linux.cgroups_path.lstrip("/") for c in (ctr, ctr2)]
+    root = v1_tree(tmp_path, [be.linux.cgroup_parent.lstrip("/"), *groups])
+    p = QoSPlugin(Node.create(RuleCache(), caps=caps(), cgroups=Cgroups(root)))
+    adj = p.create_container(be, ctr)
+    assert isinstance(adj, api.ContainerAdjustment) and adj.linux.resources.cpu.quota.value == 100000
+    p.desired.set_ceiling(QoSClass.BE, 0.8, "cpu-suppress", "test")
+    adj = p.create_container(be, ctr2)
+    assert isinstance(adj, api.ContainerAdjustment)
+    assert not adj.linux.resources.cpu.HasField("quota") and adj.linux.resources.cpu.shares.value == 512
+    p.desired.set_ceiling(QoSClass.BE, 0.3, "cpu-suppress", "test")  # cut before runc writes
+    p.start_container(be, ctr2)
+    assert (root / "cpu" / groups[1] / "cpu.cfs_quota_us").read_text() == "30000"  # the cap now
+
+
 def test_plugin_writes_what_nri_cannot_carry(tmp_path: Path) -> None:
     """cgroup v1: cpu.idle for BE at StartContainer and on the pod at RunPodSandbox; burst for LS."""
     be = make_pod(1, "BE")

@@ -4,6 +4,7 @@ writes repaired within milliseconds, a stubborn writer detected as a fight."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import subprocess
 import threading
@@ -334,7 +335,8 @@ def test_limiting_the_be_group_below_a_pods_batch_limit_works_both_ways(qos_grou
     """cgroup v1 refuses a parent's quota below a child's (and a child's above its parent's):
     limiting BE's group to 0.3 cores while a BE pod has a 1-core batch limit lowers the pod and
     its container first, raising it back restores them after the group; a container born
-    meanwhile gets the ceiling in its adjustment. Nothing is left refused or retrying."""
+    meanwhile gets its quota at StartContainer, as the group is then (the group cut again in
+    between: the kernel refuses the birth value). Nothing is left refused or retrying."""
     from nriplugin.plugin import QoSPlugin
     from nriplugin.policy.qos import QoSClass
 
@@ -342,6 +344,8 @@ def test_limiting_the_be_group_below_a_pods_batch_limit_works_both_ways(qos_grou
     pod.annotations["node.koordinator.sh/extended-resource-spec"] = BATCH  # 1-core limit
     ctr = make_container(3, pod)
     rel = ctr.linux.cgroups_path.lstrip("/")
+    late = make_container(4, pod)
+    late_rel = late.linux.cgroups_path.lstrip("/")
     for c in ("cpu", "memory"):
         (ROOT / c / rel).mkdir(parents=True)
     cpu = ROOT / "cpu"
@@ -358,9 +362,16 @@ def test_limiting_the_be_group_below_a_pods_batch_limit_works_both_ways(qos_grou
         node.desired.set_overlay(group, "qos:cpuSuppress", {"cpu.cfs_quota_us": 30000}, "test")
         for g in (qos_group, f"{qos_group}/pod3", rel):
             assert (cpu / g / "cpu.cfs_quota_us").read_text().strip() == "30000", g
-        late = make_container(4, pod)
-        adj = plugin.create_container(pod, late)
-        assert adj is not None and not isinstance(adj, tuple) and adj.linux.resources.cpu.quota.value == 30000
+        adj = plugin.create_container(pod, late)  # born while BE is limited: no quota at birth
+        assert adj is not None and not isinstance(adj, tuple) and not adj.linux.resources.cpu.HasField("quota")
+        (cpu / late_rel).mkdir()  # runc creates its cgroup; then the group is cut further
+        node.desired.set_ceiling(QoSClass.BE, 0.2, "qos:cpuSuppress", "test")
+        node.desired.set_overlay(group, "qos:cpuSuppress", {"cpu.cfs_quota_us": 20000}, "test")
+        with pytest.raises(OSError) as refused:  # what runc's write of the birth value meets
+            (cpu / late_rel / "cpu.cfs_quota_us").write_text("30000")
+        assert refused.value.errno == errno.EINVAL
+        plugin.start_container(pod, late)  # written now, as the group is
+        assert (cpu / late_rel / "cpu.cfs_quota_us").read_text().strip() == "20000"
         node.desired.set_overlay(group, "qos:cpuSuppress", {"cpu.cfs_quota_us": 150000}, "test")
         node.desired.withdraw_ceiling(QoSClass.BE)  # the group rose first: its children may follow
         assert (cpu / qos_group / "cpu.cfs_quota_us").read_text().strip() == "150000"
@@ -369,6 +380,8 @@ def test_limiting_the_be_group_below_a_pods_batch_limit_works_both_ways(qos_grou
         assert r.full_pass() == 0
         assert not [f for f in r.files.values() if f.refused and f.retry is not None]
     finally:
+        if (cpu / late_rel).exists():
+            (cpu / late_rel).rmdir()
         for c in ("cpu", "memory"):
             d = ROOT / c / rel
             while d != ROOT / c / qos_group:
