@@ -23,7 +23,7 @@ from nriplugin.kernel.stats import CpuStat, MemInfo, MemStat, ProcCpu, Psi, PsiL
 from nriplugin.node import Node
 from nriplugin.nri import api_pb2 as api
 from nriplugin.qos.collect import Collector, busy_cores
-from nriplugin.qos.history import Counters, Series
+from nriplugin.qos.history import Counters
 from nriplugin.qos.sample import NodeSample
 from tests.kernel_tree import proc_tree, v1_counters, v1_tree, v2_counters, v2_tree
 from tests.runtime_peer import make_container, make_pod
@@ -285,23 +285,6 @@ def test_psi_values_are_finite_and_non_negative(words: list[str]) -> None:
 # history ---------------------------------------------------------------------------------------
 
 
-def test_series_is_a_ring_with_a_minimum_spacing() -> None:
-    s = Series(3)
-    assert s.latest() is None and s.points() == []
-    for t in range(5):
-        s.append(float(t), t * 10.0)
-    assert s.points() == [(2.0, 20.0), (3.0, 30.0), (4.0, 40.0)]  # the oldest fell out
-    assert s.latest() == (4.0, 40.0) and len(s) == 3
-    assert s.points(since=3.0) == [(3.0, 30.0), (4.0, 40.0)]
-
-    # sampled every 0.25 s with a 1 s spacing: one point a second, each the newest value
-    s = Series(4, min_interval=1.0)
-    for i in range(13):
-        s.append(i * 0.25, float(i))
-    assert s.points() == [(0.75, 3.0), (1.75, 7.0), (2.75, 11.0), (3.0, 12.0)]
-    assert s.capacity * s.min_interval >= 3.0  # the window it covers, whatever the rate
-
-
 def test_counters_deltas_resets_and_retain() -> None:
     c = Counters()
     assert c.advance("a", 1.0, (100, 5)) is None  # the first reading is only a base
@@ -408,12 +391,8 @@ def test_two_rounds_on_a_v1_tree(v1: tuple[Path, Path]) -> None:
     assert cpu == pytest.approx(1.5) and mem == (400 << 20) + (250 << 20)
     assert col.tracked == 3
 
-    # the trend history: CPU from the second round on, LS RSS from the first
-    ((t, busy),) = col.history["cpu_busy"].points()
-    assert t == 1002.0 and busy == pytest.approx(1.2)
-    assert col.history["cpu_non_be"].latest() == (1002.0, 0.0)  # 1.2 busy - 1.5 BE, floored
-    assert [v for _, v in col.history["ls_rss"].points()] == [200 << 20, 300 << 20]
-    assert [v for _, v in col.history["ls_rss_held"].points()] == [200 << 20, 300 << 20]
+    # LS RSS held (what the memory trend takes): it follows ls1's growth
+    assert s.ls_rss_held == 300 << 20
 
     # an LS container arrives with 1 GiB: LS RSS jumps, the held series only sees ls1 grow
     ls3 = make_container(6, ls)
@@ -423,12 +402,10 @@ def test_two_rounds_on_a_v1_tree(v1: tuple[Path, Path]) -> None:
     clock.t += 1.0
     s = col.sample()
     assert s.usage("LS").containers == 3 and s.usage("LS").rss_bytes == (310 << 20) + (1 << 30)
-    assert col.history["ls_rss"].latest() == (1003.0, (310 << 20) + (1 << 30))
-    assert col.history["ls_rss_held"].latest() == (1003.0, 310 << 20)
-    node.model.container_removed(ls3.id)  # and leaves: the held series does not drop
+    assert s.ls_rss_held == 310 << 20
+    node.model.container_removed(ls3.id)  # and leaves: the held figure does not drop
     clock.t += 1.0
-    col.sample()
-    assert col.history["ls_rss_held"].latest() == (1004.0, 310 << 20)
+    assert col.sample().ls_rss_held == 310 << 20
 
 
 def test_limits_summed_when_every_container_has_one(v1: tuple[Path, Path]) -> None:

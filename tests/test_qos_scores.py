@@ -129,6 +129,31 @@ def test_memory_pressure_terms() -> None:
     assert worst.total == 100 and MEMORY_THRESHOLDS.level(worst.total) == Level.EMERGENCY
 
 
+def test_trends_skip_the_first_rounds_cpu_and_take_held_ls_rss() -> None:
+    """The first round has no CPU rate (interval 0, zeros): a steady 1.5 cores afterwards is
+    no trend. An LS pod arriving with 4 GiB is not LS memory growing: the collector's held
+    figure, not the raw sum, is the memory trend's input."""
+
+    def at(t: float, interval: float, rss: int, held: float) -> NodeSample:
+        return NodeSample(
+            t,
+            interval,
+            2,
+            1.5 if interval else 0.0,
+            0.0,
+            mem_total=100 * GiB,
+            by_class={"LS": ClassUsage(1, 1.5 if interval else 0.0, 1.0, rss_bytes=rss)},
+            ls_rss_held=held,
+        )
+
+    samples = [at(0.0, 0.0, GiB, GiB)] + [at(float(t), 1.0, (5 if t > 5 else 1) * GiB, GiB) for t in range(1, 11)]
+    tr = Trends.of(samples)
+    assert tr.node_cores.per_minute() == 0.0 and len(tr.node_cores) == 10
+    assert memory_inputs(samples[-1], tr).ls_rss_growth_pct_per_min == 0.0
+    raw = Trends.of([replace(x, ls_rss_held=None) for x in samples])  # what the raw sum would say
+    assert memory_inputs(samples[-1], raw).ls_rss_growth_pct_per_min > 10
+
+
 def test_memory_inputs_growth_is_in_percent_of_memtotal() -> None:
     def at(t: float, rss: int) -> NodeSample:
         return NodeSample(t, 1.0, 4, 0.0, 0.0, mem_total=100 * GiB, by_class={"LS": ClassUsage(rss_bytes=rss)})

@@ -4,8 +4,8 @@ and a cheap fast path (:meth:`Collector.fast`, every 100 ms where PSI triggers a
 Only containers the node model knows and has seen running are read — never a CREATED one,
 whose cgroup runc may still be building — and only those with a QoS class the manager acts
 on (SYSTEM and unknown pods are skipped, and cost nothing). Counters are turned into rates
-over the interval; per-container readings are kept only for keys the model still has, and the
-trend history is a set of fixed-size ring buffers, so memory stays flat under churn.
+over the interval; per-container readings are kept only for keys the model still has, so
+memory stays flat under churn.
 
 A round is a few sysfs reads per container. The agent's loop drives it with
 :meth:`Collector.sample_async`, which yields to the event loop every ``CHUNK`` containers, so
@@ -16,7 +16,6 @@ that an NRI hook never waits behind a whole round on a node with thousands of co
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
@@ -29,7 +28,7 @@ from ..kernel.cgroup import Cgroups
 from ..kernel.stats import ProcCpu, Psi, Stats
 from ..model import Record, State
 from ..policy.qos import QoSClass
-from .history import Counters, Series
+from .history import Counters
 from .sample import ClassUsage, FastSample, NodeSample, Pressure
 
 GROUPS_KEY = "groups:"  # the counters of QoS-level groups, next to the containers'
@@ -37,12 +36,6 @@ LS_CLASSES = frozenset({QoSClass.LSE, QoSClass.LSR, QoSClass.LS})
 DEFAULT_PERIOD_US = 100000  # the kernel's (and kubelet's) CFS period when none is requested
 MEMORY_EVERY = 5  # rounds between reads of a known container's memory files
 CHUNK = 256  # containers read between yields to the event loop (sample_async)
-
-# The trend series (see Collector.history): node CPU busy and node CPU minus BE's (cores); the
-# RSS of the latency-sensitive classes LSE+LSR+LS (bytes), and the same with arrivals and
-# departures taken out ("held": it moves only by the growth of containers measured in two
-# consecutive rounds), so that an LS pod starting is not mistaken for LS memory growing.
-HISTORY = ("cpu_busy", "cpu_non_be", "ls_rss", "ls_rss_held")
 
 
 class Containers(Protocol):
@@ -174,8 +167,6 @@ class Collector:
         proc_root: Path = Path("/proc"),
         *,
         clock: Callable[[], float] = time.monotonic,
-        history_seconds: float = 300.0,
-        history_min_interval: float = 0.5,
         max_open: int | None = None,
         memory_every: int = MEMORY_EVERY,
     ) -> None:
@@ -183,10 +174,6 @@ class Collector:
         self.desired = desired
         self.stats = Stats(cgroups, proc_root, max_open)  # max_open: files kept open (None: by RLIMIT_NOFILE)
         self.clock = clock
-        capacity = math.ceil(history_seconds / history_min_interval) + 1
-        # Trend inputs, one point per round (at least history_min_interval apart), covering at
-        # least history_seconds: e.g. ``collector.history["ls_rss"].points(since=t - 300)``.
-        self.history: dict[str, Series] = {name: Series(capacity, history_min_interval) for name in HISTORY}
         self.by_container: dict[str, ContainerUsage] = {}  # the last round's, rebuilt each round
         self.ncpu = os.cpu_count() or 1
         self._counters = Counters()
@@ -271,14 +258,10 @@ class Collector:
         if be_group_cores is not None and QoSClass.BE.value in by_class:
             by_class[QoSClass.BE.value] = replace(by_class[QoSClass.BE.value], cpu_cores=be_group_cores)
 
-        be = by_class.get(QoSClass.BE.value)
-        ls_rss = sum(u.rss_bytes for q, u in by_class.items() if q in LS_CLASSES)
-        if interval > 0:  # no CPU figure in the first round: a zero would fake a trend
-            self.history["cpu_busy"].append(t, busy)
-            self.history["cpu_non_be"].append(t, max(0.0, busy - (be.cpu_cores if be else 0.0)))
-        self.history["ls_rss"].append(t, float(ls_rss))
-        self._ls_rss_held = float(ls_rss) if self._ls_rss_held is None else self._ls_rss_held + ls_growth
-        self.history["ls_rss_held"].append(t, self._ls_rss_held)
+        if self._ls_rss_held is None:
+            self._ls_rss_held = float(sum(u.rss_bytes for q, u in by_class.items() if q in LS_CLASSES))
+        else:
+            self._ls_rss_held += ls_growth
 
         return NodeSample(
             t=t,
@@ -298,6 +281,7 @@ class Collector:
             collect_seconds=time.perf_counter() - started - paused,
             be_cpu_seconds=self._be_seconds,
             memory_read=memory_read,
+            ls_rss_held=self._ls_rss_held,
         )
 
     def _group_cores(self, t: float, groups: Sequence[str]) -> float | None:

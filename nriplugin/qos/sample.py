@@ -55,6 +55,9 @@ class NodeSample:
     collect_seconds: float = 0.0  # how long the round took
     be_cpu_seconds: float | None = None  # CPU used so far by BE's QoS-level groups (None: not read)
     memory_read: bool = False  # every known container's memory was read in this round
+    # LS RSS with arrivals and departures taken out: it moves only by the growth of containers
+    # measured in two rounds, so an LS pod starting is not LS memory growing (None: not known)
+    ls_rss_held: float | None = None
 
     def usage(self, qos: str) -> ClassUsage:
         return self.by_class.get(qos, ClassUsage())

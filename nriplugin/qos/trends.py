@@ -133,11 +133,15 @@ class Trends:
         return tr
 
     def add(self, s: NodeSample) -> None:
-        be = s.usage("BE").cpu_cores
-        self.node_cores.add(s.t, s.cpu_busy_cores)
-        self.be_cores.add(s.t, be)
-        self.be_load.add(s.t, be)
-        self.rss.add(s.t, float(ls_rss(s)))
+        """One round. The first one has no CPU figures (no interval to take a rate over): its
+        zeros would fake a rising trend, so only its memory counts. LS RSS is the collector's
+        held figure where there is one, so an LS pod starting is not LS memory growing."""
+        if s.interval > 0:
+            be = s.usage("BE").cpu_cores
+            self.node_cores.add(s.t, s.cpu_busy_cores)
+            self.be_cores.add(s.t, be)
+            self.be_load.add(s.t, be)
+        self.rss.add(s.t, float(ls_rss(s)) if s.ls_rss_held is None else s.ls_rss_held)
 
 
 def slope_per_min(points: Iterable[Point], window: float = TREND_WINDOW) -> float:
