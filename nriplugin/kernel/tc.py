@@ -43,7 +43,8 @@ LAST_LEAF = 0xFFFE
 CLSACT = 0xFFFF0000
 TC_H_ROOT = 0xFFFFFFFF
 HOOK = {"egress": 0xFFFFFFF2, "ingress": 0xFFFFFFF3}  # pod direction -> clsact hook of its host veth
-REDIRECT_PRIO = 0xC0DE  # our filter's priority on a veth's clsact hook
+REDIRECT_PRIO = 0xC0DE  # our filters' priorities on a veth's clsact hooks (one each: a shared one
+REDIRECT_PRIOS = {"egress": REDIRECT_PRIO, "ingress": REDIRECT_PRIO + 1}  # showed on both hooks)
 ETH_P_ALL, ETH_P_IP = 0x0003, 0x0800
 PFIFO_LIMIT = 128  # packets: a short queue per pod where fq_codel is missing
 IP_OFFSET = {"egress": 12, "ingress": 16}  # source / destination address in the IPv4 header
@@ -207,7 +208,7 @@ class TC:
             if kind == "clsact":
                 for hook in HOOK.values():
                     for f in self._filters(ifindex, hook):
-                        if _prio(f) != REDIRECT_PRIO:
+                        if _prio(f) not in REDIRECT_PRIOS.values():
                             return f"a clsact filter (prio {f['prio']})"
                 continue
             if q["handle"] != 0 and kind not in ("noqueue",):
@@ -215,7 +216,7 @@ class TC:
             if kind == "ingress":
                 return "an ingress qdisc"
         for hook in HOOK.values():
-            if any(_prio(f) == REDIRECT_PRIO for f in self._filters(ifindex, hook)):
+            if any(_prio(f) in REDIRECT_PRIOS.values() for f in self._filters(ifindex, hook)):
                 return "nriplugin"
         return ""
 
@@ -231,7 +232,7 @@ class TC:
             "u32",
             veth,
             parent=HOOK[direction],
-            prio=REDIRECT_PRIO,
+            prio=REDIRECT_PRIOS[direction],
             protocol=ETH_P_ALL,
             target=TOP,
             keys=["0x0/0x0+0"],
@@ -240,7 +241,7 @@ class TC:
 
     def _redirect_ok(self, veth: int, direction: str, ifb: int) -> bool:
         for f in self._filters(veth, HOOK[direction]):
-            if _prio(f) != REDIRECT_PRIO:
+            if _prio(f) != REDIRECT_PRIOS[direction]:
                 continue
             if str(ifb) in _mirred_targets(f):
                 return True
@@ -251,7 +252,7 @@ class TC:
             return
         if not any(_attr(q, "TCA_KIND") == "clsact" for q in self.ipr.get_qdiscs(pod.veth)):
             self.ipr.tc("add", "clsact", pod.veth)
-        self._del_filter(pod.veth, HOOK[direction], REDIRECT_PRIO, ETH_P_ALL)
+        self._del_filter(pod.veth, HOOK[direction], REDIRECT_PRIOS[direction], ETH_P_ALL)
         self._redirect_filter(pod.veth, direction, ifb)
         changes.append(f"redirect {pod.pod} {direction}")
 
