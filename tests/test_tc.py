@@ -98,11 +98,6 @@ def tc_show(lab: Lab, what: str) -> str:
     return sh(f"ip netns exec {lab.host} tc {what}")
 
 
-@pytest.mark.xfail(
-    reason="known bug, open: with two pods the IFB's u32 filters read back empty in the worker thread, so every "
-    "round re-adds them and counts drift (tc.filter); shaping, repair and removal themselves work",
-    strict=False,
-)
 def test_pods_are_shaped_a_deleted_class_is_restored_and_removal_leaves_nothing(lab: Lab) -> None:
     model, net, obs, _ = make(lab)
 
@@ -186,11 +181,6 @@ def iperf(lab: Lab, name: str, port: int, seconds: float, rate: str = "") -> flo
 
 
 @pytest.mark.e2e
-@pytest.mark.xfail(
-    reason="known bug, open: a BE pod removed and added back in one round is left without its redirect (its bulk "
-    "flow ran unshaped at ~11 Gbit/s); the capped pod (19.1 of 20 Mbit/s) and LS (40.4 -> 40.0 Mbit/s) hold",
-    strict=False,
-)
 @pytest.mark.skipif(shutil.which("iperf3") is None, reason="needs iperf3 (scripts/setup.sh installs it)")
 def test_real_traffic_a_capped_pod_stays_at_its_cap_and_ls_keeps_its_throughput(lab: Lab) -> None:
     servers = [

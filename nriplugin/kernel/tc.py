@@ -26,6 +26,7 @@ from __future__ import annotations
 import errno
 import ipaddress
 import logging
+import socket
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -43,8 +44,8 @@ LAST_LEAF = 0xFFFE
 CLSACT = 0xFFFF0000
 TC_H_ROOT = 0xFFFFFFFF
 HOOK = {"egress": 0xFFFFFFF2, "ingress": 0xFFFFFFF3}  # pod direction -> clsact hook of its host veth
-REDIRECT_PRIO = 0xC0DE  # our filters' priorities on a veth's clsact hooks (one each: a shared one
-REDIRECT_PRIOS = {"egress": REDIRECT_PRIO, "ingress": REDIRECT_PRIO + 1}  # showed on both hooks)
+REDIRECT_PRIO = 0xC0DE  # our filters' priorities on a veth's clsact hooks, one per pod direction
+REDIRECT_PRIOS = {"egress": REDIRECT_PRIO, "ingress": REDIRECT_PRIO + 1}
 ETH_P_ALL, ETH_P_IP = 0x0003, 0x0800
 PFIFO_LIMIT = 128  # packets: a short queue per pod where fq_codel is missing
 IP_OFFSET = {"egress": 12, "ingress": 16}  # source / destination address in the IPv4 header
@@ -273,7 +274,10 @@ class TC:
 
     def _del_filter(self, ifindex: int, parent: int, prio: int, protocol: int = ETH_P_IP) -> None:
         try:
-            self.ipr.tc("del-filter", None, ifindex, parent=parent, prio=prio, protocol=protocol)
+            # tcm_info carries (prio, protocol); without a kind pyroute2 does not fill it, and
+            # prio 0 would delete every filter of the parent.
+            info = (prio << 16) | socket.htons(protocol)
+            self.ipr.tc("del-filter", None, ifindex, parent=parent, info=info)
         except Exception as exc:
             if getattr(exc, "code", 0) not in (errno.ENOENT, errno.EINVAL):
                 log.debug("del filter prio %d on %d: %s", prio, ifindex, exc)
