@@ -14,9 +14,9 @@ if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
   fi
 fi
-# iperf3: the network QoS tests measure real traffic between network namespaces.
-if ! command -v iperf3 >/dev/null; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iperf3 >/dev/null
+# iperf3 and ping: the network QoS tests measure real traffic between network namespaces.
+if ! command -v iperf3 >/dev/null || ! command -v ping >/dev/null; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iperf3 iputils-ping >/dev/null
 fi
 extras=test
 for extra in "$@"; do extras="$extras,$extra"; done

@@ -225,3 +225,89 @@ def test_real_traffic_a_capped_pod_stays_at_its_cap_and_ls_keeps_its_throughput(
         for s in servers:
             s.terminate()
             s.wait(timeout=5)
+
+
+@pytest.fixture
+def uplink(lab: Lab) -> Iterator[str]:
+    """A "server" netns behind the bridge through an emulated 100 Mbit/s uplink (tbf on the
+    host side of its veth, the only queue on the way): the node's shared bottleneck."""
+    srv = f"{lab.host[:-1]}s"
+    try:
+        sh(f"ip netns add {srv}")
+        sh(f"ip -n {srv} link add eth0 type veth peer name up0 netns {lab.host}")
+        sh(f"ip -n {srv} addr add {NET}.2/24 dev eth0 && ip -n {srv} link set eth0 up && ip -n {srv} link set lo up")
+        sh(f"ip -n {lab.host} link set up0 master br0 && ip -n {lab.host} link set up0 up")
+        tc_show(lab, "qdisc add dev up0 root tbf rate 100mbit burst 20k latency 100ms")
+        yield srv
+    finally:
+        subprocess.run(["ip", "netns", "del", srv], check=False, capture_output=True)
+
+
+def ls_under_load(lab: Lab, bulk: bool, flow: bool = True) -> tuple[float, float]:
+    """LS's throughput (Mbit/s, a 40 Mbit/s TCP flow; 0 without ``flow``) and mean ping RTT (ms)
+    to the server behind the uplink, with or without a BE bulk flow running."""
+    be = None
+    if bulk:
+        be = subprocess.Popen(
+            ["ip", "netns", "exec", lab.pods["be"], "iperf3", "-c", f"{NET}.2", "-p", "5302", "-t", "3.5"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(0.7)
+    ping = subprocess.Popen(
+        ["ip", "netns", "exec", lab.pods["ls"], "ping", "-q", "-c", "30", "-i", "0.05", f"{NET}.2"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    thr = 0.0
+    if flow:
+        out = sh(f"ip netns exec {lab.pods['ls']} iperf3 -c {NET}.2 -p 5301 -t 2 -b 40M -J --connect-timeout 2000")
+        thr = float(json.loads(out)["end"]["sum_received"]["bits_per_second"]) / 1e6
+    rtt_line = ping.communicate(timeout=10)[0].strip().splitlines()[-1]  # rtt min/avg/max/mdev = a/b/c/d ms
+    if be is not None:
+        be.wait(timeout=10)
+    return thr, float(rtt_line.split("=")[1].split("/")[1])
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(shutil.which("iperf3") is None or shutil.which("ping") is None, reason="needs iperf3 and ping")
+def test_real_traffic_ls_keeps_throughput_and_latency_behind_a_shared_uplink(lab: Lab, uplink: str) -> None:
+    """The agreed e2e policy with the node total a little below the uplink (95 of 100 Mbit/s).
+    With the rules a BE bulk flow leaves LS's throughput within 10 % of LS alone, and LS's ping
+    RTT within 10 % (or 0.5 ms) of it; without them the bulk flow fills the uplink's queue in
+    front of LS's pings. The RTT of pings riding along LS's own 40 Mbit/s flow is printed, not
+    judged: iperf3 -b writes 128 KB bursts that queue in LS's own leaf (a FIFO: this kernel has
+    no fq_codel), 0.1-5 ms whether BE runs or not."""
+    servers = [
+        subprocess.Popen(
+            ["ip", "netns", "exec", uplink, "iperf3", "-s", "-p", str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for port in (5301, 5302)
+    ]
+    doc = {**E2E_POLICY, "systemStrategy": {"totalNetworkBandwidth": "95M"}}
+    model, net, _, _ = make(lab, doc)
+    try:
+        time.sleep(0.3)
+        ping_unshaped = ls_under_load(lab, bulk=True, flow=False)[1]
+        model.pod_seen(pod(lab, "ls", "LS"))
+        model.pod_seen(pod(lab, "be", "BE"))
+        assert len(asyncio.run(net.round()).shaped) == 2
+        alone = ls_under_load(lab, bulk=False)
+        shaped = ls_under_load(lab, bulk=True)
+        ping_alone = ls_under_load(lab, bulk=False, flow=False)[1]
+        ping_shaped = ls_under_load(lab, bulk=True, flow=False)[1]
+        print(
+            f"\nLS 40 Mbit/s flow + ping: alone {alone[0]:.1f} Mbit/s {alone[1]:.2f} ms; BE bulk with the rules "
+            f"{shaped[0]:.1f} Mbit/s {shaped[1]:.2f} ms"
+            f"\nLS ping only: alone {ping_alone:.3f} ms; BE bulk with the rules {ping_shaped:.3f} ms, "
+            f"without {ping_unshaped:.3f} ms"
+        )
+        assert shaped[0] >= 0.9 * alone[0], (alone, shaped)
+        assert ping_shaped <= max(1.1 * ping_alone, ping_alone + 0.5), (ping_alone, ping_shaped)
+        assert ping_unshaped > max(2.0, 5 * ping_shaped), (ping_unshaped, ping_shaped)  # measurably worse without
+    finally:
+        for s in servers:
+            s.terminate()
+            s.wait(timeout=5)

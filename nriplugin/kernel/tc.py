@@ -47,6 +47,7 @@ HOOK = {"egress": 0xFFFFFFF2, "ingress": 0xFFFFFFF3}  # pod direction -> clsact 
 REDIRECT_PRIO = 0xC0DE  # our filters' priorities on a veth's clsact hooks, one per pod direction
 REDIRECT_PRIOS = {"egress": REDIRECT_PRIO, "ingress": REDIRECT_PRIO + 1}
 ETH_P_ALL, ETH_P_IP = 0x0003, 0x0800
+MTU = 1600
 PFIFO_LIMIT = 128  # packets: a short queue per pod where fq_codel is missing
 IP_OFFSET = {"egress": 12, "ingress": 16}  # source / destination address in the IPv4 header
 
@@ -97,6 +98,13 @@ class TCError(OSError):
 
 def _bps(bits: int) -> str:
     return f"{bits}bit"
+
+
+def _burst(bits: int) -> int:
+    """Bytes an HTB class may send at once: 1 ms at its rate plus a packet, as tc(8) computes
+    with HZ=1000. pyroute2 0.9 takes the kernel's clock rate (1e9) for HZ and leaves one MTU,
+    which gates a 40 Mbit/s flow's 1 ms bursts and held LS pings ~0.8 ms behind them."""
+    return bits // 8 // 1000 + MTU
 
 
 def _attr(msg: Any, name: str, default: Any = None) -> Any:
@@ -308,7 +316,14 @@ class TC:
     ) -> bool:
         """Returns whether the class was (re)created (its queue must be added again)."""
         cur = have.get(handle)
-        kw = {"parent": parent, "rate": _bps(r.rate), "ceil": _bps(r.ceil), "prio": prio}
+        kw = {
+            "parent": parent,
+            "rate": _bps(r.rate),
+            "ceil": _bps(r.ceil),
+            "prio": prio,
+            "burst": _burst(r.rate),
+            "cburst": _burst(r.ceil),
+        }
         if cur is not None and int(cur["parent"]) != (TC_H_ROOT if parent == ROOT else parent):
             self._drop_class(ifb, handle)
             cur = None
