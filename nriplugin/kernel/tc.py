@@ -422,6 +422,18 @@ class TC:
                 self._ensure_redirect(p, d, ifb, changes)
         return changes
 
+    def veths(self) -> list[tuple[int, str, str]]:
+        """Host-side veths whose peer lives in another namespace (a pod's interface, for the
+        usual CNIs): (ifindex, name, who shapes it: see :meth:`veth_owner`)."""
+        out = []
+        for link in self.ipr.get_links():
+            info = link.get_attr("IFLA_LINKINFO")
+            kind = info.get_attr("IFLA_INFO_KIND") if info is not None else None
+            if kind == "veth" and link.get_attr("IFLA_LINK_NETNSID") is not None:
+                idx = int(link["index"])
+                out.append((idx, str(link.get_attr("IFLA_IFNAME")), self.veth_owner(idx)))
+        return out
+
     def snapshot(self) -> Snapshot:
         s = Snapshot()
         for d in DIRECTIONS:
