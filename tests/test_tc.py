@@ -311,3 +311,48 @@ def test_real_traffic_ls_keeps_throughput_and_latency_behind_a_shared_uplink(lab
         for s in servers:
             s.terminate()
             s.wait(timeout=5)
+
+
+def test_nothing_wanted_means_no_netlink_at_all(lab: Lab) -> None:
+    """An agent that shapes nothing (the default policy) never opens netlink nor makes an IFB."""
+    model, net, _, _ = make(lab, {})
+    model.pod_seen(pod(lab, "be", "BE"))
+    asyncio.run(net.round())
+    assert net._tc is None and "nrq-" not in sh(f"ip -n {lab.host} -o link")
+
+
+def test_a_suppress_overlay_lowers_the_l2_ceiling_and_its_withdrawal_restores_it(lab: Lab) -> None:
+    from nriplugin.features.net_qos import Level, suppress_resource
+    from nriplugin.reconciler.net import NODE_KEY
+
+    model, net, obs, _ = make(lab)
+
+    async def go() -> None:
+        model.pod_seen(pod(lab, "be", "BE"))
+        await net.round()
+        assert "1:12 parent 1:1 rate 1Kbit ceil 20Mbit" in tc_show(lab, "class show dev nrq-egress")
+        net.overlays.set(NODE_KEY, "qos:netSuppress", {suppress_resource(Level.L2, "egress"): 5_000_000}, "test")
+        await net.round()
+        assert "1:12 parent 1:1 rate 1Kbit ceil 5Mbit" in tc_show(lab, "class show dev nrq-egress")
+        assert "ceil 20Mbit" in tc_show(lab, "class show dev nrq-ingress")  # the other direction untouched
+        net.overlays.withdraw(NODE_KEY, "qos:netSuppress")
+        await net.round()
+        assert "1:12 parent 1:1 rate 1Kbit ceil 20Mbit" in tc_show(lab, "class show dev nrq-egress")
+        assert not obs.drift_seen  # a changed desired state is applied, never counted as drift
+
+    asyncio.run(go())
+
+
+def test_doctor_counts_pod_interfaces_and_who_shapes_them(lab: Lab) -> None:
+    from nriplugin.explain import network
+    from nriplugin.metrics import Metrics, NetMetrics
+
+    before = network(lab.ns(lab.host))
+    assert before["podInterfaces"] == 2 and before["shapedByNriplugin"] == 0 and before["works_here"]
+    model, net, _, _ = make(lab)
+    model.pod_seen(pod(lab, "ls", "LS"))
+    m = Metrics()
+    NetMetrics(m).round(asyncio.run(net.round()))
+    after = network(lab.ns(lab.host))
+    assert after["shapedByNriplugin"] == 1 and after["ifbs"] == {"ingress": True, "egress": True}
+    assert b'nriplugin_net_shaped_pods{state="shaped"} 1.0' in m.render()
