@@ -399,6 +399,7 @@ class Agent:
             observer=ReconcilerMetrics(metrics),
             on_invalid=invalid,
             on_round=NetMetrics(metrics).round,
+            netns=getattr(self.ns, "net_namespace", None),
         )
 
     def build_eviction(self, node: Node, rules: RuleCache, metrics: Metrics, collector: Any) -> Any:
