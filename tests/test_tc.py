@@ -163,9 +163,12 @@ def test_a_host_network_pod_and_another_shaper_are_reported_not_fought(lab: Lab)
     async def go() -> None:
         host = api.PodSandbox(id="id-h", name="h", namespace="default", labels={"koordinator.sh/qosClass": "LS"})
         model.pod_seen(host)
+        named = api.PodSandbox(id="id-n", name="n", namespace="default", labels={"koordinator.sh/qosClass": "LS"})
+        named.linux.namespaces.add(type="network", path=lab.ns(lab.host))  # the host's own, by name
+        model.pod_seen(named)
         model.pod_seen(pod(lab, "be", "BE", {EGRESS_KEY: "20M"}))
         st = await net.round()
-        assert st.host_network == {"id-h"} and "tbf" in st.foreign["id-be"] and not st.shaped
+        assert st.host_network == {"id-h", "id-n"} and "tbf" in st.foreign["id-be"] and not st.shaped
         assert "tbf" in tc_show(lab, "qdisc show dev vbe") and "clsact" not in tc_show(lab, "qdisc show dev vbe")
 
     asyncio.run(go())

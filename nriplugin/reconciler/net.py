@@ -21,6 +21,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -273,7 +274,7 @@ class NetQoS:
             if found is not None:
                 tc.release(found.veth)
         for w in wanted if usable else []:
-            if not w.netns:
+            if not w.netns or self._is_ours(w.netns):
                 status.host_network.add(w.pod)
                 self._once(w.pod, "host", "pod %s: host network, no interface of its own: not shapeable", w.who)
                 continue
@@ -310,6 +311,15 @@ class NetQoS:
         status.shaped = {p.pod: p for p in plan.pods}
         status.snapshot = tc.snapshot() if plan.pods else None
         self.status = status
+
+    def _is_ours(self, path: str) -> bool:
+        """A pod "namespace" that is the one we shape in is the host network (some runtimes
+        name it): its veths are other pods', never this pod's."""
+        try:
+            a, b = os.stat(path), os.stat(self.netns or "/proc/thread-self/ns/net")
+        except OSError:
+            return False
+        return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
     def _locate(self, w: Wanted) -> Found | None:
         have = self._found.get(w.pod)
