@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from nriplugin.features.net_qos import EGRESS_KEY
+from nriplugin.features.net_qos import EGRESS_KEY, INGRESS_KEY
 from nriplugin.model import NodeModel
 from nriplugin.nri import api_pb2 as api
 from nriplugin.overlays import Overlays
@@ -174,9 +174,10 @@ def test_a_host_network_pod_and_another_shaper_are_reported_not_fought(lab: Lab)
     asyncio.run(go())
 
 
-def iperf(lab: Lab, name: str, port: int, seconds: float, rate: str = "") -> float:
-    """Mbit/s the pod ``name`` sent to the host's bridge address (TCP), measured by iperf3."""
-    extra = f"-b {rate}" if rate else ""
+def iperf(lab: Lab, name: str, port: int, seconds: float, rate: str = "", reverse: bool = False) -> float:
+    """Mbit/s the pod ``name`` sent to the host's bridge address (TCP; ``reverse``: received
+    from it), measured by iperf3."""
+    extra = (f"-b {rate}" if rate else "") + (" -R" if reverse else "")
     out = sh(
         f"ip netns exec {lab.pods[name]} iperf3 -c {NET}.1 -p {port} -t {seconds} {extra} -J --connect-timeout 2000"
     )
@@ -200,10 +201,12 @@ def test_real_traffic_a_capped_pod_stays_at_its_cap_and_ls_keeps_its_throughput(
         # unshaped first: what the BE bulk flow does to LS without the rules
         ls_alone = iperf(lab, "ls", 5301, 2, rate="40M")
         model.pod_seen(pod(lab, "ls", "LS"))
-        model.pod_seen(pod(lab, "be", "BE", {EGRESS_KEY: "20M"}))
+        model.pod_seen(pod(lab, "be", "BE", {EGRESS_KEY: "20M", INGRESS_KEY: "10M"}))
         asyncio.run(net.round())
         be_capped = iperf(lab, "be", 5302, 3)
         assert abs(be_capped - 20) <= 2, be_capped  # within 10 % of its 20 Mbit/s cap
+        be_in = iperf(lab, "be", 5302, 2, reverse=True)
+        assert abs(be_in - 10) <= 1, be_in  # ingress: shaped on the host veth's egress side
         # BE bulk (no cap) against LS at 40 Mbit/s on a 100 Mbit/s node: LS keeps its rate
         model.pod_removed("id-be")
         model.pod_seen(pod(lab, "be", "BE"))
@@ -219,7 +222,7 @@ def test_real_traffic_a_capped_pod_stays_at_its_cap_and_ls_keeps_its_throughput(
         be_out, _ = bulk.communicate(timeout=15)
         be_rate = float(json.loads(be_out)["end"]["sum_received"]["bits_per_second"]) / 1e6
         print(
-            f"LS alone {ls_alone:.1f}, BE capped {be_capped:.1f}, LS with BE bulk {ls_with_be:.1f}, "
+            f"LS alone {ls_alone:.1f}, BE capped {be_capped:.1f} (in {be_in:.1f}), LS with BE bulk {ls_with_be:.1f}, "
             f"BE bulk {be_rate:.1f} Mbit/s"
         )
         assert ls_with_be >= 0.9 * ls_alone, (ls_alone, ls_with_be)
