@@ -283,6 +283,7 @@ class Agent:
             observer=QoSMetrics(metrics),
             eviction=self.build_eviction(node, rules, metrics, collector),
         )
+        net = self.build_net(node, rules, metrics, invalid)
         server = await self.serve_http(metrics, stub, qos)
 
         def shut_http() -> None:
@@ -316,6 +317,7 @@ class Agent:
                 stub.stop()
         reconciler.start(self.loop)
         qos.start(self.loop)
+        net.start(self.loop)
         cluster_task = self.loop.create_task(self.start_cluster(rules))
         watcher = None
         if ns.policy:
@@ -334,6 +336,7 @@ class Agent:
             if inventory_task is not None:
                 inventory_task.cancel()
             qos.stop()  # its overlays stay written: a restart must not unthrottle BE
+            net.stop()  # tc rules stay too; the next agent adopts them
             reconciler.stop()
             lock.release(me, self.closed_at if self.closed_at is not None else time.time())
             if gap_task is not None:
@@ -383,6 +386,21 @@ class Agent:
             on_new_dir=on_new_dir,
         )
         return reconciler, inventory
+
+    def build_net(self, node: Node, rules: RuleCache, metrics: Metrics, invalid: Invalid) -> Any:
+        """Network QoS (``reconciler/net.py``): tc rules for the pods, kept true, off the hook path."""
+        from .metrics import NetMetrics, ReconcilerMetrics
+        from .reconciler.net import NetQoS
+
+        return NetQoS(
+            node.model,
+            rules,
+            node.desired.overlays,
+            observer=ReconcilerMetrics(metrics),
+            on_invalid=invalid,
+            on_round=NetMetrics(metrics).round,
+            netns=getattr(self.ns, "net_namespace", None),
+        )
 
     def build_eviction(self, node: Node, rules: RuleCache, metrics: Metrics, collector: Any) -> Any:
         """CPUEvict and MemoryEvict with their evictor: through the cluster's Eviction API while

@@ -82,6 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--policy", help="policy YAML (ours or a NodeSLO object); hot-reloaded; default: embedded")
     run.add_argument("--cgroup-root", default="/sys/fs/cgroup", help="cgroup mount (default %(default)s)")
     run.add_argument(
+        "--net-namespace",
+        default=None,
+        help="network namespace whose pod veths network QoS shapes (default: the agent's own; a "
+        "DaemonSet without hostNetwork passes the host's, e.g. /proc/1/ns/net with hostPID, and needs "
+        "CAP_NET_ADMIN and CAP_SYS_ADMIN for setns)",
+    )
+    run.add_argument(
         "--resync-seconds",
         type=float,
         default=60.0,

@@ -198,6 +198,40 @@ def doctor(caps: Capabilities, cg: Cgroups, nri_socket: str) -> dict[str, Any]:
         "nri": {"socket": nri_socket, "present": os.path.exists(nri_socket), "lock": runtime_lock(nri_socket)},
         "inotify": inotify_usage(),  # the reconciler's watches: one per managed cgroup directory
         "features": features,
+        "network": network(),
+    }
+
+
+def network(netns: str | None = None) -> dict[str, Any]:
+    """Whether pods get interfaces of their own here (host veths with a peer in another
+    namespace; host-network pods have none and cannot be shaped) and whether the tc pieces
+    network QoS needs exist (tried on a throwaway IFB of ours, ``nrq-probe``)."""
+    from .kernel.tc import TC
+
+    try:
+        tc = TC(netns)
+    except Exception as exc:  # no netlink (a container without NET_ADMIN, say)
+        return {"error": str(exc)}
+    try:
+        caps = tc.probe()
+        veths = tc.veths()
+        snap = tc.snapshot()
+    except Exception as exc:
+        return {"error": str(exc)}
+    finally:
+        tc.close()
+    need = ("ifb", "htb", "clsact", "u32", "mirred")
+    missing = [k for k in need if not caps[k]]
+    owners = [o for _, _, o in veths]
+    return {
+        "podInterfaces": len(veths),  # 0: pods share the host's network (or the CNI uses no veths)
+        "shapedByNriplugin": owners.count("nriplugin"),
+        "shapedByOthers": sum(1 for o in owners if o not in ("", "nriplugin")),
+        "ifbs": {d: present for d, present in snap.ifbs.items()},
+        "tc": caps,
+        "leafQueue": "fq_codel" if caps["fq_codel"] else "pfifo (no fq_codel in this kernel)",
+        "works_here": not missing,
+        **({"missing": missing} if missing else {}),
     }
 
 

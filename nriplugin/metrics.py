@@ -6,6 +6,8 @@ a single histogram/counter update on pre-resolved label children.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 # From 50 µs: the hook budget is milliseconds and the target p99 is under 1 ms. 2 ms is the
@@ -95,6 +97,15 @@ class Metrics:
             "nriplugin_repair_latency_seconds",
             "Change noticed -> written back.",
             buckets=(100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 1.0),
+            registry=r,
+        )
+        self.net_shaped = Gauge(
+            "nriplugin_net_shaped_pods", "Pods whose network is shaped, and why others are not.", ["state"], registry=r
+        )
+        self.net_class_bytes = Gauge(
+            "nriplugin_net_class_bytes",
+            "Bytes sent by a network QoS class (pod direction).",
+            ["direction", "level"],
             registry=r,
         )
         self.write_errors = Counter("nriplugin_write_errors_total", "Rejected writes, by errno.", ["errno"], registry=r)
@@ -232,6 +243,25 @@ class ReconcilerMetrics:
         self.m.reconcile_pass.observe(seconds)
         self.m.reconcile_pass_cpu.inc(cpu_seconds)
         self.m.reconcile_entries.set(entries)
+
+
+class NetMetrics:
+    """Follows the network reconciler's rounds on :class:`Metrics`."""
+
+    LEVELS = {0x10: "L0", 0x11: "L1", 0x12: "L2"}
+
+    def __init__(self, m: Metrics) -> None:
+        self.m = m
+
+    def round(self, status: Any) -> None:
+        self.m.net_shaped.labels("shaped").set(len(status.shaped))
+        self.m.net_shaped.labels("host_network").set(len(status.host_network))
+        self.m.net_shaped.labels("other_shaper").set(len(status.foreign))
+        snap = status.snapshot
+        for (direction, minor), n in snap.bytes.items() if snap is not None else ():
+            level = self.LEVELS.get(minor)
+            if level is not None:
+                self.m.net_class_bytes.labels(direction, level).set(n)
 
 
 class InventoryMetrics:

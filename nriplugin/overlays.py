@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from .kernel.cgroup import RESOURCES
 
 GROUP_PREFIX = "group:"
+NET_RESOURCES = frozenset(f"net.{lv}.{d}Ceil" for lv in ("L0", "L1", "L2") for d in ("ingress", "egress"))
 
 
 def group_key(path: str) -> str:
@@ -39,6 +40,10 @@ class Overlays:
         if not owner or not values:
             raise ValueError("an overlay needs an owner and at least one value")
         for resource, value in values.items():
+            if resource in NET_RESOURCES:  # a network class ceiling (bits/s), see features/net_qos.py
+                if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                    raise ValueError(f"overlay {owner}: {resource} must be a positive number of bits/s")
+                continue
             res = RESOURCES.get(resource)
             if res is None:
                 raise ValueError(f"overlay {owner}: unknown resource {resource!r}")

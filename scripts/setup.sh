@@ -14,6 +14,10 @@ if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
   fi
 fi
+# iperf3 and ping: the network QoS tests measure real traffic between network namespaces.
+if ! command -v iperf3 >/dev/null || ! command -v ping >/dev/null; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iperf3 iputils-ping >/dev/null
+fi
 extras=test
 for extra in "$@"; do extras="$extras,$extra"; done
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$extras]"

@@ -130,11 +130,11 @@ def test_a_nodeslo_change_is_in_force_within_a_second(tmp_path: Path, caplog: py
             NODE,
             {
                 "cpuBurstStrategy": {"cpuBurstPercent": 250},
-                "resourceQOSStrategy": {"lsClass": {"networkQOS": {"enable": True, "ingressLimit": "50M"}}},
+                "resourceQOSStrategy": {"lsClass": {"memoryQOS": {"enable": True, "pageCacheEnable": True}}},
             },
         )
         await until(lambda: rules.policy.cpuBurstStrategy.cpuBurstPercent == 250, 1.0)
-        assert "spec.resourceQOSStrategy.lsClass.networkQOS" in caplog.text
+        assert "spec.resourceQOSStrategy.lsClass.memoryQOS.pageCacheEnable" in caplog.text
         # One the CRD rejects: refused with the field named, counted, the last good kept.
         version = rules.current.version
         s.put_nodeslo(NODE, {"cpuBurstStrategy": {"cpuBurstPercent": 20000}})

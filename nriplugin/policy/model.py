@@ -77,15 +77,43 @@ class BlkIOQOS(_M):
     blocks: list[BlockCfg] = []
 
 
+def _bandwidth(v: Any) -> Any:
+    """A class's bandwidth as Koordinator's CRD takes it: an integer is a percentage of
+    ``systemStrategy.totalNetworkBandwidth`` (0-100), ``"N%"`` the same, any other string a
+    Kubernetes quantity in bits/s (``"50M"``). Checked here, converted by ``features/net_qos.py``."""
+    from ..features.net_qos import check_class_bandwidth
+
+    return check_class_bandwidth(v)
+
+
+Bandwidth = Annotated[int | str, BeforeValidator(_bandwidth)]
+
+
+class NetworkQOS(_M):
+    """Koordinator's ``networkQOS`` of a class (L0/L1/L2 in tc, see ``features/net_qos.py``):
+    ``*Request`` is the class's guaranteed rate, ``*Limit`` its ceiling. Off by default, as in
+    Koordinator: network QoS does nothing until a class enables it or a pod carries a
+    bandwidth annotation."""
+
+    enable: bool = False
+    ingressRequest: Bandwidth = 0
+    ingressLimit: Bandwidth = 100
+    egressRequest: Bandwidth = 0
+    egressLimit: Bandwidth = 100
+
+
 class ResourceQOS(_M):
     cpuQOS: CPUQOS = CPUQOS()
     memoryQOS: MemoryQOS = MemoryQOS()
     resctrlQOS: ResctrlQOS = ResctrlQOS()
     blkioQOS: BlkIOQOS = BlkIOQOS()
+    networkQOS: NetworkQOS = NetworkQOS()
 
 
 class Policies(_M):
     cpuPolicy: Literal["groupIdentity", "coreSched"] = "groupIdentity"
+    # "tc": nriplugin shapes with Linux tc; "terway-qos": Terway's datapath does it, we do nothing.
+    netQOSPolicy: Literal["tc", "terway-qos"] = "tc"
 
 
 class ResourceQOSStrategy(_M):
@@ -332,6 +360,30 @@ class CPUBurst(_M):
         return self
 
 
+def _total_bandwidth(v: Any) -> Any:
+    """The node's bandwidth, kept as written (checked here; ``SystemStrategy.total_bits``
+    converts): an integer is Mbit/s (the CRD's unit), a string a Kubernetes quantity in
+    bits/s (``"100M"`` = 100 Mbit/s)."""
+    from ..features.net_qos import parse_total_bandwidth
+
+    if v is not None:
+        parse_total_bandwidth(v)
+    return v
+
+
+class SystemStrategy(_M):
+    """Koordinator's NodeSLO ``systemStrategy``, the part nriplugin uses."""
+
+    totalNetworkBandwidth: Annotated[int | str | None, BeforeValidator(_total_bandwidth)] = None
+
+    def total_bits(self) -> int | None:
+        """The node's bandwidth in bits/s (None: not set)."""
+        from ..features.net_qos import parse_total_bandwidth
+
+        v = self.totalNetworkBandwidth
+        return None if v is None else parse_total_bandwidth(v)
+
+
 class SystemReserved(_M):
     """CPU kept for the system and its daemons (NodeQOSResource / SystemQOSResource)."""
 
@@ -434,6 +486,7 @@ class Policy(_M):
     cpuBurstStrategy: CPUBurstStrategy = CPUBurstStrategy()
     resourceUsedThresholdWithBE: ResourceThresholdStrategy = ResourceThresholdStrategy()
     qosManager: QoSManager = QoSManager()
+    systemStrategy: SystemStrategy = SystemStrategy()
 
     def cpu_suppress_policy(self) -> Literal["cfsQuota", "cpuset"]:
         """``qosManager.cpuSuppress.policy`` if set, else the NodeSLO's ``cpuSuppressPolicy``."""

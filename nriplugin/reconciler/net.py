@@ -1,0 +1,365 @@
+"""Network QoS kept true: pods' tc rules follow the node model, off the NRI hook path.
+
+The node model tells of pods (RunPodSandbox, Synchronize, the inventory) and their removal;
+this only marks the node dirty. A round then runs in one worker thread (pyroute2 is blocking
+and runs its own event loop): each pod's network namespace (NRI's ``linux.namespaces``,
+type "network") is entered to find its interface (the host peer is its ``iflink``) and IPv4
+address, once per pod; the desired state (``features/net_qos.py`` over the overlays) becomes
+a :class:`Plan` that ``kernel/tc.py`` makes true. Every ``period`` seconds the same round
+reads the kernel back: a deleted class, filter or redirect is restored and counted as drift
+and repair (resource ``tc``), like a cgroup file. A pod that went, or whose namespace vanished,
+has its rules removed; with no pod shaped, our IFBs go too.
+
+Pods on the host network have no interface of their own: reported once as not shapeable.
+A host veth that already carries another's shaping (the bandwidth CNI plugin's tbf root or
+ingress qdisc) is left to it, reported once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..features.base import InvalidInput
+from ..features.net_qos import DIRECTIONS, Level, NodeNet, PodNet, leaf_rates, node_state, pod_state
+from ..kernel.tc import FIRST_LEAF, LAST_LEAF, TC, Plan, PodPlan, Snapshot
+from ..model import POD_PREFIX, NodeModel
+from ..nri import api_pb2 as api
+from ..overlays import Overlays
+from ..policy.cache import RuleCache
+from ..policy.qos import InvalidQoSLabel, qos_class
+
+log = logging.getLogger("nriplugin.net")
+
+NODE_KEY = "net:node"  # the overlays' key for the node's tree (net suppress)
+
+
+class Observer(Protocol):
+    def drift(self, resource: str) -> None: ...
+    def repaired(self, resource: str, seconds: float) -> None: ...
+
+
+class Quiet:
+    def drift(self, resource: str) -> None:
+        pass
+
+    def repaired(self, resource: str, seconds: float) -> None:
+        pass
+
+
+def netns_path(pod: api.PodSandbox) -> str:
+    """The pod's network namespace ("" : the host's)."""
+    for ns in pod.linux.namespaces:
+        if ns.type == "network":
+            return ns.path
+    return ""
+
+
+@dataclass(frozen=True, slots=True)
+class Wanted:
+    """What the loop hands the worker for one pod (facts copied off the node model)."""
+
+    pod: str
+    who: str
+    netns: str
+    net: PodNet
+
+
+@dataclass
+class Found:
+    veth: int
+    ip: str
+    pod_ifindex: int
+
+
+@dataclass
+class Status:
+    """The last round, for metrics, doctor and tests."""
+
+    shaped: dict[str, PodPlan] = field(default_factory=dict)
+    host_network: set[str] = field(default_factory=set)
+    foreign: dict[str, str] = field(default_factory=dict)
+    snapshot: Snapshot | None = None
+    caps: dict[str, bool] = field(default_factory=dict)
+    rounds: int = 0
+
+
+def discover(path: str) -> Found | None:
+    """The pod's interface in its namespace: a link whose peer (``IFLA_LINK``) lives in
+    another namespace, eth0 first; and its first IPv4 address. Runs in the worker thread."""
+    from ..kernel.netns import iproute
+
+    ipr = iproute(path)
+    try:
+        links = [x for x in ipr.get_links() if x.get_attr("IFLA_LINK") and x.get_attr("IFLA_LINK_NETNSID") is not None]
+        links.sort(key=lambda x: x.get_attr("IFLA_IFNAME") != "eth0")
+        for link in links:
+            addrs = ipr.get_addr(family=2, index=link["index"])
+            if addrs:
+                return Found(int(link.get_attr("IFLA_LINK")), str(addrs[0].get_attr("IFA_ADDRESS")), int(link["index"]))
+    finally:
+        ipr.close()
+    return None
+
+
+class NetQoS:
+    def __init__(
+        self,
+        model: NodeModel,
+        rules: RuleCache,
+        overlays: Overlays,
+        observer: Observer | None = None,
+        on_invalid: Callable[[str], None] = lambda reason: None,
+        netns: str | None = None,
+        prefix: str = "nrq",
+        period: float = 2.0,
+        on_round: Callable[[Status], None] = lambda s: None,
+        suppress: bool = True,
+    ) -> None:
+        self.model = model
+        self.rules = rules
+        self.overlays = overlays
+        self.observer = observer or Quiet()
+        self.on_invalid = on_invalid
+        self.netns = netns
+        self.prefix = prefix
+        self.period = period
+        self.on_round = on_round
+        self.status = Status()
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="nriplugin-tc")
+        self._tc: TC | None = None
+        self._found: dict[str, tuple[str, Found | None]] = {}  # pod id -> (netns path, interface)
+        self._minors: dict[str, int] = {}
+        self._reported: set[tuple[str, str]] = set()
+        self._invalid: dict[str, str] = {}  # pod id -> the annotation problem reported
+        self._applied: Plan | None = None
+        self._kick = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._gone: list[str] = []
+        from ..qos.net_suppress import NetSuppress
+
+        self.suppress: NetSuppress | None = NetSuppress(overlays, NODE_KEY) if suppress else None
+        model.subscribe(self)
+        rules.subscribe(lambda _v: self._kick.set())
+
+    # the node model's Listener ------------------------------------------------------------------
+
+    def added(self, key: str) -> None:
+        if key.startswith(POD_PREFIX):
+            self._kick.set()
+
+    def started(self, key: str, existing: bool) -> None:
+        pass
+
+    def changed(self, key: str) -> None:
+        pass
+
+    def removed(self, key: str) -> None:
+        if key.startswith(POD_PREFIX):
+            self._gone.append(key[len(POD_PREFIX) :])
+            self._kick.set()
+
+    def resynced(self) -> None:
+        self._kick.set()
+
+    def overlay_changed(self) -> None:
+        self._kick.set()
+
+    # running --------------------------------------------------------------------------------------
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._task = loop.create_task(self.run())
+
+    def stop(self) -> None:
+        """Rules stay in place: a restarted agent adopts them (as cgroup values stay written)."""
+        if self._task is not None:
+            self._task.cancel()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._kick.clear()
+            await self.round(loop)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), self.period)
+
+    async def round(self, loop: asyncio.AbstractEventLoop | None = None) -> Status:
+        """One round: the wanted pods computed here (on the loop), the kernel work in the worker."""
+        loop = loop or asyncio.get_running_loop()
+        wanted, node = self.wanted()
+        gone, self._gone = self._gone, []
+        try:
+            await loop.run_in_executor(self._pool, self._work, wanted, node, gone)
+        except Exception as exc:  # a netlink failure: logged, tried again next round
+            log.warning("network QoS round failed: %s", exc)
+        self.status.rounds += 1
+        if self.suppress is not None:
+            policy = self.rules.policy
+            if self.suppress.step(policy, node.total, self.status.snapshot, time.monotonic()):
+                log.info(
+                    "net suppress: L2 ceilings now %s", {r: v for d in self.overlays.of(NODE_KEY) for r, v in d.values}
+                )
+                self._kick.set()
+        self.on_round(self.status)
+        return self.status
+
+    def wanted(self) -> tuple[list[Wanted], NodeNet]:
+        policy = self.rules.policy
+        low = {r: int(v) for d in self.overlays.of(NODE_KEY) for r, v in d.values}
+        node = node_state(policy, low)
+        out = []
+        for key in self.model:
+            if not key.startswith(POD_PREFIX):
+                continue
+            r = self.model.get(key)
+            if r is None:
+                continue
+            pod = r.pod
+            who = f"{pod.namespace}/{pod.name}"
+            try:
+                qos = qos_class(pod.labels, pod.linux.cgroup_parent)
+                net = pod_state(policy, qos, pod.annotations)
+            except InvalidQoSLabel:
+                continue  # reported by the desired state already
+            except InvalidInput as exc:
+                if self._invalid.get(pod.id) != str(exc):
+                    self._invalid[pod.id] = str(exc)
+                    self.on_invalid("net_bandwidth")
+                    log.warning("pod %s: %s; its network is not shaped", who, exc, extra={"pod": who})
+                continue
+            if net is not None:
+                out.append(Wanted(pod.id, who, netns_path(pod), net))
+        return out, node
+
+    # the worker thread ---------------------------------------------------------------------------
+
+    def _once(self, pod: str, what: str, msg: str, *args: object) -> None:
+        if (pod, what) not in self._reported:
+            self._reported.add((pod, what))
+            log.info(msg, *args)
+
+    def _work(self, wanted: list[Wanted], node: NodeNet, gone: list[str]) -> None:
+        if not wanted and (self._applied is None or not self._applied.pods) and not self._found:
+            return  # nothing shaped, nothing to take away: no netlink at all
+        if self._tc is None:
+            self._tc = TC(self.netns, self.prefix)
+            self.status.caps = self._tc.probe()
+            missing = [k for k in ("ifb", "htb", "clsact", "u32", "mirred") if not self.status.caps[k]]
+            if missing:
+                log.warning("network QoS unavailable: the kernel lacks %s", ", ".join(missing))
+        tc = self._tc
+        caps = self.status.caps
+        usable = all(caps.get(k) for k in ("ifb", "htb", "clsact", "u32", "mirred"))
+        for pod in gone:
+            found = self._found.pop(pod, (None, None))[1]
+            self._minors.pop(pod, None)
+            self._invalid.pop(pod, None)
+            self._reported = {r for r in self._reported if r[0] != pod}
+            if found is not None:
+                tc.release(found.veth)
+        pods: list[PodPlan] = []
+        status = Status(caps=caps, rounds=self.status.rounds)
+        live = {w.pod for w in wanted}
+        for pod in [p for p in self._found if p not in live]:  # no longer wanted (policy, labels)
+            found = self._found.pop(pod)[1]
+            self._minors.pop(pod, None)
+            if found is not None:
+                tc.release(found.veth)
+        for w in wanted if usable else []:
+            if not w.netns or self._is_ours(w.netns):
+                status.host_network.add(w.pod)
+                self._once(w.pod, "host", "pod %s: host network, no interface of its own: not shapeable", w.who)
+                continue
+            found = self._locate(w)
+            if found is None:
+                continue
+            owner = tc.veth_owner(found.veth)
+            if owner not in ("", "nriplugin"):
+                status.foreign[w.pod] = owner
+                self._once(
+                    w.pod,
+                    "foreign",
+                    "pod %s: its interface carries %s (the bandwidth CNI plugin?): left to it",
+                    w.who,
+                    owner,
+                )
+                continue
+            minor = self._minor(w.pod)
+            rates = tuple((d, leaf_rates(node, w.net, d)) for d in DIRECTIONS)
+            pods.append(PodPlan(w.pod, found.veth, found.ip, minor, Level(w.net.level), rates))
+        plan = Plan(node, tuple(sorted(pods, key=lambda p: p.minor)))
+        started = time.monotonic()
+        changes = tc.sync(plan) if usable else []
+        if changes and plan == self._applied:
+            took = time.monotonic() - started
+            for c in changes:
+                resource = "tc." + c.split(" ", 1)[0]
+                self.observer.drift(resource)
+                self.observer.repaired(resource, took)
+            log.warning("network QoS rules changed behind our back, restored: %s", "; ".join(changes))
+        elif changes:
+            log.info("network QoS: %s", "; ".join(changes) if len(changes) < 12 else f"{len(changes)} changes")
+        self._applied = plan
+        status.shaped = {p.pod: p for p in plan.pods}
+        status.snapshot = tc.snapshot() if plan.pods else None
+        self.status = status
+
+    def _is_ours(self, path: str) -> bool:
+        """A pod "namespace" that is the one we shape in is the host network (some runtimes
+        name it): its veths are other pods', never this pod's."""
+        try:
+            a, b = os.stat(path), os.stat(self.netns or "/proc/thread-self/ns/net")
+        except OSError:
+            return False
+        return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+    def _locate(self, w: Wanted) -> Found | None:
+        have = self._found.get(w.pod)
+        tc = self._tc
+        assert tc is not None
+        if have is not None and have[0] == w.netns and have[1] is not None and tc.link_exists(have[1].veth):
+            return have[1]
+        try:
+            found = discover(w.netns)
+        except OSError as exc:  # the namespace is gone: its interface and rules went with it
+            self._found.pop(w.pod, None)
+            self._once(w.pod, "netns", "pod %s: network namespace %s: %s", w.who, w.netns, exc)
+            return None
+        if found is None or not tc.link_exists(found.veth):
+            self._once(w.pod, "iface", "pod %s: no interface with a peer on this host and an IPv4 address", w.who)
+            found = None
+        self._found[w.pod] = (w.netns, found)
+        return found
+
+    def _minor(self, pod: str) -> int:
+        m = self._minors.get(pod)
+        if m is None:
+            used = set(self._minors.values())
+            m = next(i for i in range(FIRST_LEAF, LAST_LEAF + 1) if i not in used)
+            self._minors[pod] = m
+        return m
+
+    def remove_all(self) -> list[str]:
+        """Take every rule of ours away (``nriplugin`` tests, an operator's clean-up)."""
+        if self._tc is None:
+            return []
+        veths = [f.veth for _, f in self._found.values() if f is not None]
+        return self._tc.remove_all(veths)
+
+
+def describe(status: Status) -> dict[str, Any]:
+    """A plain summary (doctor, /debug)."""
+    return {
+        "shaped": sorted(status.shaped),
+        "host_network": sorted(status.host_network),
+        "foreign": dict(status.foreign),
+        "caps": dict(status.caps),
+    }

@@ -1,0 +1,186 @@
+"""Network QoS's pure parts: rate parsing (bad input refused with the key named), the node's
+tree and each pod's place from the policy, and net suppress's decisions."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from nriplugin.features.base import InvalidInput
+from nriplugin.features.net_qos import (
+    DEFAULT_TOTAL,
+    EGRESS_KEY,
+    INGRESS_KEY,
+    MIN_RATE,
+    Level,
+    annotation_bits,
+    class_bits,
+    leaf_rates,
+    node_state,
+    parse_total_bandwidth,
+    pod_state,
+    suppress_resource,
+)
+from nriplugin.overlays import Overlays
+from nriplugin.policy.model import Policy, from_document
+from nriplugin.policy.qos import QoSClass
+from nriplugin.qos.net_suppress import Config, NetSuppress, State, decide
+
+E2E_POLICY = {
+    "resourceQOSStrategy": {
+        "policies": {"netQOSPolicy": "tc"},
+        "lsClass": {
+            "networkQOS": {
+                "enable": True,
+                "ingressRequest": "50%",
+                "ingressLimit": "100%",
+                "egressRequest": "50M",
+                "egressLimit": "100%",
+            }
+        },
+        "beClass": {"networkQOS": {"enable": True, "ingressLimit": "20%", "egressLimit": 20}},
+    },
+    "systemStrategy": {"totalNetworkBandwidth": "100M"},
+}
+
+
+def policy(doc: dict[str, object] | None = None) -> Policy:
+    return from_document(doc if doc is not None else E2E_POLICY)[0]
+
+
+def test_the_agreed_policy_gives_the_classes_their_rates() -> None:
+    node = node_state(policy())
+    assert node.total == 100_000_000
+    ls_in, ls_out = node.rates(Level.L1, "ingress"), node.rates(Level.L1, "egress")
+    assert (ls_in.rate, ls_in.ceil) == (50_000_000, 100_000_000)
+    assert (ls_out.rate, ls_out.ceil) == (50_000_000, 100_000_000)  # "50M" is bits/s
+    be = node.rates(Level.L2, "egress")
+    assert (be.rate, be.ceil) == (MIN_RATE, 20_000_000)  # integer 20 = 20 % of the total
+    l0 = node.rates(Level.L0, "ingress")  # not enabled: no guarantee, the node as ceiling
+    assert (l0.rate, l0.ceil) == (MIN_RATE, 100_000_000)
+
+
+def test_units_of_the_total() -> None:
+    assert parse_total_bandwidth(100) == 100_000_000  # an integer is Mbit/s, as the CRD says
+    assert parse_total_bandwidth("100M") == 100_000_000
+    assert parse_total_bandwidth("1G") == 10**9
+    for bad in (0, -5, "abc", True, "2T", 1.5):
+        with pytest.raises(ValueError):
+            parse_total_bandwidth(bad)
+    assert node_state(Policy()).total == DEFAULT_TOTAL
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"ingressLimit": 101},
+        {"egressRequest": "abc"},
+        {"egressLimit": "-5M"},
+        {"ingressRequest": "12.5%"},
+        {"egressLimit": True},
+    ],
+)
+def test_a_bad_class_bandwidth_refuses_the_policy_with_the_field_named(bad: dict[str, object]) -> None:
+    with pytest.raises(ValidationError, match=next(iter(bad))):
+        policy({"resourceQOSStrategy": {"beClass": {"networkQOS": {"enable": True, **bad}}}})
+
+
+def test_the_default_shapes_nothing_and_terway_is_left_alone() -> None:
+    assert pod_state(Policy(), QoSClass.BE, {}) is None
+    assert pod_state(policy(), QoSClass.LSR, {}) is None  # L0 not enabled, no annotation
+    terway = policy({**E2E_POLICY, "resourceQOSStrategy": {"policies": {"netQOSPolicy": "terway-qos"}}})
+    assert pod_state(terway, QoSClass.BE, {EGRESS_KEY: "20M"}) is None
+
+
+def test_levels_and_caps() -> None:
+    p = policy()
+    ls = pod_state(p, QoSClass.LS, {})
+    assert ls is not None and ls.level is Level.L1 and ls.egress_cap is None
+    be = pod_state(p, QoSClass.BE, {EGRESS_KEY: "20M"})
+    assert be is not None and be.level is Level.L2 and be.egress_cap == 20_000_000 and be.ingress_cap is None
+    node = node_state(p)
+    assert leaf_rates(node, be, "egress").ceil == 20_000_000
+    assert leaf_rates(node, be, "ingress").ceil == node.total
+    # a pod of a class not enabled is shaped by its own annotation alone
+    lse = pod_state(p, QoSClass.LSE, {INGRESS_KEY: "5M"})
+    assert lse is not None and lse.level is Level.L0 and lse.ingress_cap == 5_000_000
+    assert pod_state(p, QoSClass.SYSTEM, {INGRESS_KEY: "5M"}) is None
+
+
+@pytest.mark.parametrize("raw", ["abc", "-20M", "2T", "0", "500", "1e40", "20 M", ""])
+def test_a_bad_annotation_is_refused_with_the_key_named(raw: str) -> None:
+    with pytest.raises(InvalidInput) as exc:
+        pod_state(policy(), QoSClass.BE, {EGRESS_KEY: raw})
+    assert exc.value.key == EGRESS_KEY
+
+
+@given(st.text(max_size=30))
+def test_any_annotation_is_a_rate_in_range_or_refused(raw: str) -> None:
+    try:
+        bits = annotation_bits(INGRESS_KEY, raw)
+    except InvalidInput as exc:
+        assert exc.key == INGRESS_KEY
+    else:
+        assert 1_000 <= bits <= 10**12
+
+
+@given(st.integers(min_value=1, max_value=10**12), st.sampled_from(["", "k", "M", "G", "Ki", "Mi"]))
+def test_quantities_in_range_parse_to_their_value(n: int, suffix: str) -> None:
+    mult = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "Ki": 2**10, "Mi": 2**20}[suffix]
+    value = n * mult
+    if 1_000 <= value <= 10**12:
+        assert annotation_bits(EGRESS_KEY, f"{n}{suffix}") == value
+    else:
+        with pytest.raises(InvalidInput):
+            annotation_bits(EGRESS_KEY, f"{n}{suffix}")
+
+
+@given(st.integers(min_value=0, max_value=100), st.integers(min_value=1_000, max_value=10**12))
+def test_percentages_are_of_the_total(p: int, total: int) -> None:
+    assert class_bits(p, total) == class_bits(f"{p}%", total) == total * p // 100
+
+
+def test_an_overlay_lowers_a_class_ceiling() -> None:
+    node = node_state(policy(), {suppress_resource(Level.L2, "egress"): 5_000_000})
+    assert node.rates(Level.L2, "egress").ceil == 5_000_000
+    assert node.rates(Level.L2, "ingress").ceil == 20_000_000
+    o = Overlays()
+    with pytest.raises(ValueError):
+        o.set("net:node", "qos:netSuppress", {suppress_resource(Level.L2, "egress"): -1}, "x")
+
+
+def test_net_suppress_cuts_at_once_raises_late_and_withdraws_when_calm() -> None:
+    total, cfg = 100_000_000, Config(hold=5.0)
+    s = decide(total, 50e6, State(), 0.0, cfg)
+    assert s.ceiling is None  # below the threshold: nothing
+    s = decide(total, 85e6, s, 1.0, cfg)
+    assert s.ceiling == 5_000_000  # 100 - 85 - 10 = 5 M (also the floor)
+    s = decide(total, 82e6, s, 2.0, cfg)
+    assert s.ceiling == 5_000_000  # a raise within the deadband: held
+    s = decide(total, 70e6, s, 3.0, cfg)
+    assert s.ceiling == 5_000_000 and s.raise_since == 3.0  # a raise waits ``hold``
+    s = decide(total, 70e6, s, 8.5, cfg)
+    assert s.ceiling == 20_000_000
+    s = decide(total, 10e6, s, 9.0, cfg)
+    assert s.ceiling == 20_000_000  # calm starts
+    s = decide(total, 10e6, s, 14.5, cfg)
+    assert s == State()
+
+
+def test_net_suppress_sets_and_withdraws_the_overlay_from_counters() -> None:
+    from nriplugin.kernel.tc import Snapshot
+
+    o = Overlays()
+    ns = NetSuppress(o, "net:node", Config(hold=0.0))
+    p = policy()
+    snap = Snapshot(bytes={("egress", 0x11): 0})
+    assert not ns.step(p, 100_000_000, snap, 0.0)
+    snap = Snapshot(bytes={("egress", 0x11): 90_000_000 // 8})  # 90 Mbit in 1 s of L1
+    assert ns.step(p, 100_000_000, snap, 1.0)
+    assert dict(o.of("net:node")[0].values) == {suppress_resource(Level.L2, "egress"): 5_000_000}
+    assert ns.step(p, 100_000_000, snap, 2.0)  # nothing sent since: calm, withdrawn (hold 0)
+    assert o.of("net:node") == []
+    off = policy({**E2E_POLICY, "qosManager": {"enable": False}})
+    assert not ns.step(off, 100_000_000, snap, 3.0)
