@@ -25,6 +25,7 @@ import functools
 import ipaddress
 import itertools
 import json
+import math
 import os
 import re
 import shutil
@@ -253,7 +254,7 @@ class Latency:
 def percentile(samples: list[float], q: float) -> float:
     """Nearest-rank percentile (``q`` in 0..100) of a non-empty sample."""
     s = sorted(samples)
-    return s[max(0, min(len(s) - 1, round(q / 100 * len(s) + 0.5) - 1))]
+    return s[max(0, min(len(s), math.ceil(q / 100 * len(s))) - 1)]
 
 
 def parse_ping(out: str, sent: int) -> Latency:
