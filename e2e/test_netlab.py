@@ -11,6 +11,7 @@ it was.
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import subprocess
 import tempfile
@@ -133,3 +134,24 @@ def test_teardown_leaves_nothing(pkg_root: Path) -> None:
     assert not (subnets.STATE / f"{rt.net_name}.claim").exists()
     if not subnets.held():  # no other lab on this machine still needs forwarding
         assert Path("/proc/sys/net/ipv4/ip_forward").read_text() == forward
+
+
+def test_claims_are_disjoint_and_a_dead_owners_claim_is_dropped() -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    names = [f"nrq{os.getpid()}t{i}" for i in range(3)]
+    try:
+        a = subnets.claim(names[0], subnets.UPLINKS, 29)
+        b = subnets.claim(names[1], subnets.UPLINKS, 29)
+        assert a.subnet_of(subnets.UPLINKS) and b.subnet_of(subnets.UPLINKS) and not a.overlaps(b)
+        with pytest.raises(ValueError, match="already held"):
+            subnets.claim(names[0], subnets.UPLINKS, 29)
+        # a claim left by a process that died is not kept
+        stale = subnets.STATE / f"{names[2]}.claim"
+        stale.write_text(json.dumps({"pid": dead.pid, "net": str(a)}))
+        subnets.release(names[0])
+        c = subnets.claim(names[0], subnets.UPLINKS, 29)
+        assert c == a and not stale.exists()
+    finally:
+        for n in names:
+            subnets.release(n)
