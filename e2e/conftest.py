@@ -53,9 +53,9 @@ def pkg_root() -> Path:
 def runtime_factory(pkg_root: Path) -> Iterator[object]:
     made: list[harness.Containerd] = []
 
-    def make(nri: bool = True, start: bool = True) -> harness.Containerd:
+    def make(nri: bool = True, start: bool = True, cni: bool = False) -> harness.Containerd:
         base = Path(tempfile.mkdtemp(prefix="nriplugin-e2e-"))
-        c = harness.Containerd(pkg_root, base, nri=nri)
+        c = harness.Containerd(pkg_root, base, nri=nri, cni=cni)
         made.append(c)
         if start:
             c.start()
@@ -67,6 +67,7 @@ def runtime_factory(pkg_root: Path) -> Iterator[object]:
     for c in made:  # teardown leaves nothing behind
         assert not harness.cgroup_dirs(c.cgroup_root), f"cgroups left: {harness.cgroup_dirs(c.cgroup_root)}"
         assert not c.base.exists()
+        assert not Path("/sys/class/net", c.net_name).exists(), f"bridge left: {c.net_name}"
 
 
 @pytest.fixture

@@ -4,12 +4,21 @@ Everything lives under one base folder (root, state, sockets, NRI plugin dir, ru
 and one top-level cgroup per controller (``/nriplugin-e2e-<pid>-<n>``), so teardown removes
 exactly what was created: our pods through CRI, our shims by their pid files, our mounts under
 the base folder, our cgroups, the folder itself. Nothing is killed by name.
+
+With ``cni=True`` pods may have their own network namespace (``run_pod(host_network=False)``):
+the runtime gets Debian's CNI plugins (bridge, host-local, loopback) and a bridge of its own
+(``nrq<pid>b<n>``) on a /27 claimed from the test-only 198.18.0.0/24 (``e2e.subnets``), with
+host-local's state under the base folder. Teardown also deletes the bridge, the pods' network
+namespaces if containerd could not, libcni's cached results for our network, and puts
+ip_forward back as it was (the bridge plugin turns it on) once no other claim needs it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import itertools
+import json
 import os
 import signal
 import subprocess
@@ -19,12 +28,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import images
+from . import images, subnets
 from .cri import CRI, msg
 
 ROOT = Path(__file__).resolve().parent.parent
 CGROUP_FS = Path("/sys/fs/cgroup")
 _seq = itertools.count()
+CNI_PLUGINS = Path("/usr/lib/cni")  # Debian's containernetworking-plugins
+CNI_CACHE = Path("/var/lib/cni/results")  # libcni's default cache (containerd 1.7 sets none)
+POD_NETWORK, NODE_NETWORK = 0, 2  # runtime.v1.NamespaceMode
 
 
 def install() -> Path:
@@ -89,7 +101,11 @@ class Containerd:
     base: Path
     nri: bool = True
     tmpfs: bool = False  # root on a tmpfs: takes disk fsync noise out of latency benchmarks
+    cni: bool = False  # a bridge network: pods may have their own network namespace
     cgroup_root: str = field(default_factory=lambda: f"nriplugin-e2e-{os.getpid()}-{next(_seq)}")
+    net_name: str = field(default_factory=lambda: f"nrq{os.getpid()}b{next(_seq)}")  # bridge + CNI network
+    subnet: ipaddress.IPv4Network | None = None  # claimed when the runtime is configured
+    netns_paths: list[str] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
     cri: CRI | None = None
 
@@ -122,6 +138,8 @@ class Containerd:
             )
         for d in ("root", "state", "opt", "nri/conf.d", "nri/plugins", "cni/bin", "cni/conf", "runc", "logs"):
             (self.base / d).mkdir(parents=True, exist_ok=True)
+        if self.cni:
+            self.setup_cni()
         cfg = self.base / "config.toml"
         cfg.write_text(
             CONFIG.format(
@@ -132,6 +150,59 @@ class Containerd:
             )
         )
         return cfg
+
+    def setup_cni(self) -> None:
+        """Link the CNI plugins, claim a subnet, make our bridge with its gateway address (so
+        the slot shows in the kernel's routes at once) and write the conflist."""
+        if self.subnet is not None:
+            return
+        missing = [p for p in ("bridge", "host-local", "loopback") if not (CNI_PLUGINS / p).is_file()]
+        if missing:
+            raise RuntimeError(f"CNI plugins {missing} not in {CNI_PLUGINS}: install containernetworking-plugins")
+        for p in ("bridge", "host-local", "loopback"):
+            link = self.base / "cni" / "bin" / p
+            if not link.exists():
+                link.symlink_to(CNI_PLUGINS / p)
+        self.subnet = subnets.claim(self.net_name, subnets.PODS, 27)
+        gw = f"{self.subnet[1]}/{self.subnet.prefixlen}"
+        ip("link", "add", "name", self.net_name, "type", "bridge")
+        ip("addr", "add", gw, "dev", self.net_name)
+        ip("link", "set", self.net_name, "up")
+        conf = {
+            "cniVersion": "1.0.0",
+            "name": self.net_name,
+            "plugins": [
+                {
+                    "type": "bridge",
+                    "bridge": self.net_name,
+                    "isGateway": True,
+                    "ipMasq": False,
+                    "ipam": {
+                        "type": "host-local",
+                        "ranges": [[{"subnet": str(self.subnet), "gateway": str(self.subnet[1])}]],
+                        "routes": [{"dst": "0.0.0.0/0"}],
+                        "dataDir": str(self.base / "cni" / "ipam"),
+                    },
+                }
+            ],
+        }
+        (self.base / "cni" / "conf" / "10-nriplugin-e2e.conflist").write_text(json.dumps(conf, indent=1))
+
+    def teardown_cni(self) -> None:
+        """Remove what CNI left if containerd could not (it was killed): pod network
+        namespaces (their veths go with them), our bridge, libcni's cache; release the claim."""
+        if self.subnet is None:
+            return
+        for path in self.netns_paths:
+            if os.path.exists(path):
+                subprocess.run(["umount", path], check=False, capture_output=True)
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+        subprocess.run(["ip", "link", "del", self.net_name], check=False, capture_output=True)
+        for cached in CNI_CACHE.glob(f"{self.net_name}-*"):
+            cached.unlink(missing_ok=True)
+        subnets.release(self.net_name)
+        self.subnet = None
 
     def start(self, timeout: float = 60.0) -> None:
         cfg = self.write_config()
@@ -224,6 +295,7 @@ class Containerd:
                 os.kill(int(pidfile.read_text().strip()), signal.SIGKILL)
         time.sleep(0.2)
         unmount_under(self.base)
+        self.teardown_cni()
         remove_cgroups(self.cgroup_root)
         subprocess.run(["rm", "-rf", "--one-file-system", str(self.base)], check=False)
 
@@ -239,8 +311,13 @@ class Containerd:
         k8s_qos: str = "Burstable",
         labels: dict[str, str] | None = None,
         annotations: dict[str, str] | None = None,
+        host_network: bool = True,
     ) -> Pod:
+        """A pod sandbox; ``host_network=False`` (needs ``cni=True``) gives it its own network
+        namespace, whose path and address are in the returned ``Pod``."""
         assert self.cri is not None
+        if not host_network and not self.cni:
+            raise ValueError("a pod network namespace needs Containerd(cni=True)")
         uid = str(uuid.uuid4())
         cfg = msg("PodSandboxConfig")
         cfg.metadata.name, cfg.metadata.uid, cfg.metadata.namespace = name, uid, "default"
@@ -248,9 +325,15 @@ class Containerd:
         cfg.labels.update({"io.kubernetes.pod.name": name, "io.kubernetes.pod.namespace": "default", **(labels or {})})
         cfg.annotations.update(annotations or {})
         cfg.linux.cgroup_parent = self.pod_parent(k8s_qos, uid)
-        cfg.linux.security_context.namespace_options.network = 2  # NODE: host network, no CNI
+        cfg.linux.security_context.namespace_options.network = NODE_NETWORK if host_network else POD_NETWORK
         pod_id = self.cri.call("RunPodSandbox", msg("RunPodSandboxRequest", config=cfg)).pod_sandbox_id
-        return Pod(pod_id, cfg)
+        if host_network:
+            return Pod(pod_id, cfg)
+        st = self.cri.call("PodSandboxStatus", msg("PodSandboxStatusRequest", pod_sandbox_id=pod_id, verbose=True))
+        spec = json.loads(st.info["info"])["runtimeSpec"]
+        netns = next(n["path"] for n in spec["linux"]["namespaces"] if n["type"] == "network")
+        self.netns_paths.append(netns)
+        return Pod(pod_id, cfg, netns=netns, ip=st.status.network.ip)
 
     def create_container(
         self,
@@ -264,6 +347,7 @@ class Containerd:
     ) -> str:
         assert self.cri is not None
         c = container_config(name, cpu_shares, cpu_quota, memory, command)
+        c.linux.security_context.namespace_options.network = pod.config.linux.security_context.namespace_options.network
         req = msg("CreateContainerRequest", pod_sandbox_id=pod.id, config=c, sandbox_config=pod.config)
         cid: str = self.cri.call("CreateContainer", req).container_id
         if start:
@@ -279,6 +363,15 @@ class Containerd:
 class Pod:
     id: str
     config: Any
+    netns: str | None = None  # its network namespace (bind mount), None on the host network
+    ip: str | None = None
+
+
+def ip(*args: str) -> None:
+    """``ip ARGS`` with a clear error."""
+    r = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if r.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)} failed: {r.stderr.strip()}")
 
 
 def container_config(

@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # Creates .venv with nriplugin and its test extra (idempotent). Needs Python >= 3.11 with venv;
 # installs Debian's python3-venv if the interpreter lacks it. Arguments name more extras to
-# install as well (scripts/main.sh: demo, for the QoS timeline's PNG).
+# install as well (scripts/main.sh: demo, for the QoS timeline's PNG). As root, also Debian's
+# CNI plugins (bridge, host-local, loopback), iperf3 and iproute2 for the network lab
+# (e2e/netlab.py), when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "$(id -u)" = 0 ] && { [ ! -x /usr/lib/cni/bridge ] || ! command -v iperf3 >/dev/null || ! command -v tc >/dev/null; }; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq containernetworking-plugins iperf3 iproute2 >/dev/null
+fi
 if ! command -v python3 >/dev/null; then
   apt-get update -qq && apt-get install -y -qq python3 python3-venv >/dev/null
 fi
