@@ -272,6 +272,12 @@ class Containerd:
             self.cri = None
         self.proc = None
 
+    def remove_pod(self, pod: Pod) -> None:
+        """StopPodSandbox and RemovePodSandbox, as kubelet does when a pod goes."""
+        assert self.cri is not None
+        self.cri.call("StopPodSandbox", msg("StopPodSandboxRequest", pod_sandbox_id=pod.id))
+        self.cri.call("RemovePodSandbox", msg("RemovePodSandboxRequest", pod_sandbox_id=pod.id))
+
     def remove_all_pods(self) -> None:
         assert self.cri is not None
         pods = self.cri.call("ListPodSandbox", msg("ListPodSandboxRequest")).items

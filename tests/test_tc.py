@@ -327,6 +327,24 @@ def test_nothing_wanted_means_no_netlink_at_all(lab: Lab) -> None:
     assert net._tc is None and "nrq-" not in sh(f"ip -n {lab.host} -o link")
 
 
+def test_devices_left_by_an_earlier_agent_are_removed_when_nothing_is_wanted(lab: Lab) -> None:
+    """An agent keeps its rules when it stops, for the next one to adopt. If the pods went
+    meanwhile and the next agent shapes nothing, its first round removes the leftovers (it
+    looks in /proc/net/dev first: an agent with nothing to do and nothing left still opens
+    no netlink)."""
+    model, net, _, _ = make(lab)
+    model.pod_seen(pod(lab, "be", "BE"))
+    asyncio.run(net.round())  # an earlier agent shaped the pod, then stopped
+    assert "nrq-egress" in sh(f"ip -n {lab.host} -o link")
+    _, again, _, _ = make(lab, {})  # the next one: no pod wanted any more
+    asyncio.run(again.round())
+    assert "nrq-" not in sh(f"ip -n {lab.host} -o link")
+    asyncio.run(again.round())  # checked once: later rounds stay without netlink
+    _, idle, _, _ = make(lab, {})
+    asyncio.run(idle.round())
+    assert idle._tc is None
+
+
 def test_a_suppress_overlay_lowers_the_l2_ceiling_and_its_withdrawal_restores_it(lab: Lab) -> None:
     from nriplugin.features.net_qos import Level, suppress_resource
     from nriplugin.reconciler.net import NODE_KEY

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from ..features.base import InvalidInput
 from ..features.net_qos import DIRECTIONS, Level, NodeNet, PodNet, leaf_rates, node_state, pod_state
+from ..kernel.netns import link_names
 from ..kernel.tc import FIRST_LEAF, LAST_LEAF, TC, Plan, PodPlan, Snapshot
 from ..model import POD_PREFIX, NodeModel
 from ..nri import api_pb2 as api
@@ -246,8 +247,22 @@ class NetQoS:
             self._reported.add((pod, what))
             log.info(msg, *args)
 
+    def _leftovers(self) -> bool:
+        """Whether an earlier agent left our devices behind (it keeps its rules when it stops,
+        for the next one to adopt): checked once, on the first round, from the namespace's
+        ``/proc/net/dev`` (the worker thread steps in; no netlink)."""
+        if self._applied is not None:
+            return False
+        try:
+            names = link_names(self.netns)
+        except OSError:
+            return False
+        return bool(names & {f"{self.prefix}-egress", f"{self.prefix}-ingress"})
+
     def _work(self, wanted: list[Wanted], node: NodeNet, gone: list[str]) -> None:
-        if not wanted and (self._applied is None or not self._applied.pods) and not self._found:
+        idle = not wanted and (self._applied is None or not self._applied.pods) and not self._found
+        if idle and not self._leftovers():
+            self._applied = Plan(node, ())
             return  # nothing shaped, nothing to take away: no netlink at all
         if self._tc is None:
             self._tc = TC(self.netns, self.prefix)
