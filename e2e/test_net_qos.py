@@ -34,16 +34,7 @@ LS = {"koordinator.sh/qosClass": "LS"}
 BE = {"koordinator.sh/qosClass": "BE"}
 EGRESS, INGRESS = "nrq-egress", "nrq-ingress"
 L2 = "1:12"  # the BE level's class on the agent's devices (kernel/tc.py)
-RULES = """\
-resourceQOSStrategy:
-  policies: {netQOSPolicy: tc}
-  lsClass:
-    networkQOS: {enable: true, ingressRequest: "50%", ingressLimit: "100%", egressRequest: "50%", egressLimit: "100%"}
-  beClass:
-    networkQOS: {enable: true, ingressRequest: "5%", ingressLimit: "20%", egressRequest: "5%", egressLimit: "20%"}
-systemStrategy:
-  totalNetworkBandwidth: 90M
-"""
+RULES = (Path(__file__).resolve().parent.parent / "examples" / "net-qos.yaml").read_text()  # the documented one
 NO_RULES = "resourceQOSStrategy:\n  policies: {netQOSPolicy: tc}\n"
 SECONDS = 4.0
 PINGS = 40

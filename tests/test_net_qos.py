@@ -184,3 +184,23 @@ def test_net_suppress_sets_and_withdraws_the_overlay_from_counters() -> None:
     assert o.of("net:node") == []
     off = policy({**E2E_POLICY, "qosManager": {"enable": False}})
     assert not ns.step(off, 100_000_000, snap, 3.0)
+
+
+def test_the_example_policy_is_valid_and_shapes_ls_and_be() -> None:
+    """examples/net-qos.yaml (README, the e2e test, bench/netqos.py) stays a valid policy with
+    the rates it documents."""
+    from pathlib import Path
+
+    import yaml
+
+    from nriplugin.features.net_qos import Level, Rates, node_state
+    from nriplugin.policy.model import from_document
+
+    doc = yaml.safe_load((Path(__file__).resolve().parent.parent / "examples" / "net-qos.yaml").read_text())
+    policy, notes = from_document(doc)
+    assert notes == []
+    node = node_state(policy, {})
+    assert node.total == 90_000_000
+    for d in ("ingress", "egress"):
+        assert node.rates(Level.L1, d) == Rates(45_000_000, 90_000_000)
+        assert node.rates(Level.L2, d) == Rates(4_500_000, 18_000_000)
