@@ -94,6 +94,17 @@ def scrape(port: int, name: str) -> float:
     return 0.0
 
 
+def until(cond: Callable[[], object], timeout: float, what: str | Callable[[], str], step: float = 0.05) -> float:
+    """Wait for ``cond`` (polled every ``step`` s) and return the seconds it took; after
+    ``timeout`` fail with ``what`` (a text, or a function that describes the state then)."""
+    t0 = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 >= timeout:
+            raise AssertionError(what() if callable(what) else what)
+        time.sleep(step)
+    return time.monotonic() - t0
+
+
 def runtime_args(rt: harness.Containerd) -> list[str]:
     """Where nriplugin finds this runtime's CRI socket and pod cgroups."""
     return ["--cri-socket", rt.address, "--pods-root", f"{rt.cgroup_root}/kubepods"]

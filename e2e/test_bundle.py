@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.conftest import alive, build_script, children, free_port, runtime_args, scrape
+from e2e.conftest import alive, build_script, children, free_port, runtime_args, scrape, until
 from e2e.harness import Containerd, read_cgroup
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,13 +36,6 @@ def descendants(pid: int) -> list[int]:
         for c in (task / "children").read_text().split():
             out += [int(c), *descendants(int(c))]
     return out
-
-
-def until(cond: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
 
 
 def test_bundle_started_by_containerd(bundle: Path, runtime_factory: Callable[..., Containerd]) -> None:

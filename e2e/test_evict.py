@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.conftest import PluginProcess
+from e2e.conftest import PluginProcess, until
 from e2e.cri import msg
 from e2e.harness import CGROUP_FS, Containerd, Pod
 
@@ -60,14 +60,6 @@ def running(rt: Containerd, cid: str) -> bool:
     except Exception:
         return False
     return bool(st == RUNNING)
-
-
-def until(cond: Callable[[], bool], timeout: float, what: str, step: float = 0.05) -> float:
-    t0 = time.monotonic()
-    while not cond():
-        assert time.monotonic() - t0 < timeout, what
-        time.sleep(step)
-    return time.monotonic() - t0
 
 
 def memory_scene(rt: Containerd) -> tuple[Path, dict[str, tuple[Pod, str]]]:

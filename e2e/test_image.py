@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from e2e.conftest import build_script, free_port
+from e2e.conftest import build_script, free_port, until
 from e2e.cri import msg
 from e2e.harness import Containerd, read_cgroup
 
@@ -56,14 +54,6 @@ def sample(body: str, name: str) -> float:
         if line.startswith(name + " ") or line.startswith(name + "{"):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
-
-
-def until(cond: Callable[[], bool], timeout: float, what: Callable[[], str]) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(what())
-        time.sleep(0.05)
 
 
 def run_agent_container(rt: Containerd, port: int) -> tuple[str, Path]:

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from e2e import netlab
-from e2e.conftest import PluginProcess
+from e2e.conftest import PluginProcess, until
 from e2e.harness import Containerd, Pod
 
 pytestmark = pytest.mark.e2e
@@ -79,14 +79,6 @@ def no_devices_left() -> Iterator[None]:
 def links() -> set[str]:
     out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
     return {line.split(":")[1].strip().split("@")[0] for line in out.splitlines()}
-
-
-def until(cond: Callable[[], bool], timeout: float, what: str) -> float:
-    t0 = time.monotonic()
-    while not cond():
-        assert time.monotonic() - t0 < timeout, what
-        time.sleep(0.1)
-    return time.monotonic() - t0
 
 
 def shaped(plugin: PluginProcess, n: int) -> Callable[[], bool]:

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from e2e.conftest import ROOT, PluginProcess, free_port, terminate
+from e2e.conftest import ROOT, PluginProcess, free_port, terminate, until
 from e2e.harness import Containerd
 from nriplugin.slo import HISTOGRAM, SLO, quantile
 from tests.prometheus import bin_dir
@@ -122,13 +122,6 @@ def buckets(text: str, event: str) -> dict[float, float]:
                 if s.name == HISTOGRAM + "_bucket" and s.labels["event"] == event
             }
     return {}
-
-
-def until(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def test_prometheus_records_the_agents_p99(

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.conftest import PluginProcess
+from e2e.conftest import PluginProcess, until
 from e2e.harness import CGROUP_FS, Containerd
 from nriplugin.kernel.probe import parse_cpulist
 
@@ -56,14 +56,6 @@ def require_quiet_node() -> None:
     busy = node_busy()
     if busy > 0.3:
         pytest.skip(f"the node is busy with other work ({busy:.2f} cores): BE's figures here assume an idle node")
-
-
-def until(cond: Callable[[], bool], timeout: float, what: str) -> float:
-    t0 = time.monotonic()
-    while not cond():
-        assert time.monotonic() - t0 < timeout, what
-        time.sleep(0.02)
-    return time.monotonic() - t0
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) != 2, reason="the figures are for a 2-CPU node")
