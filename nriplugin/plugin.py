@@ -11,6 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from .features import FeatureFailed, Intent
+from .features.base import requested
 from .kernel.cgroup import RESOURCES, Cgroups, Version
 from .kernel.probe import format_cpulist
 from .node import Node
@@ -144,6 +145,13 @@ class QoSPlugin(Plugin):
         except FeatureFailed:
             return
         r = self.model.get(key)
+        if (
+            r is not None
+            and r.group is not None
+            and self.cgroups.version is Version.V2
+            and not self.cgroups.weight_learned
+        ):
+            self._learn_weight_mapping(r.group, intent, container)
         if intent is not None and r is not None and r.group is not None:
             v1 = self.cgroups.version is Version.V1  # on v2 NRI's unified carried all but devices
             late = self._quota_at_start(key, intent)
@@ -154,6 +162,19 @@ class QoSPlugin(Plugin):
             ]
             if extra:
                 self.writer.apply(r.group, extra, f"{pod.namespace}/{pod.name}/{container.name}")
+
+    def _learn_weight_mapping(self, group: str, intent: Intent | None, container: api.Container) -> None:
+        """cgroup v2: the runtime converted this container's cpu.shares (ours if we adjusted
+        them) to cpu.weight moments ago; learn its mapping, so our own writes and repairs agree
+        with what it gives every other container (runc 1.3.2 changed it)."""
+        shares = intent.get("cpu.shares") if intent is not None else None
+        if not isinstance(shares, int):
+            shares = requested(container, "cpu.shares")
+        if shares is None:
+            return
+        mapping = self.cgroups.learn_weight_mapping(group, shares)
+        if mapping is not None:
+            log.info("cgroup v2: the runtime maps cpu.shares to cpu.weight %s; following it", mapping)
 
     def _quota_at_start(self, key: str, intent: Intent) -> bool:
         """cgroup v1 refuses a child's quota above its parent's. While the container's class is

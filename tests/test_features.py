@@ -236,6 +236,24 @@ def test_hot_reload(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+def test_v2_the_runtimes_weight_mapping_is_learned_at_start_and_followed(tmp_path: Path) -> None:
+    """runc 1.3.2 maps cpu.shares to cpu.weight differently (1024 -> 100, was 39): the first
+    StartContainer shows which mapping the runtime used, and the agent's own writes (a pod's
+    group, repairs) follow it, so siblings stay comparable."""
+    ls = make_pod(1, "LS")
+    ctr = make_container(1, ls)
+    ctr.linux.resources.cpu.shares.value = 1024
+    groups = [ls.linux.cgroup_parent.lstrip("/"), ctr.linux.cgroups_path.lstrip("/")]
+    root = v2_tree(tmp_path, groups)
+    cg = Cgroups(root)
+    p = QoSPlugin(Node.create(RuleCache(), caps=caps(), cgroups=cg))
+    p.create_container(ls, ctr)
+    (root / groups[1] / "cpu.weight").write_text("100\n")  # what runc 1.3.2 wrote for 1024
+    p.start_container(ls, ctr)
+    assert cg.weight_learned and cg.weight_mapping == "log"
+    assert cg.encode("cpu.shares", 2048) == "174"  # (linear: 79)
+
+
 def test_v1_a_suppressed_be_containers_quota_is_written_at_start_not_at_birth(tmp_path: Path) -> None:
     """While BE is suppressed, its group can be cut between CreateContainer's answer and runc
     writing the quota, and cgroup v1 refuses a child's quota above its parent's (runc fails the

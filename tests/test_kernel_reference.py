@@ -34,7 +34,9 @@ from nriplugin.kernel.cgroup import (
     Version,
     detect_version,
     shares_to_weight,
+    shares_to_weight_log,
     weight_to_shares,
+    weight_to_shares_log,
 )
 from nriplugin.kernel.probe import (
     Resctrl,
@@ -117,6 +119,56 @@ def test_weight_to_shares_is_the_least_share_count_of_that_weight() -> None:
 @pytest.mark.parametrize(("weight", "shares"), [(0, 2), (-3, 2), (10001, 262144), (10**6, 262144)])
 def test_weight_outside_the_kernel_range_is_clamped(weight: int, shares: int) -> None:
     assert weight_to_shares(weight) == shares
+
+
+# runc 1.3.2+ / crun 1.23+ (opencontainers/cgroups ConvertCPUSharesToCgroupV2Value since its
+# PR #20): a quadratic in log2(shares) through the minimum, the maximum and the defaults. Its
+# test table (utils_test.go), and values of the formula as written there.
+@pytest.mark.parametrize(
+    ("shares", "weight"),
+    [(1, 1), (2, 1), (3, 2), (512, 59), (1024, 100), (2048, 174), (262143, 10000), (262144, 10000), (262145, 10000)],
+)
+def test_the_log_mapping_matches_runc_1_3_2(shares: int, weight: int) -> None:
+    assert shares_to_weight_log(shares) == weight
+
+
+def test_the_log_mapping_is_monotonic_and_its_inverse_is_the_least_share_count() -> None:
+    least: dict[int, int] = {}
+    prev = 0
+    for s in range(262144, 1, -1):
+        w = shares_to_weight_log(s)
+        least[w] = s
+    for s in range(2, 262145):
+        w = shares_to_weight_log(s)
+        assert w >= prev
+        prev = w
+    for w, s in least.items():
+        assert weight_to_shares_log(w) == s, w
+
+
+def test_v2_weights_follow_the_runtimes_mapping_and_either_is_not_drift(tmp_path: Path) -> None:
+    """Which mapping the runtime used is learned from a container it just created; until then
+    (and for values written before) either mapping's weight of the desired shares matches."""
+    root = tmp_path / "cg"
+    root.mkdir()
+    (root / "cgroup.controllers").write_text("cpu memory\n")
+    for g in ("a", "b"):
+        (root / g).mkdir()
+    cg = Cgroups(root)
+    assert cg.version is Version.V2 and cg.weight_mapping == "linear"
+    (root / "a" / "cpu.weight").write_text("100\n")  # runc 1.3.2 gave 1024 shares weight 100
+    assert cg.matches("a", "cpu.shares", 1024) is True  # not drift, whatever we assume
+    (root / "a" / "cpu.weight").write_text("1\n")
+    assert cg.learn_weight_mapping("a", 2) is None  # both map 2 shares to 1: nothing learned
+    (root / "a" / "cpu.weight").write_text("100\n")
+    assert cg.learn_weight_mapping("a", 1024) == "log" and cg.weight_learned
+    assert cg.encode("cpu.shares", 1024) == "100"
+    assert cg.decode("cpu.shares", "100") == 1012  # the least shares of weight 100 (1012..1024 all are)
+    (root / "b" / "cpu.weight").write_text("39\n")
+    assert cg.learn_weight_mapping("b", 1024) is None  # learned once
+    assert cg.matches("b", "cpu.shares", 1024) is True and cg.matches("b", "cpu.shares", 2048) is False
+    old = Cgroups(root)
+    assert old.learn_weight_mapping("b", 1024) == "linear" and old.encode("cpu.shares", 1024) == "39"
 
 
 # the range table -------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ once (the caller logs it), then skipped without touching the file again.
 from __future__ import annotations
 
 import errno
+import math
 import os
 import re
 import stat
@@ -27,7 +28,8 @@ class Version(IntEnum):
 
 
 def shares_to_weight(shares: int) -> int:
-    """cgroup v1 cpu.shares -> v2 cpu.weight (the mapping runc and the kernel docs use)."""
+    """cgroup v1 cpu.shares -> v2 cpu.weight, linearly (runc before 1.3.2, kubelet's own
+    helper): the default 1024 shares become weight 39, not 100."""
     shares = min(max(shares, MIN_SHARES), MAX_SHARES)
     return 1 + ((shares - MIN_SHARES) * (MAX_WEIGHT - 1)) // (MAX_SHARES - MIN_SHARES)
 
@@ -35,6 +37,37 @@ def shares_to_weight(shares: int) -> int:
 def weight_to_shares(weight: int) -> int:
     weight = min(max(weight, MIN_WEIGHT), MAX_WEIGHT)
     return MIN_SHARES + ((weight - 1) * (MAX_SHARES - MIN_SHARES) + MAX_WEIGHT - 2) // (MAX_WEIGHT - 1)
+
+
+def shares_to_weight_log(shares: int) -> int:
+    """cpu.shares -> cpu.weight as runc 1.3.2+ and crun 1.23+ convert (kubernetes#131216): a
+    quadratic in log2(shares) through the minimum, the maximum and the defaults (1024 -> 100)."""
+    if shares <= MIN_SHARES:
+        return MIN_WEIGHT
+    if shares >= MAX_SHARES:
+        return MAX_WEIGHT
+    lg = math.log2(shares)
+    return math.ceil(10 ** ((lg * lg + 125 * lg) / 612.0 - 7.0 / 34.0))
+
+
+def weight_to_shares_log(weight: int) -> int:
+    """The least shares that :func:`shares_to_weight_log` maps to ``weight`` or above (it is
+    monotonic: a bisection over the shares range)."""
+    lo, hi = MIN_SHARES, MAX_SHARES
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if shares_to_weight_log(mid) >= weight:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+# How the runtime turns cpu.shares into cpu.weight on cgroup v2: name -> (to weight, back).
+WEIGHT_MAPPINGS: dict[str, tuple[Callable[[int], int], Callable[[int], int]]] = {
+    "linear": (shares_to_weight, weight_to_shares),
+    "log": (shares_to_weight_log, weight_to_shares_log),
+}
 
 
 class InvalidValue(ValueError):
@@ -146,6 +179,10 @@ class Cgroups:
     version: Version | None = None  # detected from the tree when None
     unsupported: set[str] = field(default_factory=set)
     on_unsupported: Callable[[str, str], None] | None = None  # (resource, why): reported once
+    # cgroup v2: the runtime's cpu.shares -> cpu.weight mapping ("linear" until learned from a
+    # container the runtime created: see learn_weight_mapping)
+    weight_mapping: str = "linear"
+    weight_learned: bool = False
 
     def __post_init__(self) -> None:
         self.root = Path(self.root)
@@ -263,6 +300,8 @@ class Cgroups:
             return f"{'max' if value == -1 else value} {period or 100000}"
         if res.unlimited is not None and value == res.unlimited:
             return "max"
+        if resource == "cpu.shares":
+            return str(WEIGHT_MAPPINGS[self.weight_mapping][0](value))
         return str(res.to_v2(value) if res.to_v2 else value)
 
     def decode(self, resource: str, text: str) -> int | str:
@@ -279,6 +318,8 @@ class Cgroups:
             if text == "max":
                 return -1  # every unlimited value is -1 (memory.low's "max" too)
             v = int(text)
+            if resource == "cpu.shares":
+                return WEIGHT_MAPPINGS[self.weight_mapping][1](v)
             return res.from_v2(v) if res.from_v2 else v
         return int(text)
 
@@ -313,9 +354,31 @@ class Cgroups:
             return have == res.unlimited or (isinstance(have, int) and have >= 2**62)
         if resource in PAGE_ROUNDED:
             return isinstance(have, int) and have == value // 4096 * 4096
+        if self.version is Version.V2 and resource == "cpu.shares":
+            # either runtime's conversion of the value is the value: not drift to "repair"
+            return text.strip() in {str(to(value)) for to, _ in WEIGHT_MAPPINGS.values()}
         if self.version is Version.V2 and res.to_v2 is not None:
             return isinstance(have, int) and res.to_v2(have) == res.to_v2(value)
         return have == value
+
+    def learn_weight_mapping(self, group: str, shares: int) -> str | None:
+        """cgroup v2: which cpu.shares -> cpu.weight mapping the runtime used, from a container
+        it just created with ``shares`` (StartContainer: nobody else has written its weight
+        yet). Learned once, from the first container whose shares the mappings tell apart;
+        returns the mapping when this call learned it, else None."""
+        if self.version is not Version.V2 or self.weight_learned:
+            return None
+        found = {name for name, (to, _) in WEIGHT_MAPPINGS.items() if to(shares) == self._weight(group)}
+        if len(found) != 1:
+            return None  # unreadable, or the mappings agree on these shares (2, 262144, ...)
+        self.weight_mapping, self.weight_learned = found.pop(), True
+        return self.weight_mapping
+
+    def _weight(self, group: str) -> int | None:
+        try:
+            return int(_read(self._file(group, "cpu.shares")))
+        except (OSError, KeyError, ValueError):
+            return None
 
     def read(self, group: str, resource: str) -> int | str | None:
         try:
