@@ -115,6 +115,40 @@ def test_writes_never_leave_the_root(tmp_path: Path) -> None:
     assert (outside / "cpu.shares").read_text() == "1024"
 
 
+def test_a_forgotten_group_is_checked_again_when_it_comes_back(tmp_path: Path) -> None:
+    """Paths are checked once and cached; forget() (the pod left) drops a group's cached paths
+    and the resolution of its directory, so a new group under the same name - here a link out
+    of the root - is checked again and refused, in every controller."""
+    import shutil
+
+    root = v1_tree(tmp_path / "cg", ["kubepods", "kubepods/pod1", "kubepods/pod1/c1"])
+    outside = tmp_path / "outside"
+    (outside / "c1").mkdir(parents=True)
+    (outside / "c1" / "cpu.shares").write_text("1024")
+    (outside / "c1" / "memory.limit_in_bytes").write_text("1")
+    cg = Cgroups(root)
+    for ctrl in ("cpu", "memory"):
+        cg.group_path("kubepods/pod1", ctrl)
+        cg.group_path("kubepods/pod1/c1", ctrl)  # resolving it remembers its parent's resolution
+    for ctrl in ("cpu", "memory"):  # the pod goes; another takes its name, as a link outside
+        shutil.rmtree(root / ctrl / "kubepods" / "pod1")
+        (root / ctrl / "kubepods" / "pod1").symlink_to(outside)
+    cg.forget("kubepods/pod1/c1")
+    cg.forget("kubepods/pod1")
+    for ctrl, resource in (("cpu", "cpu.shares"), ("memory", "memory.limit_in_bytes")):
+        with pytest.raises(PermissionError):
+            cg.group_path("kubepods/pod1", ctrl)
+        with pytest.raises(PermissionError):
+            cg.write("kubepods/pod1/c1", resource, 4096 if ctrl == "memory" else 2)
+    assert (outside / "c1" / "cpu.shares").read_text() == "1024"
+
+
+def test_a_root_of_slash_names_paths_from_slash() -> None:
+    cg = Cgroups(Path("/"), version=Version.V1)
+    assert cg.group_path("kubepods", "cpu", checked=False) == "/cpu/kubepods"
+    assert Cgroups(Path("/"), version=Version.V2).group_path("kubepods", checked=False) == "/kubepods"
+
+
 def test_v2_names_and_conversions(tmp_path: Path) -> None:
     g = paths.container_dir(CTR_SD)
     root = v2_tree(tmp_path, ["kubepods.slice", g])

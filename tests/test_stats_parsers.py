@@ -232,3 +232,52 @@ def test_nofile_budget(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr("nriplugin.kernel.stats.resource.getrlimit", broken)
     assert stats._nofile_budget() == 0
+
+
+# memory limits and working sets (what eviction and the memory events compare) ---------------------
+
+# A v1 memory.stat as this machine's kernel writes it (trimmed): the group's own counters, then
+# the hierarchical total_* ones that count its children too.
+V1_STAT = """cache 9576448
+rss 6004736
+inactive_file 1048576
+active_file 491520
+hierarchical_memory_limit 9223372036854771712
+total_cache 2119868416
+total_rss 47349760
+total_inactive_file 743309312
+total_active_file 1376559104
+"""
+V2_STAT = "anon 268435456\nfile 536870912\ninactive_file 402653184\nactive_file 134217728\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "limit"),
+    [
+        ("1073741824\n", 1 << 30),
+        ("4096", 4096),
+        ("max\n", None),  # v2: no limit
+        ("9223372036854771712\n", None),  # v1's "no limit": PAGE_COUNTER_MAX pages
+        (str(stats.UNLIMITED_V1), None),
+        (str(stats.UNLIMITED_V1 - 4096), stats.UNLIMITED_V1 - 4096),  # huge, but a limit
+        ("0", None),
+        ("-1", None),
+        ("", None),
+        ("garbage", None),
+    ],
+)
+def test_parse_limit(text: str, limit: int | None) -> None:
+    assert stats.parse_limit(text) == limit
+
+
+def test_working_set_is_usage_minus_inactive_file_hierarchical_on_v1() -> None:
+    usage = 2119868416 + 47349760
+    assert stats.working_set(usage, V1_STAT, v2=False) == usage - 743309312  # total_, not the own 1 MiB
+    own_only = "cache 9576448\nrss 6004736\ninactive_file 1048576\n"  # a kernel without total_*
+    assert stats.working_set(16 << 20, own_only, v2=False) == (16 << 20) - 1048576
+    assert stats.working_set(1 << 30, V2_STAT, v2=True) == (1 << 30) - 402653184
+    assert stats.working_set(1 << 30, "anon 1\n", v2=True) == 1 << 30  # nothing inactive
+    assert stats.working_set(5 << 20, None, v2=False) == 5 << 20  # no memory.stat: usage
+    assert stats.working_set(5 << 20, "", v2=True) == 5 << 20
+    assert stats.working_set(1 << 20, V1_STAT, v2=False) == 0  # racing counters: never negative
+    assert stats.working_set(1 << 30, V1_STAT, v2=True) == (1 << 30) - 1048576  # v2: the plain key

@@ -189,6 +189,7 @@ class Cgroups:
         self._dirs: dict[tuple[str, str], str] = {}
         self._ctrls: set[str] = set()  # controllers in _dirs' keys
         self._root = str(self.root).rstrip("/") or "/"
+        self._prefix = self._root.rstrip("/")  # "" for a root of "/": paths are joined to it
         self._real_bases: dict[str, str] = {}
         self._resolved: dict[str, str] = {}  # directory -> its real path
         if self.version is None:
@@ -219,9 +220,11 @@ class Cgroups:
         write or watch such a path before checking it."""
         ctrl = controller if self.version is Version.V1 else ""
         if not checked:
-            base = f"{self._root}/{ctrl}" if ctrl else self._root
-            return f"{base}/{group}" if group else base
+            return self._path(ctrl, group)
         return self._dir(ctrl, group)
+
+    def _path(self, controller: str, group: str = "") -> str:
+        return "/".join([self._prefix, *(p for p in (controller, group) if p)]) or "/"
 
     def _dir(self, controller: str, group: str) -> str:
         """A group's directory, checked once to resolve inside the root (then cached: the
@@ -230,8 +233,7 @@ class Cgroups:
         key = (controller, group)
         d = self._dirs.get(key)
         if d is None:
-            base = f"{self._root}/{controller}" if controller else self._root
-            d = self._contained(base, f"{base}/{group}" if group else base)
+            d = self._contained(self._path(controller), self._path(controller, group))
             if len(self._dirs) > 65536:
                 self._dirs.clear()
             self._dirs[key] = d
@@ -243,7 +245,7 @@ class Cgroups:
         that churns pods all day does not keep a path per pod it ever had."""
         for c in self._ctrls:
             self._dirs.pop((c, group), None)
-            self._resolved.pop(f"{self._root}/{c}/{group}" if c else f"{self._root}/{group}", None)
+            self._resolved.pop(self._path(c, group), None)
 
     def _contained(self, base: str, path: str) -> str:
         real_base = self._real_bases.get(base)
