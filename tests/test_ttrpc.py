@@ -258,3 +258,75 @@ def test_connection_stream_ids_and_errors() -> None:
     assert isinstance(r, ttrpc.ResponseReceived) and r.response.code == 12 and r.response.message == "method X"
     with pytest.raises(ProtocolError, match="streams"):
         server.receive_data(ttrpc.encode_message(11, ttrpc.MessageType.DATA, b""))
+
+
+def test_a_refused_request_still_uses_up_its_stream_id() -> None:
+    """A request skipped for its size was sent on a stream the client cannot use again: a
+    later request on that id is a re-use. An even id (not a client's) moves nothing."""
+    server = ttrpc.Connection(max_message=100)
+    small = ttrpc.encode_request(ttrpc.Request("svc", "M"))
+    big = ttrpc.encode_message(5, 1, b"x" * 101, limit=101)
+    (refused,) = server.receive_data(big)
+    assert refused == ttrpc.RequestTooLarge(5, 101, 100)
+    assert refused.message == "request of 101 bytes exceeds this plugin's 100-byte receive bound"
+    (again,) = server.receive_data(ttrpc.encode_message(5, 1, small))
+    assert isinstance(again, ttrpc.BadRequest) and "re-used" in again.message
+    (even,) = server.receive_data(ttrpc.encode_message(8, 1, b"x" * 101, limit=101))
+    assert even == ttrpc.RequestTooLarge(8, 101, 100)
+    (ok,) = server.receive_data(ttrpc.encode_message(7, 1, small))
+    assert isinstance(ok, ttrpc.RequestReceived) and ok.stream_id == 7
+
+
+def test_refused_messages_keep_the_events_before_them() -> None:
+    server = ttrpc.Connection(max_message=100)
+    wire = ttrpc.encode_message(1, 1, ttrpc.encode_request(ttrpc.Request("svc", "A")))
+    wire += ttrpc.encode_message(3, 1, b"x" * 200, limit=200)
+    wire += ttrpc.encode_message(5, 1, ttrpc.encode_request(ttrpc.Request("svc", "B")))
+    evs = server.receive_data(wire)
+    assert [type(e) for e in evs] == [ttrpc.RequestReceived, ttrpc.RequestTooLarge, ttrpc.RequestReceived]
+    assert [e.stream_id for e in evs] == [1, 3, 5]
+
+
+def test_a_response_over_the_bound_fails_its_call_once() -> None:
+    """The call ends with RESOURCE_EXHAUSTED, on its stream, and is no longer pending: a
+    second answer on that stream is dropped like any late one."""
+    caller = ttrpc.Connection(max_message=100)
+    sid, _ = caller.send_request("svc", "M", b"")
+    too_big = ttrpc.encode_message(sid, 2, b"r" * 150, limit=150)
+    (r,) = caller.receive_data(too_big)
+    text = "response of 150 bytes exceeds the 100-byte receive bound"
+    assert r == ttrpc.ResponseReceived(sid, ttrpc.Response(b"", ttrpc.Code.RESOURCE_EXHAUSTED, text))
+    assert caller.pending == 0
+    assert caller.receive_data(too_big) == []
+    assert caller.receive_data(ttrpc.Connection().send_response(sid, b"late")) == []
+
+
+def test_a_data_message_over_the_bound_is_still_a_protocol_error() -> None:
+    conn = ttrpc.Connection(max_message=10)
+    with pytest.raises(ProtocolError, match="data message on stream 3: streams are not supported"):
+        conn.receive_data(ttrpc.encode_message(3, ttrpc.MessageType.DATA, b"d" * 11))
+
+
+def test_send_limit_is_the_connections_own() -> None:
+    """Both directions use the connection's limit, not ttrpc's 4 MiB default: a peer that
+    accepts more (the runtime-side test peer) can be sent more, and a smaller limit refuses
+    a request before it becomes pending or takes a stream id."""
+    small = ttrpc.Connection(send_limit=100)
+    with pytest.raises(ValueError, match="100-byte limit"):
+        small.send_request("svc", "M", b"x" * 200)
+    assert small.pending == 0
+    sid, _ = small.send_request("svc", "M", b"")
+    assert sid == 1 and small.pending == 1
+    big = ttrpc.Connection(send_limit=8 << 20)
+    payload = b"r" * (ttrpc.MAX_MESSAGE + 1)
+    (m,) = ttrpc.MessageDecoder().feed(big.send_response(1, payload))
+    assert isinstance(m, ttrpc.Message) and ttrpc.decode_response(m.payload).payload == payload
+    _, wire = big.send_request("svc", "M", payload)
+    (m,) = ttrpc.MessageDecoder().feed(wire)
+    assert isinstance(m, ttrpc.Message) and ttrpc.decode_request(m.payload).payload == payload
+
+
+def test_a_fresh_decoder_holds_nothing() -> None:
+    dec = ttrpc.MessageDecoder()
+    assert (dec.buffered, dec.skipping) == (0, 0)
+    assert dec.feed(b"") == [] and (dec.buffered, dec.skipping) == (0, 0)

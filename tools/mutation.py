@@ -110,6 +110,53 @@ EQUIVALENT: dict[str, str] = {
     ),
     "nriplugin.features.memory_qos.x__request__mutmut_30": "`limit >= 0` after `limit and`: 0 is already false",
     "nriplugin.features.memory_qos.x__request__mutmut_35": "the source text returned with no request is never shown",
+    # nri/ttrpc.py and nri/mux.py (sans-IO codecs)
+    "nriplugin.nri.ttrpc.xǁMessageDecoderǁ__init____mutmut_3": (
+        "the fill count starts at None: it is set with its buffer, before it is read"
+    ),
+    "nriplugin.nri.ttrpc.xǁMessageDecoderǁ__init____mutmut_4": (
+        "the fill count starts at 1: it is set with its buffer, before it is read"
+    ),
+    "nriplugin.nri.ttrpc.xǁMessageDecoderǁ__init____mutmut_5": (
+        "the filled message's header starts at None: set with its buffer, before it is read"
+    ),
+    "nriplugin.nri.ttrpc.xǁMessageDecoderǁ__init____mutmut_6": (
+        "the filled message's header starts at (1, 0, 0): set with its buffer, before it is read"
+    ),
+    "nriplugin.nri.ttrpc.xǁMessageDecoderǁ__init____mutmut_7": (
+        "the filled message's header starts at (0, 1, 0): set with its buffer, before it is read"
+    ),
+    "nriplugin.nri.ttrpc.xǁMessageDecoderǁ__init____mutmut_8": (
+        "the filled message's header starts at (0, 0, 1): set with its buffer, before it is read"
+    ),
+    "nriplugin.nri.ttrpc.xǁMessageDecoderǁ__init____mutmut_11": (
+        "the refused message starts at '': it is set with the skip count, before it is read"
+    ),
+    "nriplugin.nri.ttrpc.xǁMessageDecoderǁfeed__mutmut_21": (
+        "a reported refused message is cleared to '': the next one is set before it is read"
+    ),
+    "nriplugin.nri.ttrpc.xǁMessageDecoderǁfeed__mutmut_36": (
+        "`pos = n` filling a buffer: that runs at a feed's start (pos 0), or the chunk ends there"
+    ),
+    "nriplugin.nri.ttrpc.xǁMessageDecoderǁfeed__mutmut_48": (
+        "exactly 10 bytes left go through the partial-header path: the same header is read"
+    ),
+    "nriplugin.nri.ttrpc.xǁMessageDecoderǁfeed__mutmut_55": (
+        "a partial header takes the rest of the chunk either way; pos overshoots only as the loop stops"
+    ),
+    "nriplugin.nri.ttrpc.xǁMessageDecoderǁfeed__mutmut_59": (
+        "`pos = take` for a partial header: that runs at a feed's start (pos 0), or the loop stops"
+    ),
+    "nriplugin.nri.ttrpc.xǁMessageDecoderǁfeed__mutmut_89": (
+        "a message ending with the chunk is filled into a buffer, not sliced: same bytes, one copy"
+    ),
+    "nriplugin.nri.ttrpc.xǁConnectionǁ_too_large__mutmut_8": (
+        "`sid >= last`: for sid == last it sets last to its own value"
+    ),
+    "nriplugin.nri.mux.xǁDemultiplexerǁ__init____mutmut_2": (
+        "no frame yet as None, not 0: both false, and set before read"
+    ),
+    "nriplugin.nri.mux.xǁDemultiplexerǁ_pieces__mutmut_52": "a dropped frame's conn None, not 0: both false",
 }
 
 

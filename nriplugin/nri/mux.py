@@ -58,8 +58,7 @@ class Demultiplexer:
 
     def __init__(self, known: frozenset[int] = frozenset({1, 2}), max_frame: int = MAX_FRAME) -> None:
         self._head = bytearray()  # a partial frame header
-        self._conn = 0  # the frame being read (0: none; its conn id when kept, -1 when dropped)
-        self._left = 0  # its payload bytes still to come
+        self._left = self._conn = 0  # the frame being read: its payload bytes still to come, its conn (0: dropped)
         self._frame = bytearray()  # feed() only: the frame so far
         self._error: ProtocolError | None = None
         self.known = known
@@ -90,21 +89,19 @@ class Demultiplexer:
         out: list[tuple[int, memoryview, bool]] = []
         pos, end = 0, len(view)
         while True:
-            if self._conn:
+            if self._left:
                 n = min(self._left, end - pos)
                 self._left -= n
-                if self._conn > 0:
+                if self._conn:
                     out.append((self._conn, view[pos : pos + n], not self._left))
                 pos += n
                 if self._left:
                     break
-                self._conn = 0
-            head = self._head
-            take = min(HEADER_LEN - len(head), end - pos)
-            if not take:
+            if pos == end:
                 break
-            head += view[pos : pos + take]
-            pos += take
+            head, start = self._head, pos
+            pos = min(end, pos + HEADER_LEN - len(head))
+            head += view[start:pos]
             if len(head) < HEADER_LEN:
                 break
             conn_id, length = HEADER.unpack(head)
@@ -115,16 +112,14 @@ class Demultiplexer:
             if conn_id == 0:
                 self._error = ProtocolError("mux frame for reserved conn 0")
                 raise self._error
-            if conn_id not in self.known:
-                self.dropped_frames += 1
-                self._conn = -1
-            else:
+            if conn_id in self.known:
                 self._conn = conn_id
-            self._left = length
-            if not length:  # an empty frame: nothing to read, but feed() reports it
-                if self._conn > 0:
-                    out.append((conn_id, view[pos:pos], True))
+            else:
+                self.dropped_frames += 1
                 self._conn = 0
+            self._left = length
+            if not length and self._conn:  # an empty frame: nothing to read, but feed() reports it
+                out.append((conn_id, view[pos:pos], True))
         return out
 
     @property

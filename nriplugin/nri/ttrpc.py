@@ -321,10 +321,11 @@ class Connection:
 
     def send_request(self, service: str, method: str, payload: bytes, timeout_nano: int = 0) -> tuple[int, bytes]:
         sid = self._next_stream
+        body = encode_request(Request(service, method, payload, timeout_nano))
+        wire = encode_message(sid, MessageType.REQUEST, body, limit=self.send_limit)  # raises first: nothing pends
         self._next_stream += 2
         self._pending.add(sid)
-        body = encode_request(Request(service, method, payload, timeout_nano))
-        return sid, encode_message(sid, MessageType.REQUEST, body, limit=self.send_limit)
+        return sid, wire
 
     def send_response(self, stream_id: int, payload: bytes = b"", code: int = 0, message: str = "") -> bytes:
         body = encode_response(Response(payload, code, message))
