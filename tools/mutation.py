@@ -105,6 +105,10 @@ EQUIVALENT: dict[str, str] = {
     ),
     "nriplugin.features.memory_qos.x__request__mutmut_30": "`limit >= 0` after `limit and`: 0 is already false",
     "nriplugin.features.memory_qos.x__request__mutmut_35": "the source text returned with no request is never shown",
+    # features/net_qos.py, qos/net_suppress.py
+    "nriplugin.features.net_qos.x_parse_total_bandwidth__mutmut_9": (
+        "`MAX_RATE / 10**6` is 1000000.0: an int compares with it exactly as with 1000000"
+    ),
 }
 
 
