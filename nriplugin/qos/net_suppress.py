@@ -48,16 +48,16 @@ def decide(total: int, hi_bps: float, st: State, now: float, cfg: Config = Confi
         if st.ceiling is None:
             return State()
         calm = st.calm_since if st.calm_since is not None else now
-        return State() if now - calm >= cfg.hold else State(st.ceiling, calm, None)
+        return State() if now - calm >= cfg.hold else State(st.ceiling, calm_since=calm)
     if used < cfg.threshold and st.ceiling is None:
         return State()
     target = int(max(cfg.floor * total, total - hi_bps - cfg.headroom * total, MIN_RATE))
-    if st.ceiling is None or target < st.ceiling:
-        return State(target, None, None)
+    if st.ceiling is None or target <= st.ceiling:  # a cut, or the same ceiling: no timer runs
+        return State(target)
     if target - st.ceiling < cfg.deadband * total:
-        return State(st.ceiling, None, None)
+        return State(st.ceiling)
     since = st.raise_since if st.raise_since is not None else now
-    return State(target, None, None) if now - since >= cfg.hold else State(st.ceiling, None, since)
+    return State(target) if now - since >= cfg.hold else State(st.ceiling, raise_since=since)
 
 
 class NetSuppress:
