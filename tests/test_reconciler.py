@@ -4,6 +4,7 @@ writes repaired within milliseconds, a stubborn writer detected as a fight."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import subprocess
@@ -61,13 +62,21 @@ def workload() -> Iterator[tuple[api.PodSandbox, api.Container, Path]]:
     pod = make_pod(1, "BE", parent=f"/{top}/kubepods/besteffort/pod1")
     pod.annotations["node.koordinator.sh/extended-resource-spec"] = BATCH
     ctr = make_container(1, pod)
-    rel = ctr.linux.cgroups_path.lstrip("/")
+    with occupied(ctr.linux.cgroups_path.lstrip("/")) as cpu:
+        yield pod, ctr, cpu
+
+
+@contextlib.contextmanager
+def occupied(rel: str) -> Iterator[Path]:
+    """``rel`` made in the real cpu and memory hierarchies with a sleeping process in it (its
+    cpu directory given); afterwards the process is killed by PID and every directory made,
+    up to the top one, removed."""
     for c in ("cpu", "memory"):
         (ROOT / c / rel).mkdir(parents=True)
     proc = subprocess.Popen(["sleep", "60"])
     (ROOT / "cpu" / rel / "cgroup.procs").write_text(str(proc.pid))
     try:
-        yield pod, ctr, ROOT / "cpu" / rel
+        yield ROOT / "cpu" / rel
     finally:
         proc.kill()
         proc.wait()
@@ -253,21 +262,8 @@ def test_an_overlay_is_kept_like_a_feature_and_withdrawn_quietly(
 def qos_group() -> Iterator[str]:
     """A QoS-level group like kubepods/besteffort, with a process in it."""
     rel = f"nriplugin-rtest-{os.getpid()}/kubepods/besteffort"
-    for c in ("cpu", "memory"):
-        (ROOT / c / rel).mkdir(parents=True)
-    proc = subprocess.Popen(["sleep", "60"])
-    (ROOT / "cpu" / rel / "cgroup.procs").write_text(str(proc.pid))
-    try:
+    with occupied(rel):
         yield rel
-    finally:
-        proc.kill()
-        proc.wait()
-        time.sleep(0.05)
-        for c in ("cpu", "memory"):
-            d = ROOT / c / rel
-            while d != ROOT / c:
-                d.rmdir()
-                d = d.parent
 
 
 def test_a_qos_level_group_is_owned_and_repaired_like_a_container(qos_group: str) -> None:
