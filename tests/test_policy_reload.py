@@ -4,11 +4,12 @@ atomic writer's symlink swap), editors (write a temp file, rename it over) and p
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
 import signal
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,19 @@ def kubelet_write(volume: Path, text: str, stamp: str) -> None:
         (volume / "policy.yaml").symlink_to("..data/policy.yaml")
     if old is not None:
         shutil.rmtree(volume / old)
+
+
+@contextlib.asynccontextmanager
+async def watching(path: Path) -> AsyncIterator[tuple[RuleCache, PolicyWatcher]]:
+    """The policy at ``path`` loaded and watched (a short debounce), the watcher stopped after."""
+    cache = RuleCache()
+    cache.load_file(path)
+    w = PolicyWatcher(path, cache, asyncio.get_running_loop(), debounce=0.02)
+    w.start()
+    try:
+        yield cache, w
+    finally:
+        w.stop()
 
 
 async def until(check: Callable[[], bool], timeout: float = 5.0) -> bool:
@@ -72,11 +86,7 @@ def test_configmap_updates_in_a_row(tmp_path: Path, caplog: pytest.LogCaptureFix
     path = tmp_path / "policy.yaml"
 
     async def main() -> None:
-        cache = RuleCache()
-        cache.load_file(path)
-        w = PolicyWatcher(path, cache, asyncio.get_running_loop(), debounce=0.02)
-        w.start()
-        try:
+        async with watching(path) as (cache, w):
             for n, value in enumerate((4, 5, 6, 7), start=2):
                 kubelet_write(tmp_path, f"beMinCPUShares: {value}\n", str(n))
                 assert await until(lambda v=value: shares(cache) == v), f"update {n} not picked up"  # type: ignore[misc]
@@ -93,8 +103,6 @@ def test_configmap_updates_in_a_row(tmp_path: Path, caplog: pytest.LogCaptureFix
             assert shares(cache) == 7
             kubelet_write(tmp_path, "beMinCPUShares: 9\n", "7")
             assert await until(lambda: shares(cache) == 9)
-        finally:
-            w.stop()
 
     asyncio.run(main())
     assert "removed" not in caplog.text
@@ -105,11 +113,7 @@ def test_plain_edits_and_editor_replace(tmp_path: Path, caplog: pytest.LogCaptur
     path.write_text("beMinCPUShares: 3\n")
 
     async def main() -> None:
-        cache = RuleCache()
-        cache.load_file(path)
-        w = PolicyWatcher(path, cache, asyncio.get_running_loop(), debounce=0.02)
-        w.start()
-        try:
+        async with watching(path) as (cache, _):
             path.write_text("beMinCPUShares: 4\n")  # in place
             assert await until(lambda: shares(cache) == 4)
             tmp = tmp_path / ".policy.yaml.swp"  # an editor: write a temp file, rename it over
@@ -126,8 +130,6 @@ def test_plain_edits_and_editor_replace(tmp_path: Path, caplog: pytest.LogCaptur
             (tmp_path / "other.yaml").write_text("x")  # a neighbour changes: no reload
             await asyncio.sleep(0.1)
             assert cache.current.version == 6
-        finally:
-            w.stop()
 
     asyncio.run(main())
 
@@ -145,11 +147,7 @@ def test_symlink_to_a_file_elsewhere(tmp_path: Path) -> None:
     path.symlink_to(a)
 
     async def main() -> None:
-        cache = RuleCache()
-        cache.load_file(path)
-        w = PolicyWatcher(path, cache, asyncio.get_running_loop(), debounce=0.02)
-        w.start()
-        try:
+        async with watching(path) as (cache, _):
             a.write_text("beMinCPUShares: 4\n")
             assert await until(lambda: shares(cache) == 4)
             tmp = tmp_path / "etc" / "new"
@@ -160,8 +158,6 @@ def test_symlink_to_a_file_elsewhere(tmp_path: Path) -> None:
             b.write_text("beMinCPUShares: 6\n")
             assert await until(lambda: shares(cache) == 6)
             assert shares(cache) != 9
-        finally:
-            w.stop()
 
     asyncio.run(main())
 
