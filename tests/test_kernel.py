@@ -135,6 +135,7 @@ def test_a_forgotten_group_is_checked_again_when_it_comes_back(tmp_path: Path) -
         (root / ctrl / "kubepods" / "pod1").symlink_to(outside)
     cg.forget("kubepods/pod1/c1")
     cg.forget("kubepods/pod1")
+    cg.forget("kubepods/never-looked-up")  # nothing cached: nothing to drop, no error
     for ctrl, resource in (("cpu", "cpu.shares"), ("memory", "memory.limit_in_bytes")):
         with pytest.raises(PermissionError):
             cg.group_path("kubepods/pod1", ctrl)
@@ -146,7 +147,8 @@ def test_a_forgotten_group_is_checked_again_when_it_comes_back(tmp_path: Path) -
 def test_a_root_of_slash_names_paths_from_slash() -> None:
     cg = Cgroups(Path("/"), version=Version.V1)
     assert cg.group_path("kubepods", "cpu", checked=False) == "/cpu/kubepods"
-    assert Cgroups(Path("/"), version=Version.V2).group_path("kubepods", checked=False) == "/kubepods"
+    v2 = Cgroups(Path("/"), version=Version.V2)
+    assert v2.group_path("kubepods", checked=False) == "/kubepods" and v2.group_path("", checked=False) == "/"
 
 
 def test_v2_names_and_conversions(tmp_path: Path) -> None:
