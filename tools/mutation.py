@@ -58,7 +58,6 @@ EQUIVALENT: dict[str, str] = {
     _CG + "xǁCgroupsǁ_dir__mutmut_17": f"caches None, so always resolves again: {_CACHE}",
     _CG + "xǁCgroupsǁ_contained__mutmut_1": f"never reads the cached real base: {_CACHE}",
     _CG + "xǁCgroupsǁ_contained__mutmut_2": f"never finds the cached real base: {_CACHE}",
-    _CG + "xǁCgroupsǁ__post_init____mutmut_10": "the root '/' would be 'XX/XX': the cgroup root is never '/'",
     _CG + "xǁCgroupsǁ_resolve__mutmut_3": _SLOW,
     _CG + "xǁCgroupsǁ_resolve__mutmut_4": _SLOW,
     _CG + "xǁCgroupsǁ_resolve__mutmut_6": _SLOW,
@@ -110,6 +109,7 @@ EQUIVALENT: dict[str, str] = {
     ),
     "nriplugin.features.memory_qos.x__request__mutmut_30": "`limit >= 0` after `limit and`: 0 is already false",
     "nriplugin.features.memory_qos.x__request__mutmut_35": "the source text returned with no request is never shown",
+    "nriplugin.features.memory_qos.x_desired__mutmut_75": "`v > 1`: memory.high is page-aligned, so 0 or >= 4096",
     # nri/ttrpc.py and nri/mux.py (sans-IO codecs)
     "nriplugin.nri.ttrpc.xǁMessageDecoderǁ__init____mutmut_3": (
         "the fill count starts at None: it is set with its buffer, before it is read"
