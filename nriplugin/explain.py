@@ -206,7 +206,7 @@ def network(netns: str | None = None) -> dict[str, Any]:
     """Whether pods get interfaces of their own here (host veths with a peer in another
     namespace; host-network pods have none and cannot be shaped) and whether the tc pieces
     network QoS needs exist (tried on a throwaway IFB of ours, ``nrq-probe``)."""
-    from .kernel.tc import TC
+    from .kernel.tc import TC, missing
 
     try:
         tc = TC(netns)
@@ -220,8 +220,7 @@ def network(netns: str | None = None) -> dict[str, Any]:
         return {"error": str(exc)}
     finally:
         tc.close()
-    need = ("ifb", "htb", "clsact", "u32", "mirred")
-    missing = [k for k in need if not caps[k]]
+    lacking = missing(caps)
     owners = [o for _, _, o in veths]
     return {
         "podInterfaces": len(veths),  # 0: pods share the host's network (or the CNI uses no veths)
@@ -230,8 +229,8 @@ def network(netns: str | None = None) -> dict[str, Any]:
         "ifbs": {d: present for d, present in snap.ifbs.items()},
         "tc": caps,
         "leafQueue": "fq_codel" if caps["fq_codel"] else "pfifo (no fq_codel in this kernel)",
-        "works_here": not missing,
-        **({"missing": missing} if missing else {}),
+        "works_here": not lacking,
+        **({"missing": lacking} if lacking else {}),
     }
 
 

@@ -52,6 +52,19 @@ PFIFO_LIMIT = 128  # packets: a short queue per pod where fq_codel is missing
 IP_OFFSET = {"egress": 12, "ingress": 16}  # source / destination address in the IPv4 header
 
 
+REQUIRED = ("ifb", "htb", "clsact", "u32", "mirred")  # the pieces without which nothing is shaped
+
+
+def ifb_names(prefix: str) -> dict[str, str]:
+    """Our IFB device per pod direction."""
+    return {d: f"{prefix}-{d}" for d in ("egress", "ingress")}
+
+
+def missing(caps: dict[str, bool]) -> list[str]:
+    """The required pieces a probe did not find."""
+    return [k for k in REQUIRED if not caps.get(k)]
+
+
 def leaf_handle(minor: int) -> int:
     return ROOT | minor
 
@@ -120,7 +133,7 @@ class TC:
 
         self.netns = netns
         self.prefix = prefix
-        self.ifb = {"egress": f"{prefix}-egress", "ingress": f"{prefix}-ingress"}
+        self.ifb = ifb_names(prefix)
         self.ipr = iproute(netns)
         self._fq_codel = fq_codel
 

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 from ..features.base import InvalidInput
 from ..features.net_qos import DIRECTIONS, Level, NodeNet, PodNet, leaf_rates, node_state, pod_state
 from ..kernel.netns import link_names
-from ..kernel.tc import FIRST_LEAF, LAST_LEAF, TC, Plan, PodPlan, Snapshot
+from ..kernel.tc import FIRST_LEAF, LAST_LEAF, TC, Plan, PodPlan, Snapshot, ifb_names, missing
 from ..model import POD_PREFIX, NodeModel
 from ..nri import api_pb2 as api
 from ..overlays import Overlays
@@ -257,7 +257,7 @@ class NetQoS:
             names = link_names(self.netns)
         except OSError:
             return False
-        return bool(names & {f"{self.prefix}-egress", f"{self.prefix}-ingress"})
+        return bool(names & set(ifb_names(self.prefix).values()))
 
     def _work(self, wanted: list[Wanted], node: NodeNet, gone: list[str]) -> None:
         idle = not wanted and (self._applied is None or not self._applied.pods) and not self._found
@@ -267,12 +267,11 @@ class NetQoS:
         if self._tc is None:
             self._tc = TC(self.netns, self.prefix)
             self.status.caps = self._tc.probe()
-            missing = [k for k in ("ifb", "htb", "clsact", "u32", "mirred") if not self.status.caps[k]]
-            if missing:
-                log.warning("network QoS unavailable: the kernel lacks %s", ", ".join(missing))
+            if lacking := missing(self.status.caps):
+                log.warning("network QoS unavailable: the kernel lacks %s", ", ".join(lacking))
         tc = self._tc
         caps = self.status.caps
-        usable = all(caps.get(k) for k in ("ifb", "htb", "clsact", "u32", "mirred"))
+        usable = not missing(caps)
         for pod in gone:
             found = self._found.pop(pod, (None, None))[1]
             self._minors.pop(pod, None)
