@@ -456,14 +456,14 @@ class Stats:  # pragma: no mutate block (file I/O, not a parser: tools/mutation.
 
     def working_set(self, group: str) -> WorkingSet | None:
         """A group's usage, working set and limit, read now (memory eviction: the pods roots
-        every round and on memory events, BE pods every 2 s for their growth)."""
+        every round and on memory events, BE pods when MemoryEvict acts)."""
         d = self._dir(group, "memory")
         if d is None:
             return None
         names = ("memory.current", "memory.max") if self.v2 else ("memory.usage_in_bytes", "memory.limit_in_bytes")
         texts = []
         for name in (*names, "memory.stat"):
-            text = self.files.read(f"{d}/{name}", group)  # kept open: eviction reads BE pods every 2 s
+            text = self.files.read(f"{d}/{name}", group)  # kept open: the pods roots are read every round
             if text is None and name != "memory.stat":
                 return None
             texts.append(text or "")

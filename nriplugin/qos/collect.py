@@ -190,7 +190,6 @@ class Collector:
         self._facts: dict[str, _Facts | None] = {}  # None: not collected (SYSTEM, unknown class)
         self._facts_rev = -1
         self._group_key = ""  # the counter of the BE groups read by the last round
-        self._be_seconds: float | None = None  # their CPU so far, as that round read it
 
     # the full round -----------------------------------------------------------------------------
 
@@ -205,16 +204,20 @@ class Collector:
         """:meth:`sample`, yielding to the event loop every ``CHUNK`` containers. Its
         ``collect_seconds`` is the reading's own time, not the waits between chunks."""
         steps = self._sample(be_groups)
+        paused = 0.0  # time spent at yields (other callbacks' turn)
         while True:
             try:
                 next(steps)
             except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
+                sample: NodeSample = done.value
+                return replace(sample, collect_seconds=sample.collect_seconds - paused)
+            left = time.perf_counter()
             await asyncio.sleep(0)
+            paused += time.perf_counter() - left
 
     def _sample(self, be_groups: Sequence[str]) -> Generator[None, None, NodeSample]:
+        """A round's steps: a yield every ``CHUNK`` containers; the sample is the return value."""
         started = time.perf_counter()
-        paused = 0.0  # time spent at yields (other callbacks' turn)
         self._rounds += 1
         t = self.clock()
         interval = 0.0 if self._t is None else max(0.0, t - self._t)
@@ -242,21 +245,11 @@ class Collector:
             self._pgscan = scans
 
         mem = s.meminfo()
-        self._be_seconds = None
-        be_group_cores = self._group_cores(t, be_groups) if be_groups else None
+        be_group = self._group_cores(t, be_groups) if be_groups else None
         memory_read = self._rounds % self.memory_every == 0
-        steps = self._classes(t, be_group_cores is not None)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                by_class, ls_growth = done.value
-                break
-            left = time.perf_counter()
-            yield
-            paused += time.perf_counter() - left
-        if be_group_cores is not None and QoSClass.BE.value in by_class:
-            by_class[QoSClass.BE.value] = replace(by_class[QoSClass.BE.value], cpu_cores=be_group_cores)
+        by_class, ls_growth = yield from self._classes(t, be_group is not None, memory_read)
+        if be_group is not None and QoSClass.BE.value in by_class:
+            by_class[QoSClass.BE.value] = replace(by_class[QoSClass.BE.value], cpu_cores=be_group[0])
 
         if self._ls_rss_held is None:
             self._ls_rss_held = float(sum(u.rss_bytes for q, u in by_class.items() if q in LS_CLASSES))
@@ -278,32 +271,33 @@ class Collector:
             pgscan_direct=direct,
             pgscan_kswapd=kswapd,
             by_class=by_class,
-            collect_seconds=time.perf_counter() - started - paused,
-            be_cpu_seconds=self._be_seconds,
+            collect_seconds=time.perf_counter() - started,
+            be_cpu_seconds=None if be_group is None else be_group[1],
             memory_read=memory_read,
             ls_rss_held=self._ls_rss_held,
         )
 
-    def _group_cores(self, t: float, groups: Sequence[str]) -> float | None:
-        """The cores used by ``groups`` together since the last round (0.0 the first time);
-        None when one cannot be read (then BE's containers are read one by one)."""
+    def _group_cores(self, t: float, groups: Sequence[str]) -> tuple[float, float] | None:
+        """The cores used by ``groups`` together since the last round (0.0 the first time) and
+        their CPU seconds so far; None when one cannot be read (then BE's containers are read
+        one by one)."""
         total = 0
         for g in groups:
             cpu = self.stats.cpu(g, throttling=False)
             if cpu is None:
                 return None
             total += cpu.usage_ns
-        self._be_seconds = total / 1e9
         self._group_key = GROUPS_KEY + ",".join(groups)
         d = self._counters.advance(self._group_key, t, (total,))
-        return 0.0 if d is None else d[1][0] / 1e9 / d[0]
+        return 0.0 if d is None else d[1][0] / 1e9 / d[0], total / 1e9
 
     def _classes(
-        self, t: float, be_from_groups: bool = False
+        self, t: float, be_from_groups: bool, memory_read: bool
     ) -> Generator[None, None, tuple[dict[str, ClassUsage], int]]:
         """Per-class sums, and the RSS growth of LS containers measured in the last round too;
         a step (yield) every ``CHUNK`` containers. ``be_from_groups``: BE's CPU comes from its
-        groups; its containers' only every ``memory_every`` rounds. The containers are the
+        groups; its containers' only with their memory. ``memory_read``: every container's
+        memory is read this round (else only a new one's). The containers are the
         model's at the start: one that comes between steps is read next round, one that
         leaves is skipped (its group is gone) and dropped with the next revision."""
         acc: dict[QoSClass, _Acc] = {}
@@ -334,7 +328,7 @@ class Collector:
                 continue  # no usable path
             groups.add(group)
             before = self.by_container.get(key)
-            full = before is None or self._rounds % self.memory_every == 0  # see NodeSample.memory_read
+            full = before is None or memory_read
             if be_from_groups and qos is QoSClass.BE and before is not None and not full:
                 a = acc.get(qos)
                 if a is None:
