@@ -83,12 +83,28 @@ class Inotify:
         self.paths.clear()
 
 
+def _held(pid_dir: Path) -> tuple[int, int]:
+    """(inotify instances, watches) a process holds: ``fdinfo`` lists one ``inotify wd:`` line
+    per watch of each inotify fd. Fds that close meanwhile are skipped."""
+    instances = watches = 0
+    for fd in (pid_dir / "fd").iterdir():
+        try:
+            if os.readlink(fd) != "anon_inode:inotify":
+                continue
+            text = (pid_dir / "fdinfo" / fd.name).read_text()
+        except OSError:
+            continue
+        instances += 1
+        watches += text.count("inotify wd:")
+    return instances, watches
+
+
 def usage(proc: Path = Path("/proc"), uid: int | None = None, top: int = 3) -> dict[str, Any]:
     """inotify headroom for ``uid`` (default: ours): watches and instances in use, counted from
-    every process's inotify fds (``fdinfo`` lists one ``inotify wd:`` line per watch), against
-    ``fs.inotify.max_user_watches`` / ``max_user_instances``, which are per user; and the
-    processes holding the most watches. The reconciler holds one watch per managed cgroup
-    directory and hierarchy, so a node with thousands of containers needs the headroom."""
+    every process's inotify fds, against ``fs.inotify.max_user_watches`` /
+    ``max_user_instances``, which are per user; and the processes holding the most watches. The
+    reconciler holds one watch per managed cgroup directory and hierarchy, so a node with
+    thousands of containers needs the headroom."""
     uid = os.geteuid() if uid is None else uid
     watches = instances = 0
     holders: list[tuple[int, int, str]] = []  # (watches, pid, comm)
@@ -98,19 +114,10 @@ def usage(proc: Path = Path("/proc"), uid: int | None = None, top: int = 3) -> d
         try:
             if d.stat().st_uid != uid:
                 continue
-            fds = list((d / "fd").iterdir())
+            n, mine = _held(d)
         except OSError:  # gone, or not ours to look at
             continue
-        mine = 0
-        for fd in fds:
-            try:
-                if os.readlink(fd) != "anon_inode:inotify":
-                    continue
-                text = (d / "fdinfo" / fd.name).read_text()
-            except OSError:
-                continue
-            instances += 1
-            mine += text.count("inotify wd:")
+        instances += n
         if mine:
             watches += mine
             try:
@@ -137,11 +144,4 @@ def usage(proc: Path = Path("/proc"), uid: int | None = None, top: int = 3) -> d
 
 def watches_of(pid: int, proc: Path = Path("/proc")) -> int:
     """Watches held by one process (all its inotify instances)."""
-    n = 0
-    for fd in (proc / str(pid) / "fd").iterdir():
-        try:
-            if os.readlink(fd) == "anon_inode:inotify":
-                n += (proc / str(pid) / "fdinfo" / fd.name).read_text().count("inotify wd:")
-        except OSError:
-            continue
-    return n
+    return _held(proc / str(pid))[1]
