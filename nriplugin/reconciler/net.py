@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -35,6 +34,7 @@ from ..model import POD_PREFIX, NodeModel
 from ..nri import api_pb2 as api
 from ..overlays import Overlays
 from ..policy.cache import RuleCache
+from ..policy.model import Policy
 from ..policy.qos import InvalidQoSLabel, qos_class
 
 log = logging.getLogger("nriplugin.net")
@@ -138,22 +138,32 @@ class NetQoS:
         self._tc: TC | None = None
         self._found: dict[str, tuple[str, Found | None]] = {}  # pod id -> (netns path, interface)
         self._minors: dict[str, int] = {}
-        self._reported: set[tuple[str, str]] = set()
+        self._reported: dict[str, set[str]] = {}  # pod id -> what was said of it once
         self._invalid: dict[str, str] = {}  # pod id -> the annotation problem reported
         self._applied: Plan | None = None
         self._kick = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._gone: list[str] = []
+        # What each pod wants, kept between rounds so that a round costs what changed, not the
+        # node: only pods that want shaping are held; ``_dirty`` pods are looked at next round,
+        # all of them after a new policy (``_all``).
+        self._wants: dict[str, Wanted] = {}
+        self._dirty: set[str] = set()
+        self._all = True
+        self._urgent = False  # a round is due whatever the pods want (period, policy, a removal)
         from ..qos.net_suppress import NetSuppress
 
         self.suppress: NetSuppress | None = NetSuppress(overlays, NODE_KEY) if suppress else None
         model.subscribe(self)
-        rules.subscribe(lambda _v: self._kick.set())
+        rules.subscribe(lambda _v: self._recompute_all())
 
     # the node model's Listener ------------------------------------------------------------------
 
+    # Called on the hook path: each only notes the pod and wakes the round.
+
     def added(self, key: str) -> None:
         if key.startswith(POD_PREFIX):
+            self._dirty.add(key[len(POD_PREFIX) :])
             self._kick.set()
 
     def started(self, key: str, existing: bool) -> None:
@@ -164,13 +174,21 @@ class NetQoS:
 
     def removed(self, key: str) -> None:
         if key.startswith(POD_PREFIX):
-            self._gone.append(key[len(POD_PREFIX) :])
-            self._kick.set()
+            pod = key[len(POD_PREFIX) :]
+            self._dirty.discard(pod)
+            self._gone.append(pod)
+            # its rules go at once; a pod that wanted nothing leaves books for the next round
+            self._wake(urgent=self._wants.pop(pod, None) is not None or bool(self._found))
 
     def resynced(self) -> None:
-        self._kick.set()
+        self._wake(urgent=True)
 
-    def overlay_changed(self) -> None:
+    def _recompute_all(self) -> None:
+        self._all = True
+        self._wake(urgent=True)
+
+    def _wake(self, urgent: bool) -> None:
+        self._urgent = self._urgent or urgent
         self._kick.set()
 
     # running --------------------------------------------------------------------------------------
@@ -185,20 +203,40 @@ class NetQoS:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def run(self) -> None:
+        """A round every ``period`` (the kernel read back), and at once when something it
+        shapes changes. A new pod wakes it only to look at that pod: unless the pod wants
+        shaping, no round follows (a pod burst on a node without network QoS costs no rounds)."""
         loop = asyncio.get_running_loop()
         while True:
             self._kick.clear()
+            self._urgent = False
             await self.round(loop)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), self.period)
+            timer = loop.call_later(self.period, self._wake, True)
+            try:
+                while not self._urgent:
+                    await self._kick.wait()
+                    self._kick.clear()
+                    if not self._urgent and self._refresh():
+                        break
+            finally:
+                timer.cancel()
 
     async def round(self, loop: asyncio.AbstractEventLoop | None = None) -> Status:
-        """One round: the wanted pods computed here (on the loop), the kernel work in the worker."""
+        """One round: the wanted pods computed here (on the loop), the kernel work in the
+        worker. While nothing is shaped or wanted the worker is not asked at all: a node without
+        network QoS pays one dictionary lookup per new pod."""
         loop = loop or asyncio.get_running_loop()
         wanted, node = self.wanted()
         gone, self._gone = self._gone, []
+        for pod in gone:  # the loop's books (the worker is not running between rounds)
+            self._invalid.pop(pod, None)
+            self._reported.pop(pod, None)
+        idle = not wanted and not self._found and self._applied is not None and not self._applied.pods
         try:
-            await loop.run_in_executor(self._pool, self._work, wanted, node, gone)
+            if idle:
+                self._applied = Plan(node, ())
+            else:
+                await loop.run_in_executor(self._pool, self._work, wanted, node, gone)
         except Exception as exc:  # a netlink failure: logged, tried again next round
             log.warning("network QoS round failed: %s", exc)
         self.status.rounds += 1
@@ -208,43 +246,64 @@ class NetQoS:
                 log.info(
                     "net suppress: L2 ceilings now %s", {r: v for d in self.overlays.of(NODE_KEY) for r, v in d.values}
                 )
-                self._kick.set()
+                self._wake(urgent=True)
         self.on_round(self.status)
         return self.status
 
     def wanted(self) -> tuple[list[Wanted], NodeNet]:
+        """The pods that want shaping and the node's tree."""
         policy = self.rules.policy
         low = {r: int(v) for d in self.overlays.of(NODE_KEY) for r, v in d.values}
-        node = node_state(policy, low)
-        out = []
-        for key in self.model:
-            if not key.startswith(POD_PREFIX):
-                continue
-            r = self.model.get(key)
-            if r is None:
-                continue
-            pod = r.pod
-            who = f"{pod.namespace}/{pod.name}"
-            try:
-                qos = qos_class(pod.labels, pod.linux.cgroup_parent)
-                net = pod_state(policy, qos, pod.annotations)
-            except InvalidQoSLabel:
-                continue  # reported by the desired state already
-            except InvalidInput as exc:
-                if self._invalid.get(pod.id) != str(exc):
-                    self._invalid[pod.id] = str(exc)
-                    self.on_invalid("net_bandwidth")
-                    log.warning("pod %s: %s; its network is not shaped", who, exc, extra={"pod": who})
-                continue
-            if net is not None:
-                out.append(Wanted(pod.id, who, netns_path(pod), net))
-        return out, node
+        self._refresh()
+        return list(self._wants.values()), node_state(policy, low)
+
+    def _refresh(self) -> bool:
+        """Look at the pods that came since the last look (all of them after a new policy);
+        returns whether what the pods want changed."""
+        policy = self.rules.policy
+        if self._all:
+            self._all = False
+            self._dirty.clear()
+            before, self._wants = self._wants, {}
+            pods: Iterable[str] = [key[len(POD_PREFIX) :] for key in self.model if key.startswith(POD_PREFIX)]
+        else:
+            before = None
+            pods, self._dirty = self._dirty, set()
+        changed = False
+        for pod_id in pods:
+            w = self._want(pod_id, policy)
+            if w != self._wants.get(pod_id):
+                changed = True
+                if w is None:
+                    del self._wants[pod_id]
+                else:
+                    self._wants[pod_id] = w
+        return changed or (before is not None and before != self._wants)
+
+    def _want(self, pod_id: str, policy: Policy) -> Wanted | None:
+        pod = self.model.pod(pod_id)
+        if pod is None:
+            return None
+        who = f"{pod.namespace}/{pod.name}"
+        try:
+            qos = qos_class(pod.labels, pod.linux.cgroup_parent)
+            net = pod_state(policy, qos, pod.annotations)
+        except InvalidQoSLabel:
+            return None  # reported by the desired state already
+        except InvalidInput as exc:
+            if self._invalid.get(pod.id) != str(exc):
+                self._invalid[pod.id] = str(exc)
+                self.on_invalid("net_bandwidth")
+                log.warning("pod %s: %s; its network is not shaped", who, exc, extra={"pod": who})
+            return None
+        return None if net is None else Wanted(pod.id, who, netns_path(pod), net)
 
     # the worker thread ---------------------------------------------------------------------------
 
     def _once(self, pod: str, what: str, msg: str, *args: object) -> None:
-        if (pod, what) not in self._reported:
-            self._reported.add((pod, what))
+        said = self._reported.setdefault(pod, set())
+        if what not in said:
+            said.add(what)
             log.info(msg, *args)
 
     def _leftovers(self) -> bool:
@@ -275,8 +334,6 @@ class NetQoS:
         for pod in gone:
             found = self._found.pop(pod, (None, None))[1]
             self._minors.pop(pod, None)
-            self._invalid.pop(pod, None)
-            self._reported = {r for r in self._reported if r[0] != pod}
             if found is not None:
                 tc.release(found.veth)
         pods: list[PodPlan] = []
