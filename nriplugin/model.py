@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -77,13 +77,17 @@ def _group(pod: api.PodSandbox, container: api.Container | None) -> str | None:
 class NodeModel:
     def __init__(self) -> None:
         self._records: dict[str, Record] = {}
+        self._of_pod: dict[str, dict[str, None]] = {}  # pod id -> its containers' keys, in order
         self._listeners: list[Listener] = []
+        self._told: dict[str, list[Callable[..., None]]] = {}  # event -> the listeners' bound methods
         # Moves on every change listeners are told of: readers that derive something from the
         # whole model (the BE groups, per-container facts) recompute only when it moved.
         self.revision = 0
 
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)
+        for event in ("added", "started", "changed", "removed"):
+            self._told.setdefault(event, []).append(getattr(listener, event))
 
     # reading ---------------------------------------------------------------------------------
 
@@ -121,7 +125,7 @@ class NodeModel:
 
     def pod_removed(self, pod_id: str) -> None:
         """The pod is gone, and its containers with it (a runtime need not tell each one)."""
-        for key in [k for k, r in self._records.items() if r.container is not None and r.pod.id == pod_id]:
+        for key in list(self._of_pod.get(pod_id, ())):
             self._remove(key)
         self._remove(pod_key(pod_id))
 
@@ -222,15 +226,23 @@ class NodeModel:
             return
         self.pod_seen(pod)
         self._records[container.id] = Record(pod, container, state)
+        self._of_pod.setdefault(pod.id, {})[container.id] = None
         self._tell("added", container.id)
 
     def _remove(self, key: str) -> None:
-        if self._records.get(key) is None:
+        r = self._records.get(key)
+        if r is None:
             return
         self._tell("removed", key)  # listeners still see the record while they let go
         del self._records[key]
+        if r.container is not None:
+            keys = self._of_pod.get(r.pod.id)
+            if keys is not None:
+                keys.pop(key, None)
+                if not keys:
+                    del self._of_pod[r.pod.id]
 
     def _tell(self, event: str, key: str, *args: object) -> None:
         self.revision += 1
-        for listener in self._listeners:
-            getattr(listener, event)(key, *args)
+        for fn in self._told.get(event, ()):
+            fn(key, *args)
