@@ -171,7 +171,8 @@ class Taker:
         self.pruned: list[set[str]] = []
 
     def observe(self, pods: list[api.PodSandbox], containers: list[api.Container]) -> int:
-        self.adopted.append([c.id for c in containers])
+        if containers:
+            self.adopted.append([c.id for c in containers])
         return len(containers)
 
     def prune(self, live: set[str], listed_at: float) -> int:

@@ -729,13 +729,13 @@ def test_be_cpu_from_its_groups_and_its_containers_read_with_their_memory(v1: tu
 def test_sample_async_yields_between_chunks_and_equals_sample(
     v1: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The agent's rounds yield to the event loop every CHUNK containers (a hook is not held up
+    """The agent's rounds give the event loop back between turns (a hook is not held up
     behind a large node's round) and measure what the one-go round measures. The round reads
     the containers the model had when it started: one that leaves between chunks is still
     counted (its group readable) or skipped (gone), and is not in the next round."""
-    import nriplugin.qos.collect as collect
+    import nriplugin.turns as loop_turns
 
-    monkeypatch.setattr(collect, "CHUNK", 2)
+    monkeypatch.setattr(loop_turns, "TURN", 0.0)  # every container is a turn of its own
     root, proc = v1
     node = _node(root)
     pod = make_pod(1, "LS")
@@ -769,8 +769,8 @@ def test_sample_async_yields_between_chunks_and_equals_sample(
         task.cancel()
         return s, turns
 
-    s, turns = asyncio.run(both())
-    assert turns >= 3  # 7 containers in chunks of 2: the loop ran others between them
+    s, n = asyncio.run(both())
+    assert n >= 3  # the loop ran others between the containers
     ref = one_go.sample()
     assert s.usage("LS").cpu_cores == pytest.approx(7.0)  # 7 containers, a core each
     assert s.usage("LS").rss_bytes == 7 * (200 << 20)

@@ -8,9 +8,9 @@ over the interval; per-container readings are kept only for keys the model still
 memory stays flat under churn.
 
 A round is a few sysfs reads per container. The agent's loop drives it with
-:meth:`Collector.sample_async`, which yields to the event loop every ``CHUNK`` containers, so
-that an NRI hook never waits behind a whole round on a node with thousands of containers;
-:meth:`Collector.sample` runs the same steps in one go (tests, tools).
+:meth:`Collector.sample_async`, which gives the event loop back at the end of every turn
+(``turns.py``), so that an NRI hook never waits behind a whole round on a node with thousands
+of containers; :meth:`Collector.sample` runs the same steps in one go (tests, tools).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from ..kernel.cgroup import Cgroups
 from ..kernel.stats import ProcCpu, Psi, Stats
 from ..model import Record, State
 from ..policy.qos import QoSClass
+from ..turns import Turn
 from .history import Counters
 from .sample import ClassUsage, FastSample, NodeSample, Pressure
 
@@ -35,7 +36,6 @@ GROUPS_KEY = "groups:"  # the counters of QoS-level groups, next to the containe
 LS_CLASSES = frozenset({QoSClass.LSE, QoSClass.LSR, QoSClass.LS})
 DEFAULT_PERIOD_US = 100000  # the kernel's (and kubelet's) CFS period when none is requested
 MEMORY_EVERY = 5  # rounds between reads of a known container's memory files
-CHUNK = 256  # containers read between yields to the event loop (sample_async)
 
 
 class Containers(Protocol):
@@ -201,8 +201,8 @@ class Collector:
         return _run(self._sample(be_groups))
 
     async def sample_async(self, be_groups: Sequence[str] = ()) -> NodeSample:
-        """:meth:`sample`, yielding to the event loop every ``CHUNK`` containers. Its
-        ``collect_seconds`` is the reading's own time, not the waits between chunks."""
+        """:meth:`sample`, giving the event loop back between turns. Its ``collect_seconds``
+        is the reading's own time, not the waits between turns."""
         steps = self._sample(be_groups)
         paused = 0.0  # time spent at yields (other callbacks' turn)
         while True:
@@ -216,7 +216,7 @@ class Collector:
             paused += time.perf_counter() - left
 
     def _sample(self, be_groups: Sequence[str]) -> Generator[None, None, NodeSample]:
-        """A round's steps: a yield every ``CHUNK`` containers; the sample is the return value."""
+        """A round's steps: a yield at the end of each turn; the sample is the return value."""
         started = time.perf_counter()
         self._rounds += 1
         t = self.clock()
@@ -295,7 +295,7 @@ class Collector:
         self, t: float, be_from_groups: bool, memory_read: bool
     ) -> Generator[None, None, tuple[dict[str, ClassUsage], int]]:
         """Per-class sums, and the RSS growth of LS containers measured in the last round too;
-        a step (yield) every ``CHUNK`` containers. ``be_from_groups``: BE's CPU comes from its
+        a step (yield) at the end of each turn. ``be_from_groups``: BE's CPU comes from its
         groups; its containers' only with their memory. ``memory_read``: every container's
         memory is read this round (else only a new one's). The containers are the
         model's at the start: one that comes between steps is read next round, one that
@@ -310,9 +310,11 @@ class Collector:
             self._facts.clear()
             self._facts_rev = self.model.revision
         facts = self._facts
-        for n, (key, r) in enumerate(list(self.model.containers()), 1):
-            if n % CHUNK == 0:
+        turn = Turn()
+        for key, r in list(self.model.containers()):
+            if turn.over():
                 yield
+                turn.restart()
             if r.state is not State.RUNNING:
                 continue  # CREATED: runc may still be building its cgroup
             if key in facts:

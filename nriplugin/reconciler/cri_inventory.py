@@ -27,6 +27,7 @@ import grpc
 from ..cri import api_pb2 as cri
 from ..cri.client import AsyncCRI
 from ..nri import api_pb2 as api
+from ..turns import Turn
 
 log = logging.getLogger("nriplugin.inventory")
 
@@ -157,7 +158,6 @@ class Adopter(Protocol):
 RETRY_MIN, RETRY_MAX = 0.5, 30.0  # seconds between attempts while the CRI socket does not answer
 PENDING_RECHECK = 0.5  # seconds: first look again while adopted containers have not started
 STATUS_IN_FLIGHT = 8  # verbose status calls at once (a cold start on a full node)
-CHUNK = 16  # containers adopted per event-loop turn (~30 ms): hooks are answered in between
 
 
 class CriInventory:
@@ -274,9 +274,17 @@ class CriInventory:
             log.info("inventory: %d pods, %d containers from CRI", len(pods), len(containers))
         self._available = True
         adopted = 0
-        for i in range(0, max(len(containers), 1), CHUNK):
-            adopted += self.adopter.observe(pods, containers[i : i + CHUNK])
-            await asyncio.sleep(0)
+        turn = Turn()  # a node's worth of pods and containers, a turn at a time: hooks come first
+        for p in pods:
+            self.adopter.observe([p], [])
+            if turn.over():
+                await asyncio.sleep(0)
+                turn.restart()
+        for c in containers:
+            adopted += self.adopter.observe([], [c])
+            if turn.over():
+                await asyncio.sleep(0)
+                turn.restart()
         forgotten = self.adopter.prune({c.id for c in containers} | {f"pod:{p.id}" for p in pods}, listed_at)
         self.observer.inventory_done(True, adopted, forgotten)
         return True

@@ -36,6 +36,7 @@ from ..kernel.cgroup import RESOURCES, Cgroups, InvalidValue
 from ..kernel.inotify import IN_CREATE, IN_DELETE, IN_IGNORED, IN_ISDIR, IN_MODIFY, IN_Q_OVERFLOW, Inotify
 from ..model import NodeModel, State
 from ..overlays import group_key
+from ..turns import Turn
 from ..writer import Writer, period_of
 
 log = logging.getLogger("nriplugin.reconciler")
@@ -43,10 +44,6 @@ log = logging.getLogger("nriplugin.reconciler")
 FIGHT_WINDOW = 10.0  # seconds
 FIGHT_REPAIRS = 3  # repairs of one file within the window that make it a fight
 BACKOFF_MIN, BACKOFF_MAX = 1.0, 300.0
-# Entries taken per event-loop turn when there are many (after Synchronize on a node of
-# thousands of containers, a full pass): a hook that arrives meanwhile waits for one chunk,
-# not for the whole node.
-CHUNK = 32
 # A container's cgroup (cgroupfs: its 64-hex id; systemd: a .scope), as opposed to a QoS or pod
 # directory, whose new children we want to see as well.
 _CONTAINER_DIR = re.compile(r"^([0-9a-f]{64}|.*\.scope)$")
@@ -141,6 +138,9 @@ class Reconciler:
         self._masks: dict[str, int] = {}  # directory -> its watch mask
         self._task: asyncio.Task[None] | None = None
         self._to_apply: set[str] = set()  # keys whose desired state changed, applied soon
+        self._batch: collections.deque[str] = collections.deque()  # the batch being applied, in turns
+        self._batch_refused: list[str] = []  # its keys the kernel refused: tried again after the rest
+        self._applying = False  # an _apply_pending is scheduled
         self._passes: set[asyncio.Task[int]] = set()  # chunked full passes running
         self.rejections = 0  # writes the kernel refused
         self._events: collections.deque[tuple[Callable[[str], object], str]] = collections.deque()
@@ -199,21 +199,24 @@ class Reconciler:
         self._events.append((fn, key))
         if not first:
             return
-        try:
-            asyncio.get_running_loop().call_soon(self._drain, CHUNK)
-        except RuntimeError:  # no loop (tests, explain): now
-            self._drain()
+        loop = self.loop
+        if loop is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no loop (tests, explain): now
+                self._drain()
+                return
+        loop.call_soon(self._drain, True)
 
-    def _drain(self, limit: int = 0) -> None:
-        """Take the queued news in order; with ``limit``, that many per loop turn (the rest
-        right after whatever else is ready: a hook's request goes first)."""
-        n = 0
+    def _drain(self, in_turns: bool = False) -> None:
+        """Take the queued news in order; ``in_turns`` (on the loop), a turn at a time, the
+        rest right after whatever else is ready (a hook's request goes first)."""
+        turn = Turn()
         while self._events:
             fn, key = self._events.popleft()
             fn(key)
-            n += 1
-            if limit and n >= limit and self._events:
-                asyncio.get_running_loop().call_soon(self._drain, limit)
+            if in_turns and self._events and turn.over():
+                asyncio.get_running_loop().call_soon(self._drain, True)
                 return
 
     def own_group(self, path: str) -> str:
@@ -296,9 +299,8 @@ class Reconciler:
     def apply_soon(self, keys: list[str]) -> None:
         """The desired state of ``keys`` changed: write them right after the current callback
         (a hook's answer goes first), batched."""
-        first = not self._to_apply
         self._to_apply.update(k for k in keys if k in self.entries)
-        if not first or not self._to_apply:
+        if self._applying or not self._to_apply:
             return
         loop = self.loop
         if loop is None:
@@ -307,25 +309,37 @@ class Reconciler:
             except RuntimeError:  # no loop (explain, tests): now
                 self._apply_pending()
                 return
+        self._applying = True
         loop.call_soon(self._apply_pending)
 
     def _apply_pending(self) -> None:
         """Apply a batch until it stops making progress: the kernel checks some values against
         other groups' (cgroup v1 refuses a child's CFS quota above its parent's), so lowering
         a parent may need its children first and raising it the other way round; what was
-        refused is tried again after the rest of the batch."""
-        keys = sorted(self._to_apply)
-        if len(keys) > CHUNK * 4 and self._loop_running():  # thousands (after Synchronize): in turns
-            keys, rest = keys[: CHUNK * 4], keys[CHUNK * 4 :]
-            self._to_apply = set(rest)
-            asyncio.get_running_loop().call_soon(self._apply_pending)
-        else:
+        refused is tried again after the rest of the batch. On the loop, a turn at a time."""
+        self._applying = False
+        in_turns = self._loop_running()
+        if not self._batch:
+            self._batch = collections.deque(sorted(self._to_apply))
             self._to_apply = set()
-        refused = [k for k in keys if self._refused_in(k)]
-        if refused:
-            refused = [k for k in refused if self._refused_in(k)]  # after the rest of the batch
-        for key in refused:
+        turn = Turn()
+        while self._batch:
+            key = self._batch.popleft()
+            if self._refused_in(key):
+                self._batch_refused.append(key)
+            if in_turns and self._batch and turn.over():
+                self._applying = True
+                asyncio.get_running_loop().call_soon(self._apply_pending)
+                return
+        refused, self._batch_refused = self._batch_refused, []
+        for key in [k for k in refused if self._refused_in(k)]:  # after the rest of the batch
             self.check(key)  # refused again: it waits out a backoff now
+        if self._to_apply:  # came while the batch was applied
+            if in_turns:
+                self._applying = True
+                asyncio.get_running_loop().call_soon(self._apply_pending)
+            else:
+                self._apply_pending()
 
     def _refused_in(self, key: str) -> bool:
         before = self.rejections
@@ -465,17 +479,22 @@ class Reconciler:
         return repairs
 
     async def full_pass_chunked(self) -> int:
-        """:meth:`full_pass` in chunks of entries, yielding to the loop between them. Its
-        figures are the chunks' own time (what the pass costs), not the waits between."""
-        keys = list(self.entries)
+        """:meth:`full_pass` a turn at a time, giving the loop back between turns. Its
+        figures are the turns' own time (what the pass costs), not the waits between."""
         wall = cpu = 0.0
         repairs = 0
-        for i in range(0, len(keys), CHUNK):
-            t0, c0 = time.perf_counter(), time.process_time()
-            repairs += sum(self.check(k) for k in keys[i : i + CHUNK])
-            wall += time.perf_counter() - t0
-            cpu += time.process_time() - c0
-            await asyncio.sleep(0)
+        turn = Turn()
+        t0, c0 = time.perf_counter(), time.process_time()
+        for key in list(self.entries):
+            repairs += self.check(key)
+            if turn.over():
+                wall += time.perf_counter() - t0
+                cpu += time.process_time() - c0
+                await asyncio.sleep(0)
+                turn.restart()
+                t0, c0 = time.perf_counter(), time.process_time()
+        wall += time.perf_counter() - t0
+        cpu += time.process_time() - c0
         self.passes += 1
         self.observer.pass_done(wall, cpu, len(self.entries))
         return repairs
