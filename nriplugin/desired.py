@@ -29,7 +29,7 @@ from .writer import cap_burst
 
 log = logging.getLogger("nriplugin.desired")
 
-Generation = tuple[int, int]  # (policy epoch, the key's own generation)
+Generation = tuple[int, int, int]  # (policy epoch, the key's own generation, its class's)
 
 
 class DesiredState:
@@ -49,7 +49,7 @@ class DesiredState:
         self.cpus = cpus if cpus is not None else CPUAllocator(caps.topology)
         self.overlays = overlays if overlays is not None else Overlays()
         self.on_invalid = on_invalid
-        self._cache: dict[str, Intent | None] = {}
+        self._cache: dict[str, tuple[Intent | None, int]] = {}  # key -> (intent, its class's generation)
         self._gens: dict[str, int] = {}
         self._epoch = 0
         self._next = 0
@@ -69,6 +69,13 @@ class DesiredState:
         self._cpusets: dict[QoSClass, tuple[int | None, str, str]] = {}
         self._logged: set[tuple[str, str]] = set()
         self._classes: dict[str, QoSClass | None] = {}  # pod id -> its class (None: bad label)
+        # Each class's keys (pods and containers), so that a class-wide decision touches that
+        # class, without walking the node.
+        self._members: dict[QoSClass, dict[str, None]] = {}
+        self._member_of: dict[str, QoSClass] = {}
+        # A class-wide decision (a ceiling, a cpuset limit) moves its class's generation: every
+        # key of the class is recomputed when next asked, without a walk over them now.
+        self._class_gens: dict[QoSClass, int] = {}
         self.rejected_labels = 0
         rules.subscribe(lambda _v: self.policy_changed())
 
@@ -123,8 +130,10 @@ class DesiredState:
 
     def intent(self, key: str) -> Intent | None:
         """The merged desired state of ``key`` (features ⊕ overlays); cached per generation."""
-        if key in self._cache:
-            return self._cache[key]
+        stamp = self._class_stamp(key)
+        cached = self._cache.get(key)
+        if cached is not None and cached[1] == stamp:
+            return cached[0]
         r = self.model.get(key)
         intent = self._features(self._context(r.pod, r.container)) if r is not None else Intent()
         decisions = self.overlays.of(key)
@@ -152,7 +161,7 @@ class DesiredState:
         if limit is not None and intent is not None and r is not None and r.container is not None:
             intent = self._cpuset_limit(key, intent, *limit)
         if self._known(key):  # a gone container's key (a late check) is not kept
-            self._cache[key] = intent
+            self._cache[key] = (intent, stamp)
         return intent
 
     def _known(self, key: str) -> bool:
@@ -196,7 +205,20 @@ class DesiredState:
         return gen, [] if intent is None else intent.settings()
 
     def generation(self, key: str) -> Generation:
-        return self._epoch, self._gens.get(key, 0)
+        return self._epoch, self._gens.get(key, 0), self._class_stamp(key)
+
+    def _class_stamp(self, key: str) -> int:
+        qos = self._member_of.get(key)
+        return 0 if qos is None else self._class_gens.get(qos, 0)
+
+    def _class_changed(self, qos: QoSClass) -> None:
+        """Every key of ``qos`` has a new desired state: recomputed when asked; the
+        subscribers are told which keys (they apply them in turns)."""
+        self._class_gens[qos] = self._class_gens.get(qos, 0) + 1
+        keys = list(self._members.get(qos, ()))
+        if keys:
+            for fn in self._listeners:
+                fn(keys)
 
     # what changes it ----------------------------------------------------------------------------
 
@@ -253,7 +275,7 @@ class DesiredState:
         if self._caps.get(qos) == (cores, owner, reason):
             return
         self._caps[qos] = (cores, owner, reason)
-        self.invalidate([k for k in self.model if self.qos_of(k) is qos])
+        self._class_changed(qos)
 
     def set_cpuset_limit(self, qos: QoSClass, ncpus: int | None, owner: str, reason: str) -> None:
         """Every container of ``qos`` on ``ncpus`` CPUs of the share pool (None: all of it).
@@ -262,7 +284,7 @@ class DesiredState:
         if self._cpusets.get(qos) == (ncpus, owner, reason):
             return
         self._cpusets[qos] = (ncpus, owner, reason)
-        self.invalidate([k for k, _ in self.model.containers() if self.qos_of(k) is qos])
+        self._class_changed(qos)
 
     def capped(self, key: str) -> bool:
         """Whether a class-wide CFS ceiling applies to ``key`` now (its class is suppressed)."""
@@ -270,7 +292,7 @@ class DesiredState:
 
     def withdraw_ceiling(self, qos: QoSClass) -> None:
         if self._caps.pop(qos, None) is not None:
-            self.invalidate([k for k in self.model if self.qos_of(k) is qos])
+            self._class_changed(qos)
 
     def _overlaid(self, key: str, resource: str) -> bool:
         return any(resource in dict(d.values) for d in self.overlays.of(key))
@@ -296,7 +318,13 @@ class DesiredState:
 
     def added(self, key: str) -> None:
         r = self.model.get(key)
-        if r is None or r.container is None or not cpuset.candidate(r.pod):
+        if r is None:
+            return
+        qos = self._class_of(r.pod)
+        if qos is not None:
+            self._members.setdefault(qos, {})[key] = None
+            self._member_of[key] = qos
+        if r.container is None or not cpuset.candidate(r.pod):
             return
         ctx = self._context(r.pod, r.container)
         if ctx is not None and self.rules.policy.features.cpuset.enable:
@@ -329,6 +357,9 @@ class DesiredState:
         self.invalidate([key])
 
     def removed(self, key: str) -> None:
+        qos = self._member_of.pop(key, None)
+        if qos is not None:
+            self._members[qos].pop(key, None)
         if key.startswith(POD_PREFIX):
             self._classes.pop(key[len(POD_PREFIX) :], None)
         self._cache.pop(key, None)

@@ -14,6 +14,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from nriplugin.kernel.cgroup import Cgroups
 from nriplugin.node import Node
 from nriplugin.plugin import QoSPlugin
@@ -95,12 +97,16 @@ class Churn:
             "desired._gens": len(d._gens),
             "desired._baselines": len(d._baselines),
             "desired._classes": len(d._classes),
+            "desired._members": sum(len(m) for m in d._members.values()),
+            "desired._member_of": len(d._member_of),
+            "model._of_pod": len(node.model._of_pod),
             "overlays": len(d.overlays.targets()),
             "cpus.exclusive": len(d.cpus.exclusive),
             "reconciler.entries": len(r.entries),
             "reconciler.by_dir": len(r.by_dir),
             "reconciler.files": len(r.files),
             "reconciler._to_apply": len(r._to_apply),
+            "reconciler._batch": len(r._batch),
             "reconciler._events": len(r._events),
             "reconciler._watches": len(r._watches),
             "reconciler._masks": len(r._masks),
@@ -136,17 +142,21 @@ def test_every_per_container_structure_empties_when_its_container_goes(tmp_path:
     asyncio.run(main())
 
 
-def test_after_synchronize_the_reconciler_works_in_chunks_between_hooks(tmp_path: Path) -> None:
+def test_after_synchronize_the_reconciler_works_in_turns_between_hooks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Taking in a node of hundreds of containers (tracking, watching, applying, the first
-    full pass) runs in chunks: a hook that arrives right after Synchronize waits for one chunk,
+    full pass) runs in turns: a hook that arrives right after Synchronize waits for one turn,
     not for the whole node; everything converges in the end."""
-    from nriplugin.reconciler.reconciler import CHUNK
+    import nriplugin.turns as loop_turns
+
+    monkeypatch.setattr(loop_turns, "TURN", 0.0001)
 
     async def main() -> None:
         churn = Churn(tmp_path / "cg")
         churn.start()
         pods, ctrs = [], []
-        for i in range(CHUNK * 5):
+        for i in range(160):
             pod = make_pod(i, "BE", parent=f"/kubepods/besteffort/pod{i}")
             pod.annotations["node.koordinator.sh/extended-resource-spec"] = BATCH
             ctr = make_container(i, pod)

@@ -19,16 +19,17 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 from ..desired import DesiredState
 from ..features.base import requested
 from ..kernel.psi_trigger import PressureWatch, Trigger, open_trigger
-from ..model import NodeModel
+from ..model import POD_PREFIX, NodeModel
 from ..policy.cache import RuleCache
 from ..policy.qos import QoSClass
+from ..turns import Turn
 from . import scores
 from .collect import ContainerUsage
 from .cpu_burst import Burster, Change, burst_ratio, wants_burst
@@ -136,20 +137,109 @@ class _Rate:
         return max(0.0, (value - prev) / (t - prev_t))
 
 
+def _be_parent(group: str) -> str | None:
+    """A BE pod's QoS-level group (kubelet's besteffort group, either driver): its parent
+    directory. A BE pod elsewhere (in a group shared with LS) is not suppressed through it."""
+    parent, _, _ = group.rpartition("/")
+    name = parent.rpartition("/")[2]
+    return parent if name == "besteffort" or name.endswith("-besteffort.slice") else None
+
+
 def be_groups(model: NodeModel, desired: DesiredState) -> list[str]:
-    """The QoS-level cgroups that hold BE pods (kubelet's besteffort group, either driver):
-    the pods' parent directories. A BE pod elsewhere (in a group shared with LS) is not
-    suppressed through its parent."""
+    """The QoS-level cgroups that hold BE pods, worked out from the whole model (what
+    :class:`PodGroups` keeps as pods come and go)."""
     out: set[str] = set()
     for key in model:
         r = model.get(key)
         if r is None or r.container is not None or r.group is None or desired.qos_of(key) is not QoSClass.BE:
             continue
-        parent, _, _ = r.group.rpartition("/")
-        name = parent.rpartition("/")[2]
-        if name == "besteffort" or name.endswith("-besteffort.slice"):
+        parent = _be_parent(r.group)
+        if parent is not None:
             out.add(parent)
     return sorted(out)
+
+
+class PodGroups:
+    """What a round needs of the pods — the QoS-level groups holding BE pods, and the LS pods'
+    ``cpu.pressure`` files (cgroup v2: their PSI triggers) — kept as pods come and go: a round
+    looks only at the pods that came since the last one, never at the whole node. On the hook
+    path a new pod is only noted."""
+
+    def __init__(
+        self, model: NodeModel, desired: DesiredState, pressure_path: Callable[[str], str | None] = lambda g: None
+    ) -> None:
+        self.model = model
+        self.desired = desired
+        self.pressure_path = pressure_path
+        self._dirty: set[str] = {k for k in model if k.startswith(POD_PREFIX)}
+        self._be: dict[str, str] = {}  # BE pod key -> its QoS-level group
+        self._ls: dict[str, str] = {}  # LS pod key -> its cpu.pressure
+        self._moved = True
+        model.subscribe(self)
+
+    def added(self, key: str) -> None:
+        if key.startswith(POD_PREFIX):
+            self._dirty.add(key)
+
+    def removed(self, key: str) -> None:
+        if key.startswith(POD_PREFIX):
+            self._dirty.discard(key)
+            gone = self._be.pop(key, None) is not None
+            self._moved = self._ls.pop(key, None) is not None or gone or self._moved
+
+    def started(self, key: str, existing: bool) -> None:
+        pass
+
+    def changed(self, key: str) -> None:
+        pass
+
+    def resynced(self) -> None:
+        pass
+
+    def refresh(self) -> bool:
+        """Take in the pods that came, in one go; returns whether anything changed since
+        last asked."""
+        for _ in self.refresh_steps():
+            pass
+        return self.moved()
+
+    async def refresh_async(self) -> bool:
+        """:meth:`refresh`, giving the event loop back between turns."""
+        for _ in self.refresh_steps():
+            await asyncio.sleep(0)
+        return self.moved()
+
+    def refresh_steps(self) -> Iterator[None]:
+        turn = Turn()
+        while self._dirty:
+            key = self._dirty.pop()
+            r = self.model.get(key)
+            if r is not None and r.group is not None:
+                qos = self.desired.qos_of(key)
+                if qos is QoSClass.BE:
+                    parent = _be_parent(r.group)
+                    if parent is not None:
+                        self._be[key] = parent
+                        self._moved = True
+                elif qos is not None and qos.value in LS_CLASSES:
+                    path = self.pressure_path(r.group)
+                    if path is not None:
+                        self._ls[key] = path
+                        self._moved = True
+            if self._dirty and turn.over():
+                yield
+                turn.restart()
+
+    def moved(self) -> bool:
+        moved, self._moved = self._moved, False
+        return moved
+
+    def be(self) -> list[str]:
+        return sorted(set(self._be.values()))
+
+    def ls(self) -> set[str]:
+        """The LS pods' ``cpu.pressure`` files."""
+        return set(self._ls.values())
 
 
 class QoSManager:
@@ -181,8 +271,8 @@ class QoSManager:
         self.memory = Assessor.from_config(cfg.memoryPressure)
         self.level = Level.LOW
         self.ratio = 1.0
-        self._groups: list[str] = []
-        self._groups_rev = -1  # the model's revision _groups were worked out at
+        self._groups: list[str] = []  # the QoS-level groups holding BE pods
+        self.pods = PodGroups(model, desired, collector.pressure_path)
         self._be_round, self._be_fast = _Rate(), _Rate()  # BE's usage over each path's own window
         self._non_be = 0.0  # non-BE usage at the last decision
         self._task: asyncio.Task[None] | None = None
@@ -252,25 +342,29 @@ class QoSManager:
     # rounds -----------------------------------------------------------------------------------
 
     def round(self) -> None:
-        """One full round, its collection in one go (tests, tools)."""
-        if self._prepare():
+        """One full round, in one go (tests, tools)."""
+        if self._enabled():
+            self._pods_moved(self.pods.refresh())
             self._decide(self.collector.sample(self._groups))
 
     async def round_async(self) -> None:
-        """One full round; the collection yields to the event loop between chunks of
-        containers (the agent's loop: hooks are not held up by a large node's round)."""
-        if self._prepare():
+        """One full round; the pods' news and the collection give the event loop back
+        between turns (the agent's loop: hooks are not held up by a large node's round)."""
+        if self._enabled():
+            self._pods_moved(await self.pods.refresh_async())
             self._decide(await self.collector.sample_async(self._groups))
 
-    def _prepare(self) -> bool:
+    def _enabled(self) -> bool:
         """False when the manager is off (its overlays withdrawn)."""
         if not self.rules.policy.qosManager.enable:
             self.withdraw_all("the QoS manager is disabled")
             return False
-        if self.model.revision != self._groups_rev:  # pods came or went
-            self._groups, self._groups_rev = be_groups(self.model, self.desired), self.model.revision
-            self.watch_ls_pressure()
         return True
+
+    def _pods_moved(self, moved: bool) -> None:
+        if moved:
+            self._groups = self.pods.be()
+            self.watch_ls_pressure()
 
     def _decide(self, sample: NodeSample) -> None:
         """Assess and act on a round's sample. Its latency is the collection's own time plus
@@ -325,17 +419,7 @@ class QoSManager:
         watch = self.ls_pressure
         if watch is None:
             return
-        paths: set[str] = set()
-        for key in self.model:
-            r = self.model.get(key)
-            if r is None or r.container is not None or r.group is None:
-                continue
-            qos = self.desired.qos_of(key)
-            if qos is not None and qos.value in LS_CLASSES:
-                path = self.collector.pressure_path(r.group)
-                if path is not None:
-                    paths.add(path)
-        watch.follow(paths)
+        watch.follow(self.pods.ls())
         if watch.refused and not self._ls_refused_said:
             path, why = next(iter(watch.refused.items()))
             log.info("no PSI trigger on LS groups (%s: %s); the fast path carries the reaction", path, why)
