@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import importlib
 import logging
 import os
@@ -92,7 +93,9 @@ class Invalid:
 
 
 class Agent:
-    def __init__(self, ns: argparse.Namespace) -> None:
+    def __init__(self, ns: argparse.Namespace, arrival: Callable[[], float] = time.perf_counter) -> None:
+        """``arrival``: the loop's clock of when a request's bytes could first be read
+        (``nri.transport.PollClock``), where a hook's time starts."""
         self.ns = ns
         self.opts = StubOptions.from_env(
             name=ns.name,
@@ -100,6 +103,7 @@ class Agent:
             socket_path=ns.socket,
             default_policy=HookPolicy(budget=ns.hook_budget_ms / 1000.0, fail_closed=ns.fail_closed),
             max_message=ns.max_message_mib << 20,
+            arrival=arrival,
         )
         self.prereg = self.opts.fd is not None
         self.gap_since = os.environ.pop(ENV_GAP_SINCE, "")
@@ -114,6 +118,7 @@ class Agent:
         self.metrics_sock: socket.socket | None = None
         self.standby_reason = ""
         self.cluster: Any = None  # cluster.run.Cluster while the cluster side runs: .pods, .evictor
+        self.node: Node | None = None  # once the policy is loaded
 
     # start-up ---------------------------------------------------------------------------------
 
@@ -252,7 +257,7 @@ class Agent:
         from .plugin import QoSPlugin
 
         invalid = Invalid()
-        node = Node.create(rules, cgroups=Cgroups(Path(ns.cgroup_root)), on_invalid=invalid)
+        self.node = node = Node.create(rules, cgroups=Cgroups(Path(ns.cgroup_root)), on_invalid=invalid)
         plugin = QoSPlugin(node, push=stub.update_containers)
         stub.replace_plugin(plugin)
         if runner is not None:
@@ -326,6 +331,7 @@ class Agent:
             watcher = PolicyWatcher(Path(ns.policy), rules, self.loop)
             watcher.start()
         gap_task = self.loop.create_task(self.report_gap(metrics, stub, *gap)) if gap is not None else None
+        freeze_task = self.loop.create_task(self.freeze_start_up(stub))
         # The runtime's own inventory: what existed before us when no Synchronize comes.
         inventory_task = self.loop.create_task(inventory.run()) if inventory is not None else None
         try:
@@ -341,6 +347,7 @@ class Agent:
             lock.release(me, self.closed_at if self.closed_at is not None else time.time())
             if gap_task is not None:
                 gap_task.cancel()
+            freeze_task.cancel()
             if inventory is not None:
                 await inventory.client.close()
             shut_http()
@@ -516,6 +523,18 @@ class Agent:
                 await standby_runner
         return True
 
+    @staticmethod
+    async def freeze_start_up(stub: Stub) -> None:
+        """Once serving (registered, the runtime's containers taken in), what start-up made —
+        modules, the policy, the node the agent found — is moved out of the cyclic garbage
+        collector's way (``gc.freeze``): a full collection, which holds the loop and every
+        hook waiting on it, then walks only what came later, so its pause does not follow
+        the size of the node the agent started on. (Frozen objects are still freed when
+        their last reference goes.)"""
+        await stub.ready.wait()
+        await asyncio.sleep(0)  # the Synchronize take-in runs right after its answer
+        gc.freeze()
+
     async def report_gap(self, metrics: Metrics, stub: Stub, since: float, cause: str) -> None:
         await stub.ready.wait()
         seconds = max(0.0, time.time() - since)
@@ -528,5 +547,16 @@ class Agent:
         )
 
 
-async def run(ns: argparse.Namespace) -> int:
-    return await Agent(ns).run()
+def main(ns: argparse.Namespace) -> int:
+    """``nriplugin run``: the agent on an event loop whose selector times each request from the
+    moment its bytes could be read (so the hook-latency histogram sees a request that waited
+    behind other work)."""
+    from .nri.transport import PollClock
+
+    poll = PollClock()
+
+    async def serve() -> int:
+        return await Agent(ns, poll.arrival).run()
+
+    with asyncio.Runner(loop_factory=poll.loop) as runner:
+        return runner.run(serve())

@@ -8,7 +8,6 @@ to register), so nothing heavy is imported here.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import os
@@ -361,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     from . import agent
 
     try:
-        return asyncio.run(agent.run(ns))
+        return agent.main(ns)
     except ValueError as exc:  # e.g. NRI_PLUGIN_SOCKET that is not a file descriptor
         log.error("%s", exc)
         return agent.EXIT_STARTUP

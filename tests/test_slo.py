@@ -69,7 +69,7 @@ def test_analyse_live_metrics(agent_metrics: tuple[int, Metrics]) -> None:
     assert create.event == "create_container" and sandbox.event == "run_pod_sandbox"
     assert (create.answered, create.failed, create.total) == (1000, 2, 1002)
     assert create.exact and create.good == 995  # 2 ms is a bucket bound
-    assert create.p50 == pytest.approx(0.00025 + 0.00025 * 500 / 980)  # rank 500 of 1000 in (250, 500] µs
+    assert create.p50 == pytest.approx(0.00025 + 0.00005 * 500 / 980)  # rank 500 of 1000 in (250, 300] µs
     assert create.p99 == pytest.approx(0.001 + 0.001 * 10 / 15)  # rank 990: 10 into (1, 2] ms's 15
     assert create.within == pytest.approx(995 / 1002)
     assert create.budget_used(SLO()) == pytest.approx(7 / (1002 * 0.001))
@@ -93,7 +93,7 @@ def test_cli_prints_each_event(agent_metrics: tuple[int, Metrics]) -> None:
     assert lines[0] == ("SLO: 99.9 % of create_container hooks answered within 2 ms over 30 days (error budget 0.1 %)")
     row = next(ln.split() for ln in lines if ln.startswith("create_container *"))
     # event * hooks failed p50 ms p99 ms within % budget %
-    assert row[2:] == ["1000", "2", "0.378", "ms", "1.67", "ms", "99.301", "%", "699", "%"]
+    assert row[2:] == ["1000", "2", "0.276", "ms", "1.67", "ms", "99.301", "%", "699", "%"]
     assert next(ln for ln in lines if ln.startswith("run_pod_sandbox")).split()[-2:] == ["0", "%"]
     assert "~" not in r.stdout
 

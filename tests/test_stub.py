@@ -15,6 +15,7 @@ import pytest
 from nriplugin.nri import api_pb2 as api
 from nriplugin.nri import ttrpc
 from nriplugin.nri.stub import HookPolicy, Plugin, Stub, StubOptions, event_mask
+from nriplugin.nri.transport import PollClock
 from tests.runtime_peer import PeerCallError, RuntimePeer, make_container, make_pod
 
 
@@ -84,8 +85,9 @@ def run(coro_fn: Callable[[Path], Awaitable[Any]], tmp_path: Path) -> Any:
 async def started(peer: RuntimePeer, plugin: Plugin, tmp: Path, **kw: Any) -> tuple[Stub, asyncio.Task[None]]:
     sock = str(tmp / "nri.sock")
     await peer.listen(sock)
+    observer = kw.pop("observer", None)
     opts = StubOptions(socket_path=sock, backoff_initial=0.02, backoff_max=0.1, **kw)
-    stub = Stub(plugin, opts, observer=kw.pop("observer", None) if "observer" in kw else None)
+    stub = Stub(plugin, opts, observer=observer)
     task = asyncio.ensure_future(stub.run())
     return stub, task
 
@@ -144,6 +146,42 @@ def test_register_configure_synchronize_and_events(tmp_path: Path) -> None:
         await stopped(stub, task, peer)
 
     run(main, tmp_path)
+
+
+@pytest.mark.parametrize("clocked", [True, False])
+def test_a_hooks_time_includes_its_wait_behind_other_work_on_the_loop(tmp_path: Path, clocked: bool) -> None:
+    """The loop's PollClock starts a hook's time when its bytes could first be read: a request
+    that sat 50 ms behind a blocking callback is recorded as at least 50 ms (what the runtime
+    waited). Timed from when the loop got to it, the same wait is invisible."""
+    poll = PollClock()
+    waits: list[float] = []
+
+    class Timed(Recorder):
+        def hook_done(self, event: str, seconds: float) -> None:
+            if event == "create_container":
+                waits.append(seconds)
+
+    async def main(tmp: Path) -> None:
+        peer = RuntimePeer()
+        stub, task = await started(
+            peer, SharesPlugin(), tmp, observer=Timed(), **({"arrival": poll.arrival} if clocked else {})
+        )
+        s = await peer.next_session()
+        await asyncio.wait_for(stub.ready.wait(), 1)
+        be = make_pod(10, "BE")
+        asyncio.get_running_loop().call_soon(time.sleep, 0.05)  # other work holds the loop
+        t0 = time.perf_counter()
+        await s.create_container(be, make_container(10, be))
+        took = time.perf_counter() - t0
+        await stopped(stub, task, peer)
+        assert took >= 0.05 and len(waits) == 1
+        if clocked:
+            assert 0.05 <= waits[0] <= took
+        else:
+            assert waits[0] < 0.05
+
+    with asyncio.Runner(loop_factory=poll.loop) as runner:
+        runner.run(asyncio.wait_for(main(tmp_path), 30))
 
 
 def test_unknown_service_and_method_are_unimplemented(tmp_path: Path) -> None:

@@ -273,6 +273,9 @@ class StubOptions:
     call_timeout: float = 2.0
     max_message: int = ttrpc.RECEIVE_BOUND  # the largest message accepted from the runtime
     refused_retry: float = 600.0  # seconds without NRI after refusing a message over max_message
+    # When a request's bytes could first have been read (transport.PollClock.arrival): a hook's
+    # time, and its budget, start there. Default: when the request is handled.
+    arrival: Callable[[], float] = time.perf_counter
 
     @classmethod
     def from_env(cls, **kw: Any) -> StubOptions:
@@ -430,9 +433,9 @@ class Stub:
         if self._held is not None:
             self._held.append(ev)
             return
-        t0 = time.perf_counter()
         trunk = self.trunk
         assert trunk is not None
+        t0 = trunk.arrived or time.perf_counter()
         r = ev.request
         if r.service != PLUGIN_SERVICE:
             trunk.respond(ev.stream_id, code=ttrpc.Code.UNIMPLEMENTED, message=f"service {r.service}")
@@ -610,6 +613,7 @@ class Stub:
             fd=self.opts.fd,
             max_message=self.opts.max_message,
             on_refused=self._on_refused,
+            arrival=self.opts.arrival,
         )
         self.trunk = trunk
         self.connections += 1

@@ -3,12 +3,19 @@
 All protocol decisions live in the sans-IO layers; this only moves bytes, resolves call
 futures and hands incoming requests to a callback. It is an ``asyncio.Protocol`` (not
 streams) so a request is dispatched straight from ``data_received`` with no extra task hop.
+
+A hook's time starts when its bytes could first have been read, not when the loop got to
+them: :class:`PollClock`, the loop's selector, knows that moment (see its docstring), so the
+hook-latency histogram includes the time a request sat behind other work on the loop — what
+the runtime waits for, and what a plugin-side timer alone cannot see.
 """
 
 from __future__ import annotations
 
 import asyncio
+import selectors
 import socket
+import time
 from collections.abc import Callable
 
 from . import ttrpc
@@ -25,19 +32,58 @@ class CallError(Exception):
         self.message = message
 
 
+class PollClock(selectors.DefaultSelector):
+    """The event loop's selector, noting when the bytes of each turn can have arrived.
+
+    A request read in a turn arrived after the previous poll returned (else that poll would
+    have reported it). If this turn's poll slept and was woken, the bytes arrived as it woke;
+    if it returned at once, they arrived while the loop was busy with other callbacks, at the
+    earliest when that busy spell began: that moment is taken (a bound that errs towards the
+    runtime's view, never below it).
+    """
+
+    WOKEN = 20e-6  # a poll that took longer than this slept and was woken by the bytes
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._returned = time.perf_counter()
+        self.arrived = self._returned  # the earliest the bytes of this turn can have arrived
+
+    def arrival(self) -> float:
+        return self.arrived
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        entered = time.perf_counter()
+        ready = super().select(timeout)
+        now = time.perf_counter()
+        self.arrived = now if now - entered > self.WOKEN else self._returned
+        self._returned = now
+        return ready
+
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """A new event loop on this selector."""
+        return asyncio.SelectorEventLoop(self)
+
+
 class Trunk(asyncio.Protocol):
     def __init__(
         self,
         conn: NriConnection,
         on_request: Callable[[ttrpc.RequestReceived], None],
         on_refused: Callable[[ttrpc.RequestTooLarge], None] | None = None,
+        arrival: Callable[[], float] = time.perf_counter,
     ) -> None:
+        """``arrival``: when the bytes being handled could first have been read (the loop's
+        :meth:`PollClock.arrival`; without one, the moment they are handled)."""
         self.conn = conn
         self.on_request = on_request
         self.on_refused = on_refused  # a request over the receive bound (answered with an error here)
         self.transport: asyncio.Transport | None = None
-        self.closed: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self.closed: asyncio.Future[Exception | None] = loop.create_future()
         self._calls: dict[int, asyncio.Future[ttrpc.Response]] = {}
+        self._arrival = arrival
+        self.arrived = 0.0  # perf_counter time the request being handled could first be read
 
     # asyncio.Protocol ---------------------------------------------------------------------
 
@@ -45,6 +91,7 @@ class Trunk(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]  # uvloop's are not asyncio.Transport
 
     def data_received(self, data: bytes) -> None:
+        self.arrived = self._arrival()
         try:
             events = self.conn.receive_data(data)
         except ProtocolError as exc:
@@ -116,15 +163,16 @@ async def open_trunk(
     fd: int | None = None,
     max_message: int = ttrpc.RECEIVE_BOUND,
     on_refused: Callable[[ttrpc.RequestTooLarge], None] | None = None,
+    arrival: Callable[[], float] = time.perf_counter,
 ) -> Trunk:
     """Connect to the runtime by socket path, or adopt an inherited connected socket fd."""
     loop = asyncio.get_running_loop()
     conn = NriConnection(max_message=max_message)
     if fd is not None:
         sock = socket.socket(fileno=fd)
-        _, proto = await loop.create_unix_connection(lambda: Trunk(conn, on_request, on_refused), sock=sock)
+        _, proto = await loop.create_unix_connection(lambda: Trunk(conn, on_request, on_refused, arrival), sock=sock)
     elif path is not None:
-        _, proto = await loop.create_unix_connection(lambda: Trunk(conn, on_request, on_refused), path)
+        _, proto = await loop.create_unix_connection(lambda: Trunk(conn, on_request, on_refused, arrival), path)
     else:
         raise ValueError("need a socket path or an inherited fd")
     return proto
