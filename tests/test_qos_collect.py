@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -778,3 +779,52 @@ def test_sample_async_yields_between_chunks_and_equals_sample(
     clock.t += 1.0
     assert chunked.sample().usage("LS").containers == 6  # the next round: the leaver is not read
     assert 0 < s.collect_seconds < 1.0
+
+
+def test_a_container_without_its_cgroup_is_looked_for_less_and_less(
+    v1: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A running container whose cgroup is not there is looked for again after 1, 2, 4 ...
+    rounds (at most ABSENT_MAX_WAIT), not every round; once it is there it is read again (within
+    the wait) and looked for every round; its entry goes with it."""
+    import nriplugin.qos.collect as collect
+
+    monkeypatch.setattr(collect, "ABSENT_MAX_WAIT", 8)
+    root, proc = v1
+    node = _node(root)
+    pod = make_pod(1, "LS")
+    here, missing = make_container(1, pod), make_container(2, pod)
+    v1_counters(root, _group(here), usage_ns=10**9, memory=300 << 20, rss=100 << 20, cache=0)
+    node.model.container_started(pod, here)
+    node.model.container_started(pod, missing)
+    col = Collector(node.model, node.desired, node.writer.cgroups, proc, clock=Clock(), memory_every=1)
+    looked: list[int] = []
+    gone: list[bool] = []
+    cpu = col.stats.cpu
+
+    def counting(group: str, throttling: bool = True) -> Any:
+        if group == _group(missing):
+            looked.append(col._rounds)
+            if gone:
+                return None
+        return cpu(group, throttling)
+
+    monkeypatch.setattr(col.stats, "cpu", counting)
+    for _ in range(30):
+        col.sample()
+    assert looked == [0, 1, 3, 7, 15, 23]  # waits of 1, 2, 4, 8, 8 rounds
+    assert col.sample().usage("LS").containers == 1
+    v1_counters(root, _group(missing), usage_ns=10**9, memory=300 << 20, rss=100 << 20, cache=0)
+    for _ in range(8):
+        col.sample()
+    assert col.by_container.keys() == {here.id, missing.id}  # there now: read again
+    seen = len(looked)
+    for _ in range(3):
+        col.sample()
+    assert len(looked) == seen + 3  # every round again
+    gone.append(True)  # its group removed (a kept file of a removed cgroup reads ENODEV)
+    col.sample()
+    assert missing.id in col._absent  # gone again: looked for less and less
+    node.model.container_removed(missing.id)
+    col.sample()
+    assert not col._absent  # its entry went with it

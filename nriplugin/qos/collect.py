@@ -36,6 +36,7 @@ GROUPS_KEY = "groups:"  # the counters of QoS-level groups, next to the containe
 LS_CLASSES = frozenset({QoSClass.LSE, QoSClass.LSR, QoSClass.LS})
 DEFAULT_PERIOD_US = 100000  # the kernel's (and kubelet's) CFS period when none is requested
 MEMORY_EVERY = 5  # rounds between reads of a known container's memory files
+ABSENT_MAX_WAIT = 64  # rounds at most between looks for a container's missing cgroup
 
 
 class Containers(Protocol):
@@ -188,6 +189,12 @@ class Collector:
         self._fast_cpu: ProcCpu | None = None
         self._fast_stall: int | None = None
         self._facts: dict[str, _Facts | None] = {}  # None: not collected (SYSTEM, unknown class)
+        # Containers whose cgroup could not be read: key -> (the round to look again, the wait
+        # after that). A running container's group is there; one that is not (its removal on the
+        # way, a path that does not resolve) is not looked for every round (a failed lookup
+        # walks the path and opens nothing: on a node of thousands, the bulk of a round).
+        self._absent: dict[str, tuple[int, int]] = {}
+        self._absent_rev = -1
         self._facts_rev = -1
         self._group_key = ""  # the counter of the BE groups read by the last round
 
@@ -328,6 +335,9 @@ class Collector:
             seen.add(key)  # its counters stay even if this round's read fails
             if group is None:
                 continue  # no usable path
+            absent = self._absent.get(key)
+            if absent is not None and self._rounds < absent[0]:
+                continue
             groups.add(group)
             before = self.by_container.get(key)
             full = before is None or memory_read
@@ -341,8 +351,12 @@ class Collector:
                 by_container[key] = before  # read again with its memory
                 continue
             cpu = s.cpu(group, throttling=f.throttling)
-            if cpu is None:
-                continue  # the cgroup is gone (a removal on its way)
+            if cpu is None:  # the cgroup is gone (a removal on its way), or not there
+                wait = min(ABSENT_MAX_WAIT, 2 * absent[1]) if absent is not None else 1
+                self._absent[key] = (self._rounds + wait, wait)
+                continue
+            if absent is not None:
+                del self._absent[key]
             a = acc.get(qos)
             if a is None:
                 a = acc[qos] = _Acc()
@@ -375,6 +389,9 @@ class Collector:
             seen.add(self._group_key)  # the BE groups' counter stays too
         if self._counters.retain(seen):
             s.retain(groups | set(self._group_key[len(GROUPS_KEY) :].split(",")))  # close a leaver's files
+        if self._absent and self._absent_rev != self._facts_rev:  # a container left: its entry too
+            self._absent = {k: v for k, v in self._absent.items() if k in seen}
+            self._absent_rev = self._facts_rev
         self.by_container = by_container
         return {q.value: a.usage() for q, a in acc.items()}, ls_growth
 
