@@ -66,7 +66,8 @@ async def measure(rt: harness.Containerd, pods: int, new: int) -> dict[str, Any]
     rec.start(loop)
     try:
         t0 = time.perf_counter()
-        pod_list, containers, _ = await inv.snapshot()
+        listing = await inv.snapshot()
+        pod_list, containers = listing.pods, listing.containers
         cold = time.perf_counter() - t0
         warm = []
         for _ in range(5):

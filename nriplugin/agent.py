@@ -376,6 +376,7 @@ class Agent:
                 period=self.ns.resync_seconds,
                 hooks_live=stub.ready.is_set,
                 observer=InventoryMetrics(metrics),
+                told=stub.ready.wait,
             )
 
         def on_new_dir(group: str) -> None:

@@ -168,6 +168,12 @@ class NodeModel:
         if key in self._records:
             self._tell("changed", key)
 
+    def knows(self, key: str, running: bool = False) -> bool:
+        """Whether ``key`` is known (with ``running``: seen running): the inventory need not
+        ask the runtime about it."""
+        r = self._records.get(key)
+        return r is not None and (not running or r.state is State.RUNNING)
+
     def pending(self) -> int:
         """Containers created but not yet seen started (the inventory looks again soon)."""
         return self.count(State.CREATED)

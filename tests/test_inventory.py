@@ -5,7 +5,6 @@ ones, and new cgroup directories noticed on this machine's real cgroup v1 tree."
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import subprocess
 import tempfile
@@ -25,6 +24,7 @@ from nriplugin.node import Node
 from nriplugin.nri import api_pb2 as api
 from nriplugin.reconciler import Reconciler
 from nriplugin.reconciler.cri_inventory import BadStatus, CriInventory, container_from_cri, pod_from_cri
+from tests.cri_standin import FakeRuntime
 from tests.runtime_peer import make_container, make_pod
 
 ROOT = Path("/sys/fs/cgroup")
@@ -114,57 +114,6 @@ def test_hostile_values_in_the_status_are_dropped_not_passed_on() -> None:
 # a real gRPC server speaking CRI --------------------------------------------------------------
 
 
-class FakeRuntime:
-    """CRI's RuntimeService on a unix socket (grpc.aio's own server), with a call log."""
-
-    def __init__(self) -> None:
-        self.pods: dict[str, tuple[Any, dict[str, Any]]] = {}
-        self.containers: dict[str, tuple[Any, dict[str, Any]]] = {}
-        self.calls: list[str] = []
-        self.raw_info: dict[str, str] = {}  # id -> verbatim info string (hostile tests)
-
-    def handlers(self) -> grpc.GenericRpcHandler:
-        def unary(name: str, req_cls: Any, fn: Callable[[Any], Any]) -> grpc.RpcMethodHandler[Any, Any]:
-            def call(request: Any, context: Any) -> Any:
-                self.calls.append(name)
-                return fn(request)
-
-            return grpc.unary_unary_rpc_method_handler(
-                call, request_deserializer=req_cls.FromString, response_serializer=lambda m: m.SerializeToString()
-            )
-
-        def info(obj_id: str, data: dict[str, Any]) -> dict[str, str]:
-            return {"info": self.raw_info.get(obj_id, json.dumps(data))}
-
-        return grpc.method_handlers_generic_handler(
-            "runtime.v1.RuntimeService",
-            {
-                "ListPodSandbox": unary(
-                    "ListPodSandbox",
-                    cri.ListPodSandboxRequest,
-                    lambda r: cri.ListPodSandboxResponse(items=[p for p, _ in self.pods.values()]),
-                ),
-                "ListContainers": unary(
-                    "ListContainers",
-                    cri.ListContainersRequest,
-                    lambda r: cri.ListContainersResponse(containers=[c for c, _ in self.containers.values()]),
-                ),
-                "PodSandboxStatus": unary(
-                    "PodSandboxStatus",
-                    cri.PodSandboxStatusRequest,
-                    lambda r: cri.PodSandboxStatusResponse(info=info(r.pod_sandbox_id, self.pods[r.pod_sandbox_id][1])),
-                ),
-                "ContainerStatus": unary(
-                    "ContainerStatus",
-                    cri.ContainerStatusRequest,
-                    lambda r: cri.ContainerStatusResponse(
-                        info=info(r.container_id, self.containers[r.container_id][1])
-                    ),
-                ),
-            },
-        )
-
-
 class Taker:
     def __init__(self) -> None:
         self.adopted: list[list[str]] = []
@@ -181,6 +130,9 @@ class Taker:
 
     def pending(self) -> int:
         return 0
+
+    def knows(self, key: str, running: bool = False) -> bool:
+        return False
 
 
 @pytest.fixture
@@ -209,16 +161,16 @@ def test_inventory_against_a_grpc_server(sock: str) -> None:
             assert taker.adopted == [[CID]]  # the exited one is not adopted
             assert taker.pruned == [{CID, f"pod:{PID}"}]
             assert rt.calls.count("ContainerStatus") == 1 and rt.calls.count("PodSandboxStatus") == 1
-            _, ctrs, _ = await inv.snapshot()  # cached: no new status calls
+            ctrs = (await inv.snapshot()).containers  # cached: no new status calls
             assert rt.calls.count("ContainerStatus") == 1 and ctrs[0].pid == 0
             rt.containers[CID] = (container(), container_info(f"{parent}/{CID}", pid=99))  # started
-            _, ctrs, _ = await inv.snapshot()
+            ctrs = (await inv.snapshot()).containers
             assert ctrs[0].pid == 99 and ctrs[0].state == api.CONTAINER_RUNNING
             # A runtime that answers garbage for one container: that one is skipped, the rest stay.
             bad = "12" * 32
             rt.containers[bad] = (container(bad), {})
             rt.raw_info[bad] = "[" * 5000
-            _, ctrs, _ = await inv.snapshot()
+            ctrs = (await inv.snapshot()).containers
             assert [c.id for c in ctrs] == [CID]
             asked = rt.calls.count("ContainerStatus")
             await inv.snapshot()  # not asked again (nor logged again) until its state changes
@@ -234,6 +186,41 @@ def test_inventory_against_a_grpc_server(sock: str) -> None:
             await down.client.close()
 
     asyncio.run(main())
+
+
+def test_what_nri_already_told_is_not_asked_of_the_runtime_again(sock: str) -> None:
+    """After Synchronize the node model knows the node: an inventory lists it (two calls) and
+    asks the verbose status only of what it does not know, or knows only as created."""
+    from nriplugin.model import NodeModel
+
+    rt = FakeRuntime()
+    pods = [make_pod(i, "BE") for i in range(3)]
+    ctrs = [make_container(i, p) for i, p in enumerate(pods)]
+    rt.add_node(pods, ctrs)
+    model = NodeModel()
+    model.observe(pods[:2], ctrs[:2])  # told: two pods, running
+    model.container_created(pods[1], make_container(7, pods[1]))
+    created = make_container(7, pods[1])
+    created.state = api.CONTAINER_CREATED
+    rt.add_node([], [created])
+    rt.containers[created.id][0].state = cri.CONTAINER_RUNNING  # started since: its pid is news
+
+    async def main() -> None:
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((rt.handlers(),))
+        server.add_insecure_port(f"unix://{sock}")
+        await server.start()
+        inv = CriInventory(AsyncCRI(sock), model, period=3600)
+        try:
+            assert await inv.run_once()
+        finally:
+            await inv.client.close()
+            await server.stop(None)
+
+    asyncio.run(main())
+    assert rt.calls.count("PodSandboxStatus") == 1  # the third pod
+    assert rt.calls.count("ContainerStatus") == 2  # the third pod's container, and the one that started
+    assert ctrs[2].id in model and model.knows(created.id, running=True)
 
 
 def test_a_container_that_never_starts_does_not_make_the_inventory_poll_forever(sock: str) -> None:
@@ -399,7 +386,7 @@ def test_new_directories_are_noticed(top: str) -> None:
             ctr = make_container(7, pod)
             ctr.state = api.CONTAINER_CREATED
             model.observe([pod], [ctr])
-            await asyncio.sleep(0)  # the reconciler takes the model's news right after
+            await until(lambda: not rec.busy)  # the reconciler takes the model's news right after
             assert ctr.id in rec.entries and model.pending() == 1
             proc = subprocess.Popen(["sleep", "30"])
             try:

@@ -19,13 +19,14 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, NamedTuple, Protocol
 
 import grpc
 
 from ..cri import api_pb2 as cri
 from ..cri.client import AsyncCRI
+from ..model import POD_PREFIX
 from ..nri import api_pb2 as api
 from ..turns import Turn
 
@@ -153,11 +154,23 @@ class Adopter(Protocol):
     def observe(self, pods: list[api.PodSandbox], containers: list[api.Container]) -> int: ...
     def pending(self) -> int: ...
     def prune(self, live: set[str], listed_at: float) -> int: ...
+    def knows(self, key: str, running: bool = False) -> bool: ...
+
+
+class Listing(NamedTuple):
+    """One inventory: what the adopter does not know yet (as NRI messages), and every id the
+    runtime listed (``pod:<id>`` for pods: the node model's keys)."""
+
+    pods: list[api.PodSandbox]
+    containers: list[api.Container]
+    listed_at: float
+    live: set[str]
 
 
 RETRY_MIN, RETRY_MAX = 0.5, 30.0  # seconds between attempts while the CRI socket does not answer
 PENDING_RECHECK = 0.5  # seconds: first look again while adopted containers have not started
 STATUS_IN_FLIGHT = 8  # verbose status calls at once (a cold start on a full node)
+FIRST_WAIT = 5.0  # seconds the first inventory waits for NRI to tell what runs (Synchronize)
 
 
 class CriInventory:
@@ -172,8 +185,13 @@ class CriInventory:
         min_interval: float = 0.2,
         hooks_live: Callable[[], bool] = lambda: False,
         observer: InventoryObserver | None = None,
+        told: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
+        """``told``: resolves once NRI has said what runs (the stub ready: Synchronize taken in,
+        or a pre-registered plugin configured); the first inventory waits for it, up to
+        ``FIRST_WAIT`` seconds, so that it asks the runtime only about what NRI did not say."""
         self.client = client
+        self.told = told
         self.adopter = adopter
         # With NRI up, StartContainer tells us a pending container started: no need to poll.
         self.hooks_live = hooks_live
@@ -190,9 +208,11 @@ class CriInventory:
     def kick(self) -> None:
         self._kicked.set()
 
-    async def snapshot(self) -> tuple[list[api.PodSandbox], list[api.Container], float]:
+    async def snapshot(self) -> Listing:
         """The runtime's ready pods and created/running containers, and when the listing began.
-        Details (verbose status) are fetched only for ids not seen before, a few at a time."""
+        Details (verbose status) are fetched only for what the adopter does not know yet (a
+        container it knows running, a pod it knows: NRI told it) and was not fetched before,
+        a few at a time: an agent that synchronized a node of thousands asks for nothing."""
         listed_at = time.monotonic()
         ready = cri.PodSandboxStateValue(state=cri.SANDBOX_READY)
         sandboxes = (await self.client.call("ListPodSandbox", cri.ListPodSandboxRequest(filter={"state": ready}))).items
@@ -220,22 +240,34 @@ class CriInventory:
                 except (BadStatus, grpc.RpcError) as exc:
                     self._unusable(ct.id, ct.state, f"container {ct.id[:12]}", exc)
 
-        await asyncio.gather(
-            *(pod_details(sb) for sb in sandboxes if sb.id not in self._pods and (sb.id, 0) not in self._bad),
-            *(
-                container_details(ct)
-                for ct in containers
-                # again once started: now it has a pid
-                if self._containers.get(ct.id, (None,))[0] != ct.state and (ct.id, ct.state) not in self._bad
-            ),
-        )
+        known = self.adopter.knows
+        asks: list[Awaitable[None]] = []
+        turn = Turn()  # a node's worth of checks, a turn at a time
+        for sb in sandboxes:
+            if sb.id not in self._pods and (sb.id, 0) not in self._bad and not known(POD_PREFIX + sb.id):
+                asks.append(pod_details(sb))
+            if turn.over():
+                await asyncio.sleep(0)
+                turn.restart()
+        for ct in containers:
+            if (
+                self._containers.get(ct.id, (None,))[0] != ct.state  # again once started: now it has a pid
+                and (ct.id, ct.state) not in self._bad
+                and not known(ct.id, running=ct.state == cri.CONTAINER_RUNNING)
+            ):
+                asks.append(container_details(ct))
+            if turn.over():
+                await asyncio.sleep(0)
+                turn.restart()
+        await asyncio.gather(*asks)
         pods = [self._pods[sb.id] for sb in sandboxes if sb.id in self._pods]
         out = [self._containers[ct.id][1] for ct in containers if ct.id in self._containers]
-        live = {sb.id for sb in sandboxes} | {ct.id for ct in containers}
-        self._pods = {k: v for k, v in self._pods.items() if k in live}
-        self._containers = {k: v for k, v in self._containers.items() if k in live}
-        self._bad = {k for k in self._bad if k[0] in live}
-        return pods, out, listed_at
+        ids = {sb.id for sb in sandboxes} | {ct.id for ct in containers}
+        self._pods = {k: v for k, v in self._pods.items() if k in ids}
+        self._containers = {k: v for k, v in self._containers.items() if k in ids}
+        self._bad = {k for k in self._bad if k[0] in ids}
+        live = {POD_PREFIX + sb.id for sb in sandboxes} | {ct.id for ct in containers}
+        return Listing(pods, out, listed_at, live)
 
     def _unusable(self, obj_id: str, state: int, what: str, exc: Exception) -> None:
         """Skipped until its state changes; said once, not on every pass."""
@@ -260,7 +292,7 @@ class CriInventory:
 
     async def _run_once(self) -> bool:
         try:
-            pods, containers, listed_at = await self.snapshot()
+            listing = await self.snapshot()
         except grpc.RpcError as exc:
             self.errors += 1
             if self._available is not False:
@@ -270,8 +302,13 @@ class CriInventory:
             self._available = False
             self.observer.inventory_done(False, 0, 0)
             return False
+        pods, containers = listing.pods, listing.containers
         if self._available is not True:
-            log.info("inventory: %d pods, %d containers from CRI", len(pods), len(containers))
+            log.info(
+                "inventory: %d pods and containers from CRI, %d of them new to us",
+                len(listing.live),
+                len(pods) + len(containers),
+            )
         self._available = True
         adopted = 0
         turn = Turn()  # a node's worth of pods and containers, a turn at a time: hooks come first
@@ -285,11 +322,15 @@ class CriInventory:
             if turn.over():
                 await asyncio.sleep(0)
                 turn.restart()
-        forgotten = self.adopter.prune({c.id for c in containers} | {f"pod:{p.id}" for p in pods}, listed_at)
+        forgotten = self.adopter.prune(listing.live, listing.listed_at)
         self.observer.inventory_done(True, adopted, forgotten)
         return True
 
     async def run(self) -> None:
+        if self.told is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.told(), FIRST_WAIT)
+            await asyncio.sleep(0)  # the Synchronize take-in runs right after its answer
         retry, recheck, pending = RETRY_MIN, PENDING_RECHECK, 0
         while True:
             if await self.run_once():
