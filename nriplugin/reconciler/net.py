@@ -27,7 +27,18 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..features.base import InvalidInput
-from ..features.net_qos import DIRECTIONS, Level, NodeNet, PodNet, leaf_rates, node_state, pod_state
+from ..features.net_qos import (
+    DIRECTIONS,
+    EGRESS_KEY,
+    INGRESS_KEY,
+    Level,
+    NodeNet,
+    PodNet,
+    class_policy,
+    leaf_rates,
+    node_state,
+    pod_state,
+)
 from ..kernel.netns import link_names
 from ..kernel.tc import FIRST_LEAF, LAST_LEAF, TC, Plan, PodPlan, Snapshot, ifb_names, missing
 from ..model import POD_PREFIX, NodeModel
@@ -36,6 +47,7 @@ from ..overlays import Overlays
 from ..policy.cache import RuleCache
 from ..policy.model import Policy
 from ..policy.qos import InvalidQoSLabel, qos_class
+from ..turns import Turn
 
 log = logging.getLogger("nriplugin.net")
 
@@ -151,6 +163,7 @@ class NetQoS:
         self._dirty: set[str] = set()
         self._all = True
         self._urgent = False  # a round is due whatever the pods want (period, policy, a removal)
+        self._classes_on = any(class_policy(rules.policy, lv).enable for lv in Level)  # a class is shaped
         from ..qos.net_suppress import NetSuppress
 
         self.suppress: NetSuppress | None = NetSuppress(overlays, NODE_KEY) if suppress else None
@@ -162,9 +175,13 @@ class NetQoS:
     # Called on the hook path: each only notes the pod and wakes the round.
 
     def added(self, key: str) -> None:
-        if key.startswith(POD_PREFIX):
+        if not key.startswith(POD_PREFIX):
+            return
+        pod = self.model.pod(key[len(POD_PREFIX) :])
+        if self._classes_on or (pod is not None and (INGRESS_KEY in pod.annotations or EGRESS_KEY in pod.annotations)):
             self._dirty.add(key[len(POD_PREFIX) :])
             self._kick.set()
+        # else it wants nothing: with no class enabled only a pod's own caps are shaped
 
     def started(self, key: str, existing: bool) -> None:
         pass
@@ -184,6 +201,7 @@ class NetQoS:
         self._wake(urgent=True)
 
     def _recompute_all(self) -> None:
+        self._classes_on = any(class_policy(self.rules.policy, lv).enable for lv in Level)
         self._all = True
         self._wake(urgent=True)
 
@@ -216,7 +234,7 @@ class NetQoS:
                 while not self._urgent:
                     await self._kick.wait()
                     self._kick.clear()
-                    if not self._urgent and self._refresh():
+                    if not self._urgent and await self._refresh():
                         break
             finally:
                 timer.cancel()
@@ -226,7 +244,7 @@ class NetQoS:
         worker. While nothing is shaped or wanted the worker is not asked at all: a node without
         network QoS pays one dictionary lookup per new pod."""
         loop = loop or asyncio.get_running_loop()
-        wanted, node = self.wanted()
+        wanted, node = await self.wanted()
         gone, self._gone = self._gone, []
         for pod in gone:  # the loop's books (the worker is not running between rounds)
             self._invalid.pop(pod, None)
@@ -250,16 +268,15 @@ class NetQoS:
         self.on_round(self.status)
         return self.status
 
-    def wanted(self) -> tuple[list[Wanted], NodeNet]:
+    async def wanted(self) -> tuple[list[Wanted], NodeNet]:
         """The pods that want shaping and the node's tree."""
-        policy = self.rules.policy
+        await self._refresh()
         low = {r: int(v) for d in self.overlays.of(NODE_KEY) for r, v in d.values}
-        self._refresh()
-        return list(self._wants.values()), node_state(policy, low)
+        return list(self._wants.values()), node_state(self.rules.policy, low)
 
-    def _refresh(self) -> bool:
-        """Look at the pods that came since the last look (all of them after a new policy);
-        returns whether what the pods want changed."""
+    async def _refresh(self) -> bool:
+        """Look at the pods that came since the last look (all of them after a new policy), a
+        turn at a time; returns whether what the pods want changed."""
         policy = self.rules.policy
         if self._all:
             self._all = False
@@ -270,7 +287,11 @@ class NetQoS:
             before = None
             pods, self._dirty = self._dirty, set()
         changed = False
+        turn = Turn()
         for pod_id in pods:
+            if turn.over():
+                await asyncio.sleep(0)
+                turn.restart()
             w = self._want(pod_id, policy)
             if w != self._wants.get(pod_id):
                 changed = True
