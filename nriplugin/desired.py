@@ -112,8 +112,10 @@ class DesiredState:
             self._classes[pod.id] = self.qos(pod)
         return self._classes[pod.id]
 
-    def _context(self, pod: api.PodSandbox, container: api.Container | None) -> Context | None:
-        qos = self._class_of(pod)
+    def _context(
+        self, pod: api.PodSandbox, container: api.Container | None, qos: QoSClass | None = None
+    ) -> Context | None:
+        qos = self._class_of(pod) if qos is None else qos
         if qos is None or qos is QoSClass.SYSTEM:
             return None
         return Context(pod, container, qos, self.rules.policy, self.caps, self.cpus)
@@ -135,14 +137,41 @@ class DesiredState:
         if cached is not None and cached[1] == stamp:
             return cached[0]
         r = self.model.get(key)
-        intent = self._features(self._context(r.pod, r.container)) if r is not None else Intent()
+        if r is None:
+            intent: Intent | None = self._compose(key, None, None, None)
+        else:
+            intent = self._compose(key, r.pod, r.container, self._class_of(r.pod))
+        if self._known(key):  # a gone container's key (a late check) is not kept
+            self._cache[key] = (intent, stamp)
+        return intent
+
+    def intent_before_known(self, pod: api.PodSandbox, container: api.Container) -> Intent | None:
+        """The desired state of a container the node model does not know yet — CreateContainer
+        answers with it before the model takes the container in (right after the answer) —
+        the same :meth:`intent` gives once it is known. Not cached. A pod whose label cannot
+        be used is unmanaged (None); the model reports it when it takes the pod in."""
+        if pod.id in self._classes:
+            qos = self._classes[pod.id]
+        else:
+            try:
+                qos = qos_class(pod.labels, pod.linux.cgroup_parent)
+            except InvalidQoSLabel:
+                return None
+        return self._compose(container.id, pod, container, qos)
+
+    def _compose(
+        self, key: str, pod: api.PodSandbox | None, container: api.Container | None, qos: QoSClass | None
+    ) -> Intent | None:
+        """Features ⊕ overlays ⊕ the class's ceiling and cpuset limit (``pod`` None: a key
+        the model does not know, e.g. a QoS-level group: its overlays alone)."""
+        intent = self._features(self._context(pod, container, qos)) if pod is not None else Intent()
         decisions = self.overlays.of(key)
         base = self._baselines.get(key)
         if base and intent is not None:
             intent = intent.copy()
             for resource, value in base.items():
-                if value is None and r is not None:
-                    value = requested(r.container, resource)
+                if value is None and pod is not None:
+                    value = requested(container, resource)
                 if value is not None and (resource, "") not in intent.files:
                     intent.files[(resource, "")] = Setting(
                         resource, value, "the value before an overlay replaced it", owner="baseline"
@@ -153,16 +182,27 @@ class DesiredState:
                 for resource, value in d.values:
                     intent.files[(resource, "")] = Setting(resource, value, d.reason, owner=d.owner)
             cap_burst(intent.files)
-        qos = self.qos_of(key) if (self._caps or self._cpusets) and r is not None else None
         cap = self._caps.get(qos) if qos is not None else None
         if cap is not None and intent is not None:
             intent = self._ceiling(intent, *cap)
         limit = self._cpusets.get(qos) if qos is not None else None
-        if limit is not None and intent is not None and r is not None and r.container is not None:
+        if limit is not None and intent is not None and container is not None:
             intent = self._cpuset_limit(key, intent, *limit)
-        if self._known(key):  # a gone container's key (a late check) is not kept
-            self._cache[key] = (intent, stamp)
         return intent
+
+    def pins(self, pod: api.PodSandbox) -> bool:
+        """Whether the pod's containers get exclusive CPUs when the model takes them in (then
+        the share pool may move, and every sharer with it)."""
+        return self.rules.policy.features.cpuset.enable and cpuset.candidate(pod)
+
+    def class_capped(self, pod: api.PodSandbox) -> bool:
+        """Whether a class-wide CFS ceiling applies to the pod's class now (see :meth:`capped`)."""
+        if not self._caps:
+            return False
+        try:
+            return qos_class(pod.labels, pod.linux.cgroup_parent) in self._caps
+        except InvalidQoSLabel:
+            return False
 
     def _known(self, key: str) -> bool:
         """Something that exists: in the node model, or a QoS-level group (owned, not modelled).

@@ -17,6 +17,7 @@ from .kernel.probe import format_cpulist
 from .node import Node
 from .nri import api_pb2 as api
 from .nri.stub import Plugin
+from .turns import Turn
 
 log = logging.getLogger("nriplugin.plugin")
 
@@ -72,6 +73,14 @@ class QoSPlugin(Plugin):
         self.cgroups = self.node.cgroups
         self.push = push  # UpdateContainers from outside handlers (the stub's)
         self._pushes: set[asyncio.Future[None]] = set()  # UpdateContainers in flight (kept referenced)
+        # Containers answered, not yet in the model: taken in right after the answer, and by
+        # every hook before it looks at the model (so the order of events is the model's).
+        self._created: list[tuple[api.PodSandbox, api.Container]] = []
+
+    def _take_in_created(self) -> None:
+        created, self._created = self._created, []
+        for pod, container in created:
+            self.model.container_created(pod, container)
 
     def _pool_updates(self, skip: str = "") -> list[api.ContainerUpdate]:
         """Updates moving every sharer to the current share pool."""
@@ -114,6 +123,29 @@ class QoSPlugin(Plugin):
     def create_container(
         self, pod: api.PodSandbox, container: api.Container
     ) -> api.ContainerAdjustment | tuple[api.ContainerAdjustment, list[api.ContainerUpdate]] | None:
+        """The answer first: the model takes the container in right after it (its listeners'
+        work is not the runtime's wait), unless the container gets exclusive CPUs, which must
+        be handed out before its values are worked out."""
+        self._take_in_created()
+        if self.desired.pins(pod):
+            return self._create_pinned(pod, container)
+        try:
+            intent = self.desired.intent_before_known(pod, container)
+        except FeatureFailed as exc:
+            raise RuntimeError(f"refusing {pod.namespace}/{pod.name}/{container.name}: {exc}") from exc
+        self._created.append((pod, container))
+        if len(self._created) == 1:
+            try:
+                asyncio.get_running_loop().call_soon(self._take_in_created)
+            except RuntimeError:  # no loop (tests, explain): now
+                self._take_in_created()
+        if intent is None:
+            return None
+        return self._adjustment(intent, self.desired.class_capped(pod))
+
+    def _create_pinned(
+        self, pod: api.PodSandbox, container: api.Container
+    ) -> api.ContainerAdjustment | tuple[api.ContainerAdjustment, list[api.ContainerUpdate]] | None:
         generation = self.desired.cpus.generation
         self.model.container_created(pod, container)
         try:
@@ -123,21 +155,24 @@ class QoSPlugin(Plugin):
             raise RuntimeError(f"refusing {pod.namespace}/{pod.name}/{container.name}: {exc}") from exc
         if intent is None:
             return None
-        if self._quota_at_start(container.id, intent):
+        adj = self._adjustment(intent, self.desired.capped(container.id))
+        if adj is not None and self.desired.cpus.generation != generation:  # cores left the share pool
+            return adj, self._pool_updates(skip=container.id)
+        return adj
+
+    def _adjustment(self, intent: Intent, capped: bool) -> api.ContainerAdjustment | None:
+        if self._quota_late(intent, capped):
             intent = intent.copy()
             intent.files.pop(("cpu.cfs_quota_us", ""), None)
         adj = api.ContainerAdjustment()
-        if not to_resources(intent, self.cgroups, adj.linux.resources):
-            return None
-        if self.desired.cpus.generation != generation:  # cores left the share pool: sharers follow
-            return adj, self._pool_updates(skip=container.id)
-        return adj
+        return adj if to_resources(intent, self.cgroups, adj.linux.resources) else None
 
     def start_container(self, pod: api.PodSandbox, container: api.Container) -> None:
         """cgroup v1: values NRI cannot carry (burst, identity, idle) go to the files now: the
         runtime created the task (so the cgroup exists and the pid is known) and has not
         started it yet. Starting it in the model joins its task groups and lets the
         reconciler converge whatever NRI did not carry at creation, right after this answer."""
+        self._take_in_created()
         key = container.id
         self.model.container_started(pod, container)
         try:
@@ -177,17 +212,22 @@ class QoSPlugin(Plugin):
             log.info("cgroup v2: the runtime maps cpu.shares to cpu.weight %s; following it", mapping)
 
     def _quota_at_start(self, key: str, intent: Intent) -> bool:
+        return self._quota_late(intent, self.desired.capped(key))
+
+    def _quota_late(self, intent: Intent, capped: bool) -> bool:
         """cgroup v1 refuses a child's quota above its parent's. While the container's class is
-        suppressed, its QoS-level group can be cut between CreateContainer's answer and runc
-        writing the quota (tens of ms), and runc would then fail the container (EINVAL): its
-        own finite quota is written at StartContainer instead, capped as the group is then.
-        Until then it runs in nothing (created, not started), so nothing escapes the limit."""
-        if self.cgroups.version is not Version.V1 or not self.desired.capped(key):
+        suppressed (``capped``), its QoS-level group can be cut between CreateContainer's
+        answer and runc writing the quota (tens of ms), and runc would then fail the container
+        (EINVAL): its own finite quota is written at StartContainer instead, capped as the
+        group is then. Until then it runs in nothing (created, not started), so nothing
+        escapes the limit."""
+        if self.cgroups.version is not Version.V1 or not capped:
             return False
         q = intent.get("cpu.cfs_quota_us")
         return isinstance(q, int) and q > 0
 
     def remove_container(self, pod: api.PodSandbox, container: api.Container) -> None:
+        self._take_in_created()
         generation = self.desired.cpus.generation
         self.model.container_removed(container.id)
         if self.desired.cpus.generation != generation:  # the share pool grew
@@ -195,6 +235,7 @@ class QoSPlugin(Plugin):
 
     def run_pod_sandbox(self, pod: api.PodSandbox) -> None:
         """Pod-level values (NRI has no pod adjustment) go to the pod's cgroup."""
+        self._take_in_created()
         self.model.pod_seen(pod)
         r = self.model.get(f"pod:{pod.id}")
         intent = self.desired.intent(f"pod:{pod.id}")
@@ -202,6 +243,7 @@ class QoSPlugin(Plugin):
             self.writer.apply(r.group, intent.settings(), f"{pod.namespace}/{pod.name}")
 
     def remove_pod_sandbox(self, pod: api.PodSandbox) -> None:
+        self._take_in_created()
         self.model.pod_removed(pod.id)
 
     def update_container(
@@ -209,6 +251,7 @@ class QoSPlugin(Plugin):
     ) -> list[api.ContainerUpdate]:
         """An in-place resize: the model takes the new resources, so every value derived from
         them (burst from the quota) follows; the desired values are kept in the update."""
+        self._take_in_created()
         if container.id not in self.model:
             self.model.container_started(pod, container, existing=True)
         self.model.container_updated(container.id, resources)
@@ -223,56 +266,96 @@ class QoSPlugin(Plugin):
     def post_update_container(self, pod: api.PodSandbox, container: api.Container) -> None:
         """The runtime applied the new resources: converge what depends on them (a burst that
         the old quota would not admit)."""
+        self._take_in_created()
         self.model.refresh(container.id)
 
     def synchronize(self, pods: list[api.PodSandbox], containers: list[api.Container]) -> list[api.ContainerUpdate]:
         """Containers that existed before we connected. The runtime holds its lock (every pod
         and container event waits) until we answer, so the answer goes out as soon as the
         message is read; right after it, in order before any later event, the model takes
-        them in and the NRI updates they need are pushed with UpdateContainers (the
-        reconciler converges their files, the task groups take their tasks)."""
+        them in (the reconciler converges their files, the task groups take their tasks), and
+        the NRI updates they need are worked out a turn at a time and pushed with
+        UpdateContainers, hooks answered in between."""
+        self._take_in_created()
         if self.push is None:  # nothing to push with (tests, explain): answer with the updates
             return self._take_in(pods, containers)
         try:
-            asyncio.get_running_loop().call_soon(self._synchronized, pods, containers)
+            loop = asyncio.get_running_loop()
         except RuntimeError:
             return self._take_in(pods, containers)
+        loop.call_soon(self._synchronized, pods, containers)
         return []
 
     def _synchronized(self, pods: list[api.PodSandbox], containers: list[api.Container]) -> None:
-        updates = self._take_in(pods, containers)
-        for i in range(0, len(updates), PUSH_CHUNK):
-            self._push_later(updates[i : i + PUSH_CHUNK])
+        took = self._observe_sync(pods, containers)
+        task = asyncio.ensure_future(self._push_sync_updates(pods, containers, took))
+        self._pushes.add(task)
+        task.add_done_callback(self._pushes.discard)
+
+    async def _push_sync_updates(
+        self, pods: list[api.PodSandbox], containers: list[api.Container], took: float
+    ) -> None:
+        t0 = time.perf_counter()
+        batch: list[api.ContainerUpdate] = []
+        n = 0
+        turn = Turn()
+        for c in containers:
+            u = self._sync_update(c)
+            if u is not None:
+                batch.append(u)
+                n += 1
+            if len(batch) == PUSH_CHUNK:
+                self._push_later(batch)
+                batch = []
+            if turn.over():
+                await asyncio.sleep(0)
+                turn.restart()
+        self._push_later(batch)
+        self._log_sync(pods, containers, n, took, time.perf_counter() - t0)
 
     def _take_in(self, pods: list[api.PodSandbox], containers: list[api.Container]) -> list[api.ContainerUpdate]:
+        """The model takes Synchronize's containers in; returns the updates they need."""
+        took = self._observe_sync(pods, containers)
+        t0 = time.perf_counter()
+        updates = [u for c in containers if (u := self._sync_update(c)) is not None]
+        self._log_sync(pods, containers, len(updates), took, time.perf_counter() - t0)
+        return updates
+
+    def _observe_sync(self, pods: list[api.PodSandbox], containers: list[api.Container]) -> float:
+        """The model takes the listing in (in one piece: later events must find it); seconds."""
         t0 = time.perf_counter()
         self.model.synchronize(pods, containers)
-        updates = []
-        for c in containers:
-            if c.id not in self.model:
-                continue
-            try:
-                intent = self.desired.intent(c.id)
-            except FeatureFailed as exc:  # cannot refuse what runs: left as it is
-                log.warning("%s: %s", c.id[:12], exc)
-                continue
-            if intent is None:
-                continue
-            u = api.ContainerUpdate(container_id=c.id)
-            if to_resources(intent, self.cgroups, u.linux.resources) and not _covers(
-                c.linux.resources, u.linux.resources
-            ):
-                updates.append(u)
-        ms = (time.perf_counter() - t0) * 1e3
+        return time.perf_counter() - t0
+
+    @staticmethod
+    def _log_sync(
+        pods: list[api.PodSandbox], containers: list[api.Container], updates: int, took: float, worked: float
+    ) -> None:
         log.info(
-            "synchronized %d pods, %d containers, %d updates (taken in in %.0f ms)",
+            "synchronized %d pods, %d containers, %d updates (taken in in %.0f ms; updates worked out in %.0f ms)",
             len(pods),
             len(containers),
-            len(updates),
-            ms,
-            extra={"take_in_ms": round(ms, 1)},
+            updates,
+            took * 1e3,
+            worked * 1e3,
+            extra={"take_in_ms": round(took * 1e3, 1), "updates_ms": round(worked * 1e3, 1)},
         )
-        return updates
+
+    def _sync_update(self, c: api.Container) -> api.ContainerUpdate | None:
+        """The update a synchronized container needs (None: it has its values already)."""
+        if c.id not in self.model:
+            return None
+        try:
+            intent = self.desired.intent(c.id)
+        except FeatureFailed as exc:  # cannot refuse what runs: left as it is
+            log.warning("%s: %s", c.id[:12], exc)
+            return None
+        if intent is None:
+            return None
+        u = api.ContainerUpdate(container_id=c.id)
+        if to_resources(intent, self.cgroups, u.linux.resources) and not _covers(c.linux.resources, u.linux.resources):
+            return u
+        return None
 
 
 def _covers(have: api.LinuxResources, want: api.LinuxResources) -> bool:

@@ -219,6 +219,11 @@ class Reconciler:
                 asyncio.get_running_loop().call_soon(self._drain, True)
                 return
 
+    @property
+    def busy(self) -> bool:
+        """News or changed keys still queued (taken a turn at a time, soon)."""
+        return bool(self._events or self._to_apply or self._batch)
+
     def own_group(self, path: str) -> str:
         """Own a QoS-level cgroup (e.g. the BE parent): tracked, watched and repaired like a
         container; its values are overlays. Returns its key."""
