@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 
 from .features import core_sched, resctrl
 from .features.base import Intent, Setting
@@ -34,7 +33,7 @@ def cap_burst(files: dict[tuple[str, str], Setting]) -> None:
     if b is None or q is None or not isinstance(q.value, int) or not isinstance(b.value, int):
         return
     if q.value != -1 and b.value > q.value:
-        files[(BURST, "")] = replace(b, value=q.value, why=f"{b.why}; capped at the quota {q.value} us")
+        files[(BURST, "")] = b._replace(value=q.value, why=f"{b.why}; capped at the quota {q.value} us")
 
 
 def period_of(settings: Iterable[Setting]) -> int | None:

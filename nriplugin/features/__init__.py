@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..policy.model import Policy
 from . import batch, blkio, cpu_burst, cpu_qos, cpuset, memory_qos, resctrl
 from .base import Context, Intent, InvalidInput, Setting
 
@@ -35,23 +36,38 @@ class Outcome:
     failed: list[tuple[str, str]] = field(default_factory=list)  # (feature, reason) skipped fail-open
 
 
+Step = tuple[str, Callable[[Context, Intent], None], bool]  # (name, desired function, fail-closed)
+_enabled: tuple[Policy, tuple[Step, ...]] | None = None  # the last policy's enabled steps
+
+
+def enabled(policy: Policy) -> tuple[Step, ...]:
+    """The features ``policy`` turns on, in order; worked out once per policy (a hook reads
+    them on every call, a policy changes a few times a day)."""
+    global _enabled
+    if _enabled is None or _enabled[0] is not policy:
+        switches = policy.features
+        steps = tuple(
+            (name, fn, getattr(switches, name).failurePolicy == "fail-closed")
+            for name, fn in PIPELINE
+            if getattr(switches, name).enable
+        )
+        _enabled = (policy, steps)
+    return _enabled[1]
+
+
 def desired_state(ctx: Context) -> Outcome:
     """Run every enabled feature for ``ctx``. Bad input in a fail-open feature skips that
     feature (recorded in ``failed``); in a fail-closed one it raises FeatureFailed."""
     intent = Intent()
     failed: list[tuple[str, str]] = []
-    switches = ctx.policy.features
-    for name, fn in PIPELINE:
-        sw = getattr(switches, name)
-        if not sw.enable:
-            continue
-        # to undo a failed feature's settings (a tuple: this runs 7 times per hook)
+    for name, fn, fail_closed in enabled(ctx.policy):
+        # to undo a failed feature's settings (a tuple: this runs for every feature of every hook)
         before = (dict(intent.files), intent.resctrl_group, intent.core_sched_group, intent.rdt_class)
         intent.owner = name
         try:
             fn(ctx, intent)
         except InvalidInput as exc:
-            if sw.failurePolicy == "fail-closed":
+            if fail_closed:
                 raise FeatureFailed(f"{name}: {exc}") from exc
             intent.files, intent.resctrl_group, intent.core_sched_group, intent.rdt_class = before
             failed.append((name, str(exc)))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..kernel.probe import Capabilities
 from ..nri import api_pb2 as api
@@ -26,8 +26,9 @@ class InvalidInput(ValueError):
         self.why = why
 
 
-@dataclass(frozen=True)
-class Context:
+class Context(NamedTuple):
+    """What a feature sees of one pod or container (immutable; a tuple: built on every hook)."""
+
     pod: api.PodSandbox
     container: api.Container | None  # None for pod-level intents
     qos: QoSClass
@@ -73,10 +74,10 @@ def annotation_json(key: str, raw: str) -> Any:
         raise InvalidInput(key, "JSON nested too deeply") from exc
 
 
-@dataclass(frozen=True, slots=True)
-class Setting:
+class Setting(NamedTuple):
     """One desired cgroup value: a logical resource (v1 name), for per-device rules the device
-    ("MAJOR:MINOR"), the value, why, and who decided it (a feature, or an overlay's owner)."""
+    ("MAJOR:MINOR"), the value, why, and who decided it (a feature, or an overlay's owner).
+    Immutable (a tuple: several are built on every hook)."""
 
     resource: str
     value: int | str
