@@ -5,9 +5,11 @@ futures and hands incoming requests to a callback. It is an ``asyncio.Protocol``
 streams) so a request is dispatched straight from ``data_received`` with no extra task hop.
 
 A hook's time starts when its bytes could first have been read, not when the loop got to
-them: :class:`PollClock`, the loop's selector, knows that moment (see its docstring), so the
-hook-latency histogram includes the time a request sat behind other work on the loop — what
-the runtime waits for, and what a plugin-side timer alone cannot see.
+them: :class:`PollClock`, the loop's selector, bounds that moment (see its docstring), and so
+does the trunk's last answer (the runtime sends a plugin one request at a time: NRI's
+adaptation holds its lock across each event). So the hook-latency histogram includes the time
+a request sat behind other work on the loop — what the runtime waits for, and what a
+plugin-side timer alone cannot see.
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ class Trunk(asyncio.Protocol):
         self.closed: asyncio.Future[Exception | None] = loop.create_future()
         self._calls: dict[int, asyncio.Future[ttrpc.Response]] = {}
         self._arrival = arrival
+        self._answered = 0.0  # when the last answer went out: the next request came after it
         self.arrived = 0.0  # perf_counter time the request being handled could first be read
 
     # asyncio.Protocol ---------------------------------------------------------------------
@@ -91,7 +94,7 @@ class Trunk(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]  # uvloop's are not asyncio.Transport
 
     def data_received(self, data: bytes) -> None:
-        self.arrived = self._arrival()
+        self.arrived = max(self._arrival(), self._answered)
         try:
             events = self.conn.receive_data(data)
         except ProtocolError as exc:
@@ -126,6 +129,7 @@ class Trunk(asyncio.Protocol):
 
     def respond(self, stream_id: int, payload: bytes = b"", code: int = 0, message: str = "") -> None:
         self.write(self.conn.respond(stream_id, payload, code, message))
+        self._answered = time.perf_counter()
 
     async def call(self, service: str, method: str, payload: bytes, timeout: float) -> bytes:
         """Call ``service/method`` on the peer; returns the response payload or raises."""
