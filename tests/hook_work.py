@@ -202,17 +202,25 @@ class Running:
                 quiet = quiet + 1 if not self.loop._ready else 0  # type: ignore[attr-defined]
             await asyncio.to_thread(time.sleep, 0.005)
 
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """The agent's clock held for a whole series of events (no periodic work between them
+        either: what each event costs does not depend on where a round fell)."""
+        was = self.loop.held
+        self.loop.held = self.loop.time() if was is None else was
+        try:
+            yield
+        finally:
+            self.loop.held = was
+
     async def work_of(self, event: Callable[[PluginSession], Coroutine[Any, Any, object]]) -> Work:
         """The work the agent's thread does for one runtime event, counted with the clock held."""
-        self.loop.held = self.loop.time()
-        try:
+        with self.held():
             await self.settle()
             work = Work()
             with work.counting():
                 await asyncio.wrap_future(self.runtime.submit(event(self.session)))
                 await self.settle()
-        finally:
-            self.loop.held = None
         return work
 
 

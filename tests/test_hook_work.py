@@ -22,17 +22,18 @@ from tests.runtime_peer import PluginSession
 Event = Callable[[PluginSession], Coroutine[Any, Any, object]]
 
 # Bytecode instructions per event on a node of 300 containers (the most over BE and LS pods
-# and three lifecycles), with room for honest growth. Measured when set: run_pod 7.8k (a BE
-# pod's own group written), create 3.6k, start 3.6k, update 3.5k, remove 2.1k, remove_pod
-# 2.5k. A budget is raised only with a reason in the commit that raises it.
+# and three lifecycles), with room for honest growth (~30 %). Measured when set: create of an
+# unseen pod 4.4k, run_pod 7.3k (a BE pod's own group written), create 3.4k, start 4.5k,
+# update 3.1k, remove 2.2k, remove_pod 2.6k. A budget is raised only with a reason in the
+# commit that raises it.
 BUDGET = {
     "create_unseen_pod": 6_000,
-    "run_pod": 11_000,
-    "create": 5_000,
-    "start": 5_000,
-    "update": 5_000,
+    "run_pod": 9_500,
+    "create": 4_500,
+    "start": 6_000,
+    "update": 4_200,
     "remove": 3_000,
-    "remove_pod": 3_500,
+    "remove_pod": 3_400,
 }
 # What a node ten times larger may add per event: nothing that scales with it. The slack
 # covers state that differs with the node but not per container (the QoS manager's level).
@@ -65,14 +66,15 @@ def work_per_event(known: int) -> dict[str, Work]:
         most: dict[str, Work] = {}
         with temporary_dir() as tmp:
             async with running_agent(tmp, known) as agent:
-                for k in range(6):
-                    pod, ctr = realistic_pod(500000 + k, ("BE", "LS")[k % 2])
-                    unseen, other = realistic_pod(700000 + k, ("BE", "LS")[k % 2])
-                    ctr.state = other.state = api.CONTAINER_CREATED
-                    for name, event in lifecycle(pod, ctr, unseen, other):
-                        w = await agent.work_of(event)
-                        if name not in most or w.opcodes > most[name].opcodes:
-                            most[name] = w
+                with agent.held():  # no periodic round between the events either
+                    for k in range(6):
+                        pod, ctr = realistic_pod(500000 + k, ("BE", "LS")[k % 2])
+                        unseen, other = realistic_pod(700000 + k, ("BE", "LS")[k % 2])
+                        ctr.state = other.state = api.CONTAINER_CREATED
+                        for name, event in lifecycle(pod, ctr, unseen, other):
+                            w = await agent.work_of(event)
+                            if name not in most or w.opcodes > most[name].opcodes:
+                                most[name] = w
         return most
 
     return run_on_stoppable_loop(main())
