@@ -303,8 +303,11 @@ class Reconciler:
 
     def apply_soon(self, keys: list[str]) -> None:
         """The desired state of ``keys`` changed: write them right after the current callback
-        (a hook's answer goes first), batched."""
-        self._to_apply.update(k for k in keys if k in self.entries)
+        (a hook's answer goes first), batched. Only entries whose cgroups are there: a pending
+        one is converged when it starts, one not there yet when it appears (its IN_CREATE, or a
+        full pass) — a class-wide change on a node of thousands touches only what exists."""
+        entries = self.entries
+        self._to_apply.update(k for k in keys if (e := entries.get(k)) is not None and e.watched and not e.pending)
         if self._applying or not self._to_apply:
             return
         loop = self.loop
