@@ -67,10 +67,11 @@ def free_port() -> int:
 
 
 def commit() -> str:
-    """The commit measured (``-dirty`` with local changes)."""
+    """The commit measured (``-dirty`` with local changes to code; figures and plots don't count)."""
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
+    code = ["nriplugin", "bench/*.py", "tests", "protos", "pyproject.toml"]
     dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, cwd=ROOT
+        ["git", "status", "--porcelain", "--untracked-files=no", "--", *code], capture_output=True, text=True, cwd=ROOT
     )
     return head.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
