@@ -315,6 +315,7 @@ class Agent:
         if self.gap_since:
             me = replace(me, mode="supervised restart")
         lock.announce(me)
+        gc.collect()  # start-up's garbage, before serving (what is left is frozen once serving)
         if runner is None:
             self.active.append(stub)
             runner = asyncio.ensure_future(stub.run())
@@ -531,7 +532,8 @@ class Agent:
         collector's way (``gc.freeze``): a full collection, which holds the loop and every
         hook waiting on it, then walks only what came later, so its pause does not follow
         the size of the node the agent started on. (Frozen objects are still freed when
-        their last reference goes.)"""
+        their last reference goes; start-up's garbage was collected before serving, so
+        little is frozen that a collection would have freed.)"""
         await stub.ready.wait()
         await asyncio.sleep(0)  # the Synchronize take-in runs right after its answer
         gc.freeze()
