@@ -34,9 +34,9 @@ from typing import Any
 
 from bench.footprint import BATCH, BE, LS, status_kib, stop
 from bench.report import replace_section
-from e2e import harness
-from e2e.conftest import free_port, scrape
-from e2e.cri import msg
+from testkit import containerd as harness
+from testkit.cri import msg
+from testkit.plugin import free_port, scrape
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENT = [sys.executable, "-m", "nriplugin", "run"]

@@ -13,8 +13,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from e2e import harness
-from e2e.cri import msg
+from testkit import containerd as harness
+from testkit.cri import msg
 
 ROOT = Path(__file__).resolve().parent.parent
 

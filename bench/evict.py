@@ -36,11 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import replace_section
-from e2e import harness
-from e2e.conftest import PluginProcess, runtime_args
-from e2e.cri import msg
-from e2e.test_evict import BE, GROW, LS, limit_pods_root, oom_kills, running
 from nriplugin.kernel.memory_events import MemoryEvents
+from testkit import containerd as harness
+from testkit.cri import msg
+from testkit.plugin import PluginProcess, runtime_args
+from testkit.workloads import BE, GROW, LS, limit_pods_root, oom_kills, running
 
 MiB = 1 << 20
 HOLD = "dd if=/dev/zero bs={n}M count=1 2>/dev/null | sleep 100000"

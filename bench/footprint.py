@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import replace_section
-from e2e import harness
-from e2e.conftest import free_port, scrape
-from tests.go_peers import go_peer
+from testkit import containerd as harness
+from testkit.go_peers import go_peer
+from testkit.plugin import free_port, scrape
 
 BE = {"koordinator.sh/qosClass": "BE"}
 LS = {"koordinator.sh/qosClass": "LS"}

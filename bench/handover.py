@@ -30,9 +30,9 @@ from functools import partial
 from pathlib import Path
 
 from bench.report import replace_section
-from e2e import harness
-from e2e.conftest import PluginProcess, free_port, runtime_args, scrape
-from nriplugin.cli import install
+from nriplugin.cli.main import install
+from testkit import containerd as harness
+from testkit.plugin import PluginProcess, free_port, runtime_args, scrape
 
 
 def ready(port: int) -> bool:

@@ -1,7 +1,7 @@
 """Hook latency: nriplugin as users run it, against the official Go NRI stub plugin, as the
 runtime sees it.
 
-Both plugins are driven by `nri-runtime-bench` (tests/peers: shared/peers' runtime side on the
+Both plugins are driven by `nri-runtime-bench` (testkit/peers: shared/peers' runtime side on the
 containerd/nri v0.6.1 adaptation library containerd 1.7 runs, with a pause added), which
 synchronizes a node of ``--sync-pods`` running containers, warms up, waits ``--settle`` seconds
 (a plugin finishes taking a large node in: the timed calls see its steady state), then times
@@ -9,7 +9,7 @@ synchronizes a node of ``--sync-pods`` running containers, warms up, waits ``--s
 so the node grows as the calls go).
 nriplugin is ``nriplugin run`` with its defaults and every loop on: the QoS manager, the
 reconciler, network QoS (nothing configured: it only watches), metrics on a port, and the CRI
-inventory against a CRI stand-in (tests/cri_standin.py) that lists the same node. The two run
+inventory against a CRI stand-in (testkit/cri_standin.py) that lists the same node. The two run
 alternately, for several rounds in one run, so machine noise hits both alike, on a node of
 ``--sync-pods`` containers and on one of ``--large`` (10x): a hook must cost the same on both.
 
@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import replace_section
-from tests.go_peers import go_peer
+from testkit.go_peers import go_peer
 
 ROOT = Path(__file__).resolve().parent.parent
 WARMUP = 50  # CreateContainer calls nri-runtime-bench makes after Synchronize, before timing
@@ -99,8 +99,8 @@ def runtime_bench(bench: Path, sock: Path, calls: int, sync_pods: int, settle: f
 def cri_node(sync_pods: int) -> Iterator[str]:
     """A CRI socket that lists the node the runtime bench synchronizes (its pods and their
     containers, with the same ids), for nriplugin's inventory."""
-    from tests.cri_standin import FakeRuntime, serving
-    from tests.hook_work import node_of
+    from testkit.cri_standin import FakeRuntime, serving
+    from testkit.hook_work import node_of
 
     rt = FakeRuntime()
     rt.add_node(*node_of(sync_pods))
@@ -139,8 +139,8 @@ def after_warmup(port: int, warmup: int, proc: subprocess.Popen[str]) -> list[tu
 
 def histogram_quantiles(before: list[tuple[float, float]], after: list[tuple[float, float]]) -> dict[str, float]:
     """p50/p99 (µs) of the observations between two scrapes, interpolated within buckets as
-    Prometheus's histogram_quantile does (nriplugin.slo.quantile)."""
-    from nriplugin.slo import quantile
+    Prometheus's histogram_quantile does (nriplugin.obs.slo.quantile)."""
+    from nriplugin.obs.slo import quantile
 
     diff = [(le, a - b) for (le, a), (_, b) in zip(after, before, strict=True)]
     q50, q99 = quantile(0.5, diff), quantile(0.99, diff)
@@ -178,11 +178,11 @@ def run_external(bench: Path, name: str, calls: int, sync_pods: int, goplugin: P
 def run_inprocess(bench: Path, calls: int, sync_pods: int, settle: float) -> tuple[dict[str, Any], list[float]]:
     """The real agent (``nriplugin run``, every loop on) in this process, timing each
     data_received that answered a request: bytes in -> response written."""
-    from nriplugin.agent import Agent
-    from nriplugin.cli import build_parser
+    from nriplugin.agent.assembly import Agent
+    from nriplugin.cli.main import build_parser
+    from nriplugin.node.hooks import QoSPlugin
     from nriplugin.nri import transport
     from nriplugin.nri.transport import PollClock
-    from nriplugin.plugin import QoSPlugin
 
     handled: list[float] = []
     original = transport.Trunk.data_received

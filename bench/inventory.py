@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import replace_section
-from e2e import harness
 from nriplugin.cri.client import AsyncCRI
+from nriplugin.inventory.cri import CriInventory
 from nriplugin.kernel.cgroup import Cgroups
-from nriplugin.node import Node
+from nriplugin.node.assembly import Node
 from nriplugin.reconciler import Reconciler
-from nriplugin.reconciler.cri_inventory import CriInventory
+from testkit import containerd as harness
 
 BE = {"koordinator.sh/qosClass": "BE"}
 BATCH = (

@@ -1,6 +1,6 @@
 """Network QoS figures: an LS pod's throughput and ping latency to a remote host through the
 emulated node uplink, alone and next to a BE pod's bulk flow, on the private containerd 1.7 with
-Debian's bridge CNI (pods with their own network namespaces, ``e2e.netlab``).
+Debian's bridge CNI (pods with their own network namespaces, ``testkit.netlab``).
 
 One run measures, per scenario and direction (upload = pod egress, download = pod ingress,
 through the uplink's ``--rate-mbit`` token bucket and deep FIFO):
@@ -18,7 +18,7 @@ it sees their RunPodSandbox/StartContainer), and its agent is stopped after it.
 ``--annotate ROLE:KEY=VALUE`` (repeatable) adds one more scenario: the agent with its embedded
 default and those annotations on the LS or BE pod (e.g.
 ``be:kubernetes.io/egress-bandwidth=20M``: the BE-alone column shows the cap held).
-Every flow uses cubic (``e2e.netlab.CC``). No figure is asserted.
+Every flow uses cubic (``testkit.netlab.CC``). No figure is asserted.
 
 Usage (root): .venv/bin/python -m bench.netqos [--agent-default] [--agent-policy FILE]...
        [--seconds 5] [--pings 100] [--rate-mbit 100] [--write BENCHMARKS.md] [--json OUT]
@@ -37,8 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import replace_section
-from e2e import harness, netlab
-from e2e.conftest import PluginProcess, runtime_args
+from testkit import containerd as harness
+from testkit import netlab
+from testkit.plugin import PluginProcess, runtime_args
 
 LS = {"koordinator.sh/qosClass": "LS"}
 HEADER = (
@@ -137,7 +138,7 @@ def write_section(path: Path, results: dict[str, Any], command: str, rate: float
 
 Command: `.venv/bin/python -m {command}` (2 CPUs shared with other work, {time.strftime("%Y-%m-%d")}), on the
 private containerd 1.7.24 with Debian's bridge CNI (pods with their own network namespaces on
-198.18.0.0/24). The node's uplink is emulated (`e2e/netlab.py`): a veth to a router namespace
+198.18.0.0/24). The node's uplink is emulated (`testkit/netlab.py`): a veth to a router namespace
 with, on both ends, `tbf rate {rate:g}mbit burst 32k latency 200ms` (a NIC with a deep dumb FIFO),
 and a remote host behind the router. Upload = pod egress, download = pod ingress. iperf3 goodput
 over {seconds:g} s (TCP cubic); ping p50 / p99 over {pings} pings 50 ms apart from the LS pod to the

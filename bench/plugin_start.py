@@ -24,9 +24,9 @@ from pathlib import Path
 
 from bench.containerd_latency import _TIME, _epoch_ns, summary
 from bench.report import replace_section
-from e2e import harness
-from e2e.conftest import runtime_args
-from nriplugin.cli import install
+from nriplugin.cli.main import install
+from testkit import containerd as harness
+from testkit.plugin import runtime_args
 
 ROOT = Path(__file__).resolve().parent.parent
 

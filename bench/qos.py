@@ -52,8 +52,8 @@ from typing import Any
 from bench.footprint import cpu_seconds as proc_cpu_seconds
 from bench.footprint import status_kib
 from bench.report import replace_section
-from e2e import harness
-from e2e.conftest import PluginProcess, runtime_args
+from testkit import containerd as harness
+from testkit.plugin import PluginProcess, runtime_args
 
 BE = {"koordinator.sh/qosClass": "BE"}
 LS = {"koordinator.sh/qosClass": "LS"}

@@ -23,9 +23,9 @@ from typing import Any
 
 from bench.report import replace_section
 from nriplugin.kernel.cgroup import Cgroups
-from nriplugin.node import Node
+from nriplugin.node.assembly import Node
 from nriplugin.reconciler import Reconciler
-from tests.runtime_peer import make_container, make_pod
+from testkit.runtime_peer import make_container, make_pod
 
 ROOT = Path("/sys/fs/cgroup")
 BATCH = (

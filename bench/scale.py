@@ -1,6 +1,6 @@
 """The agent at node scale: 200 to 5000 pods with realistic annotations.
 
-The runtime is `nri-runtime-scale` (tests/peers: the official containerd/nri v0.6.1
+The runtime is `nri-runtime-scale` (testkit/peers: the official containerd/nri v0.6.1
 adaptation library, the code containerd 1.7 runs): it hands N pods (one container each; LS,
 BE with batch resources, LSR; each with a multi-KB kubectl.kubernetes.io/last-applied-
 configuration) to the plugin at Synchronize — one message, over 4 MiB from about 1500 pods —,
@@ -35,10 +35,10 @@ from typing import Any
 
 from bench.footprint import status_kib, stop
 from bench.report import replace_section
-from e2e.conftest import free_port
-from e2e.harness import remove_cgroups
 from nriplugin.kernel.inotify import watches_of
-from tests.go_peers import go_peer
+from testkit.containerd import remove_cgroups
+from testkit.go_peers import go_peer
+from testkit.plugin import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 CGROUP = Path("/sys/fs/cgroup")
@@ -240,7 +240,7 @@ def write_section(path: Path, rows: list[dict[str, Any]], cmd: str, png: str, no
 ## Node scale: Synchronize, hooks, memory, reconciler (`bench/scale.py`)
 
 Command: `.venv/bin/python -m {cmd}` ({os.cpu_count()} CPUs, {time.strftime("%Y-%m-%d")}). The runtime is
-`nri-runtime-scale` (tests/peers: the containerd/nri v0.6.1 adaptation library containerd 1.7
+`nri-runtime-scale` (testkit/peers: the containerd/nri v0.6.1 adaptation library containerd 1.7
 runs) with N pods of one container each (LS, BE with batch resources, LSR), every pod with a
 {note}-byte `kubectl.kubernetes.io/last-applied-configuration`; Synchronize is one message, as
 containerd 1.7 sends it. That message goes out in one mux frame, which containerd 1.7's NRI mux

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from e2e import harness
+from testkit import containerd as harness
 
 # A 1-core batch-cpu limit: while the QoS manager limits BE's group below it, the container is
 # born with that limit as its quota instead (cgroup v1 refuses a child's quota above its parent's).

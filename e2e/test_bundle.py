@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e.conftest import alive, build_script, children, free_port, runtime_args, scrape, until
-from e2e.harness import Containerd, read_cgroup
+from testkit.containerd import Containerd, read_cgroup
+from testkit.plugin import alive, build_script, children, free_port, runtime_args, scrape, until
 
 ROOT = Path(__file__).resolve().parent.parent
 BE = {"koordinator.sh/qosClass": "BE"}

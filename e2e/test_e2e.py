@@ -15,14 +15,14 @@ from typing import Any
 import grpc
 import pytest
 
-from e2e.conftest import PluginProcess, alive, children, free_port, runtime_args, scrape
-from e2e.cri import msg
-from e2e.harness import Containerd, read_cgroup
-from nriplugin.cli import install
-from nriplugin.kernel.probe import parse_cpulist
+from nriplugin.cli.main import install
+from nriplugin.kernel.cpulist import parse_cpulist
+from nriplugin.node.hooks import QoSPlugin
 from nriplugin.nri import api_pb2 as api
 from nriplugin.nri.stub import HookPolicy, Plugin, Stub, StubOptions
-from nriplugin.plugin import QoSPlugin
+from testkit.containerd import Containerd, read_cgroup
+from testkit.cri import msg
+from testkit.plugin import PluginProcess, alive, children, free_port, runtime_args, scrape
 
 BE = {"koordinator.sh/qosClass": "BE"}
 LS = {"koordinator.sh/qosClass": "LS"}

@@ -15,10 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from e2e.conftest import ROOT, PluginProcess, alive, children, free_port, runtime_args, scrape
-from e2e.harness import Containerd, read_cgroup
-from nriplugin.agent_lock import lock_path, read_holder
-from nriplugin.cli import install
+from nriplugin.agent.lock import lock_path, read_holder
+from nriplugin.cli.main import install
+from testkit.containerd import Containerd, read_cgroup
+from testkit.plugin import ROOT, PluginProcess, alive, children, free_port, runtime_args, scrape
 
 BE = {"koordinator.sh/qosClass": "BE"}
 

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from e2e.conftest import build_script, free_port, until
-from e2e.cri import msg
-from e2e.harness import Containerd, read_cgroup
+from testkit.containerd import Containerd, read_cgroup
+from testkit.cri import msg
+from testkit.plugin import build_script, free_port, until
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGE = "docker.io/library/nriplugin:0.1.0"

@@ -1,6 +1,6 @@
 """Network QoS end to end: the agent on the private containerd 1.7 with Debian's bridge CNI
 shapes real pods (their own network namespaces) whose traffic crosses an emulated node uplink
-(``e2e.netlab``: 100 Mbit/s, a deep FIFO) to a remote host.
+(``testkit.netlab``: 100 Mbit/s, a deep FIFO) to a remote host.
 
 - Without rules a BE bulk flow fills the uplink's queue in front of an LS pod's packets; with the
   classes enabled (hot-reloaded policy; the node's bandwidth set a little below the uplink, so
@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from e2e import netlab
-from e2e.conftest import PluginProcess, until
-from e2e.harness import Containerd, Pod
+from testkit import netlab
+from testkit.containerd import Containerd, Pod
+from testkit.plugin import PluginProcess, until
 
 pytestmark = pytest.mark.e2e
 

@@ -1,7 +1,7 @@
 """The network lab for network QoS, on the private containerd 1.7 with Debian's bridge CNI.
 
 Pods with their own network namespaces on a test-only 198.18.0.x subnet reach each other and a
-remote host behind an emulated node uplink (``e2e.netlab``: 100 Mbit/s, deep FIFO). The uplink
+remote host behind an emulated node uplink (``testkit.netlab``: 100 Mbit/s, deep FIFO). The uplink
 carries its configured rate both ways, and a bulk flow from one pod builds a standing queue that
 raises another pod's ping latency to the remote: the "without rules" baseline network QoS has
 to fix. Teardown leaves no bridge, veth, namespace, IPAM or CNI cache state, and ip_forward as
@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e import harness, netlab, subnets
+from testkit import containerd as harness
+from testkit import netlab, subnets
 
 LS = {"koordinator.sh/qosClass": "LS"}
 BE = {"koordinator.sh/qosClass": "BE"}

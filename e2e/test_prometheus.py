@@ -21,11 +21,11 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from e2e.conftest import ROOT, PluginProcess, free_port, terminate, until
-from e2e.harness import Containerd
-from nriplugin.slo import HISTOGRAM, SLO, quantile
-from tests.prometheus import bin_dir
-from tools import monitoring
+from nriplugin.obs.slo import HISTOGRAM, SLO, quantile
+from testkit.containerd import Containerd
+from testkit.plugin import ROOT, PluginProcess, free_port, terminate, until
+from testkit.prometheus import bin_dir
+from tools import monitoring, slo_rules
 from tools.dashboard import exprs
 
 BE = {"koordinator.sh/qosClass": "BE"}
@@ -154,7 +154,7 @@ def test_prometheus_records_the_agents_p99(
         assert got is not None and want is not None
         assert got == pytest.approx(want, rel=1e-6), (q, got, want, counts)
     # The SLO's error ratio: slow or failed answers over all, from the same counts.
-    bad = 1 - after[monitoring.bound(SLO())] / 24
+    bad = 1 - after[slo_rules.bound(SLO())] / 24
     ratio = prom.value("nriplugin:slo_errors:ratio_rate5m")
     assert ratio is not None and ratio == pytest.approx(bad, abs=1e-9)
 

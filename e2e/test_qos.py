@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from e2e.conftest import PluginProcess, until
-from e2e.harness import CGROUP_FS, Containerd
-from nriplugin.kernel.probe import parse_cpulist
+from nriplugin.kernel.cpulist import parse_cpulist
+from testkit.containerd import CGROUP_FS, Containerd
+from testkit.plugin import PluginProcess, until
 
 BE = {"koordinator.sh/qosClass": "BE"}
 LS = {"koordinator.sh/qosClass": "LS"}

@@ -54,7 +54,7 @@ fi
 work=$cache/bundle-work
 rm -rf "$work"
 mkdir -p "$work" "$(dirname "$out")"
-printf 'import sys\n\nfrom nriplugin.cli import main\n\nsys.exit(main())\n' > "$work/entry.py"
+printf 'import sys\n\nfrom nriplugin.cli.main import main\n\nsys.exit(main())\n' > "$work/entry.py"
 say "PyInstaller (one file)"
 # Everything in the package (its lazy imports included); none of the stdlib's GUI and test kits.
 "$venv/bin/pyinstaller" --onefile --name nriplugin --paths "$repo" --collect-submodules nriplugin \

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs Debian's Prometheus (prometheus and promtool, one package) into a cache folder, never
 # into the system (the package would start a service): `apt-get download` + `dpkg -x`, as
-# e2e/install.sh does for containerd. The rules' unit tests and the real-Prometheus end-to-end
+# testkit/install.sh does for containerd. The rules' unit tests and the real-Prometheus end-to-end
 # test use it. Usage: scripts/prometheus.sh [CACHE]   (default ~/.cache/nriplugin/prometheus);
 # prints the folder holding the two binaries.
 set -euo pipefail

@@ -3,7 +3,7 @@
 # installs Debian's python3-venv if the interpreter lacks it. Arguments name more extras to
 # install as well (scripts/main.sh: demo, for the QoS timeline's PNG). As root, also Debian's
 # CNI plugins (bridge, host-local, loopback), iperf3 and iproute2 for the network lab
-# (e2e/netlab.py), when missing.
+# (testkit/netlab.py), when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" = 0 ] && { [ ! -x /usr/lib/cni/bridge ] || ! command -v iperf3 >/dev/null || ! command -v tc >/dev/null; }; then

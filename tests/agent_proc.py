@@ -15,7 +15,7 @@ import urllib.request
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-from tests.runtime_peer import RuntimePeer
+from testkit.runtime_peer import RuntimePeer
 
 Process = asyncio.subprocess.Process
 

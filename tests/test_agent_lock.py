@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nriplugin.agent_lock import AgentLock, Holder, lock_path, read_holder
+from nriplugin.agent.lock import AgentLock, Holder, lock_path, read_holder
 
 
 def test_lock_path_is_next_to_the_socket() -> None:
@@ -52,7 +52,7 @@ def test_waiting_agent_gets_the_lock_when_released(tmp_path: Path) -> None:
 def test_a_dead_holder_frees_the_lock(tmp_path: Path) -> None:
     sock = str(tmp_path / "nri.sock")
     code = (
-        "import sys, time; from nriplugin.agent_lock import AgentLock; "
+        "import sys, time; from nriplugin.agent.lock import AgentLock; "
         f"lock = AgentLock({sock!r}); assert lock.try_acquire(); print('held', flush=True); time.sleep(60)"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

@@ -10,12 +10,12 @@ import pytest
 
 from nriplugin.features import blkio, desired_state
 from nriplugin.kernel.cgroup import Cgroups, InvalidValue
-from nriplugin.node import Node
-from nriplugin.plugin import QoSPlugin
+from nriplugin.node.assembly import Node
+from nriplugin.node.hooks import QoSPlugin
 from nriplugin.policy.cache import RuleCache
 from nriplugin.policy.model import Policy
-from tests.kernel_tree import v1_tree, v2_tree
-from tests.runtime_peer import make_container, make_pod
+from testkit.kernel_tree import v1_tree, v2_tree
+from testkit.runtime_peer import make_container, make_pod
 from tests.test_features import caps, ctx
 
 

@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 
 from nriplugin.kernel.cgroup import Cgroups
-from nriplugin.node import Node
-from nriplugin.plugin import QoSPlugin
+from nriplugin.node.assembly import Node
+from nriplugin.node.hooks import QoSPlugin
 from nriplugin.qos.collect import Collector
 from nriplugin.reconciler import Reconciler
-from tests.kernel_tree import v1_group, v1_tree
-from tests.runtime_peer import make_container, make_pod
+from testkit.kernel_tree import v1_group, v1_tree
+from testkit.runtime_peer import make_container, make_pod
 
 CTRLS = ("cpu", "cpuset", "memory", "blkio")
 BATCH = (
@@ -148,7 +148,7 @@ def test_after_synchronize_the_reconciler_works_in_turns_between_hooks(
     """Taking in a node of hundreds of containers (tracking, watching, applying, the first
     full pass) runs in turns: a hook that arrives right after Synchronize waits for one turn,
     not for the whole node; everything converges in the end."""
-    import nriplugin.turns as loop_turns
+    import nriplugin.node.turns as loop_turns
 
     monkeypatch.setattr(loop_turns, "TURN", 0.0001)
 

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from nriplugin.agent_lock import AgentLock, Holder
-from nriplugin.cli import install, options_path, read_options
+from nriplugin.agent.lock import AgentLock, Holder
+from nriplugin.cli.main import install, options_path, read_options
 from nriplugin.kernel.probe import probe
 from nriplugin.nri import api_pb2 as api
+from testkit.runtime_peer import RuntimePeer, make_container, make_pod
 from tests.agent_proc import agent, free_port, http_get, poll, preregistered, stopped
-from tests.runtime_peer import RuntimePeer, make_container, make_pod
 
 ROOT = Path(__file__).resolve().parent.parent
 

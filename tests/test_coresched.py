@@ -18,13 +18,13 @@ from nriplugin.kernel import coresched
 from nriplugin.kernel.cgroup import Cgroups
 from nriplugin.kernel.coresched import CoreSched
 from nriplugin.kernel.probe import core_sched_supported
-from nriplugin.node import Node
+from nriplugin.node.assembly import Node
+from nriplugin.node.hooks import QoSPlugin
 from nriplugin.nri import api_pb2 as api
-from nriplugin.plugin import QoSPlugin
 from nriplugin.policy.cache import RuleCache
 from nriplugin.policy.model import Policy
-from tests.kernel_tree import v1_tree
-from tests.runtime_peer import make_container, make_pod
+from testkit.kernel_tree import v1_tree
+from testkit.runtime_peer import make_container, make_pod
 from tests.test_features import caps, ctx
 
 CORE = Policy.model_validate({"resourceQOSStrategy": {"policies": {"cpuPolicy": "coreSched"}}})

@@ -11,15 +11,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nriplugin.features import Context, Intent, InvalidInput
-from nriplugin.features.cpuset import RESOURCE_STATUS, CPUAllocator, NoCapacity, assign, desired
-from nriplugin.kernel.probe import Topology, format_cpulist, parse_cpulist, topology
-from nriplugin.node import Node
+from nriplugin.features.cpuset import RESOURCE_STATUS, assign, desired
+from nriplugin.intent.cpus import CPUAllocator, NoCapacity
+from nriplugin.kernel.cpulist import format_cpulist, parse_cpulist
+from nriplugin.kernel.probe import Topology, topology
+from nriplugin.node.assembly import Node
+from nriplugin.node.hooks import QoSPlugin
 from nriplugin.nri import api_pb2 as api
-from nriplugin.plugin import QoSPlugin
 from nriplugin.policy.model import Policy
 from nriplugin.policy.qos import QoSClass
-from tests.kernel_tree import sys_tree
-from tests.runtime_peer import make_container, make_pod
+from testkit.kernel_tree import sys_tree
+from testkit.runtime_peer import make_container, make_pod
 from tests.test_features import caps
 
 

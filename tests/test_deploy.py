@@ -16,8 +16,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from nriplugin.agent_lock import lock_path
-from nriplugin.cli import build_parser
+from nriplugin.agent.lock import lock_path
+from nriplugin.cli.main import build_parser
 from nriplugin.policy.cache import parse
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,10 +12,10 @@ import pytest
 
 from nriplugin.policy.model import Policy
 from nriplugin.policy.qos import QoSClass
-from nriplugin.qos.cpu_evict import CpuConfig, CpuEvict, CpuFacts, emergency_release, satisfaction_release
-from nriplugin.qos.evictor import Evictor, Outcome
-from nriplugin.qos.memory_evict import MemoryConfig, MemoryEvict, MemoryFacts, release
-from nriplugin.qos.victims import Candidate, Plan, Release, fewest, label_priority, rank_cpu, rank_memory
+from nriplugin.qos.eviction.cpu import CpuConfig, CpuEvict, CpuFacts, emergency_release, satisfaction_release
+from nriplugin.qos.eviction.evictor import Evictor, Outcome
+from nriplugin.qos.eviction.memory import MemoryConfig, MemoryEvict, MemoryFacts, release
+from nriplugin.qos.eviction.victims import Candidate, Plan, Release, fewest, label_priority, rank_cpu, rank_memory
 
 GiB, MiB = 1 << 30, 1 << 20
 
@@ -290,13 +290,13 @@ def test_memory_check_reads_the_pods_root_and_evicts_the_leaking_be_pod(tmp_path
     pod and two BE pods, one of which grows. The collector's rounds give the pods' growth (no
     reads of their own), and the check evicts the grower through the backend."""
     from nriplugin.kernel.cgroup import Cgroups
-    from nriplugin.node import Node
+    from nriplugin.node.assembly import Node
     from nriplugin.policy.cache import RuleCache
     from nriplugin.qos.collect import Collector
-    from nriplugin.qos.eviction import Eviction
+    from nriplugin.qos.eviction.loop import Eviction
     from nriplugin.qos.node_resource import capacity
-    from tests.kernel_tree import v1_tree
-    from tests.runtime_peer import make_container, make_pod
+    from testkit.kernel_tree import v1_tree
+    from testkit.runtime_peer import make_container, make_pod
     from tests.test_features import caps
 
     pods = [make_pod(1, "LS"), make_pod(2, "BE"), make_pod(3, "BE")]
@@ -367,7 +367,7 @@ def test_memory_check_reads_the_pods_root_and_evicts_the_leaking_be_pod(tmp_path
 def test_the_cluster_client_is_a_backend_and_its_outcomes_are_understood() -> None:
     from nriplugin.cluster.eviction import ApiEvictor, Result
     from nriplugin.cluster.eviction import Outcome as ApiOutcome
-    from nriplugin.qos.evictor import Backend, outcome
+    from nriplugin.qos.eviction.evictor import Backend, outcome
 
     def backend(b: ApiEvictor) -> Backend:  # mypy checks the client against the protocol
         return b
@@ -397,7 +397,7 @@ def test_the_cluster_client_is_a_backend_and_its_outcomes_are_understood() -> No
 
 def test_cluster_priorities_come_first() -> None:
     from nriplugin.cluster.pods import PodInfo
-    from nriplugin.qos.eviction import ClusterPriorities
+    from nriplugin.qos.eviction.loop import ClusterPriorities
 
     info = {"u1": PodInfo("u1", "b", "x", priority=None, koord_priority=5500), "u2": PodInfo("u2", "b", "y", 10, 1)}
 

@@ -10,17 +10,17 @@ from pathlib import Path
 import pytest
 
 from nriplugin.features import Context, FeatureFailed, desired_state
-from nriplugin.features.quantity import parse_quantity
 from nriplugin.kernel.cgroup import Cgroups, Version
 from nriplugin.kernel.probe import Capabilities, Resctrl, Topology
-from nriplugin.node import Node
+from nriplugin.node.assembly import Node
+from nriplugin.node.hooks import QoSPlugin, to_resources
 from nriplugin.nri import api_pb2 as api
-from nriplugin.plugin import QoSPlugin, to_resources
 from nriplugin.policy.cache import PolicyError, PolicyWatcher, RuleCache, parse
 from nriplugin.policy.model import Policy
 from nriplugin.policy.qos import QoSClass
-from tests.kernel_tree import v1_tree, v2_tree
-from tests.runtime_peer import make_container, make_pod
+from nriplugin.policy.quantity import parse_quantity
+from testkit.kernel_tree import v1_tree, v2_tree
+from testkit.runtime_peer import make_container, make_pod
 
 SPEC = "node.koordinator.sh/extended-resource-spec"
 BATCH = json.dumps(

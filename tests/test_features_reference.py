@@ -25,12 +25,12 @@ from pathlib import Path
 import pytest
 
 from nriplugin.features import Intent, batch, blkio, cpu_burst, cpu_qos, desired_state, resctrl
-from nriplugin.features.quantity import parse_quantity
 from nriplugin.kernel.probe import Capabilities
 from nriplugin.kernel.probe import resctrl as resctrl_probe
 from nriplugin.kernel.resctrl import ResctrlFS
 from nriplugin.policy.model import Policy
-from tests.kernel_tree import resctrl_tree
+from nriplugin.policy.quantity import parse_quantity
+from testkit.kernel_tree import resctrl_tree
 from tests.test_features import caps, ctx
 
 SPEC = batch.ANNOTATION
@@ -558,14 +558,16 @@ def test_resctrl_join_moves_only_tasks_not_there(tmp_path: Path) -> None:
     tasks = root / "koordlet-BE" / "tasks"
     tasks.parent.mkdir()  # as the kernel makes it on mkdir: an empty task list
     tasks.write_text("")
-    resctrl.join(fs, pol, "koordlet-BE", [10])
+    cfg = pol.class_qos("BE").resctrlQOS
+    schemata = fs.schemata(cfg.catRangeStartPercent, cfg.catRangeEndPercent, cfg.mbaPercent)
+    fs.join("koordlet-BE", schemata, [10])
     assert (root / "koordlet-BE" / "schemata").read_text() == "L3:0=7ff\nMB:0=100\n"
     assert tasks.read_text() == "10\n"
-    resctrl.join(fs, pol, "koordlet-BE", [10, 11])
+    fs.join("koordlet-BE", schemata, [10, 11])
     assert tasks.read_text() == "10\n11\n"
-    resctrl.join(fs, pol, "koordlet-BE", [10, 11, 12])
+    fs.join("koordlet-BE", schemata, [10, 11, 12])
     assert tasks.read_text() == "10\n11\n12\n"
-    resctrl.join(fs, pol, "koordlet-BE", [12])  # one thread: written without reading the list
+    fs.join("koordlet-BE", schemata, [12])  # one thread: written without reading the list
     assert tasks.read_text() == "10\n11\n12\n12\n"
 
 

@@ -1,7 +1,7 @@
 """The hook path's shape: what one NRI event costs the running agent (every loop on) must not
 grow with the containers on the node, and stays within a budget.
 
-Counted, not timed (``tests/hook_work.py``): bytecode instructions executed by the agent's code
+Counted, not timed (``testkit/hook_work.py``): bytecode instructions executed by the agent's code
 for the event and everything it left behind on the loop, and its file-system calls, with the
 agent's clock held so that no periodic round falls into the window. A node of 300 containers
 and one of 3000 must cost the same per event. Times belong to ``bench/hook_latency.py``.
@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from nriplugin.nri import api_pb2 as api
-from tests.hook_work import Work, realistic_pod, run_on_stoppable_loop, running_agent, temporary_dir
-from tests.runtime_peer import PluginSession
+from testkit.hook_work import Work, realistic_pod, run_on_stoppable_loop, running_agent, temporary_dir
+from testkit.runtime_peer import PluginSession
 
 Event = Callable[[PluginSession], Coroutine[Any, Any, object]]
 
@@ -120,7 +120,7 @@ def test_an_event_stays_within_its_budget(event: str, small: dict[str, Work]) ->
 def test_the_count_sees_a_loop_over_the_node(small: dict[str, Work]) -> None:
     """The guard's own check: a listener that walks the node model on every new pod (the
     regression this guard was written for) is counted."""
-    from nriplugin.model import NodeModel
+    from nriplugin.node.model import NodeModel
 
     class Walker:
         def __init__(self, model: NodeModel) -> None:

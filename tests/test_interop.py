@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.go_peers import require_or_skip
+from testkit.go_peers import require_or_skip
 
 pytestmark = pytest.mark.interop
 AGENT = [sys.executable, "-m", "nriplugin", "run"]

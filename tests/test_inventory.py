@@ -19,13 +19,13 @@ import pytest
 
 from nriplugin.cri import api_pb2 as cri
 from nriplugin.cri.client import AsyncCRI
+from nriplugin.inventory.cri import BadStatus, CriInventory, container_from_cri, pod_from_cri
 from nriplugin.kernel.cgroup import Cgroups
-from nriplugin.node import Node
+from nriplugin.node.assembly import Node
 from nriplugin.nri import api_pb2 as api
 from nriplugin.reconciler import Reconciler
-from nriplugin.reconciler.cri_inventory import BadStatus, CriInventory, container_from_cri, pod_from_cri
-from tests.cri_standin import FakeRuntime
-from tests.runtime_peer import make_container, make_pod
+from testkit.cri_standin import FakeRuntime
+from testkit.runtime_peer import make_container, make_pod
 
 ROOT = Path("/sys/fs/cgroup")
 real_v1 = pytest.mark.skipif(
@@ -191,7 +191,7 @@ def test_inventory_against_a_grpc_server(sock: str) -> None:
 def test_what_nri_already_told_is_not_asked_of_the_runtime_again(sock: str) -> None:
     """After Synchronize the node model knows the node: an inventory lists it (two calls) and
     asks the verbose status only of what it does not know, or knows only as created."""
-    from nriplugin.model import NodeModel
+    from nriplugin.node.model import NodeModel
 
     rt = FakeRuntime()
     pods = [make_pod(i, "BE") for i in range(3)]

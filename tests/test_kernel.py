@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 from nriplugin.kernel import paths
 from nriplugin.kernel.cgroup import Cgroups, InvalidValue, Version, shares_to_weight, weight_to_shares
-from nriplugin.kernel.probe import format_cpulist, parse_cpulist, probe
-from tests.kernel_tree import resctrl_tree, sys_tree, v1_tree, v2_tree
+from nriplugin.kernel.cpulist import format_cpulist, parse_cpulist
+from nriplugin.kernel.probe import probe
+from testkit.kernel_tree import resctrl_tree, sys_tree, v1_tree, v2_tree
 
 POD_FS = "/kubepods/burstable/pod1234"
 CTR_FS = "/kubepods/burstable/pod1234/abcd"

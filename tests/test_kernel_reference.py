@@ -38,17 +38,10 @@ from nriplugin.kernel.cgroup import (
     weight_to_shares,
     weight_to_shares_log,
 )
-from nriplugin.kernel.probe import (
-    Resctrl,
-    Topology,
-    core_sched_supported,
-    format_cpulist,
-    parse_cpulist,
-    probe,
-    topology,
-)
+from nriplugin.kernel.cpulist import format_cpulist, parse_cpulist
+from nriplugin.kernel.probe import Resctrl, Topology, core_sched_supported, probe, topology
 from nriplugin.kernel.probe import resctrl as resctrl_info
-from tests.kernel_tree import resctrl_tree, sys_tree, v1_tree, v2_tree
+from testkit.kernel_tree import resctrl_tree, sys_tree, v1_tree, v2_tree
 
 G = "kubepods.slice/kubepods-besteffort.slice/pod1.slice/cri-containerd-abc.scope"
 V1G = "kubepods/besteffort/pod1/abc"

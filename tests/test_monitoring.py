@@ -14,10 +14,10 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from nriplugin.metrics import Metrics
-from nriplugin.slo import SLO
-from tests.prometheus import promtool
-from tools import monitoring
+from nriplugin.obs.metrics import Metrics
+from nriplugin.obs.slo import SLO
+from testkit.prometheus import promtool
+from tools import monitoring, slo_rules
 from tools.dashboard import exprs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -125,5 +125,5 @@ def test_custom_slo_and_bad_threshold(tmp_path: Path) -> None:
     assert f"nriplugin:slo_errors:ratio_rate1h > {14.4 * 28 / 30 * 0.01:.6g}" in text  # 2 % of 28 days' budget in 1 h
     assert promtool("check", "rules", str(tmp_path / monitoring.RULES)).returncode == 0
     with pytest.raises(ValueError, match=r"1\.5 ms is not a bucket bound; pick one of .* 2, 2\.5"):
-        monitoring.rule_groups(SLO(threshold_seconds=0.0015))
+        slo_rules.rule_groups(SLO(threshold_seconds=0.0015))
     assert monitoring.main(["--out", str(tmp_path), "--threshold-ms", "1.5"]) == 2

@@ -10,29 +10,27 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from nriplugin.features.base import InvalidInput
-from nriplugin.features.net_qos import (
+from nriplugin.intent.core import InvalidInput
+from nriplugin.netqos.desired import (
     DEFAULT_TOTAL,
     EGRESS_KEY,
     INGRESS_KEY,
-    MIN_RATE,
     Level,
     NodeNet,
     Rates,
     annotation_bits,
-    check_class_bandwidth,
-    class_bits,
     leaf_rates,
     node_state,
-    parse_total_bandwidth,
     pod_state,
     suppress_resource,
 )
-from nriplugin.kernel.tc import LEVEL_MINOR, Snapshot
-from nriplugin.overlays import Overlays
-from nriplugin.policy.model import Policy, from_document
+from nriplugin.netqos.suppress import Config, NetSuppress, State, decide
+from nriplugin.netqos.tc import LEVEL_MINOR, Snapshot
+from nriplugin.node.overlays import Overlays
+from nriplugin.policy.bandwidth import MIN_RATE, check_class_bandwidth, class_bits, parse_total_bandwidth
+from nriplugin.policy.document import from_document
+from nriplugin.policy.model import Policy
 from nriplugin.policy.qos import QoSClass
-from nriplugin.qos.net_suppress import Config, NetSuppress, State, decide
 
 E2E_POLICY = {
     "resourceQOSStrategy": {
@@ -197,8 +195,8 @@ def test_the_example_policy_is_valid_and_shapes_ls_and_be() -> None:
 
     import yaml
 
-    from nriplugin.features.net_qos import Level, Rates, node_state
-    from nriplugin.policy.model import from_document
+    from nriplugin.netqos.desired import Level, Rates, node_state
+    from nriplugin.policy.document import from_document
 
     doc = yaml.safe_load((Path(__file__).resolve().parent.parent / "examples" / "net-qos.yaml").read_text())
     policy, notes = from_document(doc)

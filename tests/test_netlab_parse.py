@@ -1,4 +1,4 @@
-"""The network lab's parsers (``e2e.netlab``, ``bench.netqos``): ping output, percentiles and
+"""The network lab's parsers (``testkit.netlab``, ``bench.netqos``): ping output, percentiles and
 the bench's annotation flags, without a network."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench.netqos import parse_annotations
-from e2e.netlab import parse_ping, percentile
+from testkit.netlab import parse_ping, percentile
 
 BUSYBOX = """PING 198.18.1.6 (198.18.1.6): 56 data bytes
 64 bytes from 198.18.1.6: seq=0 ttl=63 time=0.255 ms

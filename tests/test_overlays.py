@@ -8,14 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from nriplugin.features.base import Setting
+from nriplugin.intent.core import Setting, cap_burst
 from nriplugin.kernel.cgroup import Cgroups
-from nriplugin.node import Node
-from nriplugin.overlays import Overlays, group_key
+from nriplugin.node.assembly import Node
+from nriplugin.node.overlays import Overlays, group_key
 from nriplugin.reconciler import Reconciler
-from nriplugin.writer import cap_burst
-from tests.kernel_tree import v2_tree
-from tests.runtime_peer import make_container, make_pod
+from testkit.kernel_tree import v2_tree
+from testkit.runtime_peer import make_container, make_pod
 from tests.test_features import caps
 
 
@@ -50,7 +49,7 @@ def test_overlay_in_the_hook_answer_and_on_a_v2_qos_group(tmp_path: Path) -> Non
     """cgroup v2 (a tree laid out like the kernel's): an overlay on a container rides in the
     CreateContainer adjustment's unified map; an overlay on the BE parent is written to its
     cpu.max and repaired; withdrawing it restores what was there."""
-    from nriplugin.plugin import QoSPlugin
+    from nriplugin.node.hooks import QoSPlugin
 
     be_parent = "kubepods.slice/kubepods-besteffort.slice"
     root = v2_tree(tmp_path, [be_parent])

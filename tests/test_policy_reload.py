@@ -165,8 +165,8 @@ def test_symlink_to_a_file_elsewhere(tmp_path: Path) -> None:
 def test_agent_reloads_a_configmap_volume(tmp_path: Path) -> None:
     """The running agent (`nriplugin run --policy`, registered with a runtime peer) follows
     kubelet's updates of its ConfigMap volume: the DaemonSet's setup in kind/."""
+    from testkit.runtime_peer import RuntimePeer
     from tests.agent_proc import agent, free_port, http_get
-    from tests.runtime_peer import RuntimePeer
 
     volume = tmp_path / "etc-nriplugin"
     volume.mkdir()

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from nriplugin.node.hooks import QoSPlugin
 from nriplugin.nri import api_pb2 as api
-from nriplugin.plugin import QoSPlugin
 from nriplugin.policy.qos import InvalidQoSLabel, QoSClass, kubernetes_qos, qos_class
-from tests.runtime_peer import make_container, make_pod
+from testkit.runtime_peer import make_container, make_pod
 
 
 @pytest.mark.parametrize(

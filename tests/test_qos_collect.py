@@ -21,13 +21,13 @@ from hypothesis import strategies as st
 from nriplugin.kernel import stats
 from nriplugin.kernel.cgroup import Cgroups
 from nriplugin.kernel.stats import CpuStat, MemInfo, MemStat, ProcCpu, Psi, PsiLine, Stats
-from nriplugin.node import Node
+from nriplugin.node.assembly import Node
 from nriplugin.nri import api_pb2 as api
 from nriplugin.qos.collect import Collector, busy_cores
 from nriplugin.qos.history import Counters
 from nriplugin.qos.sample import NodeSample
-from tests.kernel_tree import proc_tree, v1_counters, v1_tree, v2_counters, v2_tree
-from tests.runtime_peer import make_container, make_pod
+from testkit.kernel_tree import proc_tree, v1_counters, v1_tree, v2_counters, v2_tree
+from testkit.runtime_peer import make_container, make_pod
 from tests.test_features import caps
 
 # Real kernel text, copied from this machine (Debian 12, Linux 6.18, cgroup v1 hybrid) ----------
@@ -734,7 +734,7 @@ def test_sample_async_yields_between_chunks_and_equals_sample(
     behind a large node's round) and measure what the one-go round measures. The round reads
     the containers the model had when it started: one that leaves between chunks is still
     counted (its group readable) or skipped (gone), and is not in the next round."""
-    import nriplugin.turns as loop_turns
+    import nriplugin.node.turns as loop_turns
 
     monkeypatch.setattr(loop_turns, "TURN", 0.0)  # every container is a turn of its own
     root, proc = v1

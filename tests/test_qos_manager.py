@@ -10,7 +10,7 @@ from pathlib import Path
 
 from nriplugin.kernel.cgroup import Cgroups
 from nriplugin.kernel.probe import Capabilities, Topology
-from nriplugin.node import Node
+from nriplugin.node.assembly import Node
 from nriplugin.policy.cache import RuleCache
 from nriplugin.policy.model import Policy
 from nriplugin.policy.qos import QoSClass
@@ -18,8 +18,8 @@ from nriplugin.qos.collect import ContainerUsage
 from nriplugin.qos.manager import BURST, SUPPRESS, QoSManager, be_groups
 from nriplugin.qos.sample import ClassUsage, FastSample, NodeSample
 from nriplugin.reconciler import Reconciler
-from tests.kernel_tree import v1_tree, v2_tree
-from tests.runtime_peer import make_container, make_pod
+from testkit.kernel_tree import v1_tree, v2_tree
+from testkit.runtime_peer import make_container, make_pod
 from tests.test_features import caps
 
 BE_GROUP = "kubepods/besteffort"

@@ -11,16 +11,8 @@ import yaml
 from pydantic import ValidationError
 
 from nriplugin.policy.cache import PolicyError, RuleCache, parse
-from nriplugin.policy.model import (
-    PLUGINS,
-    CPUPressure,
-    NodeSLOError,
-    Policy,
-    QoSManager,
-    _cores,
-    _seconds,
-    from_document,
-)
+from nriplugin.policy.document import from_document
+from nriplugin.policy.model import PLUGINS, CPUPressure, NodeSLOError, Policy, QoSManager, _cores, _seconds
 from nriplugin.qos.levels import Assessor, Level, thresholds_of
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "policy.yaml"

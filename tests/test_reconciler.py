@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 
 from nriplugin.kernel.cgroup import Cgroups
-from nriplugin.node import Node
+from nriplugin.node.assembly import Node
+from nriplugin.node.hooks import QoSPlugin
+from nriplugin.node.overlays import group_key
 from nriplugin.nri import api_pb2 as api
-from nriplugin.overlays import group_key
-from nriplugin.plugin import QoSPlugin
 from nriplugin.reconciler import Reconciler
 from nriplugin.reconciler.reconciler import BACKOFF_MIN, FIGHT_REPAIRS
-from tests.runtime_peer import make_container, make_pod
+from testkit.runtime_peer import make_container, make_pod
 
 ROOT = Path("/sys/fs/cgroup")
 pytestmark = pytest.mark.skipif(
@@ -333,7 +333,7 @@ def test_limiting_the_be_group_below_a_pods_batch_limit_works_both_ways(qos_grou
     its container first, raising it back restores them after the group; a container born
     meanwhile gets its quota at StartContainer, as the group is then (the group cut again in
     between: the kernel refuses the birth value). Nothing is left refused or retrying."""
-    from nriplugin.plugin import QoSPlugin
+    from nriplugin.node.hooks import QoSPlugin
     from nriplugin.policy.qos import QoSClass
 
     pod = make_pod(3, "BE", parent=f"/{qos_group}/pod3")

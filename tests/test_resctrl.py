@@ -10,12 +10,12 @@ from hypothesis import strategies as st
 
 from nriplugin.kernel.probe import resctrl
 from nriplugin.kernel.resctrl import ResctrlError, ResctrlFS, cat_mask, mba_value
-from nriplugin.node import Node
-from nriplugin.plugin import QoSPlugin
+from nriplugin.node.assembly import Node
+from nriplugin.node.hooks import QoSPlugin
 from nriplugin.policy.cache import RuleCache
 from nriplugin.policy.model import Policy
-from tests.kernel_tree import resctrl_tree
-from tests.runtime_peer import make_container, make_pod
+from testkit.kernel_tree import resctrl_tree
+from testkit.runtime_peer import make_container, make_pod
 from tests.test_features import caps
 
 

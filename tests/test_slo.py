@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import start_http_server
 
-from nriplugin.metrics import HOOK_BUCKETS, Metrics, StubMetrics
-from nriplugin.slo import SLO, analyse, fetch, quantile, share_within
+from nriplugin.obs.metrics import HOOK_BUCKETS, Metrics, StubMetrics
+from nriplugin.obs.slo import SLO, analyse, fetch, quantile, share_within
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -108,7 +108,7 @@ def test_cli_threshold_between_bounds_and_url(agent_metrics: tuple[int, Metrics]
 
 
 def test_cli_errors_are_one_line() -> None:
-    from e2e.conftest import free_port
+    from testkit.plugin import free_port
 
     r = slo_cli("--agent", f"127.0.0.1:{free_port()}")
     assert r.returncode == 2 and r.stdout.count("\n") == 1 and "Connection refused" in r.stdout

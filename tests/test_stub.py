@@ -16,7 +16,7 @@ from nriplugin.nri import api_pb2 as api
 from nriplugin.nri import ttrpc
 from nriplugin.nri.stub import HookPolicy, Plugin, Stub, StubOptions, event_mask
 from nriplugin.nri.transport import PollClock
-from tests.runtime_peer import PeerCallError, RuntimePeer, make_container, make_pod
+from testkit.runtime_peer import PeerCallError, RuntimePeer, make_container, make_pod
 
 
 class Recorder:

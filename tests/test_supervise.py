@@ -8,7 +8,7 @@ import socket
 import stat
 from pathlib import Path
 
-from nriplugin.supervise import Supervisor, how_it_ended
+from nriplugin.agent.supervise import Supervisor, how_it_ended
 
 # Stands in for `python -m nriplugin run ...`: records argv, env and whether fd NRI_PLUGIN_SOCKET
 # is open, then ends as the next line of the script file says.

@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from nriplugin.features.net_qos import EGRESS_KEY, INGRESS_KEY
-from nriplugin.model import NodeModel
+from nriplugin.netqos.desired import EGRESS_KEY, INGRESS_KEY
+from nriplugin.netqos.reconciler import NetQoS
+from nriplugin.node.model import NodeModel
+from nriplugin.node.overlays import Overlays
 from nriplugin.nri import api_pb2 as api
-from nriplugin.overlays import Overlays
 from nriplugin.policy.cache import RuleCache
-from nriplugin.policy.model import from_document
-from nriplugin.reconciler.net import NetQoS
+from nriplugin.policy.document import from_document
 from tests.test_net_qos import E2E_POLICY
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="needs root and iproute2")
@@ -346,8 +346,8 @@ def test_devices_left_by_an_earlier_agent_are_removed_when_nothing_is_wanted(lab
 
 
 def test_a_suppress_overlay_lowers_the_l2_ceiling_and_its_withdrawal_restores_it(lab: Lab) -> None:
-    from nriplugin.features.net_qos import Level, suppress_resource
-    from nriplugin.reconciler.net import NODE_KEY
+    from nriplugin.netqos.desired import Level, suppress_resource
+    from nriplugin.netqos.reconciler import NODE_KEY
 
     model, net, obs, _ = make(lab)
 
@@ -368,8 +368,8 @@ def test_a_suppress_overlay_lowers_the_l2_ceiling_and_its_withdrawal_restores_it
 
 
 def test_doctor_counts_pod_interfaces_and_who_shapes_them(lab: Lab) -> None:
-    from nriplugin.explain import network
-    from nriplugin.metrics import Metrics, NetMetrics
+    from nriplugin.cli.explain import network
+    from nriplugin.obs.metrics import Metrics, NetMetrics
 
     before = network(lab.ns(lab.host))
     assert before["podInterfaces"] == 2 and before["shapedByNriplugin"] == 0 and before["works_here"]

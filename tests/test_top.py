@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from nriplugin import top
+from nriplugin.cli import top
 from nriplugin.policy.cache import RuleCache
 from nriplugin.qos import view
 from nriplugin.qos.cpu_burst import Burster
@@ -34,8 +34,8 @@ from nriplugin.qos.cpu_suppress import Limiter
 from nriplugin.qos.levels import Level
 from nriplugin.qos.manager import SUPPRESS, Decision, QoSManager
 from nriplugin.qos.sample import ClassUsage, NodeSample
+from testkit.runtime_peer import RuntimePeer, make_container, make_pod
 from tests.agent_proc import agent, free_port, http_get, stopped
-from tests.runtime_peer import RuntimePeer, make_container, make_pod
 
 
 def _conforms(m: QoSManager) -> view.Manager:
@@ -308,8 +308,8 @@ def test_bad_interval_is_refused() -> None:
 def test_the_agent_does_not_import_rich() -> None:
     """top's library stays out of the agent's start-up (the runtime's 5 s register budget)."""
     code = (
-        "import sys, nriplugin.cli, nriplugin.agent, nriplugin.http, nriplugin.metrics, nriplugin.node, "
-        "nriplugin.qos.manager, nriplugin.qos.collect, nriplugin.qos.view; "
+        "import sys, nriplugin.cli.main, nriplugin.agent.assembly, nriplugin.obs.http, nriplugin.obs.metrics, "
+        "nriplugin.node.assembly, nriplugin.qos.manager, nriplugin.qos.collect, nriplugin.qos.view; "
         "assert not [m for m in sys.modules if m == 'rich' or m.startswith('rich.')], 'rich imported'"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)

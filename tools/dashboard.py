@@ -31,8 +31,8 @@ from grafana_foundation_sdk.models.dashboard import (
     VariableRefresh,
 )
 
-from nriplugin.slo import SLO
-from tools.monitoring import BURNS, ERRORS, EVICTIONS, FAILURES, HIST, HOURS, burn_factor, sli_errors
+from nriplugin.obs.slo import SLO
+from tools.slo_rules import BURNS, ERRORS, EVICTIONS, FAILURES, HIST, HOURS, burn_factor, sli_errors
 
 DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
 NODE = 'instance=~"$instance"'

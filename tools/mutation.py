@@ -158,7 +158,7 @@ EQUIVALENT: dict[str, str] = {
     ),
     "nriplugin.nri.mux.xǁDemultiplexerǁ_pieces__mutmut_52": "a dropped frame's conn None, not 0: both false",
     # features/net_qos.py, qos/net_suppress.py
-    "nriplugin.features.net_qos.x_parse_total_bandwidth__mutmut_9": (
+    "nriplugin.netqos.desired.x_parse_total_bandwidth__mutmut_9": (
         "`MAX_RATE / 10**6` is 1000000.0: an int compares with it exactly as with 1000000"
     ),
 }

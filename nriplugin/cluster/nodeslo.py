@@ -16,10 +16,10 @@ from typing import Any
 from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
 from pydantic import ValidationError
 
-from ..policy.cache import PolicyError, RuleCache, describe
-from ..policy.model import Policy
-from ..policy.nodeslo import API_VERSION, NodeSLOError, check, overlay
-from .listwatch import ListWatch
+from nriplugin.cluster.listwatch import ListWatch
+from nriplugin.policy.cache import PolicyError, RuleCache, describe
+from nriplugin.policy.model import Policy
+from nriplugin.policy.nodeslo import API_VERSION, NodeSLOError, check, overlay
 
 log = logging.getLogger("nriplugin.cluster")
 GROUP, VERSION = API_VERSION.split("/")

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from kubernetes_asyncio.client import ApiClient, CoreV1Api
 
-from .listwatch import ListWatch
+from nriplugin.cluster.listwatch import ListWatch
 
 log = logging.getLogger("nriplugin.cluster")
 KOORD_PRIORITY = "koordinator.sh/priority"

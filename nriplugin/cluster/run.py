@@ -10,14 +10,14 @@ from typing import Any
 
 from kubernetes_asyncio.client import ApiClient
 
-from ..policy.cache import RuleCache
-from . import node_name
-from .client import connect
-from .eviction import ApiEvictor
-from .listwatch import ListWatch
-from .nodeslo import NodeSLOSource
-from .nodeslo import watcher as nodeslo_watcher
-from .pods import watcher as pods_watcher
+from nriplugin.cluster import node_name
+from nriplugin.cluster.client import connect
+from nriplugin.cluster.eviction import ApiEvictor
+from nriplugin.cluster.listwatch import ListWatch
+from nriplugin.cluster.nodeslo import NodeSLOSource
+from nriplugin.cluster.nodeslo import watcher as nodeslo_watcher
+from nriplugin.cluster.pods import watcher as pods_watcher
+from nriplugin.policy.cache import RuleCache
 
 log = logging.getLogger("nriplugin.cluster")
 

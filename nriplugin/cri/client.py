@@ -10,7 +10,7 @@ import grpc
 import grpc.aio
 from google.protobuf import message
 
-from . import api_pb2
+from nriplugin.cri import api_pb2
 
 _SERVICES = ("RuntimeService", "ImageService")
 # kubelet's limit: a node's container list outgrows gRPC's 4 MiB default long before its CPU does

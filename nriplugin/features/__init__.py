@@ -8,9 +8,9 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..policy.model import Policy
-from . import batch, blkio, cpu_burst, cpu_qos, cpuset, memory_qos, resctrl
-from .base import Context, Intent, InvalidInput, Setting
+from nriplugin.features import batch, blkio, cpu_burst, cpu_qos, cpuset, memory_qos, resctrl
+from nriplugin.intent.core import Context, Intent, InvalidInput, Setting
+from nriplugin.policy.model import Policy
 
 log = logging.getLogger("nriplugin.features")
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from .base import Context, Intent, InvalidInput, annotation_json
-from .quantity import parse_quantity
+from nriplugin.intent.core import Context, Intent, InvalidInput, annotation_json
+from nriplugin.policy.quantity import parse_quantity
 
 ANNOTATION = "node.koordinator.sh/extended-resource-spec"
 BATCH_CPU, BATCH_MEMORY = "kubernetes.io/batch-cpu", "kubernetes.io/batch-memory"

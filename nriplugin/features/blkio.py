@@ -9,7 +9,7 @@ import os
 import stat
 from functools import lru_cache
 
-from .base import Context, Intent
+from nriplugin.intent.core import Context, Intent
 
 THROTTLES = (
     ("readBPS", "blkio.throttle.read_bps_device"),

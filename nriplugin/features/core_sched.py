@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import re
 
-from ..kernel.coresched import CoreSched
-from .base import Context, Intent, InvalidInput
+from nriplugin.intent.core import Context, Intent, InvalidInput
 
 GROUP_LABEL = "koordinator.sh/core-sched-group-id"
 _GROUP = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -40,9 +39,3 @@ def desired(ctx: Context, intent: Intent) -> None:
         return
     group, why = group_of(ctx)
     intent.join("coresched", group, why)
-
-
-def join(cs: CoreSched, group: str, pids: list[int]) -> None:
-    """Give processes their group's cookie (a new container's init process, whose children
-    inherit it, or every process of one that already ran). Raises OSError/ValueError."""
-    cs.assign(group, pids)

@@ -4,7 +4,7 @@ refuses more). A pod may set its own ``koordinator.sh/cpuBurst`` (JSON) within t
 
 from __future__ import annotations
 
-from .base import Context, Intent, InvalidInput
+from nriplugin.intent.core import Context, Intent, InvalidInput
 
 ANNOTATION = "koordinator.sh/cpuBurst"
 POLICIES = ("none", "cpuBurstOnly", "cfsQuotaBurstOnly", "auto")

@@ -6,8 +6,8 @@ scheduling cookies by group (core_sched.py) where the kernel has them."""
 
 from __future__ import annotations
 
-from . import core_sched
-from .base import Context, Intent
+from nriplugin.features import core_sched
+from nriplugin.intent.core import Context, Intent
 
 
 def desired(ctx: Context, intent: Intent) -> None:

@@ -15,8 +15,8 @@ value there. min and high have no v1 equivalent and are skipped.
 
 from __future__ import annotations
 
-from . import batch
-from .base import Context, Intent
+from nriplugin.features import batch
+from nriplugin.intent.core import Context, Intent
 
 PAGE = 4096
 

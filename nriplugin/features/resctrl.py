@@ -5,17 +5,18 @@ the workload has not run yet)."""
 
 from __future__ import annotations
 
-import contextlib
-
-from ..kernel.resctrl import ResctrlFS
-from ..policy.model import Policy
-from .base import Context, Intent
+from nriplugin.intent.core import Context, Intent
 
 GROUP_PREFIX = "koordlet-"
 
 
 def group_name(qos: str) -> str:
     return GROUP_PREFIX + ("LSR" if qos == "LSE" else qos)
+
+
+def class_of(group: str) -> str:
+    """The QoS class whose settings a group has (its name without the prefix)."""
+    return group.removeprefix(GROUP_PREFIX)
 
 
 def desired(ctx: Context, intent: Intent) -> None:
@@ -30,15 +31,3 @@ def desired(ctx: Context, intent: Intent) -> None:
         group,
         f"L3 ways {cfg.catRangeStartPercent}-{cfg.catRangeEndPercent}%, memory bandwidth {cfg.mbaPercent}%",
     )
-
-
-def join(fs: ResctrlFS, policy: Policy, group: str, tids: list[int]) -> None:
-    """Move threads into a class's group (created on first use with the class's schemata).
-    Threads that exit meanwhile (ESRCH) are skipped; other errors raise (OSError, ResctrlError)."""
-    cfg = policy.class_qos(group.removeprefix(GROUP_PREFIX)).resctrlQOS
-    fs.ensure_group(group, fs.schemata(cfg.catRangeStartPercent, cfg.catRangeEndPercent, cfg.mbaPercent))
-    have = fs.tasks(group) if len(tids) > 1 else set()
-    for tid in tids:
-        if tid not in have:
-            with contextlib.suppress(ProcessLookupError):
-                fs.add_task(group, tid)

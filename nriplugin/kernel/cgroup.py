@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
 
+from nriplugin.kernel.cpulist import parse_cpulist
+
 MAX_SHARES, MIN_SHARES = 262144, 2
 MAX_WEIGHT, MIN_WEIGHT = 10000, 1
 
@@ -337,8 +339,6 @@ class Cgroups:
         if text == want:
             return True
         if resource in ("cpuset.cpus", "cpuset.mems"):
-            from .probe import parse_cpulist
-
             try:
                 return parse_cpulist(text) == parse_cpulist(want)
             except ValueError:

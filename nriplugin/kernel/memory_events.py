@@ -24,8 +24,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .inotify import IN_MODIFY, Inotify
-from .psi_trigger import Trigger, open_trigger
+from nriplugin.kernel.inotify import IN_MODIFY, Inotify
+from nriplugin.kernel.psi_trigger import Trigger, open_trigger
 
 LEVELS = ("low", "medium", "critical")
 MODES = ("default", "hierarchy", "local")

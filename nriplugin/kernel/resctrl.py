@@ -3,13 +3,14 @@ tasks assigned to it. Root injectable; names and values validated; nothing writt
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .probe import Resctrl as Info
+from nriplugin.kernel.probe import Resctrl as Info
 
 _GROUP = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -103,6 +104,17 @@ class ResctrlFS:
             os.write(fd, f"{pid}\n".encode())
         finally:
             os.close(fd)
+
+    def join(self, group: str, schemata: str, tids: list[int]) -> None:
+        """Move threads into ``group`` (made on first use with ``schemata``). With several,
+        the group's task list is read once and only the missing ones written; threads that exit
+        meanwhile (ESRCH) are skipped; other errors raise (OSError, ResctrlError)."""
+        self.ensure_group(group, schemata)
+        have = self.tasks(group) if len(tids) > 1 else set()
+        for tid in tids:
+            if tid not in have:
+                with contextlib.suppress(ProcessLookupError):
+                    self.add_task(group, tid)
 
     def tasks(self, group: str) -> set[int]:
         try:

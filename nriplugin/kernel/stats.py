@@ -21,7 +21,7 @@ import resource
 from pathlib import Path
 from typing import NamedTuple
 
-from .cgroup import Cgroups, Version
+from nriplugin.kernel.cgroup import Cgroups, Version
 
 _CHUNK = 65536
 _LIMIT = 1 << 20  # no counter file is anywhere near this: a bound, not a size estimate

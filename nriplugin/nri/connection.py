@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from . import mux, ttrpc
+from nriplugin.nri import mux, ttrpc
 
 
 class NriConnection:

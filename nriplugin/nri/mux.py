@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import struct
 
-from .errors import ProtocolError
+from nriplugin.nri.errors import ProtocolError
 
 HEADER = struct.Struct(">II")
 HEADER_LEN = HEADER.size  # 8

@@ -33,9 +33,9 @@ from typing import Any, Protocol
 from google.protobuf.message import DecodeError
 from google.protobuf.message import Message as PbMessage
 
-from . import api_pb2 as api
-from . import ttrpc
-from .transport import CallError, Trunk, open_trunk
+from nriplugin.nri import api_pb2 as api
+from nriplugin.nri import ttrpc
+from nriplugin.nri.transport import CallError, Trunk, open_trunk
 
 log = logging.getLogger("nriplugin.nri")
 

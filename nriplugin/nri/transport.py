@@ -20,9 +20,9 @@ import socket
 import time
 from collections.abc import Callable
 
-from . import ttrpc
-from .connection import NriConnection
-from .errors import ProtocolError
+from nriplugin.nri import ttrpc
+from nriplugin.nri.connection import NriConnection
+from nriplugin.nri.errors import ProtocolError
 
 
 class CallError(Exception):

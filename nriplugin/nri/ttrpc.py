@@ -29,7 +29,7 @@ from typing import Any
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
-from .errors import ProtocolError
+from nriplugin.nri.errors import ProtocolError
 
 HEADER = struct.Struct(">IIBB")
 HEADER_LEN = HEADER.size  # 10

@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from ..kernel.inotify import (
+from nriplugin.kernel.inotify import (
     IN_CLOSE_WRITE,
     IN_CREATE,
     IN_DELETE,
@@ -27,7 +27,8 @@ from ..kernel.inotify import (
     IN_Q_OVERFLOW,
     Inotify,
 )
-from .model import NodeSLOError, Policy, from_document
+from nriplugin.policy.document import from_document
+from nriplugin.policy.model import NodeSLOError, Policy
 
 log = logging.getLogger("nriplugin.policy")
 MAX_POLICY_BYTES = 1 << 20

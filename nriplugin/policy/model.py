@@ -13,7 +13,8 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from .profiles import PROFILES, Profile, overlay
+from nriplugin.policy.bandwidth import check_class_bandwidth, parse_total_bandwidth
+from nriplugin.policy.profiles import PROFILES, Profile, overlay
 
 Percent = Annotated[int, Field(ge=0, le=100)]
 
@@ -80,9 +81,7 @@ class BlkIOQOS(_M):
 def _bandwidth(v: Any) -> Any:
     """A class's bandwidth as Koordinator's CRD takes it: an integer is a percentage of
     ``systemStrategy.totalNetworkBandwidth`` (0-100), ``"N%"`` the same, any other string a
-    Kubernetes quantity in bits/s (``"50M"``). Checked here, converted by ``features/net_qos.py``."""
-    from ..features.net_qos import check_class_bandwidth
-
+    Kubernetes quantity in bits/s (``"50M"``). Checked here, converted by ``netqos/desired.py``."""
     return check_class_bandwidth(v)
 
 
@@ -90,7 +89,7 @@ Bandwidth = Annotated[int | str, BeforeValidator(_bandwidth)]
 
 
 class NetworkQOS(_M):
-    """Koordinator's ``networkQOS`` of a class (L0/L1/L2 in tc, see ``features/net_qos.py``):
+    """Koordinator's ``networkQOS`` of a class (L0/L1/L2 in tc, see ``netqos/desired.py``):
     ``*Request`` is the class's guaranteed rate, ``*Limit`` its ceiling. Off by default, as in
     Koordinator: network QoS does nothing until a class enables it or a pod carries a
     bandwidth annotation."""
@@ -277,7 +276,7 @@ class CPUEvict(_M):
     """Evict BE pods when the CPU score is at ``evictThreshold``, BE is already suppressed and
     LS suffers (stalled at least ``stallThreshold`` of the time, or throttled in at least
     ``throttleThreshold`` of its periods) for ``sustain`` seconds; free ``releaseFactor`` x the
-    LS shortage; then wait ``evictCooldown`` (see ``nriplugin/qos/cpu_evict.py``)."""
+    LS shortage; then wait ``evictCooldown`` (see ``nriplugin/qos/eviction/cpu.py``)."""
 
     enabled: bool = True
     evictThreshold: Score = 90.0
@@ -293,7 +292,7 @@ class MemoryEvict(_M):
     memoryEvictThresholdPercent``, grows fast enough to reach the limit within ``oomHorizon``
     seconds, or the memory score reaches ``evictThreshold``; free ``releaseFactor`` x what is
     above ``memoryEvictLowerPercent``. Within ``urgentSeconds`` of the limit the runtime stops
-    the victims with no grace period (see ``nriplugin/qos/memory_evict.py``)."""
+    the victims with no grace period (see ``nriplugin/qos/eviction/memory.py``)."""
 
     enabled: bool = True
     evictThreshold: Score = 85.0
@@ -364,8 +363,6 @@ def _total_bandwidth(v: Any) -> Any:
     """The node's bandwidth, kept as written (checked here; ``SystemStrategy.total_bits``
     converts): an integer is Mbit/s (the CRD's unit), a string a Kubernetes quantity in
     bits/s (``"100M"`` = 100 Mbit/s)."""
-    from ..features.net_qos import parse_total_bandwidth
-
     if v is not None:
         parse_total_bandwidth(v)
     return v
@@ -378,8 +375,6 @@ class SystemStrategy(_M):
 
     def total_bits(self) -> int | None:
         """The node's bandwidth in bits/s (None: not set)."""
-        from ..features.net_qos import parse_total_bandwidth
-
         v = self.totalNetworkBandwidth
         return None if v is None else parse_total_bandwidth(v)
 
@@ -420,7 +415,7 @@ class QoSManager(_M):
             return {}  # `qosManager:` with everything under it commented out
         if not isinstance(data, dict):
             return data
-        explicit = _explicit(data)
+        explicit = explicit_fields(data)
         preset = PROFILES.get(str(explicit.get("profile", "balanced")))
         return overlay(preset, explicit) if preset is not None else explicit
 
@@ -445,13 +440,13 @@ class QoSManager(_M):
         return section.get(plugin, True)
 
 
-def _explicit(data: Any) -> Any:
+def explicit_fields(data: Any) -> Any:
     """What was given, as plain data: a model instance contributes only the fields set on it,
     so a profile can still fill the others."""
     if isinstance(data, BaseModel):
-        return {k: _explicit(getattr(data, k)) for k in data.model_fields_set}
+        return {k: explicit_fields(getattr(data, k)) for k in data.model_fields_set}
     if isinstance(data, dict):
-        return {k: _explicit(v) for k, v in data.items()}
+        return {k: explicit_fields(v) for k, v in data.items()}
     return data
 
 
@@ -501,33 +496,12 @@ class NodeSLOError(ValueError):
     """A NodeSLO its CRD rejects; the message names every offending field."""
 
 
-def from_document(doc: Any) -> tuple[Policy, list[str]]:
-    """A Policy from a parsed YAML/JSON document (our format, or a NodeSLO object, which
-    ``nodeslo.py`` judges by Koordinator's CRD).
-
-    Returns the policy and notes about what was not used. Raises pydantic.ValidationError,
-    or nodeslo.NodeSLOError for a NodeSLO its CRD rejects.
-    """
-    if doc is None:
-        doc = {}
-    if not isinstance(doc, dict):
-        raise TypeError(f"a policy must be a mapping, got {type(doc).__name__}")
-    if doc.get("kind") == "NodeSLO":
-        from .nodeslo import from_nodeslo
-
-        return from_nodeslo(doc)
-    # qosManager is left out of the defaults merged under the document: its profile must see
-    # which fields the document itself sets (the model fills in the rest).
-    base = Policy().model_dump(exclude={"qosManager"})
-    return Policy.model_validate(_merge(base, doc)), []
-
-
-def _merge(base: Any, over: Any) -> Any:
+def merge_defaults(base: Any, over: Any) -> Any:
     """Deep-merge ``over`` onto the defaults, so a partial policy keeps every default it does
     not mention (lists and scalars replace)."""
     if isinstance(base, dict) and isinstance(over, dict):
         out = dict(base)
         for k, v in over.items():
-            out[k] = _merge(base[k], v) if k in base else v
+            out[k] = merge_defaults(base[k], v) if k in base else v
         return out
     return over

@@ -31,8 +31,8 @@ from jsonschema import Draft4Validator, FormatChecker
 from jsonschema.exceptions import ValidationError as SchemaError
 from pydantic import BaseModel, ValidationError
 
-from .model import NodeSLOError as NodeSLOError
-from .model import Policy, _explicit, _merge
+from nriplugin.policy.model import NodeSLOError as NodeSLOError
+from nriplugin.policy.model import Policy, explicit_fields, merge_defaults
 
 API_VERSION = "slo.koordinator.sh/v1alpha1"
 CRD_FILE = "slo.koordinator.sh_nodeslos.yaml"
@@ -189,9 +189,9 @@ def _pop(doc: Any, loc: tuple[Any, ...]) -> tuple[tuple[Any, ...], Any] | None:
 
 def _base_document(base: Policy) -> dict[str, Any]:
     # The whole base, except that qosManager keeps only what was set, so its profile still
-    # decides the fields nobody set (as model.from_document does).
+    # decides the fields nobody set (as document.from_document does).
     doc = base.model_dump(exclude={"qosManager"})
-    doc["qosManager"] = _explicit(base.qosManager)
+    doc["qosManager"] = explicit_fields(base.qosManager)
     return doc
 
 
@@ -208,7 +208,7 @@ def overlay(base: Policy, spec: dict[str, Any]) -> tuple[Policy, list[str]]:
     base_doc = _base_document(base)
     while True:
         try:
-            return Policy.model_validate(_merge(base_doc, used)), notes
+            return Policy.model_validate(merge_defaults(base_doc, used)), notes
         except ValidationError as exc:
             errors = exc.errors()
             if any(not e["loc"] or e["loc"][0] in own for e in errors):

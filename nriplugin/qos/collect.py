@@ -23,14 +23,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple, Protocol
 
-from ..features.base import requested
-from ..kernel.cgroup import Cgroups
-from ..kernel.stats import ProcCpu, Psi, Stats
-from ..model import Record, State
-from ..policy.qos import QoSClass
-from ..turns import Turn
-from .history import Counters
-from .sample import ClassUsage, FastSample, NodeSample, Pressure
+from nriplugin.intent.core import requested
+from nriplugin.kernel.cgroup import Cgroups
+from nriplugin.kernel.stats import ProcCpu, Psi, Stats
+from nriplugin.node.model import Record, State
+from nriplugin.node.turns import Turn
+from nriplugin.policy.qos import QoSClass
+from nriplugin.qos.history import Counters
+from nriplugin.qos.sample import ClassUsage, FastSample, NodeSample, Pressure
 
 GROUPS_KEY = "groups:"  # the counters of QoS-level groups, next to the containers'
 LS_CLASSES = frozenset({QoSClass.LSE, QoSClass.LSR, QoSClass.LS})

@@ -24,7 +24,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from .node_resource import Capacity
+from nriplugin.qos.node_resource import Capacity
 
 PERIOD_US = 100_000  # the CFS period the BE group's quota is expressed in
 MIN_QUOTA_US = 1_000  # the kernel's minimum quota (1 ms)

@@ -23,21 +23,21 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from ..desired import DesiredState
-from ..features.base import requested
-from ..kernel.psi_trigger import PressureWatch, Trigger, open_trigger
-from ..model import POD_PREFIX, NodeModel
-from ..policy.cache import RuleCache
-from ..policy.qos import QoSClass
-from ..turns import Turn
-from . import scores
-from .collect import ContainerUsage
-from .cpu_burst import Burster, Change, burst_ratio, wants_burst
-from .cpu_suppress import PERIOD_US, Limiter, Target, be_target, cpuset_size, quota_us
-from .levels import Assessor, Level, thresholds_of
-from .node_resource import LS_CLASSES, Capacity, capacity
-from .sample import FastSample, NodeSample
-from .trends import Trends
+from nriplugin.intent.core import requested
+from nriplugin.kernel.psi_trigger import PressureWatch, Trigger, open_trigger
+from nriplugin.node.desired import DesiredState
+from nriplugin.node.model import POD_PREFIX, NodeModel
+from nriplugin.node.turns import Turn
+from nriplugin.policy.cache import RuleCache
+from nriplugin.policy.qos import QoSClass
+from nriplugin.qos import scores
+from nriplugin.qos.collect import ContainerUsage
+from nriplugin.qos.cpu_burst import Burster, Change, burst_ratio, wants_burst
+from nriplugin.qos.cpu_suppress import PERIOD_US, Limiter, Target, be_target, cpuset_size, quota_us
+from nriplugin.qos.levels import Assessor, Level, thresholds_of
+from nriplugin.qos.node_resource import LS_CLASSES, Capacity, capacity
+from nriplugin.qos.sample import FastSample, NodeSample
+from nriplugin.qos.trends import Trends
 
 HISTORY = 300.0  # seconds of samples kept for the trends (the seed's 5 minutes)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .sample import NodeSample
+from nriplugin.qos.sample import NodeSample
 
 LS_CLASSES = ("LSE", "LSR", "LS")
 

@@ -59,8 +59,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .sample import NodeSample
-from .trends import LS_CLASSES, Trends
+from nriplugin.qos.sample import NodeSample
+from nriplugin.qos.trends import LS_CLASSES, Trends
 
 
 @dataclass(frozen=True, slots=True)

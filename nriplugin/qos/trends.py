@@ -15,7 +15,7 @@ import math
 from collections import deque
 from collections.abc import Iterable
 
-from .sample import NodeSample
+from nriplugin.qos.sample import NodeSample
 
 LS_CLASSES = ("LSE", "LSR", "LS")
 TREND_WINDOW = 300.0  # seconds: the seed's 5-minute history

@@ -21,8 +21,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from .levels import Level
-    from .sample import NodeSample
+    from nriplugin.qos.levels import Level
+    from nriplugin.qos.sample import NodeSample
 
 CLASSES = ("LSE", "LSR", "LS", "BE")  # highest priority first, as top lists them
 DECISIONS = 20  # the last decisions in the document (the manager keeps 50)

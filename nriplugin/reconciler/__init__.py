@@ -1,6 +1,6 @@
 """The embedded reconciler: keeps every managed file at the one desired state while containers
 run (inotify-driven repair, periodic full resync, fight detection)."""
 
-from .reconciler import Reconciler
+from nriplugin.reconciler.reconciler import Reconciler
 
 __all__ = ["Reconciler"]

@@ -31,13 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from ..features.base import Setting
-from ..kernel.cgroup import RESOURCES, Cgroups, InvalidValue
-from ..kernel.inotify import IN_CREATE, IN_DELETE, IN_IGNORED, IN_ISDIR, IN_MODIFY, IN_Q_OVERFLOW, Inotify
-from ..model import NodeModel, State
-from ..overlays import group_key
-from ..turns import Turn
-from ..writer import Writer, period_of
+from nriplugin.intent.core import Setting
+from nriplugin.kernel.cgroup import RESOURCES, Cgroups, InvalidValue
+from nriplugin.kernel.inotify import IN_CREATE, IN_DELETE, IN_IGNORED, IN_ISDIR, IN_MODIFY, IN_Q_OVERFLOW, Inotify
+from nriplugin.node.model import NodeModel, State
+from nriplugin.node.overlays import group_key
+from nriplugin.node.turns import Turn
+from nriplugin.node.writer import Writer, period_of
 
 log = logging.getLogger("nriplugin.reconciler")
 

@@ -1,0 +1,565 @@
+"""The agent, assembled in one place from ``nriplugin run``'s options (cli.py only parses).
+
+What drives what:
+- the **stub** (``nri/stub.py``) talks NRI and calls the **hook adapter** (``plugin.py``), which
+  feeds the **node model** (``model.py``) and answers from the **desired state**
+  (``desired.py``: features ⊕ overlays);
+- the **CRI inventory** (``reconciler/cri_inventory.py``) feeds the same model when NRI does not
+  tell (at start, every ``--resync-seconds``, and on new cgroup directories while NRI is down);
+- the **reconciler** (``reconciler/``) follows the model, keeps every managed cgroup at its
+  desired state through the one **writer** (``writer.py``), and runs a full pass every
+  ``--resync-seconds`` and after each Synchronize;
+- the **QoS manager** (``qos/``) measures the node and the classes (``qos/collect.py``), scores
+  the pressure (``qos/scores.py``, ``qos/levels.py``) and suppresses BE / lets LS burst as
+  overlays on the desired state (``qos/manager.py``), every ``syncPeriod`` and on a 100 ms
+  fast path;
+- the **runtime lock** (``agent_lock.py``) makes this agent the only one serving the runtime.
+
+Order matters (README, "One agent per runtime"): start-up checks and the runtime lock come
+before registering; a pre-registered agent registers within the runtime's 5 s whatever
+happens (containerd 1.7 exits otherwise) and loads the rest afterwards, so heavy imports
+(pydantic, prometheus_client) come after registration; an agent that finds the runtime held
+stands by without writing anything; on SIGTERM the NRI connection closes first, nothing is
+reset, and the lock is released last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import importlib
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nriplugin.agent.lock import AgentLock, Holder
+from nriplugin.agent.preflight import StartupError, bind_metrics, check_cgroup_root, check_policy_readable, check_socket
+from nriplugin.agent.supervise import ENV_GAP_CAUSE, ENV_GAP_SINCE
+from nriplugin.nri.stub import BufferedObserver, HookPolicy, Plugin, Stub, StubOptions, handled_events
+
+if TYPE_CHECKING:
+    from nriplugin.node.assembly import Node
+    from nriplugin.obs.metrics import Metrics
+    from nriplugin.policy.cache import RuleCache
+
+log = logging.getLogger("nriplugin")
+
+# Exit status: 0 stopped (or nothing to do), 1 an unexpected failure (an uncaught exception:
+# the supervisor restarts the agent), 2 the agent cannot run as configured (one line says why).
+EXIT_STARTUP = 2
+DEFAULT_PODS_ROOTS = ("kubepods", "kubepods.slice")
+
+
+class Placeholder(Plugin):
+    """Registers at once; the real plugin replaces it while Configure is on its way."""
+
+    def create_container(self, pod: object, container: object) -> None:
+        return None
+
+
+class Inert(Plugin):
+    """Registered, serving nothing: a pre-registered agent that must not serve (another agent
+    holds the runtime, or a start-up error) still has to register, or containerd 1.7 exits.
+    One rare event is subscribed (mask 0 would mean all) and never adjusted."""
+
+    def post_update_container(self, pod: object, container: object) -> None:
+        return None
+
+
+class Invalid:
+    """Counts hostile or unusable input; kept until the metrics exist (they load after
+    registration), then passed straight to them."""
+
+    def __init__(self) -> None:
+        self.early: list[str] = []
+        self.sink: Callable[[str], None] = self.early.append
+
+    def __call__(self, reason: str) -> None:
+        self.sink(reason)
+
+    def attach(self, sink: Callable[[str], None]) -> None:
+        for reason in self.early:
+            sink(reason)
+        self.early.clear()
+        self.sink = sink
+
+
+class Agent:
+    def __init__(self, ns: argparse.Namespace, arrival: Callable[[], float] = time.perf_counter) -> None:
+        """``arrival``: the loop's clock of when a request's bytes could first be read
+        (``nri.transport.PollClock``), where a hook's time starts."""
+        self.ns = ns
+        self.opts = StubOptions.from_env(
+            name=ns.name,
+            idx=ns.idx,
+            socket_path=ns.socket,
+            default_policy=HookPolicy(budget=ns.hook_budget_ms / 1000.0, fail_closed=ns.fail_closed),
+            max_message=ns.max_message_mib << 20,
+            arrival=arrival,
+        )
+        self.prereg = self.opts.fd is not None
+        self.gap_since = os.environ.pop(ENV_GAP_SINCE, "")
+        self.gap_cause = os.environ.pop(ENV_GAP_CAUSE, "crash")
+        self.lock = AgentLock(ns.socket)
+        self.loop = asyncio.get_running_loop()
+        self.stopping = asyncio.Event()
+        self.active: list[Stub] = []  # stubs to close first on SIGTERM
+        self.closed_at: float | None = None
+        self.got = False  # the runtime lock is ours
+        self.previous: Holder | None = None
+        self.metrics_sock: socket.socket | None = None
+        self.standby_reason = ""
+        self.cluster: Any = None  # cluster.run.Cluster while the cluster side runs: .pods, .evictor
+        self.node: Node | None = None  # once the policy is loaded
+
+    # start-up ---------------------------------------------------------------------------------
+
+    def on_signal(self) -> None:
+        if self.closed_at is None:
+            self.closed_at = time.time()
+        self.stopping.set()
+        for s in self.active:
+            s.stop()
+
+    async def inert_until_closed(self, reason: str) -> int:
+        """Pre-registered and unable to serve: register inert, exit when the runtime lets go."""
+        stub = Stub(Inert(), self.opts)
+        self.active.append(stub)
+        log.error("pre-registered: registering inert (containerd 1.7 exits otherwise); not serving: %s", reason)
+        await stub.run()
+        return EXIT_STARTUP
+
+    def preflight(self) -> int | None:
+        """Checks and the runtime lock, before anything registers. Returns an exit status
+        when the agent has nothing to do here (another serves and ``--if-held exit``)."""
+        ns, lock = self.ns, self.lock
+        if self.prereg:
+            # containerd starts pre-registered plugins before it creates the socket's directory
+            # (on a fresh boot it is not there yet); the lock lives in it, so make it as containerd would.
+            with contextlib.suppress(OSError):
+                os.makedirs(os.path.dirname(os.path.abspath(ns.socket)), 0o700, exist_ok=True)
+        check_socket(ns.socket)
+        check_cgroup_root(ns.cgroup_root)
+        try:
+            lock.open()
+        except OSError as exc:
+            raise StartupError(
+                "--socket",
+                ns.socket,
+                f"cannot open the agent lock {lock.path}: {exc.strerror}",
+                "the socket's directory must be writable (mount it read-write)",
+            ) from exc
+        if ns.policy and not self.prereg:
+            check_policy_readable(ns.policy)
+        from nriplugin import cluster
+
+        problem = cluster.check(ns)
+        if problem is not None:
+            raise StartupError(*problem)
+        self.got = lock.try_acquire()
+        self.previous = previous = lock.holder()
+        if not self.got and ns.if_held == "exit" and not self.prereg:
+            who = previous.describe() if previous else "holder unknown"
+            log.info("another nriplugin (%s) serves the runtime at %s; nothing to do", who, ns.socket)
+            return 0
+        try:
+            self.metrics_sock = bind_metrics(*ns.metrics_address)
+        except StartupError as exc:
+            if self.got or previous is None:
+                raise
+            raise StartupError(
+                "--metrics-address",
+                "{}:{}".format(*ns.metrics_address),
+                f"{exc.problem}; the agent that holds the runtime ({previous.describe()}) may be the one",
+                "give this one another --metrics-address, or port 0, to stand by next to it",
+            ) from exc
+        return None
+
+    def load_policy(self) -> RuleCache | None:
+        """The policy. A socket-mode agent with a bad one stops (None); a pre-registered one
+        cannot (containerd 1.7 exits when a pre-registered plugin fails to register), so it
+        runs on the embedded default, loudly."""
+        from nriplugin.policy.cache import PolicyError, RuleCache
+
+        rules = RuleCache()
+        if self.ns.policy:
+            try:
+                rules.load_file(Path(self.ns.policy))
+            except PolicyError as exc:
+                if not self.prereg:
+                    log.error("--policy: %s; fix the file, or leave --policy out for the embedded default", exc)
+                    return None
+                log.error("policy rejected, running with the embedded default: %s", exc)
+        return rules
+
+    # the whole run ------------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        ns, lock = self.ns, self.lock
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self.loop.add_signal_handler(sig, self.on_signal)
+        try:
+            done = self.preflight()
+        except StartupError as exc:
+            lock.close()  # never hold the runtime while not serving it
+            log.error("%s", exc, extra={"option": exc.option})
+            return await self.inert_until_closed(str(exc)) if self.prereg else EXIT_STARTUP
+        if done is not None:
+            return done
+
+        standby: Stub | None = None
+        standby_runner: asyncio.Future[None] | None = None
+        if self.prereg and not self.got:
+            standby = Stub(Inert(), self.opts)
+            self.active.append(standby)
+            standby_runner = asyncio.ensure_future(standby.run())
+        # The serving stub: registers at once when pre-registered (RegisterPlugin is what the
+        # runtime's 5 s start-up timeout waits for; the real plugin loads while Configure is on
+        # its way), otherwise once the runtime lock is ours.
+        early = BufferedObserver()
+        stub = Stub(
+            Placeholder(), self.opts if self.got else replace(self.opts, fd=None), observer=early, placeholder=True
+        )
+        runner: asyncio.Future[None] | None = None
+        if self.prereg and self.got:
+            self.active.append(stub)
+            runner = asyncio.ensure_future(stub.run())
+            for _ in range(50):  # until the RegisterPlugin call is on the wire (or 50 ms without a runtime)
+                if stub.connections:
+                    break
+                await asyncio.sleep(0.001)
+            await asyncio.sleep(0)
+        if not self.got:
+            previous = self.previous
+            self.standby_reason = (
+                f"another nriplugin ({previous.describe() if previous else 'holder unknown'}) holds the runtime at "
+                f"{ns.socket} (lock {lock.path}); standing by to take over when it exits"
+            )
+            log.warning(
+                "%s", self.standby_reason, extra={"socket": ns.socket, "holder_pid": previous.pid if previous else 0}
+            )
+
+        rules = self.load_policy()
+        if rules is None:
+            if self.metrics_sock is not None:
+                self.metrics_sock.close()
+            return EXIT_STARTUP
+        from nriplugin.kernel.cgroup import Cgroups
+        from nriplugin.node.assembly import Node
+        from nriplugin.node.hooks import QoSPlugin
+
+        invalid = Invalid()
+        self.node = node = Node.create(rules, cgroups=Cgroups(Path(ns.cgroup_root)), on_invalid=invalid)
+        plugin = QoSPlugin(node, push=stub.update_containers)
+        stub.replace_plugin(plugin)
+        if runner is not None:
+            # Registered first; metrics and the HTTP endpoint come up right after (or after 1 s).
+            first: list[asyncio.Future[Any]] = [runner, asyncio.ensure_future(stub.ready.wait())]
+            await asyncio.wait(first, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+        from nriplugin.obs.metrics import Metrics, QoSMetrics, StubMetrics
+
+        metrics = Metrics()
+        observer = StubMetrics(metrics)
+        early.replay(observer)
+        observer.expect(handled_events(plugin))
+        stub.observer = observer
+        invalid.attach(lambda reason: metrics.invalid_input.labels(reason).inc())
+        metrics.policy_version.set(rules.current.version)
+        rules.subscribe(lambda v: metrics.policy_version.set(v.version))
+        reconciler, inventory = self.build_loops(node, metrics, stub)
+        from nriplugin.qos.collect import Collector
+        from nriplugin.qos.manager import QoSManager
+
+        collector = Collector(node.model, node.desired, node.cgroups)
+        qos = QoSManager(
+            node.model,
+            node.desired,
+            reconciler,
+            collector,
+            rules,
+            observer=QoSMetrics(metrics),
+            eviction=self.build_eviction(node, rules, metrics, collector),
+        )
+        net = self.build_net(node, rules, metrics, invalid)
+        server = await self.serve_http(metrics, stub, qos)
+
+        def shut_http() -> None:
+            if server is not None:
+                server.close()
+            elif self.metrics_sock is not None:
+                self.metrics_sock.close()
+
+        gap = self.gap_before()
+        if not self.got:
+            observer.connection_state("standby")
+            if not await self.stand_by(standby, standby_runner):
+                if inventory is not None:
+                    await inventory.client.close()
+                shut_http()
+                return 0
+            # A clean handover says when it stopped serving; a holder that died did not, but we
+            # were blocked on the lock until the moment it died.
+            last = lock.holder()
+            gap = (last.released, "handover") if last is not None and last.released else (time.time(), "crash")
+            observer.connection_state("disconnected")
+            log.info("the runtime at %s is ours now; registering", ns.socket)
+        me = Holder.me("pre-registered" if runner is not None else "socket", ns.socket)
+        if self.gap_since:
+            me = replace(me, mode="supervised restart")
+        lock.announce(me)
+        gc.collect()  # start-up's garbage, before serving (what is left is frozen once serving)
+        if runner is None:
+            self.active.append(stub)
+            runner = asyncio.ensure_future(stub.run())
+            if self.stopping.is_set():
+                stub.stop()
+        reconciler.start(self.loop)
+        qos.start(self.loop)
+        net.start(self.loop)
+        cluster_task = self.loop.create_task(self.start_cluster(rules))
+        watcher = None
+        if ns.policy:
+            from nriplugin.policy.cache import PolicyWatcher
+
+            watcher = PolicyWatcher(Path(ns.policy), rules, self.loop)
+            watcher.start()
+        gap_task = self.loop.create_task(self.report_gap(metrics, stub, *gap)) if gap is not None else None
+        freeze_task = self.loop.create_task(self.freeze_start_up(stub))
+        # The runtime's own inventory: what existed before us when no Synchronize comes.
+        inventory_task = self.loop.create_task(inventory.run()) if inventory is not None else None
+        try:
+            await runner
+        finally:
+            # The NRI connection is closed by now (SIGTERM closes it first, or the runtime did):
+            # stop writing, hand the runtime over, then the rest. No value is reset on the way out.
+            if inventory_task is not None:
+                inventory_task.cancel()
+            qos.stop()  # its overlays stay written: a restart must not unthrottle BE
+            net.stop()  # tc rules stay too; the next agent adopts them
+            reconciler.stop()
+            lock.release(me, self.closed_at if self.closed_at is not None else time.time())
+            if gap_task is not None:
+                gap_task.cancel()
+            freeze_task.cancel()
+            if inventory is not None:
+                await inventory.client.close()
+            shut_http()
+            if watcher is not None:
+                watcher.stop()
+            cluster_task.cancel()
+            if self.cluster is not None:
+                await self.cluster.close()
+        return 0
+
+    # parts ------------------------------------------------------------------------------------
+
+    def build_loops(self, node: Node, metrics: Metrics, stub: Stub) -> tuple[Any, Any]:
+        """The reconciler and the CRI inventory: built now, started once the runtime is ours."""
+        from nriplugin.obs.metrics import InventoryMetrics, ReconcilerMetrics
+        from nriplugin.reconciler import Reconciler
+
+        inventory = None
+        if self.ns.cri_socket:
+            from nriplugin.cri.client import AsyncCRI
+            from nriplugin.inventory.cri import CriInventory
+
+            inventory = CriInventory(
+                AsyncCRI(self.ns.cri_socket),
+                node.model,
+                period=self.ns.resync_seconds,
+                hooks_live=stub.ready.is_set,
+                observer=InventoryMetrics(metrics),
+                told=stub.ready.wait,
+            )
+
+        def on_new_dir(group: str) -> None:
+            # With NRI up, the hooks tell us about every new container; without it, ask the runtime.
+            if inventory is not None and not stub.ready.is_set():
+                inventory.kick()
+
+        reconciler = Reconciler(
+            node.desired,
+            node.writer,
+            node.model,
+            observer=ReconcilerMetrics(metrics),
+            resync_period=self.ns.resync_seconds,
+            roots=self.ns.pods_root or list(DEFAULT_PODS_ROOTS),
+            on_new_dir=on_new_dir,
+        )
+        return reconciler, inventory
+
+    def build_net(self, node: Node, rules: RuleCache, metrics: Metrics, invalid: Invalid) -> Any:
+        """Network QoS (``reconciler/net.py``): tc rules for the pods, kept true, off the hook path."""
+        from nriplugin.netqos.reconciler import NetQoS
+        from nriplugin.obs.metrics import NetMetrics, ReconcilerMetrics
+
+        return NetQoS(
+            node.model,
+            rules,
+            node.desired.overlays,
+            observer=ReconcilerMetrics(metrics),
+            on_invalid=invalid,
+            on_round=NetMetrics(metrics).round,
+            netns=getattr(self.ns, "net_namespace", None),
+        )
+
+    def build_eviction(self, node: Node, rules: RuleCache, metrics: Metrics, collector: Any) -> Any:
+        """CPUEvict and MemoryEvict with their evictor: through the cluster's Eviction API while
+        the cluster side runs (``self.cluster``), else, and when memory runs out within seconds,
+        through the runtime's CRI socket (see ``qos/evictor.py``); priorities from the cluster's
+        pods where it knows them."""
+        from nriplugin.cri.client import AsyncCRI
+        from nriplugin.obs.metrics import EvictionMetrics
+        from nriplugin.qos.eviction.evictor import Evictor, RuntimeBackend
+        from nriplugin.qos.eviction.loop import ClusterPriorities, Eviction
+
+        runtime = RuntimeBackend(AsyncCRI(self.ns.cri_socket)) if self.ns.cri_socket else None
+        evictor = Evictor(
+            runtime=runtime,
+            cluster_of=lambda: getattr(self.cluster, "evictor", None),
+            observer=EvictionMetrics(metrics),
+        )
+        return Eviction(
+            node.model,
+            node.desired,
+            node.cgroups,
+            collector.stats,
+            rules,
+            evictor,
+            self.ns.pods_root or list(DEFAULT_PODS_ROOTS),
+            priorities=ClusterPriorities(lambda: getattr(self.cluster, "pods", None)),
+            usage=lambda: collector.by_container,
+            force_dry_run=bool(getattr(self.ns, "evict_dry_run", False)),
+        )
+
+    async def serve_http(self, metrics: Metrics, stub: Stub, qos: Any = None) -> asyncio.Server | None:
+        from nriplugin.obs import http
+        from nriplugin.qos import view
+
+        def readyz() -> tuple[int, str, bytes]:
+            if stub.ready.is_set():
+                return 200, "text/plain", b"ready\n"
+            if self.standby_reason:
+                # Ready: standing by is this agent's intended state (a surge rollout waits for it).
+                return 200, "text/plain", f"standby: {self.standby_reason}\n".encode()
+            return 503, "text/plain", b"not registered with the runtime\n"
+
+        def healthz() -> tuple[int, str, bytes]:
+            why = self.standby_reason
+            return 200, "text/plain", (f"ok (standby: {why})\n" if why else "ok\n").encode()
+
+        if self.metrics_sock is None:
+            return None
+        server = await http.serve(
+            self.metrics_sock,
+            {
+                "/metrics": lambda: (200, "text/plain; version=0.0.4", metrics.render()),
+                "/healthz": healthz,
+                "/readyz": readyz,
+                "/debug/qos": lambda: view.response(qos),  # `nriplugin top` reads it
+            },
+        )
+        host, port = self.ns.metrics_address
+        log.info("metrics on http://%s:%d/metrics", host, port, extra={"address": f"{host}:{port}"})
+        return server
+
+    async def start_cluster(self, rules: RuleCache) -> None:
+        """The cluster side (``--cluster``) as ``self.cluster``: the NodeSLO into ``rules``, the
+        node's pods, the Eviction API. Without an API server the agent runs as it always has."""
+        from nriplugin import cluster
+
+        if not cluster.wanted(self.ns):
+            return
+        # kubernetes_asyncio takes about a second to import: not on the loop that answers hooks.
+        run = await asyncio.to_thread(importlib.import_module, "nriplugin.cluster.run")
+        from nriplugin.cluster.client import ClusterError
+
+        try:
+            self.cluster = await run.start(self.ns, rules)
+        except ClusterError as exc:
+            log.error("cluster side not started: %s", exc, extra={"option": "--kubeconfig"})
+
+    def gap_before(self) -> tuple[float, str] | None:
+        """When the runtime last had an agent, and why it went (None: not known)."""
+        previous = self.previous
+        if self.gap_since:
+            return float(self.gap_since), self.gap_cause
+        if previous is not None and previous.released and self.got:
+            return previous.released, "handover"
+        if previous is not None and self.got and previous.pid != os.getpid():
+            log.warning("the previous agent (%s) ended without handing over", previous.describe())
+        return None
+
+    async def stand_by(self, standby: Stub | None, standby_runner: asyncio.Future[None] | None) -> bool:
+        """Wait for the runtime lock; False when stopped (SIGTERM, or the runtime closed the
+        pre-registered connection) before it came."""
+        waiter = asyncio.ensure_future(self.lock.wait())
+        stop_waiter = asyncio.ensure_future(self.stopping.wait())
+        waits: set[asyncio.Future[Any]] = {waiter, stop_waiter}
+        if standby_runner is not None:
+            waits.add(standby_runner)  # ends when the runtime closes the pre-registered connection
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        stop_waiter.cancel()
+        if not waiter.done():
+            waiter.cancel()
+            if standby is not None:
+                standby.stop()
+            if standby_runner is not None:
+                await standby_runner
+            return False
+        self.standby_reason = ""
+        if standby is not None:
+            # Pre-registered standby: leave the inert connection and serve on the socket, which
+            # brings Synchronize (a pre-registered plugin gets none on containerd 1.7).
+            self.active.remove(standby)
+            standby.stop()
+            if standby_runner is not None:
+                await standby_runner
+        return True
+
+    @staticmethod
+    async def freeze_start_up(stub: Stub) -> None:
+        """Once serving (registered, the runtime's containers taken in), what start-up made —
+        modules, the policy, the node the agent found — is moved out of the cyclic garbage
+        collector's way (``gc.freeze``): a full collection, which holds the loop and every
+        hook waiting on it, then walks only what came later, so its pause does not follow
+        the size of the node the agent started on. (Frozen objects are still freed when
+        their last reference goes; start-up's garbage was collected before serving, so
+        little is frozen that a collection would have freed.)"""
+        await stub.ready.wait()
+        await asyncio.sleep(0)  # the Synchronize take-in runs right after its answer
+        gc.freeze()
+
+    async def report_gap(self, metrics: Metrics, stub: Stub, since: float, cause: str) -> None:
+        await stub.ready.wait()
+        seconds = max(0.0, time.time() - since)
+        metrics.agent_gap.labels(cause).observe(seconds)
+        log.warning(
+            "no agent answered the runtime's hooks for %.3f s (%s)",
+            seconds,
+            cause,
+            extra={"gap_seconds": round(seconds, 6), "cause": cause},
+        )
+
+
+def main(ns: argparse.Namespace) -> int:
+    """``nriplugin run``: the agent on an event loop whose selector times each request from the
+    moment its bytes could be read (so the hook-latency histogram sees a request that waited
+    behind other work)."""
+    from nriplugin.nri.transport import PollClock
+
+    poll = PollClock()
+
+    async def serve() -> int:
+        return await Agent(ns, poll.arrival).run()
+
+    with asyncio.Runner(loop_factory=poll.loop) as runner:
+        return runner.run(serve())

@@ -1,0 +1,374 @@
+"""The hook adapter: turns NRI events into node-model updates, and the desired state into NRI
+answers — adjustments at creation, updates at Synchronize and UpdateContainer, UpdateContainers
+pushes when the share pool moves — plus, through the one writer, the values NRI cannot carry
+(cgroup v1 files at StartContainer, pod-level values at RunPodSandbox)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from nriplugin.features import FeatureFailed, Intent
+from nriplugin.intent.core import requested
+from nriplugin.kernel.cgroup import RESOURCES, Cgroups, Version
+from nriplugin.kernel.cpulist import format_cpulist
+from nriplugin.node.assembly import Node
+from nriplugin.node.turns import Turn
+from nriplugin.nri import api_pb2 as api
+from nriplugin.nri.stub import Plugin
+
+log = logging.getLogger("nriplugin.node.hooks")
+
+PUSH_CHUNK = 256  # updates per UpdateContainers call (keeps each message far below 4 MiB)
+
+# Logical resources the NRI adjustment carries itself (LinuxResources fields).
+NRI_FIELDS = (
+    "cpu.shares",
+    "cpu.cfs_quota_us",
+    "cpu.cfs_period_us",
+    "cpuset.cpus",
+    "cpuset.mems",
+    "memory.limit_in_bytes",
+)
+
+
+def to_resources(intent: Intent, cg: Cgroups, out: api.LinuxResources) -> bool:
+    """Fill ``out`` with the values NRI can carry (on cgroup v2 everything else goes in
+    ``unified``); returns whether anything was set."""
+    v = intent.values
+    if "cpu.shares" in v:
+        out.cpu.shares.value = int(v["cpu.shares"])
+    if "cpu.cfs_quota_us" in v:
+        out.cpu.quota.value = int(v["cpu.cfs_quota_us"])
+    if "cpu.cfs_period_us" in v:
+        out.cpu.period.value = int(v["cpu.cfs_period_us"])
+    if "cpuset.cpus" in v:
+        out.cpu.cpus = str(v["cpuset.cpus"])
+    if "cpuset.mems" in v:
+        out.cpu.mems = str(v["cpuset.mems"])
+    if "memory.limit_in_bytes" in v:
+        out.memory.limit.value = int(v["memory.limit_in_bytes"])
+    if cg.version is Version.V2:
+        for s in intent.files.values():
+            res = RESOURCES.get(s.resource)
+            if s.resource not in NRI_FIELDS and not s.device and res is not None and res.v2 is not None:
+                out.unified[res.v2] = cg.encode(s.resource, s.value)
+    if intent.rdt_class:
+        out.rdt_class.value = intent.rdt_class
+    return bool(intent.files) or bool(intent.rdt_class)
+
+
+class QoSPlugin(Plugin):
+    def __init__(
+        self,
+        node: Node | None = None,
+        push: Callable[[list[api.ContainerUpdate]], Awaitable[object]] | None = None,
+    ) -> None:
+        self.node = node or Node.create()
+        self.model = self.node.model
+        self.desired = self.node.desired
+        self.writer = self.node.writer
+        self.cgroups = self.node.cgroups
+        self.push = push  # UpdateContainers from outside handlers (the stub's)
+        self._pushes: set[asyncio.Future[None]] = set()  # UpdateContainers in flight (kept referenced)
+        # Containers answered, not yet in the model: taken in right after the answer, and by
+        # every hook before it looks at the model (so the order of events is the model's).
+        self._created: list[tuple[api.PodSandbox, api.Container]] = []
+
+    def _take_in_created(self) -> None:
+        created, self._created = self._created, []
+        for pod, container in created:
+            self.model.container_created(pod, container)
+
+    def _pool_updates(self, skip: str = "") -> list[api.ContainerUpdate]:
+        """Updates moving every sharer to the current share pool."""
+        if not self.desired.rules.policy.features.cpuset.enable or not self.desired.caps.files.get("cpuset.cpus"):
+            return []
+        pool = format_cpulist(self.desired.cpus.share_pool())
+        out = []
+        for cid in self.desired.sharers(skip):
+            r = self.model.get(cid)
+            if r is None or self.desired.intent(cid) is None:
+                continue
+            u = api.ContainerUpdate(container_id=cid, ignore_failure=True)
+            u.linux.resources.cpu.cpus = pool
+            out.append(u)
+        return out
+
+    def _push_later(self, updates: list[api.ContainerUpdate]) -> None:
+        """UpdateContainers must not be called from inside a handler: right after it."""
+        if not updates or self.push is None:
+            return
+        task = asyncio.ensure_future(self._push(self.push, updates))
+        self._pushes.add(task)
+        task.add_done_callback(self._pushes.discard)
+
+    @staticmethod
+    async def _push(
+        push: Callable[[list[api.ContainerUpdate]], Awaitable[object]], updates: list[api.ContainerUpdate]
+    ) -> None:
+        """A push that fails is logged; the reconciler still converges the files."""
+        try:
+            failed = await push(updates)
+        except Exception as exc:
+            log.warning("UpdateContainers of %d containers failed: %s", len(updates), exc)
+            return
+        if isinstance(failed, list) and failed:
+            log.info("the runtime could not update %d of %d containers (gone meanwhile?)", len(failed), len(updates))
+
+    # hooks -----------------------------------------------------------------------------------
+
+    def create_container(
+        self, pod: api.PodSandbox, container: api.Container
+    ) -> api.ContainerAdjustment | tuple[api.ContainerAdjustment, list[api.ContainerUpdate]] | None:
+        """The answer first: the model takes the container in right after it (its listeners'
+        work is not the runtime's wait), unless the container gets exclusive CPUs, which must
+        be handed out before its values are worked out."""
+        self._take_in_created()
+        if self.desired.pins(pod):
+            return self._create_pinned(pod, container)
+        try:
+            intent = self.desired.intent_before_known(pod, container)
+        except FeatureFailed as exc:
+            raise RuntimeError(f"refusing {pod.namespace}/{pod.name}/{container.name}: {exc}") from exc
+        self._created.append((pod, container))
+        if len(self._created) == 1:
+            try:
+                asyncio.get_running_loop().call_soon(self._take_in_created)
+            except RuntimeError:  # no loop (tests, explain): now
+                self._take_in_created()
+        if intent is None:
+            return None
+        return self._adjustment(intent, self.desired.class_capped(pod))
+
+    def _create_pinned(
+        self, pod: api.PodSandbox, container: api.Container
+    ) -> api.ContainerAdjustment | tuple[api.ContainerAdjustment, list[api.ContainerUpdate]] | None:
+        generation = self.desired.cpus.generation
+        self.model.container_created(pod, container)
+        try:
+            intent = self.desired.intent(container.id)
+        except FeatureFailed as exc:
+            self.model.container_removed(container.id)  # refused: it will never exist
+            raise RuntimeError(f"refusing {pod.namespace}/{pod.name}/{container.name}: {exc}") from exc
+        if intent is None:
+            return None
+        adj = self._adjustment(intent, self.desired.capped(container.id))
+        if adj is not None and self.desired.cpus.generation != generation:  # cores left the share pool
+            return adj, self._pool_updates(skip=container.id)
+        return adj
+
+    def _adjustment(self, intent: Intent, capped: bool) -> api.ContainerAdjustment | None:
+        if self._quota_late(intent, capped):
+            intent = intent.copy()
+            intent.files.pop(("cpu.cfs_quota_us", ""), None)
+        adj = api.ContainerAdjustment()
+        return adj if to_resources(intent, self.cgroups, adj.linux.resources) else None
+
+    def start_container(self, pod: api.PodSandbox, container: api.Container) -> None:
+        """cgroup v1: values NRI cannot carry (burst, identity, idle) go to the files now: the
+        runtime created the task (so the cgroup exists and the pid is known) and has not
+        started it yet. Starting it in the model joins its task groups and lets the
+        reconciler converge whatever NRI did not carry at creation, right after this answer."""
+        self._take_in_created()
+        key = container.id
+        self.model.container_started(pod, container)
+        try:
+            intent = self.desired.intent(key)
+        except FeatureFailed:
+            return
+        r = self.model.get(key)
+        if (
+            r is not None
+            and r.group is not None
+            and self.cgroups.version is Version.V2
+            and not self.cgroups.weight_learned
+        ):
+            self._learn_weight_mapping(r.group, intent, container)
+        if intent is not None and r is not None and r.group is not None:
+            v1 = self.cgroups.version is Version.V1  # on v2 NRI's unified carried all but devices
+            late = self._quota_at_start(key, intent)
+            extra = [
+                s
+                for s in intent.settings()
+                if s.device or (v1 and s.resource not in NRI_FIELDS) or (late and s.resource == "cpu.cfs_quota_us")
+            ]
+            if extra:
+                self.writer.apply(r.group, extra, f"{pod.namespace}/{pod.name}/{container.name}")
+
+    def _learn_weight_mapping(self, group: str, intent: Intent | None, container: api.Container) -> None:
+        """cgroup v2: the runtime converted this container's cpu.shares (ours if we adjusted
+        them) to cpu.weight moments ago; learn its mapping, so our own writes and repairs agree
+        with what it gives every other container (runc 1.3.2 changed it)."""
+        shares = intent.get("cpu.shares") if intent is not None else None
+        if not isinstance(shares, int):
+            shares = requested(container, "cpu.shares")
+        if shares is None:
+            return
+        mapping = self.cgroups.learn_weight_mapping(group, shares)
+        if mapping is not None:
+            log.info("cgroup v2: the runtime maps cpu.shares to cpu.weight %s; following it", mapping)
+
+    def _quota_at_start(self, key: str, intent: Intent) -> bool:
+        return self._quota_late(intent, self.desired.capped(key))
+
+    def _quota_late(self, intent: Intent, capped: bool) -> bool:
+        """cgroup v1 refuses a child's quota above its parent's. While the container's class is
+        suppressed (``capped``), its QoS-level group can be cut between CreateContainer's
+        answer and runc writing the quota (tens of ms), and runc would then fail the container
+        (EINVAL): its own finite quota is written at StartContainer instead, capped as the
+        group is then. Until then it runs in nothing (created, not started), so nothing
+        escapes the limit."""
+        if self.cgroups.version is not Version.V1 or not capped:
+            return False
+        q = intent.get("cpu.cfs_quota_us")
+        return isinstance(q, int) and q > 0
+
+    def remove_container(self, pod: api.PodSandbox, container: api.Container) -> None:
+        self._take_in_created()
+        generation = self.desired.cpus.generation
+        self.model.container_removed(container.id)
+        if self.desired.cpus.generation != generation:  # the share pool grew
+            self._push_later(self._pool_updates())
+
+    def run_pod_sandbox(self, pod: api.PodSandbox) -> None:
+        """Pod-level values (NRI has no pod adjustment) go to the pod's cgroup."""
+        self._take_in_created()
+        self.model.pod_seen(pod)
+        r = self.model.get(f"pod:{pod.id}")
+        intent = self.desired.intent(f"pod:{pod.id}")
+        if intent is not None and intent.files and r is not None and r.group is not None:
+            self.writer.apply(r.group, intent.settings(), f"{pod.namespace}/{pod.name}")
+
+    def remove_pod_sandbox(self, pod: api.PodSandbox) -> None:
+        self._take_in_created()
+        self.model.pod_removed(pod.id)
+
+    def update_container(
+        self, pod: api.PodSandbox, container: api.Container, resources: api.LinuxResources
+    ) -> list[api.ContainerUpdate]:
+        """An in-place resize: the model takes the new resources, so every value derived from
+        them (burst from the quota) follows; the desired values are kept in the update."""
+        self._take_in_created()
+        if container.id not in self.model:
+            self.model.container_started(pod, container, existing=True)
+        self.model.container_updated(container.id, resources)
+        intent = self.desired.intent(container.id)
+        if intent is None:
+            return []
+        u = api.ContainerUpdate(container_id=container.id)
+        if not to_resources(intent, self.cgroups, u.linux.resources) or _covers(resources, u.linux.resources):
+            return []
+        return [u]
+
+    def post_update_container(self, pod: api.PodSandbox, container: api.Container) -> None:
+        """The runtime applied the new resources: converge what depends on them (a burst that
+        the old quota would not admit)."""
+        self._take_in_created()
+        self.model.refresh(container.id)
+
+    def synchronize(self, pods: list[api.PodSandbox], containers: list[api.Container]) -> list[api.ContainerUpdate]:
+        """Containers that existed before we connected. The runtime holds its lock (every pod
+        and container event waits) until we answer, so the answer goes out as soon as the
+        message is read; right after it, in order before any later event, the model takes
+        them in (the reconciler converges their files, the task groups take their tasks), and
+        the NRI updates they need are worked out a turn at a time and pushed with
+        UpdateContainers, hooks answered in between."""
+        self._take_in_created()
+        if self.push is None:  # nothing to push with (tests, explain): answer with the updates
+            return self._take_in(pods, containers)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return self._take_in(pods, containers)
+        loop.call_soon(self._synchronized, pods, containers)
+        return []
+
+    def _synchronized(self, pods: list[api.PodSandbox], containers: list[api.Container]) -> None:
+        took = self._observe_sync(pods, containers)
+        task = asyncio.ensure_future(self._push_sync_updates(pods, containers, took))
+        self._pushes.add(task)
+        task.add_done_callback(self._pushes.discard)
+
+    async def _push_sync_updates(
+        self, pods: list[api.PodSandbox], containers: list[api.Container], took: float
+    ) -> None:
+        t0 = time.perf_counter()
+        batch: list[api.ContainerUpdate] = []
+        n = 0
+        turn = Turn()
+        for c in containers:
+            u = self._sync_update(c)
+            if u is not None:
+                batch.append(u)
+                n += 1
+            if len(batch) == PUSH_CHUNK:
+                self._push_later(batch)
+                batch = []
+            if turn.over():
+                await asyncio.sleep(0)
+                turn.restart()
+        self._push_later(batch)
+        self._log_sync(pods, containers, n, took, time.perf_counter() - t0)
+
+    def _take_in(self, pods: list[api.PodSandbox], containers: list[api.Container]) -> list[api.ContainerUpdate]:
+        """The model takes Synchronize's containers in; returns the updates they need."""
+        took = self._observe_sync(pods, containers)
+        t0 = time.perf_counter()
+        updates = [u for c in containers if (u := self._sync_update(c)) is not None]
+        self._log_sync(pods, containers, len(updates), took, time.perf_counter() - t0)
+        return updates
+
+    def _observe_sync(self, pods: list[api.PodSandbox], containers: list[api.Container]) -> float:
+        """The model takes the listing in (in one piece: later events must find it); seconds."""
+        t0 = time.perf_counter()
+        self.model.synchronize(pods, containers)
+        return time.perf_counter() - t0
+
+    @staticmethod
+    def _log_sync(
+        pods: list[api.PodSandbox], containers: list[api.Container], updates: int, took: float, worked: float
+    ) -> None:
+        log.info(
+            "synchronized %d pods, %d containers, %d updates (taken in in %.0f ms; updates worked out in %.0f ms)",
+            len(pods),
+            len(containers),
+            updates,
+            took * 1e3,
+            worked * 1e3,
+            extra={"take_in_ms": round(took * 1e3, 1), "updates_ms": round(worked * 1e3, 1)},
+        )
+
+    def _sync_update(self, c: api.Container) -> api.ContainerUpdate | None:
+        """The update a synchronized container needs (None: it has its values already)."""
+        if c.id not in self.model:
+            return None
+        try:
+            intent = self.desired.intent(c.id)
+        except FeatureFailed as exc:  # cannot refuse what runs: left as it is
+            log.warning("%s: %s", c.id[:12], exc)
+            return None
+        if intent is None:
+            return None
+        u = api.ContainerUpdate(container_id=c.id)
+        if to_resources(intent, self.cgroups, u.linux.resources) and not _covers(c.linux.resources, u.linux.resources):
+            return u
+        return None
+
+
+def _covers(have: api.LinuxResources, want: api.LinuxResources) -> bool:
+    """Does ``have`` already hold every value ``want`` sets?"""
+    for f in ("shares", "quota", "period"):
+        if want.cpu.HasField(f) and (
+            not have.cpu.HasField(f) or getattr(have.cpu, f).value != getattr(want.cpu, f).value
+        ):
+            return False
+    if want.cpu.cpus and have.cpu.cpus != want.cpu.cpus:
+        return False
+    if want.memory.HasField("limit") and (
+        not have.memory.HasField("limit") or have.memory.limit.value != want.memory.limit.value
+    ):
+        return False
+    return all(have.unified.get(k) == v for k, v in want.unified.items())

@@ -1,0 +1,120 @@
+"""The one writer: every cgroup value the agent sets (at StartContainer and RunPodSandbox, in the
+reconciler's repairs, for the QoS manager's overlays) goes through :meth:`Writer.apply`, and
+every task-group membership (resctrl, core scheduling) through :meth:`Writer.join`.
+
+The ordering rules live here and nowhere else:
+- burst is never above the quota (``intent.core.cap_burst``, applied to the desired state
+  itself, so what is compared is what is written);
+- quota and burst are written in the order the kernel accepts: it checks the burst against
+  the quota in force, so a rising quota goes first and a falling one after the burst.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+from nriplugin.features import resctrl
+from nriplugin.intent.core import BURST, PERIOD, QUOTA, Intent, Setting
+from nriplugin.kernel.cgroup import Cgroups, InvalidValue, Outcome
+from nriplugin.kernel.coresched import CoreSched
+from nriplugin.kernel.resctrl import ResctrlError, ResctrlFS
+from nriplugin.policy.model import Policy
+
+log = logging.getLogger("nriplugin.node.writer")
+
+
+def period_of(settings: Iterable[Setting]) -> int | None:
+    for s in settings:
+        if s.resource == PERIOD and isinstance(s.value, int):
+            return s.value
+    return None
+
+
+class Writer:
+    def __init__(
+        self,
+        cgroups: Cgroups,
+        policy: Callable[[], Policy],
+        resctrl_fs: ResctrlFS | None = None,
+        coresched: CoreSched | None = None,
+        on_invalid: Callable[[str], None] = lambda reason: None,
+    ) -> None:
+        self.cgroups = cgroups
+        self.policy = policy
+        self.resctrl = resctrl_fs
+        self.coresched = coresched
+        self.on_invalid = on_invalid
+
+    def order(self, group: str, settings: Iterable[Setting]) -> list[Setting]:
+        out = sorted(settings, key=lambda s: s.key)
+        quota = next((s for s in out if s.resource == QUOTA), None)
+        burst = next((s for s in out if s.resource == BURST), None)
+        if quota is None or burst is None or not isinstance(quota.value, int):
+            return out
+        current = self.cgroups.read(group, QUOTA)
+        rising = quota.value == -1 or (isinstance(current, int) and current != -1 and quota.value >= current)
+        out = [s for s in out if s.resource not in (QUOTA, BURST)]
+        return [quota, burst, *out] if rising else [burst, quota, *out]
+
+    def apply(
+        self, group: str, settings: Iterable[Setting], who: str, *, period: int | None = None, force: bool = False
+    ) -> list[tuple[Setting, Outcome]]:
+        """Write ``settings`` to cgroup ``group`` in the kernel's order; returns each outcome.
+        A value the kernel lacks is reported once by the cgroup layer; a refused one is logged."""
+        settings = list(settings)
+        if period is None:
+            period = period_of(settings)
+        done = []
+        for s in self.order(group, settings):
+            try:
+                res = self.cgroups.write(group, s.resource, s.file_value, period=period, force=force)
+            except (InvalidValue, PermissionError) as exc:
+                self.on_invalid("write_refused")
+                log.warning("%s: not writing %s: %s", who, s.label, exc)
+                continue
+            if res.status == "missing":  # gone already, or not created yet: the reconciler's job
+                log.debug("%s: %s: %s", who, s.label, res.detail)
+            elif res.status == "rejected":
+                log.warning(
+                    "%s: %s %s: %s",
+                    who,
+                    s.label,
+                    res.status,
+                    res.detail,
+                    extra={"resource": s.resource, "errno": res.errno},
+                )
+            done.append((s, res))
+        return done
+
+    def join(self, intent: Intent, group: str, pid: int, who: str) -> None:
+        """Put a container's tasks in its task groups. ``pid``: a new container's init process
+        (everything it forks inherits both groups); 0: a container that already ran, so every
+        thread of its cgroup (resctrl) and every process (core scheduling) is moved."""
+        rg, cs = intent.resctrl_group, intent.core_sched_group
+        if rg is not None and self.resctrl is not None:
+            tids = [pid] if pid else self._tasks(group, who, processes=False)
+            if tids:
+                group_name = str(rg.value)
+                cfg = self.policy().class_qos(resctrl.class_of(group_name)).resctrlQOS
+                schemata = self.resctrl.schemata(cfg.catRangeStartPercent, cfg.catRangeEndPercent, cfg.mbaPercent)
+                try:
+                    self.resctrl.join(group_name, schemata, tids)
+                except (OSError, ResctrlError) as exc:
+                    self.on_invalid("resctrl")
+                    log.warning("%s: cannot join resctrl group %s: %s", who, rg.value, exc)
+        if cs is not None and self.coresched is not None:
+            pids = [pid] if pid else self._tasks(group, who, processes=True)
+            if pids:
+                try:
+                    self.coresched.assign(str(cs.value), pids)
+                except (OSError, ValueError) as exc:
+                    self.on_invalid("core_sched")
+                    log.warning("%s: cannot give core scheduling group %s: %s", who, cs.value, exc)
+
+    def _tasks(self, group: str, who: str, processes: bool) -> list[int]:
+        try:
+            return self.cgroups.threads(group, processes=processes)
+        except (PermissionError, OSError) as exc:
+            log.warning("%s: cannot list tasks: %s", who, exc)
+            return []

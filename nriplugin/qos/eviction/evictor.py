@@ -1,0 +1,342 @@
+"""Carrying out eviction plans: through a backend, at a bounded rate, logged and counted.
+
+Backends (:class:`Backend`): in a cluster, the Kubernetes Eviction API (``nriplugin/cluster``,
+which honours PodDisruptionBudgets: 429 means "not this pod now, take the next"); without one,
+or when memory runs out within seconds (``Plan.urgent``), the runtime (:class:`RuntimeBackend`).
+
+What containerd 1.7.24 honours, tried on the private containerd of ``testkit/containerd.py``: the
+evictions of NRI's ``UpdateContainers`` are accepted and silently dropped (its NRI v0.6.1
+adaptation passes only the updates on; the container keeps running, no error), so the runtime
+backend goes through CRI: ``StopContainer`` with the grace period as its timeout (SIGTERM,
+then SIGKILL) for every container of the pod at once, then ``StopPodSandbox``. Without an API
+server that is all there is; in a cluster kubelet will restart what the runtime stopped, which
+is why the Eviction API comes first there (koordinator#1757: koordlet kills through CRI only).
+
+The evictor:
+- takes a plan's ranked victims in order until what they free covers the release, skipping a
+  pod the backend refuses (a PDB: retried after ``retry_after``) or that is already gone;
+- never evicts the same pod twice within ``repeat_after`` (2 minutes), and never more than
+  ``max_per_minute`` pods a minute over all strategies (a global token bucket);
+- keeps what each victim is expected to free as *pending* until it is gone, for the
+  strategies to credit (:meth:`pending`), and reports what it really freed;
+- in dry-run mode logs and counts what it would do and touches nothing;
+- logs every eviction with its strategy, trigger, figures and victim, and counts it by
+  strategy and reason (``nriplugin_qos_evictions_total``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from nriplugin.qos.eviction.victims import Candidate, Plan
+
+log = logging.getLogger("nriplugin.qos.evict")
+
+
+class Outcome(enum.StrEnum):
+    EVICTED = "evicted"
+    BLOCKED = "blocked"  # a PodDisruptionBudget (429): take the next candidate, retry later
+    GONE = "gone"  # the pod is not there any more
+    ERROR = "error"
+
+
+class Backend(Protocol):
+    """An eviction backend: the Eviction API client (``nriplugin/cluster``) or the runtime.
+    It answers an :class:`Outcome`, an enum with the same values, or an object whose
+    ``result`` is one (the cluster client's, which also carries the HTTP status)."""
+
+    async def evict(self, ns: str, name: str, uid: str, grace_seconds: int, reason: str, message: str, /) -> object: ...
+
+
+def outcome(answer: object) -> Outcome:
+    """A backend's answer as an :class:`Outcome` (anything unknown is an error)."""
+    v = getattr(answer, "result", answer)
+    try:
+        return Outcome(str(getattr(v, "value", v)))
+    except ValueError:
+        return Outcome.ERROR
+
+
+class Priorities(Protocol):
+    """Pod priorities where the cluster knows them (``spec.priority``); None when it does not."""
+
+    def priority(self, uid: str) -> int | None: ...
+
+
+class Observer(Protocol):
+    def evicted(self, strategy: str, reason: str, dry_run: bool) -> None: ...
+    def eviction_failed(self, backend: str, outcome: str) -> None: ...
+
+
+class _Quiet:
+    def evicted(self, strategy: str, reason: str, dry_run: bool) -> None:
+        pass
+
+    def eviction_failed(self, backend: str, outcome: str) -> None:
+        pass
+
+
+# the runtime ---------------------------------------------------------------------------------
+
+
+class CRICaller(Protocol):
+    async def call(self, name: str, request: Any, timeout: float | None = None) -> Any: ...
+
+
+class RuntimeBackend:
+    """Eviction through CRI (see the module's docstring for why not NRI)."""
+
+    name = "runtime"
+
+    def __init__(self, cri: CRICaller, timeout: float = 10.0) -> None:
+        from nriplugin.cri import api_pb2 as cri_api
+
+        self.api = cri_api
+        self.cri = cri
+        self.timeout = timeout
+
+    async def evict(self, ns: str, name: str, uid: str, grace_seconds: int, reason: str, message: str) -> Outcome:
+        a = self.api
+        try:
+            pods = (await self.cri.call("ListPodSandbox", a.ListPodSandboxRequest(), timeout=self.timeout)).items
+            ids = [
+                p.id
+                for p in pods
+                if p.state == a.SANDBOX_READY
+                # a pod without a uid (not kubelet's) is matched by namespace and name
+                and (p.metadata.uid == uid if uid else (p.metadata.namespace, p.metadata.name) == (ns, name))
+            ]
+            if not ids:
+                return Outcome.GONE
+            for sandbox in ids:
+                flt = a.ContainerFilter(pod_sandbox_id=sandbox)
+                ctrs = (
+                    await self.cri.call("ListContainers", a.ListContainersRequest(filter=flt), timeout=self.timeout)
+                ).containers
+                running = [c.id for c in ctrs if c.state in (a.CONTAINER_RUNNING, a.CONTAINER_CREATED)]
+                wait = self.timeout + grace_seconds
+                stops = [a.StopContainerRequest(container_id=c, timeout=grace_seconds) for c in running]
+                await asyncio.gather(*(self.cri.call("StopContainer", r, wait) for r in stops))
+                await self.cri.call("StopPodSandbox", a.StopPodSandboxRequest(pod_sandbox_id=sandbox), self.timeout)
+        except Exception as exc:  # grpc errors, a closed channel: the caller tries the next pod
+            log.warning("runtime eviction of %s/%s failed: %s", ns, name, exc)
+            return Outcome.ERROR
+        return Outcome.EVICTED
+
+
+# the evictor ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Pending:
+    """A victim on its way out: what it was expected to free, until its memory is gone."""
+
+    uid: str
+    who: str
+    strategy: str
+    expected: float
+    unit: str
+    since: float
+    group: str | None = None  # its pod cgroup, to measure what it really freed
+    held: float = 0.0  # what it held when last measured
+
+
+@dataclass
+class Evictor:
+    cluster: Backend | None = None
+    runtime: Backend | None = None
+    cluster_of: Callable[[], Backend | None] | None = None  # the cluster side, once (and while) it runs
+    observer: Any = field(default_factory=_Quiet)
+    dry_run: bool = False
+    max_per_minute: int = 10
+    grace_seconds: int = 5
+    repeat_after: float = 120.0
+    retry_after: float = 30.0
+    pending_timeout: float = 60.0
+    clock: Callable[[], float] = time.monotonic
+    on_evicted: Callable[[Plan, Candidate], None] | None = None  # e.g. the strategy's cooldown
+    _tokens: deque[float] = field(default_factory=deque)  # eviction times in the last minute
+    _last: dict[str, float] = field(default_factory=dict)  # uid -> when it was evicted
+    _blocked: dict[str, float] = field(default_factory=dict)  # uid -> when it may be tried again
+    _busy: set[str] = field(default_factory=set)  # strategies with a plan under way
+    _tasks: set[asyncio.Task[list[Candidate]]] = field(default_factory=set)
+    pending: dict[str, Pending] = field(default_factory=dict)
+    history: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=50))
+
+    def busy(self, strategy: str) -> bool:
+        return strategy in self._busy
+
+    def eligible(self, c: Candidate) -> bool:
+        """Not evicted within ``repeat_after``, not refused within ``retry_after``, not pending."""
+        now = self.clock()
+        last = self._last.get(c.uid)
+        if last is not None and now - last < self.repeat_after:
+            return False
+        until = self._blocked.get(c.uid)
+        return (until is None or now >= until) and c.uid not in self.pending
+
+    def submit(self, plan: Plan, groups: dict[str, str] | None = None) -> bool:
+        """Start carrying out ``plan`` on the running loop; False when that strategy still has
+        one under way (its pending releases are credited in the next decision instead)."""
+        if plan.strategy in self._busy:
+            return False
+        self._busy.add(plan.strategy)
+        task = asyncio.get_running_loop().create_task(self.execute(plan, groups or {}))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return True
+
+    async def execute(self, plan: Plan, groups: dict[str, str]) -> list[Candidate]:
+        """Evict ``plan``'s victims in order until they cover its release; returns the evicted."""
+        self._busy.add(plan.strategy)
+        done: list[Candidate] = []
+        try:
+            freed = 0.0
+            rel = plan.release
+            for c in plan.victims:
+                if freed >= rel.amount:
+                    break
+                if not self.eligible(c):
+                    continue
+                if not self._take_token():
+                    log.warning(
+                        "%s: eviction rate limit (%d a minute) reached; %s waits",
+                        plan.strategy,
+                        self.max_per_minute,
+                        c.who,
+                        extra={"strategy": plan.strategy, "victim": c.who},
+                    )
+                    break
+                outcome, backend = await self._evict(plan, c)
+                if outcome is Outcome.EVICTED:
+                    share = plan.share(c)
+                    freed += share
+                    done.append(c)
+                    now = self.clock()
+                    self._last[c.uid] = now
+                    if not self.dry_run:
+                        held = float(c.freeable_bytes) if plan.unit == "bytes" else share
+                        self.pending[c.uid] = Pending(
+                            c.uid, c.who, plan.strategy, held, plan.unit, now, groups.get(c.uid), held
+                        )
+                    self.observer.evicted(plan.strategy, rel.trigger, self.dry_run)
+                    self.history.append(
+                        {"t": now, "strategy": plan.strategy, "trigger": rel.trigger, "victim": c.who, "via": backend}
+                    )
+                    if self.on_evicted is not None:
+                        self.on_evicted(plan, c)
+                    continue
+                self._untake_token()
+                self.observer.eviction_failed(backend, outcome.value)
+                if outcome is Outcome.BLOCKED:
+                    self._blocked[c.uid] = self.clock() + self.retry_after
+                    log.info("%s: %s refused (disruption budget); trying the next", plan.strategy, c.who)
+            if freed < rel.amount:
+                log.warning(
+                    "%s: freed %.2f of %.2f %s; no more candidates this round",
+                    plan.strategy,
+                    freed if plan.unit != "bytes" else freed / (1 << 20),
+                    rel.amount if plan.unit != "bytes" else rel.amount / (1 << 20),
+                    "MiB" if plan.unit == "bytes" else plan.unit,
+                )
+        finally:
+            self._busy.discard(plan.strategy)
+        return done
+
+    async def _evict(self, plan: Plan, c: Candidate) -> tuple[Outcome, str]:
+        rel = plan.release
+        cluster = self.cluster_of() if self.cluster_of is not None else self.cluster
+        urgent = plan.urgent or cluster is None
+        backend, via = (self.runtime, "runtime") if urgent else (cluster, "cluster")
+        if backend is None:  # no runtime backend: the cluster is all there is
+            backend, via = cluster, "cluster"
+        grace = 0 if plan.urgent else self.grace_seconds
+        amount = plan.share(c)
+        figure = f"{amount / (1 << 20):.0f} MiB" if plan.unit == "bytes" else f"{amount:.2f} {plan.unit}"
+        message = f"{plan.strategy} ({rel.trigger}): {rel.why}; this pod frees about {figure}"
+        extra = {
+            "strategy": plan.strategy,
+            "trigger": rel.trigger,
+            "victim": c.who,
+            "uid": c.uid,
+            "via": via,
+            "grace_seconds": grace,
+            "dry_run": self.dry_run,
+        }
+        if self.dry_run:
+            log.warning("dry run: would evict %s via %s: %s", c.who, via, message, extra=extra)
+            return Outcome.EVICTED, via
+        if backend is None:
+            log.error("%s: no eviction backend; %s stays", plan.strategy, c.who, extra=extra)
+            return Outcome.ERROR, "none"
+        log.warning("evicting %s via %s (grace %d s): %s", c.who, via, grace, message, extra=extra)
+        out = outcome(await backend.evict(c.namespace, c.name, c.uid, grace, rel.trigger, message))
+        return out, via
+
+    def _take_token(self) -> bool:
+        now = self.clock()
+        while self._tokens and now - self._tokens[0] >= 60.0:
+            self._tokens.popleft()
+        if len(self._tokens) >= self.max_per_minute:
+            return False
+        self._tokens.append(now)
+        return True
+
+    def _untake_token(self) -> None:
+        if self._tokens:
+            self._tokens.pop()
+
+    # pending releases ------------------------------------------------------------------------
+
+    def settle(self, charged: Callable[[Pending], float | None], unit: str = "bytes") -> float:
+        """What victims on their way out still hold (``charged``: their current amount, None
+        when gone); the gone are reported with what they really freed (what they held when
+        last measured) and dropped. Returns the total of ``unit`` still pending, for the
+        strategy to credit."""
+        now = self.clock()
+        total = 0.0
+        for uid, p in list(self.pending.items()):
+            held = charged(p)
+            if held is None or held <= 0 or now - p.since > self.pending_timeout:
+                del self.pending[uid]
+                mib = p.unit == "bytes"
+                log.info(
+                    "%s: %s gone after %.1f s, freed about %s (expected %s)",
+                    p.strategy,
+                    p.who,
+                    now - p.since,
+                    f"{p.held / (1 << 20):.0f} MiB" if mib else f"{p.held:.2f} {p.unit}",
+                    f"{p.expected / (1 << 20):.0f} MiB" if mib else f"{p.expected:.2f} {p.unit}",
+                    extra={
+                        "strategy": p.strategy,
+                        "victim": p.who,
+                        "seconds": round(now - p.since, 3),
+                        "freed": round(p.held),
+                    },
+                )
+                continue
+            p.held = held
+            if p.unit == unit:
+                total += held
+        for uid, until in list(self._blocked.items()):
+            if now >= until:
+                del self._blocked[uid]
+        for uid, t in list(self._last.items()):
+            if now - t >= self.repeat_after:
+                del self._last[uid]
+        return total
+
+    async def close(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        for t in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await t

@@ -1,0 +1,159 @@
+"""Which pods eviction may take, in which order, and how many (seed 004 §7.5.2-7.5.3).
+
+Pure: candidates are plain facts (no model, no kernel), so the seed's worked examples are
+unit tests. Only BE pods are ever candidates: LS, LSR, LSE and SYSTEM pods are never
+evicted by the QoS manager, whatever their usage.
+
+Order, as the seed writes it:
+- CPU: lowest priority first, then the highest CPU usage, then the newest pod;
+- memory: leaking pods (growth over ``leak_bytes_per_min``, the seed's 5 MB/min) first, then
+  lowest priority, then the most memory that eviction frees (anonymous memory: page cache is
+  reclaimed without evicting anyone), then the newest.
+
+Priority is the pod's priority where the cluster knows it, else Koordinator's
+``koordinator.sh/priority`` label, else 0 (Kubernetes' default priority).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from nriplugin.policy.qos import QoSClass
+
+PRIORITY_LABEL = "koordinator.sh/priority"
+LEAK_BYTES_PER_MIN = 5 * 1024 * 1024  # the seed's "growth over 5 MB/min is a leak"
+NEVER = frozenset({QoSClass.LSE, QoSClass.LSR, QoSClass.LS, QoSClass.SYSTEM})
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One pod, as eviction sees it."""
+
+    uid: str
+    namespace: str
+    name: str
+    qos: QoSClass
+    priority: int = 0
+    cpu_cores: float = 0.0  # used over the last interval
+    cpu_request_cores: float = 0.0  # requested (batch-cpu for BE pods)
+    freeable_bytes: int = 0  # anonymous memory: what eviction gives back
+    growth_bytes_per_min: float = 0.0
+    started: float = 0.0  # when it became known (monotonic); larger is newer
+    sandbox_id: str = ""  # the runtime's pod id, for the runtime backend
+
+    @property
+    def who(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    amount: float  # cores, or bytes for memory
+    trigger: str
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    strategy: str
+    release: Release
+    victims: list[Candidate]  # ranked; the evictor takes them in order until enough is freed
+    unit: str  # what ``amount`` counts: "cores" (usage), "request" (cores requested) or "bytes"
+    horizon: float = 0.0  # seconds: a memory victim also counts what it would grow by within
+    urgent: bool = False  # the limit is seconds away: through the runtime, no grace
+
+    def share(self, c: Candidate) -> float:
+        """What evicting ``c`` counts towards the release, in the plan's unit."""
+        if self.unit == "bytes":
+            return c.freeable_bytes + max(0.0, c.growth_bytes_per_min) / 60 * self.horizon
+        return c.cpu_request_cores if self.unit == "request" else c.cpu_cores
+
+    def chosen(self) -> list[Candidate]:
+        """The victims if every eviction succeeds."""
+        return pick(self.victims, self.release.amount, self.share)
+
+
+def evictable(c: Candidate) -> bool:
+    """Only BE pods; never LS, LSR, LSE or SYSTEM."""
+    return c.qos is QoSClass.BE
+
+
+def label_priority(labels: dict[str, str] | None) -> int | None:
+    """Koordinator's ``koordinator.sh/priority`` label; None when absent or not an integer
+    (untrusted input: a bad value is not a priority)."""
+    raw = (labels or {}).get(PRIORITY_LABEL)
+    if raw is None or len(raw) > 12:
+        return None
+    try:
+        return int(raw.strip())
+    except ValueError:
+        return None
+
+
+def rank_cpu(cands: Iterable[Candidate]) -> list[Candidate]:
+    """The seed's CPU order: lowest priority, highest usage, newest."""
+    return sorted(
+        (c for c in cands if evictable(c)),
+        key=lambda c: (c.priority, -c.cpu_cores, -c.started, c.uid),
+    )
+
+
+def leaking(c: Candidate, leak_bytes_per_min: float = LEAK_BYTES_PER_MIN) -> bool:
+    return c.growth_bytes_per_min > leak_bytes_per_min
+
+
+def rank_memory(cands: Iterable[Candidate], leak_bytes_per_min: float = LEAK_BYTES_PER_MIN) -> list[Candidate]:
+    """The seed's memory order: leaking pods first, then lowest priority, then the most
+    memory eviction frees, then newest."""
+    return sorted(
+        (c for c in cands if evictable(c)),
+        key=lambda c: (
+            not leaking(c, leak_bytes_per_min),
+            c.priority,
+            -c.freeable_bytes,
+            -c.started,
+            c.uid,
+        ),
+    )
+
+
+def pick(ranked: Sequence[Candidate], target: float, amount: Callable[[Candidate], float]) -> list[Candidate]:
+    """The first candidates, in order, whose ``amount`` adds up to ``target`` (the seed's
+    step 4: stop as soon as enough is freed). A candidate that frees nothing is skipped.
+    Fewer than needed are returned when all of them together fall short."""
+    out: list[Candidate] = []
+    freed = 0.0
+    for c in ranked:
+        if freed >= target:
+            break
+        a = amount(c)
+        if a <= 0:
+            continue
+        out.append(c)
+        freed += a
+    return out
+
+
+def fewest(cands: Iterable[Candidate], target: float, amount: Callable[[Candidate], float]) -> int:
+    """The fewest evictable pods that would free ``target`` (largest first); for judging a
+    plan (the bench), never for choosing one. 0 when none are needed, -1 when all fall short."""
+    if target <= 0:
+        return 0
+    freed = 0.0
+    for n, a in enumerate(sorted((amount(c) for c in cands if evictable(c)), reverse=True), 1):
+        if a <= 0:
+            break
+        freed += a
+        if freed >= target:
+            return n
+    return -1
+
+
+# The candidates, or a function that makes them: a strategy that does not act never asks, so a
+# round on a quiet node does not walk every BE pod.
+Candidates = Sequence[Candidate] | Callable[[], Sequence[Candidate]]
+
+
+def listed(cands: Candidates) -> Sequence[Candidate]:
+    return cands() if callable(cands) else cands

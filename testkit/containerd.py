@@ -1,0 +1,428 @@
+"""A private containerd 1.7 with NRI, brought up and torn down by tests and the demo.
+
+Everything lives under one base folder (root, state, sockets, NRI plugin dir, runc root, logs)
+and one top-level cgroup per controller (``/nriplugin-e2e-<pid>-<n>``), so teardown removes
+exactly what was created: our pods through CRI, our shims by their pid files, our mounts under
+the base folder, our cgroups, the folder itself. Nothing is killed by name.
+
+With ``cni=True`` pods may have their own network namespace (``run_pod(host_network=False)``):
+the runtime gets Debian's CNI plugins (bridge, host-local, loopback) and a bridge of its own
+(``nrq<pid>b<n>``) on a /27 claimed from the test-only 198.18.0.0/24 (``testkit.subnets``), with
+host-local's state under the base folder. Teardown also deletes the bridge, the pods' network
+namespaces if containerd could not, libcni's cached results for our network, and puts
+ip_forward back as it was (the bridge plugin turns it on) once no other claim needs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import itertools
+import json
+import os
+import signal
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from testkit import images, subnets
+from testkit.cri import CRI, msg
+
+ROOT = Path(__file__).resolve().parent.parent
+CGROUP_FS = Path("/sys/fs/cgroup")
+_seq = itertools.count()
+CNI_PLUGINS = Path("/usr/lib/cni")  # Debian's containernetworking-plugins
+CNI_CACHE = Path("/var/lib/cni/results")  # libcni's default cache (containerd 1.7 sets none)
+POD_NETWORK, NODE_NETWORK = 0, 2  # runtime.v1.NamespaceMode
+
+
+def install() -> Path:
+    """Run testkit/install.sh (cached) and return the unpacked package root."""
+    r = subprocess.run(["bash", str(ROOT / "testkit" / "install.sh")], capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        raise RuntimeError(f"testkit/install.sh failed:\n{r.stderr[-3000:]}")
+    return Path(r.stdout.strip().splitlines()[-1])
+
+
+CONFIG = """\
+version = 2
+root = "{base}/root"
+state = "{base}/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+                    "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs",
+                    "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+
+[grpc]
+  address = "{base}/containerd.sock"
+
+[ttrpc]
+  address = "{base}/containerd.sock.ttrpc"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{base}/opt"
+
+[plugins."io.containerd.nri.v1.nri"]
+  disable = {nri_disable}
+  disable_connections = false
+  plugin_config_path = "{base}/nri/conf.d"
+  plugin_path = "{base}/nri/plugins"
+  plugin_registration_timeout = "5s"
+  plugin_request_timeout = "2s"
+  socket_path = "{base}/nri/nri.sock"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{pause}"
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  enable_selinux = false
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{base}/cni/bin"
+    conf_dir = "{base}/cni/conf"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        BinaryName = "{runc}"
+        Root = "{base}/runc"
+        SystemdCgroup = false
+"""
+
+
+@dataclass
+class Containerd:
+    pkg_root: Path
+    base: Path
+    nri: bool = True
+    tmpfs: bool = False  # root on a tmpfs: takes disk fsync noise out of latency benchmarks
+    cni: bool = False  # a bridge network: pods may have their own network namespace
+    cgroup_root: str = field(default_factory=lambda: f"nriplugin-e2e-{os.getpid()}-{next(_seq)}")
+    net_name: str = field(default_factory=lambda: f"nrq{os.getpid()}b{next(_seq)}")  # bridge + CNI network
+    subnet: ipaddress.IPv4Network | None = None  # claimed when the runtime is configured
+    netns_paths: list[str] = field(default_factory=list)
+    proc: subprocess.Popen[bytes] | None = None
+    cri: CRI | None = None
+
+    @property
+    def address(self) -> str:
+        return str(self.base / "containerd.sock")
+
+    @property
+    def nri_socket(self) -> str:
+        return str(self.base / "nri" / "nri.sock")
+
+    @property
+    def plugin_dir(self) -> Path:
+        return self.base / "nri" / "plugins"
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.pkg_root / "usr" / "bin"
+
+    def env(self) -> dict[str, str]:
+        path = f"{self.bin_dir}:{self.pkg_root / 'usr' / 'sbin'}:/usr/sbin:/usr/bin:/sbin:/bin"
+        return {"PATH": path, "HOME": os.environ.get("HOME", "/root")}
+
+    def write_config(self) -> Path:
+        if self.tmpfs and not os.path.ismount(self.base / "root"):
+            (self.base / "root").mkdir(parents=True, exist_ok=True)
+            subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", "size=4g,mode=0700", "nriplugin-bench", str(self.base / "root")],
+                check=True,
+            )
+        for d in ("root", "state", "opt", "nri/conf.d", "nri/plugins", "cni/bin", "cni/conf", "runc", "logs"):
+            (self.base / d).mkdir(parents=True, exist_ok=True)
+        if self.cni:
+            self.setup_cni()
+        cfg = self.base / "config.toml"
+        cfg.write_text(
+            CONFIG.format(
+                base=self.base,
+                nri_disable=str(not self.nri).lower(),
+                pause=images.PAUSE,
+                runc=self.pkg_root / "usr" / "sbin" / "runc",
+            )
+        )
+        return cfg
+
+    def setup_cni(self) -> None:
+        """Link the CNI plugins, claim a subnet, make our bridge with its gateway address (so
+        the slot shows in the kernel's routes at once) and write the conflist."""
+        if self.subnet is not None:
+            return
+        missing = [p for p in ("bridge", "host-local", "loopback") if not (CNI_PLUGINS / p).is_file()]
+        if missing:
+            raise RuntimeError(f"CNI plugins {missing} not in {CNI_PLUGINS}: install containernetworking-plugins")
+        for p in ("bridge", "host-local", "loopback"):
+            link = self.base / "cni" / "bin" / p
+            if not link.exists():
+                link.symlink_to(CNI_PLUGINS / p)
+        self.subnet = subnets.claim(self.net_name, subnets.PODS, 27)
+        gw = f"{self.subnet[1]}/{self.subnet.prefixlen}"
+        ip("link", "add", "name", self.net_name, "type", "bridge")
+        ip("addr", "add", gw, "dev", self.net_name)
+        ip("link", "set", self.net_name, "up")
+        conf = {
+            "cniVersion": "1.0.0",
+            "name": self.net_name,
+            "plugins": [
+                {
+                    "type": "bridge",
+                    "bridge": self.net_name,
+                    "isGateway": True,
+                    "ipMasq": False,
+                    "ipam": {
+                        "type": "host-local",
+                        "ranges": [[{"subnet": str(self.subnet), "gateway": str(self.subnet[1])}]],
+                        "routes": [{"dst": "0.0.0.0/0"}],
+                        "dataDir": str(self.base / "cni" / "ipam"),
+                    },
+                }
+            ],
+        }
+        (self.base / "cni" / "conf" / "10-nriplugin-e2e.conflist").write_text(json.dumps(conf, indent=1))
+
+    def teardown_cni(self) -> None:
+        """Remove what CNI left if containerd could not (it was killed): pod network
+        namespaces (their veths go with them), our bridge, libcni's cache; release the claim."""
+        if self.subnet is None:
+            return
+        for path in self.netns_paths:
+            if os.path.exists(path):
+                subprocess.run(["umount", path], check=False, capture_output=True)
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+        subprocess.run(["ip", "link", "del", self.net_name], check=False, capture_output=True)
+        for cached in CNI_CACHE.glob(f"{self.net_name}-*"):
+            cached.unlink(missing_ok=True)
+        subnets.release(self.net_name)
+        self.subnet = None
+
+    def start(self, timeout: float = 60.0) -> None:
+        cfg = self.write_config()
+        log = open(self.base / "logs" / "containerd.log", "ab")  # noqa: SIM115 - lives as long as the process
+        self.proc = subprocess.Popen(
+            [str(self.bin_dir / "containerd"), "--config", str(cfg)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self.env(),
+            start_new_session=True,
+        )
+        log.close()
+        self.cri = CRI(self.address)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                tail = (self.base / "logs" / "containerd.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"containerd exited with {self.proc.returncode}; its log ends:\n{tail}")
+            try:
+                self.cri.call("Version", msg("VersionRequest"), timeout=2)
+                # CRI answers Version before the image service is ready; wait for that too.
+                self.cri.call("ListImages", msg("ListImagesRequest"), timeout=2)
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def ctr(self, *args: str) -> str:
+        r = subprocess.run(
+            [str(self.bin_dir / "ctr"), "--address", self.address, "--namespace", "k8s.io", *args],
+            capture_output=True,
+            text=True,
+            env=self.env(),
+            timeout=120,
+        )
+        if r.returncode != 0:
+            raise RuntimeError(f"ctr {' '.join(args)} failed: {r.stderr}")
+        return r.stdout
+
+    def import_images(self) -> None:
+        have = self.ctr("images", "ls", "-q")
+        busybox = self.pkg_root / "bin" / "busybox"
+        for name, entry in (
+            (images.PAUSE, ["/bin/sleep", "2147483647"]),
+            (images.WORKLOAD, ["/bin/sleep", "2147483647"]),
+        ):
+            if name in have.split():
+                continue
+            archive = images.oci_archive(busybox, name, entry, self.base / f"{name.rsplit('/', 1)[1]}.tar")
+            self.ctr("images", "import", str(archive))
+
+    def stop(self, timeout: float = 20.0, kill: bool = False) -> None:
+        """Stop containerd only (containers keep running in their shims, as in production);
+        ``kill``: SIGKILL, as a crash or the OOM killer would."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.cri is not None:
+            self.cri.close()
+            self.cri = None
+        self.proc = None
+
+    def remove_pod(self, pod: Pod) -> None:
+        """StopPodSandbox and RemovePodSandbox, as kubelet does when a pod goes."""
+        assert self.cri is not None
+        self.cri.call("StopPodSandbox", msg("StopPodSandboxRequest", pod_sandbox_id=pod.id))
+        self.cri.call("RemovePodSandbox", msg("RemovePodSandboxRequest", pod_sandbox_id=pod.id))
+
+    def remove_all_pods(self) -> None:
+        assert self.cri is not None
+        pods = self.cri.call("ListPodSandbox", msg("ListPodSandboxRequest")).items
+        for p in pods:
+            with contextlib.suppress(Exception):
+                self.cri.call("StopPodSandbox", msg("StopPodSandboxRequest", pod_sandbox_id=p.id))
+            with contextlib.suppress(Exception):
+                self.cri.call("RemovePodSandbox", msg("RemovePodSandboxRequest", pod_sandbox_id=p.id))
+
+    def teardown(self) -> None:
+        """Remove everything this runtime created; safe to call more than once."""
+        if self.proc is not None and self.proc.poll() is None and self.cri is not None:
+            with contextlib.suppress(Exception):
+                self.remove_all_pods()
+        self.stop()
+        for pidfile in (self.base / "state").glob("io.containerd.runtime.v2.task/*/*/shim.pid"):
+            with contextlib.suppress(ValueError, OSError):
+                os.kill(int(pidfile.read_text().strip()), signal.SIGKILL)
+        for pidfile in (self.base / "state").glob("io.containerd.runtime.v2.task/*/*/init.pid"):
+            with contextlib.suppress(ValueError, OSError):
+                os.kill(int(pidfile.read_text().strip()), signal.SIGKILL)
+        time.sleep(0.2)
+        unmount_under(self.base)
+        self.teardown_cni()
+        remove_cgroups(self.cgroup_root)
+        subprocess.run(["rm", "-rf", "--one-file-system", str(self.base)], check=False)
+
+    # CRI helpers -----------------------------------------------------------------------------
+
+    def pod_parent(self, qos: str, uid: str) -> str:
+        sub = {"BestEffort": "besteffort/", "Burstable": "burstable/", "Guaranteed": ""}[qos]
+        return f"/{self.cgroup_root}/kubepods/{sub}pod{uid}"
+
+    def run_pod(
+        self,
+        name: str,
+        k8s_qos: str = "Burstable",
+        labels: dict[str, str] | None = None,
+        annotations: dict[str, str] | None = None,
+        host_network: bool = True,
+    ) -> Pod:
+        """A pod sandbox; ``host_network=False`` (needs ``cni=True``) gives it its own network
+        namespace, whose path and address are in the returned ``Pod``."""
+        assert self.cri is not None
+        if not host_network and not self.cni:
+            raise ValueError("a pod network namespace needs Containerd(cni=True)")
+        uid = str(uuid.uuid4())
+        cfg = msg("PodSandboxConfig")
+        cfg.metadata.name, cfg.metadata.uid, cfg.metadata.namespace = name, uid, "default"
+        cfg.log_directory = str(self.base / "logs" / name)
+        cfg.labels.update({"io.kubernetes.pod.name": name, "io.kubernetes.pod.namespace": "default", **(labels or {})})
+        cfg.annotations.update(annotations or {})
+        cfg.linux.cgroup_parent = self.pod_parent(k8s_qos, uid)
+        cfg.linux.security_context.namespace_options.network = NODE_NETWORK if host_network else POD_NETWORK
+        pod_id = self.cri.call("RunPodSandbox", msg("RunPodSandboxRequest", config=cfg)).pod_sandbox_id
+        if host_network:
+            return Pod(pod_id, cfg)
+        st = self.cri.call("PodSandboxStatus", msg("PodSandboxStatusRequest", pod_sandbox_id=pod_id, verbose=True))
+        spec = json.loads(st.info["info"])["runtimeSpec"]
+        netns = next(n["path"] for n in spec["linux"]["namespaces"] if n["type"] == "network")
+        self.netns_paths.append(netns)
+        return Pod(pod_id, cfg, netns=netns, ip=st.status.network.ip)
+
+    def create_container(
+        self,
+        pod: Pod,
+        name: str,
+        cpu_shares: int = 0,
+        cpu_quota: int = 0,
+        memory: int = 0,
+        start: bool = True,
+        command: list[str] | None = None,
+    ) -> str:
+        assert self.cri is not None
+        c = container_config(name, cpu_shares, cpu_quota, memory, command)
+        c.linux.security_context.namespace_options.network = pod.config.linux.security_context.namespace_options.network
+        req = msg("CreateContainerRequest", pod_sandbox_id=pod.id, config=c, sandbox_config=pod.config)
+        cid: str = self.cri.call("CreateContainer", req).container_id
+        if start:
+            self.cri.call("StartContainer", msg("StartContainerRequest", container_id=cid))
+        return cid
+
+    def container_cgroup(self, pod: Pod, cid: str, controller: str = "cpu") -> Path:
+        parent: str = pod.config.linux.cgroup_parent
+        return CGROUP_FS / controller / parent.lstrip("/") / cid
+
+
+@dataclass
+class Pod:
+    id: str
+    config: Any
+    netns: str | None = None  # its network namespace (bind mount), None on the host network
+    ip: str | None = None
+
+
+def ip(*args: str) -> None:
+    """``ip ARGS`` with a clear error."""
+    r = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if r.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)} failed: {r.stderr.strip()}")
+
+
+def container_config(
+    name: str, cpu_shares: int = 0, cpu_quota: int = 0, memory: int = 0, command: list[str] | None = None
+) -> Any:
+    c = msg("ContainerConfig")
+    c.metadata.name = name
+    c.image.image = images.WORKLOAD
+    c.command.extend(command or ["/bin/sleep", "2147483647"])
+    c.log_path = f"{name}.log"
+    r = c.linux.resources
+    r.cpu_shares, r.cpu_quota, r.memory_limit_in_bytes = cpu_shares, cpu_quota, memory
+    if cpu_quota:
+        r.cpu_period = 100000
+    c.linux.security_context.namespace_options.network = 2
+    return c
+
+
+def read_cgroup(path: Path, name: str) -> str:
+    return (path / name).read_text().strip()
+
+
+def unmount_under(base: Path) -> None:
+    prefix = str(base.resolve()) + "/"
+    mounts = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            mp = line.split()[4].replace("\\040", " ")
+            if mp.startswith(prefix):
+                mounts.append(mp)
+    for mp in sorted(mounts, key=len, reverse=True):
+        subprocess.run(["umount", "-l", mp], check=False, capture_output=True)
+
+
+def cgroup_dirs(top: str) -> list[Path]:
+    """Our top-level cgroup in every mounted hierarchy (v1 controllers and the v2 one)."""
+    if not top or "/" in top or top in (".", ".."):
+        raise ValueError(f"refusing cgroup name {top!r}")
+    return [h / top for h in CGROUP_FS.iterdir() if (h / top).is_dir()]
+
+
+def remove_cgroups(top: str) -> None:
+    """rmdir our cgroup subtree in every hierarchy, deepest first."""
+    for root in cgroup_dirs(top):
+        dirs = sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
+        for d in [*dirs, root]:
+            with contextlib.suppress(OSError):
+                d.rmdir()
