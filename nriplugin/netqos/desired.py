@@ -1,6 +1,6 @@
 """Network QoS: the one desired state of the node's tc tree and of each pod's place in it.
 
-Seed 000 §8 maps workloads to three network levels: LSE/LSR -> L0, LS -> L1, BE -> L2. The
+Workloads map to three network levels, as Koordinator's: LSE/LSR -> L0, LS -> L1, BE -> L2. The
 contention point is the node's bandwidth, shared by every pod, so (as Terway does) each
 direction has one HTB tree whose root rate is ``systemStrategy.totalNetworkBandwidth``; the
 three levels are classes with rate = the class's ``*Request`` and ceil = its ``*Limit``, HTB

@@ -1,8 +1,10 @@
-"""The QoS manager's tuning profiles (seed 004 §7.8), as partial ``qosManager`` documents.
+"""The QoS manager's tuning profiles, as partial ``qosManager`` documents: latency-first (LS
+protected early: lower thresholds, harder suppression), throughput-first (BE kept running:
+higher thresholds), balanced.
 
 A profile's values apply first; any field the policy sets itself wins over them, and anything
-neither mentions keeps its default. The defaults are ``balanced`` (the seed's §7.7 example),
-so ``balanced`` restates them.
+neither mentions keeps its default. The defaults are ``balanced``, so ``balanced`` restates
+them.
 """
 
 from __future__ import annotations
