@@ -226,11 +226,8 @@ least-squares slope of the agent's RSS over the pods that came and went after a
 |---|---|---|---|---|---|
 {rows}
 
-Target: under 1 KB per pod that came and went (issue 13). What kept per-pod state after the pod
-was gone: the cgroup layer's path caches (a resolved directory per controller per pod, cleared
-only at 65,536 entries), the reconciler's per-file fight state of a removed container, and
-desired-state cache entries and generations made for a key after its removal (a late check);
-`tests/test_churn.py` checks every per-container structure empties when its container goes.
+Target: under 1 KB per pod that came and went. `tests/test_churn.py` checks every
+per-container structure empties when its container goes.
 
 ![RSS against pods churned]({png})
 <!-- churn:end -->

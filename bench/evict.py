@@ -1,4 +1,4 @@
-"""MemoryEvict on the private containerd 1.7 and this machine's real cgroup v1 tree, with the
+"""MemoryEvict on the private containerd 1.7 and the host's real cgroup v1 tree, with the
 agent's embedded default policy and no API server (eviction through CRI).
 
 Each trial: the pods root (``<top>/kubepods``, kubelet's node-allocatable cgroup) limited to
@@ -206,7 +206,7 @@ def write_section(path: Path, trials: list[dict[str, Any]], s: dict[str, Any], c
 ## MemoryEvict: threshold crossing to eviction (`bench/evict.py`)
 
 Command: `.venv/bin/python -m {command}` (2 CPUs shared with other work, {time.strftime("%Y-%m-%d")}), on the
-private containerd 1.7.24 and this machine's cgroup v1 tree, embedded default policy (trigger at
+private containerd 1.7.24 and the host's cgroup v1 tree, embedded default policy (trigger at
 70 % of the pods' memory, release down to 68 % x 1.3), no API server: eviction through CRI
 (`StopContainer` with a 5 s grace period, then `StopPodSandbox`). Pods root limited to {limit} MiB; an LS
 pod holding 100 MiB and BE pods holding 200, 150 and 100 MiB, then a BE pod growing about 30 MB/s.

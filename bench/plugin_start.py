@@ -104,8 +104,7 @@ def main() -> int:
             "",
             "launcher: `/bin/sh` + this checkout's Python. bundle: image/bundle.sh's one-file executable",
             f"({size:.0f} MB), which unpacks itself to a temporary folder at every start; the agent the",
-            "supervisor starts reuses that folder. (The hook_latency section's start -> registered, 134 ms at",
-            "`250c7b5`, is `python -m nriplugin run` alone on a quiet machine: no shell, no supervisor.)",
+            "supervisor starts reuses that folder.",
             "<!-- plugin_start:end -->",
         ]
         replace_section(ns.write, "plugin_start", "\n".join(lines) + "\n")

@@ -1,4 +1,4 @@
-"""The QoS manager on the private containerd 1.7 and this machine's real cgroup v1 tree, with the
+"""The QoS manager on the private containerd 1.7 and the host's real cgroup v1 tree, with the
 agent's embedded default policy (no policy file): an LS pod requesting one core, a BE pod
 spinning two threads, the agent deciding BE's quota on kubelet's besteffort group.
 
@@ -578,7 +578,7 @@ def write_section(path: Path, r: dict[str, Any], command: str, plot: Path | None
 ## QoS manager: reaction, decision latency, footprint, writes under noise (`bench/qos.py`)
 
 Command: `.venv/bin/{command}` ({os.cpu_count()} CPUs, {time.strftime("%Y-%m-%d")}), on the private
-containerd 1.7.24 and this machine's cgroup v1 tree, the agent with its **embedded default policy**
+containerd 1.7.24 and the host's cgroup v1 tree, the agent with its **embedded default policy**
 (balanced profile, syncPeriod 1 s, the 50 ms fast path, usage budget 65 %, deadband 0.2 cores,
 raiseDelay 2 s, doubled for each raise after a cut in the last minute, at most 4 such a minute): an
 LS pod requesting one core, a BE pod spinning two threads. A spike is a host `yes` kept stopped

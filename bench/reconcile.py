@@ -1,4 +1,4 @@
-"""Reconciler figures on this machine's real cgroup v1 tree:
+"""Reconciler figures on the host's real cgroup v1 tree:
 
 - drift repair latency: another writer changes cpu.shares of a managed container cgroup; time
   until the desired value is back in the file (inotify -> compare -> write), p50/p99;
@@ -155,7 +155,7 @@ def write_section(path: Path, x: dict[str, Any], command: str) -> None:
     section = f"""<!-- reconcile:begin -->
 ## Reconciler (`bench/reconcile.py`)
 
-Command: `.venv/bin/{command}` ({os.cpu_count()} CPUs, {time.strftime("%Y-%m-%d")}), on this machine's real
+Command: `.venv/bin/{command}` ({os.cpu_count()} CPUs, {time.strftime("%Y-%m-%d")}), on the host's real
 cgroup v1 tree (`/sys/fs/cgroup/{{cpu,memory}}`), {x["containers"]} containers (half BE with batch
 resources, half LS with a quota) and their pods from the node model: {x["entries"]} managed cgroups,
 {x["files_per_pass"]} managed values.

@@ -6,7 +6,7 @@ BE with batch resources, LSR; each with a multi-KB kubectl.kubernetes.io/last-ap
 configuration) to the plugin at Synchronize — one message, over 4 MiB from about 1500 pods —,
 then times CreateContainer calls (each followed by RemoveContainer and RemovePodSandbox, so the
 node keeps its size). The agent runs as in production (hooks, reconciler, QoS manager, metrics;
-no CRI here) on this machine's real cgroup v1 tree: every pod and container has its cgroup
+no CRI here) on the host's real cgroup v1 tree: every pod and container has its cgroup
 (cpu and memory hierarchies) under a private top directory, so the reconciler watches and
 passes over real files.
 
@@ -247,7 +247,7 @@ containerd 1.7 sends it. That message goes out in one mux frame, which container
 limits to 16 MiB (it refuses a larger one: "message too long", whatever the plugin accepts): with
 {note}-byte notes about 2,900 pods fit, so larger nodes are measured with the note shrunk to fit.
 The agent runs as in production (hooks, reconciler, QoS manager,
-metrics) on this machine's real cgroup v1 tree (every pod and container has its cpu and memory
+metrics) on the host's real cgroup v1 tree (every pod and container has its cpu and memory
 cgroup). CreateContainer: {rows[0]["ours"]["n"]} calls after Synchronize, each followed by
 RemoveContainer and RemovePodSandbox (the node keeps its size), round trip as the runtime sees
 it, after a 5 s pause for the agent to converge (hooks during convergence: see "first
@@ -260,13 +260,13 @@ Go stub: `go-nri-refplugin` on the same runtime and pods.
 {HEADER}
 {chr(10).join(lines)}
 
-CreateContainer p99 relative to {rows[0]["n"]} pods: {ratios}. Targets (issue 13): Synchronize of
+CreateContainer p99 relative to {rows[0]["n"]} pods: {ratios}. Targets: Synchronize of
 2000 well within the runtime's 2 s; CreateContainer p99 within 10 % of the 200-pod figure; RSS
 with 2000 containers under 150 MiB. The Go stub cannot take a Synchronize over ttrpc's 4 MiB
 (its ttrpc discards the message and never answers: the runtime's "context deadline exceeded").
 The QoS round column is the QoS manager's once-a-second round (the collector reads every
-container's counters, in one callback): a hook that arrives during it waits for it, which is
-what grows the p99 on the largest node; the reconciler's work yields to hooks every 32 entries.
+container's counters in 0.5 ms turns, between which hooks are answered); the reconciler's work
+runs in such turns too.
 `nriplugin doctor` shows the node's inotify headroom (watches in use against
 `fs.inotify.max_user_watches`, and who holds them).
 

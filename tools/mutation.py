@@ -1,5 +1,5 @@
 """The kept mutation score: run mutmut on the pure modules, one module at a time, and write the
-score of each to BENCHMARKS.md (section ``mutation``).
+score of each to docs/mutation.md (section ``mutation``).
 
 Usage (from the checkout, with the test extra installed):
 
@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("modules", nargs="*", help="paths from [tool.mutmut] only_mutate (default: all)")
     ap.add_argument("--max-children", type=int, default=max(1, (os.cpu_count() or 2) // 2))
-    ap.add_argument("--write", action="store_true", help="write the section into BENCHMARKS.md")
+    ap.add_argument("--write", action="store_true", help="write the section into docs/mutation.md")
     ap.add_argument("--check", action="store_true", help=f"exit 1 when a module is below {THRESHOLD:g} %%")
     ap.add_argument("--keep", action="store_true", help="reuse mutants/ from an earlier run")
     ap.add_argument("--report", action="store_true", help="run nothing: report every module run since the rebuild")
@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{s.module}: {s.killed}/{s.counted} killed ({s.score:.1f} %)")
         if ns.write:
             how = "`python tools/mutation.py --write` (run here as `--keep MODULE...` batches, then `--report --write`)"
-            replace_section(ROOT / "BENCHMARKS.md", "mutation", section(scores, how))
+            replace_section(ROOT / "docs" / "mutation.md", "mutation", section(scores, how))
         return 1 if ns.check and any(s.score < THRESHOLD for s in scores) else 0
     if not ns.keep:
         shutil.rmtree(ROOT / "mutants", ignore_errors=True)
@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         for m in s.unexplained:
             print(f"  unexplained survivor: {m}", flush=True)
         if ns.write:  # after every module: a long run that is stopped keeps what it measured
-            replace_section(ROOT / "BENCHMARKS.md", "mutation", section(scores, command))
+            replace_section(ROOT / "docs" / "mutation.md", "mutation", section(scores, command))
     low = [s.module for s in scores if s.score < THRESHOLD]
     if low:
         print(f"below {THRESHOLD:g} %: {', '.join(low)}", file=sys.stderr)
