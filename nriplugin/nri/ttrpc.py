@@ -235,11 +235,15 @@ def encode_request(req: Request) -> bytes:
     return m.SerializeToString()  # type: ignore[no-any-return]
 
 
-def decode_request(data: bytes | bytearray) -> Request:
+def _parse(cls: Any, data: bytes | bytearray, what: str) -> Any:
     try:
-        m = RequestPb.FromString(data)
+        return cls.FromString(data)
     except DecodeError as exc:
-        raise ProtocolError(f"malformed ttrpc request: {exc}") from exc
+        raise ProtocolError(f"malformed ttrpc {what}: {exc}") from exc
+
+
+def decode_request(data: bytes | bytearray) -> Request:
+    m = _parse(RequestPb, data, "request")
     return Request(m.service, m.method, m.payload, m.timeout_nano, [(kv.key, kv.value) for kv in m.metadata])
 
 
@@ -252,10 +256,7 @@ def encode_response(resp: Response) -> bytes:
 
 
 def decode_response(data: bytes | bytearray) -> Response:
-    try:
-        m = ResponsePb.FromString(data)
-    except DecodeError as exc:
-        raise ProtocolError(f"malformed ttrpc response: {exc}") from exc
+    m = _parse(ResponsePb, data, "response")
     return Response(m.payload, m.status.code, m.status.message)
 
 

@@ -5,24 +5,10 @@ from __future__ import annotations
 import re
 from decimal import Decimal
 
-_SUFFIX = {
-    "n": Decimal("1e-9"),
-    "u": Decimal("1e-6"),
-    "m": Decimal("1e-3"),
-    "": Decimal(1),
-    "k": Decimal(10**3),
-    "M": Decimal(10**6),
-    "G": Decimal(10**9),
-    "T": Decimal(10**12),
-    "P": Decimal(10**15),
-    "E": Decimal(10**18),
-    "Ki": Decimal(2**10),
-    "Mi": Decimal(2**20),
-    "Gi": Decimal(2**30),
-    "Ti": Decimal(2**40),
-    "Pi": Decimal(2**50),
-    "Ei": Decimal(2**60),
-}
+# Decimal suffixes (n u m "" k M G T P E: powers of 1000 from 1e-9) and binary ones (Ki .. Ei:
+# powers of 1024), as Kubernetes' resource.Quantity takes them.
+_SUFFIX = {s: Decimal(1000) ** (i - 3) for i, s in enumerate(("n", "u", "m", "", "k", "M", "G", "T", "P", "E"))}
+_SUFFIX |= {s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))}
 _RE = re.compile(
     r"^([+-]?[0-9]+(?:\.[0-9]*)?|[+-]?\.[0-9]+)(?:([eE][+-]?[0-9]{1,3})|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?)$"
 )
