@@ -29,6 +29,7 @@ from nriplugin.cri.client import AsyncCRI
 from nriplugin.node.model import POD_PREFIX
 from nriplugin.node.turns import Turn
 from nriplugin.nri import api_pb2 as api
+from nriplugin.obs.quiet import Quiet
 
 log = logging.getLogger("nriplugin.inventory")
 
@@ -143,11 +144,6 @@ class InventoryObserver(Protocol):
     def inventory_done(self, ok: bool, adopted: int, forgotten: int) -> None: ...
 
 
-class _Quiet:
-    def inventory_done(self, ok: bool, adopted: int, forgotten: int) -> None:
-        pass
-
-
 class Adopter(Protocol):
     """What takes the inventory (the node model)."""
 
@@ -195,7 +191,7 @@ class CriInventory:
         self.adopter = adopter
         # With NRI up, StartContainer tells us a pending container started: no need to poll.
         self.hooks_live = hooks_live
-        self.observer: InventoryObserver = observer or _Quiet()
+        self.observer: InventoryObserver = observer or Quiet()
         self.period = period
         self.min_interval = min_interval  # a burst of new directories costs one inventory
         self._pods: dict[str, api.PodSandbox] = {}

@@ -36,6 +36,7 @@ from google.protobuf.message import Message as PbMessage
 from nriplugin.nri import api_pb2 as api
 from nriplugin.nri import ttrpc
 from nriplugin.nri.transport import CallError, Trunk, open_trunk
+from nriplugin.obs.quiet import Quiet
 
 log = logging.getLogger("nriplugin.nri")
 
@@ -141,24 +142,7 @@ class Observer(Protocol):
     def message_refused(self, length: int, limit: int) -> None: ...
 
 
-class NullObserver:
-    def hook_done(self, event: str, seconds: float) -> None:
-        pass
-
-    def hook_failed(self, event: str, reason: str, fail_closed: bool) -> None:
-        pass
-
-    def connection_state(self, state: str) -> None:
-        pass
-
-    def synchronized(self, seconds: float, pods: int, containers: int) -> None:
-        pass
-
-    def message_refused(self, length: int, limit: int) -> None:
-        pass
-
-
-class BufferedObserver(NullObserver):
+class BufferedObserver:
     """Keeps what happens before the real observer exists (metrics load after registration,
     to keep start-up fast) and replays it into that observer once attached."""
 
@@ -314,7 +298,7 @@ class Stub:
         if not self.events:
             # A zero mask means "everything" to the runtime: refuse rather than surprise.
             raise ValueError(f"{type(plugin).__name__} implements no event handler")
-        self.observer: Observer = observer or NullObserver()
+        self.observer: Observer = observer or Quiet()
         self.trunk: Trunk | None = None
         self.ready = asyncio.Event()  # configured (and synchronized when the runtime does that)
         self.runtime: tuple[str, str] = ("", "")

@@ -38,6 +38,7 @@ from nriplugin.node.model import NodeModel, State
 from nriplugin.node.overlays import group_key
 from nriplugin.node.turns import Turn
 from nriplugin.node.writer import Writer, period_of
+from nriplugin.obs.quiet import Quiet
 
 log = logging.getLogger("nriplugin.reconciler")
 
@@ -94,23 +95,6 @@ class Observer(Protocol):
     def pass_done(self, seconds: float, cpu_seconds: float, entries: int) -> None: ...
 
 
-class _Quiet:
-    def drift(self, resource: str) -> None:
-        pass
-
-    def repaired(self, resource: str, seconds: float) -> None:
-        pass
-
-    def write_error(self, errno: int) -> None:
-        pass
-
-    def conflict(self, resource: str, path: str) -> None:
-        pass
-
-    def pass_done(self, seconds: float, cpu_seconds: float, entries: int) -> None:
-        pass
-
-
 class Reconciler:
     def __init__(
         self,
@@ -126,7 +110,7 @@ class Reconciler:
         self.desired = desired
         self.writer = writer
         self.cgroups: Cgroups = writer.cgroups
-        self.observer: Observer = observer or _Quiet()
+        self.observer: Observer = observer or Quiet()
         self.resync_period = resync_period
         self.entries: dict[str, Entry] = {}  # key: container id, "pod:<id>" or "group:<path>"
         self.by_dir: dict[str, str] = {}  # watched directory -> entry key
