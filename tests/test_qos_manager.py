@@ -15,7 +15,7 @@ from nriplugin.policy.cache import RuleCache
 from nriplugin.policy.model import Policy
 from nriplugin.policy.qos import QoSClass
 from nriplugin.qos.collect import ContainerUsage
-from nriplugin.qos.manager import BURST, SUPPRESS, QoSManager, be_groups
+from nriplugin.qos.manager import BURST, SUPPRESS, QoSManager
 from nriplugin.qos.sample import ClassUsage, FastSample, NodeSample
 from nriplugin.reconciler import Reconciler
 from testkit.kernel_tree import v1_tree, v2_tree
@@ -95,7 +95,6 @@ def node_with_pods(
 
 def test_be_group_is_found_from_the_model(tmp_path: Path) -> None:
     node, _, mgr, _, _ = node_with_pods(tmp_path)
-    assert be_groups(node.model, node.desired) == [BE_GROUP]
     assert mgr.pods.refresh() and mgr.pods.be() == [BE_GROUP] and mgr.pods.ls() == set()  # no PSI on v1
     mgr.pods.pressure_path = lambda group: f"/sys/fs/cgroup/{group}/cpu.pressure"  # as on cgroup v2
     node.model.pod_seen(make_pod(4, "LS", parent="/kubepods/burstable/pod4"))
@@ -103,8 +102,7 @@ def test_be_group_is_found_from_the_model(tmp_path: Path) -> None:
     assert not mgr.pods.refresh()  # nothing came or went
     other = make_pod(3, "BE", parent="/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod3.slice")
     node.model.pod_seen(other)
-    assert mgr.pods.refresh() and mgr.pods.be() == be_groups(node.model, node.desired)
-    assert mgr.pods.be() == sorted([BE_GROUP, "kubepods.slice/kubepods-besteffort.slice"])
+    assert mgr.pods.refresh() and mgr.pods.be() == sorted([BE_GROUP, "kubepods.slice/kubepods-besteffort.slice"])
     node.model.pod_removed(other.id)
     node.model.pod_removed(make_pod(2, "LS").id)
     node.model.pod_removed(make_pod(4, "LS").id)

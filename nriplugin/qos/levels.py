@@ -59,10 +59,6 @@ class Thresholds:
                 n += 1
         return Level(n)
 
-    def lower_bound(self, level: Level) -> float:
-        """The score at which ``level`` is entered (0 for LOW)."""
-        return 0.0 if level == Level.LOW else self.boundaries[level - 1]
-
 
 CPU_THRESHOLDS = Thresholds(40, 60, 75, 90)
 MEMORY_THRESHOLDS = Thresholds(50, 70, 80, 90)

@@ -145,20 +145,6 @@ def _be_parent(group: str) -> str | None:
     return parent if name == "besteffort" or name.endswith("-besteffort.slice") else None
 
 
-def be_groups(model: NodeModel, desired: DesiredState) -> list[str]:
-    """The QoS-level cgroups that hold BE pods, worked out from the whole model (what
-    :class:`PodGroups` keeps as pods come and go)."""
-    out: set[str] = set()
-    for key in model:
-        r = model.get(key)
-        if r is None or r.container is not None or r.group is None or desired.qos_of(key) is not QoSClass.BE:
-            continue
-        parent = _be_parent(r.group)
-        if parent is not None:
-            out.add(parent)
-    return sorted(out)
-
-
 class PodGroups:
     """What a round needs of the pods — the QoS-level groups holding BE pods, and the LS pods'
     ``cpu.pressure`` files (cgroup v2: their PSI triggers) — kept as pods come and go: a round
