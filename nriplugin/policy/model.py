@@ -450,15 +450,15 @@ def explicit_fields(data: Any) -> Any:
     return data
 
 
-FEATURES = ("cpuQOS", "batchResource", "cpuBurst", "memoryQOS", "cpuset", "resctrl", "blkio")
-
-
 class FeatureSwitch(_M):
     enable: bool = True
     failurePolicy: Literal["fail-open", "fail-closed"] = "fail-open"
 
 
 class Features(_M):
+    """One switch per feature: the names feature modules register under
+    (``nriplugin/features/registry.py``, which fails at import unless the two match)."""
+
     cpuQOS: FeatureSwitch = FeatureSwitch()
     batchResource: FeatureSwitch = FeatureSwitch()
     cpuBurst: FeatureSwitch = FeatureSwitch()
