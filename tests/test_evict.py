@@ -294,7 +294,9 @@ def test_memory_check_reads_the_pods_root_and_evicts_the_leaking_be_pod(tmp_path
     from nriplugin.policy.cache import RuleCache
     from nriplugin.qos.collect import Collector
     from nriplugin.qos.eviction.loop import Eviction
+    from nriplugin.qos.levels import Level
     from nriplugin.qos.node_resource import capacity
+    from nriplugin.qos.strategy import Round
     from testkit.kernel_tree import v1_tree
     from testkit.runtime_peer import make_container, make_pod
     from tests.test_features import caps
@@ -347,7 +349,9 @@ def test_memory_check_reads_the_pods_root_and_evicts_the_leaking_be_pod(tmp_path
             memory("kubepods", (600 + 10 * step) * MiB, limit=GiB)
             sample = coll.sample()
             assert sample.memory_read == (step % 2 == 0)
-            evn.after_round(sample, capacity(sample, 0.0), 0, 0.0, 0.0, None, 2.0)
+            r = Round(sample.t, sample, Level.LOW, 0.0, 0.0, rules.policy, capacity=capacity(sample), be_target=2.0)
+            evn.cpu_round(r)  # CPUEvict's turn, then MemoryEvict's, as the manager runs them
+            evn.memory_round(r)
             facts = evn.last_facts
             assert facts is not None and facts.capacity == GiB
             assert not backend.calls  # under 70 % of 1 GiB: nothing yet

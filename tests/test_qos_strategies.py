@@ -7,7 +7,7 @@ import pytest
 
 from nriplugin.qos.cpu_burst import Burster, burst_ratio, wants_burst
 from nriplugin.qos.cpu_suppress import Limiter, be_target, quota_us
-from nriplugin.qos.node_resource import Capacity
+from nriplugin.qos.strategy import Capacity
 
 
 def cap(total: float, ls_request: float, reserved: float, non_be: float = 0.0) -> Capacity:

@@ -385,8 +385,10 @@ class SystemReserved(_M):
     cpu: Annotated[Cores, Field(ge=0, le=1024)] = 0.0
 
 
-# The seed's plugins, in the one order they run (§7.6): LS burst first, BE suppressed within
-# what is left, eviction only when suppression is not enough.
+# The QoS manager's strategies, in the one order they run: the node's capacity, less what the
+# system keeps, is known first; LS bursts are granted before BE is limited within what is left;
+# eviction acts only when limiting BE is not enough. Each name has exactly one strategy
+# (``nriplugin/qos/strategy.py``'s registry, checked when the manager is imported).
 PluginName = Literal["NodeQOSResource", "SystemQOSResource", "CPUBurst", "CPUSuppress", "CPUEvict", "MemoryEvict"]
 PLUGINS: tuple[PluginName, ...] = get_args(PluginName)
 
@@ -404,7 +406,10 @@ class QoSManager(_M):
     memoryEvict: MemoryEvict = MemoryEvict()
     eviction: Eviction = Eviction()
     cpuBurst: CPUBurst = CPUBurst()
-    # Which plugins run; the order they run in is always PLUGINS' (listed order is ignored).
+    # Which strategies run (each also needs its own section enabled, where it has one); the
+    # order they run in is always PLUGINS' (listed order is ignored). NodeQOSResource left out:
+    # the strategies that size CPU (CPUBurst, CPUSuppress, CPUEvict) cannot run either;
+    # SystemQOSResource left out: nothing is held back for the system.
     plugins: list[PluginName] = list(PLUGINS)
     systemReserved: SystemReserved = SystemReserved()
 
@@ -426,18 +431,6 @@ class QoSManager(_M):
         if dup:
             raise ValueError(f"listed more than once: {', '.join(dup)}")
         return [p for p in PLUGINS if p in v]
-
-    def runs(self, plugin: str) -> bool:
-        """Whether ``plugin`` runs: the manager on, the plugin listed and its section enabled."""
-        if not self.enable or plugin not in self.plugins:
-            return False
-        section = {
-            "CPUBurst": self.cpuBurst.enabled,
-            "CPUSuppress": self.cpuSuppress.enabled,
-            "CPUEvict": self.cpuEvict.enabled,
-            "MemoryEvict": self.memoryEvict.enabled,
-        }
-        return section.get(plugin, True)
 
 
 def explicit_fields(data: Any) -> Any:

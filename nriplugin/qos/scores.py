@@ -59,8 +59,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from nriplugin.qos.sample import NodeSample
-from nriplugin.qos.trends import LS_CLASSES, Trends
+from nriplugin.qos.sample import LS_CLASSES, NodeSample
+from nriplugin.qos.trends import Trends
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,9 +14,8 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from nriplugin.qos.sample import NodeSample
+from nriplugin.qos.sample import LS_CLASSES, NodeSample
 
-LS_CLASSES = ("LSE", "LSR", "LS")
 TREND_WINDOW = 300.0  # seconds: the seed's 5-minute history
 LOAD_TIME = 60.0  # seconds: load1's time constant
 
