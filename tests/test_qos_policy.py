@@ -1,5 +1,5 @@
-"""The policy's qosManager section (seed 004 §7.7, profiles §7.8): defaults, profiles under
-explicit fields, validation messages, round trips, and the seed's CPUSuppress examples."""
+"""The policy's qosManager section and its profiles: defaults, profiles under explicit fields,
+validation messages, round trips, and CPUSuppress's worked examples."""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ def test_durations_cores_and_plugins() -> None:
     assert (m.cpuSuppress.minCores, m.cpuSuppress.deadbandCores, m.systemReserved.cpu) == (0.25, 0.5, 1.5)
     assert qm("qosManager: {syncPeriod: 100ms}\n").syncPeriod == pytest.approx(0.1)
     assert qm("qosManager: {cpuEvict: {evictCooldown: 2h}}\n").cpuEvict.evictCooldown == 7200
-    # Listed order is ignored: the plugins run in the seed's one order.
+    # Listed order is ignored: the plugins run in the one order.
     m = qm("qosManager: {plugins: [MemoryEvict, CPUSuppress, CPUBurst]}\n")
     assert m.plugins == ["CPUBurst", "CPUSuppress", "MemoryEvict"]
     assert runs(m, "CPUBurst") and not runs(m, "CPUEvict") and not runs(m, "NodeQOSResource")
@@ -187,8 +187,8 @@ def test_nodeslo_suppress_policy_is_the_fallback() -> None:
     assert p.cpu_suppress_policy() == "cfsQuota"
 
 
-def test_seed_cpusuppress_examples_from_the_default_policy() -> None:
-    """§7.5.1: available = total - LS request - system reserved, times the level's ratio."""
+def test_cpusuppress_examples_from_the_default_policy() -> None:
+    """available = total - LS request - system reserved, times the level's ratio."""
     m = Policy().qosManager
     th = thresholds_of(m.cpuPressure)
 

@@ -1,7 +1,7 @@
 """The policy: the plugin's own YAML, shaped like Koordinator's NodeSLO spec where they overlap
 (resourceQOSStrategy, cpuBurstStrategy, resourceUsedThresholdWithBE) plus per-feature switches
-and failure policies, and the QoS manager's ``qosManager`` section (seed 004 §7.7; its tuning
-profiles are in ``profiles.py``). A NodeSLO object is accepted as a file too.
+and failure policies, and the QoS manager's ``qosManager`` section (its tuning profiles are
+in ``profiles.py``). A NodeSLO object is accepted as a file too.
 
 Every field is validated; an error names the field path and the bad value.
 """
@@ -157,8 +157,8 @@ _UNIT = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "
 
 
 def _seconds(v: Any) -> Any:
-    """Seconds from a number or a Go duration string as the seed writes them (``500ms``,
-    ``1s``, ``1m30s``)."""
+    """Seconds from a number or a Go duration string, as Kubernetes users write them
+    (``500ms``, ``1s``, ``1m30s``)."""
     if isinstance(v, bool):
         raise ValueError("expected seconds or a duration such as 500ms, 1s, 30s")
     if not isinstance(v, str):
@@ -195,7 +195,7 @@ Ratio = Annotated[float, Field(gt=0, le=1)]
 
 
 class CPUPressure(_M):
-    """Level boundaries of a pressure score (seed §7.7): below ``low`` is LOW, below ``medium``
+    """Level boundaries of a pressure score: below ``low`` is LOW, below ``medium``
     MEDIUM, below ``high`` HIGH, below ``critical`` CRITICAL, from ``critical`` on EMERGENCY.
     ``hysteresis``: a level is left downwards only this many points below its boundary;
     ``fallTime``: the time constant at which a falling score is followed (a rising one is
@@ -320,7 +320,7 @@ class Eviction(_M):
 class CPUBurst(_M):
     """LS containers may exceed their CPU limit by ``burstRatio`` while the node is at least
     ``fullBurstNodeCPUIdle`` idle, by ``partialBurstRatio`` down to ``minNodeCPUIdle``, not below
-    (seed §7.5.4: 1.5 above 30 % idle, 1.3 at 20-30 %, none under 20 %); for at most
+    (by default 1.5 above 30 % idle, 1.3 at 20-30 %, none under 20 %); for at most
     ``burstDuration``, then not again for ``burstCooldown``. This is the manager's dynamic quota
     raise; ``cpuBurstStrategy`` is the static burst (``cpu.cfs_burst_us``) set at birth."""
 
@@ -394,7 +394,7 @@ PLUGINS: tuple[PluginName, ...] = get_args(PluginName)
 
 
 class QoSManager(_M):
-    """The QoS manager (seed 004 §7.7). ``profile`` (§7.8) applies first; fields set here win."""
+    """The QoS manager. ``profile`` (``profiles.py``) applies first; fields set here win."""
 
     enable: bool = True
     profile: Profile = "balanced"

@@ -1,11 +1,11 @@
-"""CPUBurst (seed 004 §7.5.4): an LS container at its CPU limit may exceed it while the node has
+"""CPUBurst: an LS container at its CPU limit may exceed it while the node has
 idle CPU — its quota raised by a ratio that depends on how idle the node is, for at most
 ``burstDuration``, then ``burstCooldown`` before the next burst.
 
-The seed's ratios: idle > 30 % → 1.5, 20-30 % → 1.3, below 20 % → none. With the policy's
-``burstRatio`` and ``minNodeCPUIdle`` the same shape: above ``minNodeCPUIdle + 0.1`` the full
-ratio, from ``minNodeCPUIdle`` the ratio's 60 % (1.3 for 1.5), below none. Bursts are granted
-before BE is suppressed (§7.6): what they add comes out of BE's share. The quota is raised
+The ratio by how idle the node is (BE left out: it yields): above ``fullBurstNodeCPUIdle``
+(30 %) the full ``burstRatio`` (1.5), from ``minNodeCPUIdle`` (20 %) the ``partialBurstRatio``
+(1.3), below none — the idler the node, the more an LS container may take without hurting
+anyone. Bursts are granted before BE is suppressed: what they add comes out of BE's share. The quota is raised
 through an overlay; the kernel's CFS burst (``cpu.cfs_burst_us``) stays at most the quota (the
 one writer caps and orders it), unlike koordlet's 1000 % default that cgroup v2 refuses.
 """
@@ -34,7 +34,7 @@ def burst_ratio(
     min_idle: float = 0.2,
     full_idle: float = 0.3,
 ) -> float:
-    """The seed's table: more than ``full_idle`` idle -> ``full``; from ``min_idle`` ->
+    """More than ``full_idle`` idle -> ``full``; from ``min_idle`` ->
     ``partial``; below -> 1.0 (no burst)."""
     if idle_fraction > full_idle:
         return full

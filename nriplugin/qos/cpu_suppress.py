@@ -1,9 +1,8 @@
-"""CPUSuppress (seed 004 §7.5.1): how much CPU best-effort work may have, and when to change it.
+"""CPUSuppress: how much CPU best-effort work may have, and when to change it.
 
 Two bounds, the tighter wins:
-- the seed's, by pressure level: ``(total - LS request - system reserved - LS burst granted) x
-  ratio(level)`` — LS bursts are served first, BE gets what is left (§7.6), so the sum never
-  exceeds the node;
+- the level's: ``(total - LS request - system reserved - LS burst granted) x ratio(level)`` —
+  LS bursts are served first, BE gets what is left, so the sum never exceeds the node;
 - Koordinator's usage budget (NodeSLO ``cpuSuppressThresholdPercent``): ``total x threshold -
   what everything but BE uses now``. It follows LS's actual use, so it reacts within one fast
   sample (100 ms) to an LS spike, long before a pressure level (smoothed, with hysteresis)
@@ -53,20 +52,20 @@ def be_target(
     floor: float = 0.0,
 ) -> Target:
     """BE's CPU limit in cores, and which bound set it."""
-    seed = max(0.0, cap.for_be - burst_granted) * ratio
+    by_level = max(0.0, cap.for_be - burst_granted) * ratio
     why = (
         f"{level}: ({cap.total:g} total - {cap.ls_request:.2f} LS request - {cap.system_reserved:g} reserved"
         + (f" - {burst_granted:.2f} LS burst" if burst_granted else "")
         + f") x {ratio:g}"
     )
-    cores = seed
+    cores = by_level
     if usage_threshold_percent > 0:
         usage = cap.total * usage_threshold_percent / 100 - cap.non_be_usage
         if usage < cores:
             cores = usage
             why = (
                 f"{cap.total:g} x {usage_threshold_percent:g}% - {cap.non_be_usage:.2f} used by LS and the system "
-                f"(the seed's bound, {seed:.2f}, is looser)"
+                f"(the level's bound, {by_level:.2f}, is looser)"
             )
     if cores < floor:
         return Target(floor, f"{why}; floor {floor:g} (BE is never starved to zero)")

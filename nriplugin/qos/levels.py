@@ -35,7 +35,7 @@ class Level(IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class Thresholds:
-    """Upper boundaries, as the seed's config names them: below ``low`` is LOW, below ``medium``
+    """Upper boundaries, as the policy names them: below ``low`` is LOW, below ``medium``
     MEDIUM, below ``high`` HIGH, below ``critical`` CRITICAL, from ``critical`` on EMERGENCY."""
 
     low: float = 40.0

@@ -16,7 +16,7 @@ from collections import deque
 
 from nriplugin.qos.sample import LS_CLASSES, NodeSample
 
-TREND_WINDOW = 300.0  # seconds: the seed's 5-minute history
+TREND_WINDOW = 300.0  # seconds: five minutes, long enough for a trend, short enough to follow it
 LOAD_TIME = 60.0  # seconds: load1's time constant
 
 Point = tuple[float, float]
