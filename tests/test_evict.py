@@ -1,4 +1,4 @@
-"""CPUEvict and MemoryEvict against the seed's worked examples (004 §7.5.2-7.5.3), the
+"""CPUEvict and MemoryEvict against worked examples (a 64-core CPU emergency, a leaking pod), the
 victim ranking, and the evictor's rules (order, PDB refusals, rate limit, no repeats,
 dry run, pending credit)."""
 
@@ -10,12 +10,24 @@ from pathlib import Path
 
 import pytest
 
+from nriplugin.kernel.cgroup import Cgroups
+from nriplugin.node.assembly import Node
+from nriplugin.nri import api_pb2 as api
+from nriplugin.policy.cache import RuleCache
 from nriplugin.policy.model import Policy
 from nriplugin.policy.qos import QoSClass
+from nriplugin.qos.collect import Collector
 from nriplugin.qos.eviction.cpu import CpuConfig, CpuEvict, CpuFacts, emergency_release, satisfaction_release
 from nriplugin.qos.eviction.evictor import Evictor, Outcome
+from nriplugin.qos.eviction.loop import Eviction
 from nriplugin.qos.eviction.memory import MemoryConfig, MemoryEvict, MemoryFacts, release
 from nriplugin.qos.eviction.victims import Candidate, Plan, Release, fewest, label_priority, rank_cpu, rank_memory
+from nriplugin.qos.levels import Level
+from nriplugin.qos.node_resource import capacity
+from nriplugin.qos.strategy import Round
+from testkit.kernel_tree import v1_tree
+from testkit.runtime_peer import make_container, make_pod
+from tests.test_features import caps
 
 GiB, MiB = 1 << 30, 1 << 20
 
@@ -24,12 +36,12 @@ def be(n: int, **kw: object) -> Candidate:
     return Candidate(uid=f"u{n}", namespace="batch", name=f"be-{n}", qos=QoSClass.BE, **kw)  # type: ignore[arg-type]
 
 
-# the 64-core CPUEvict case (§7.5.2) -------------------------------------------------------------
+# the 64-core CPUEvict case ----------------------------------------------------------------------
 
 
-def seed_cpu_case() -> tuple[CpuFacts, list[Candidate]]:
+def cpu_case() -> tuple[CpuFacts, list[Candidate]]:
     """T=20:00:15: 64 cores, 4 for the system, BE suppressed to 8, LS at 52 and stalled; ten
-    BE pods of 3 cores each (the seed's average), with priorities 0-9 (Koordinator's label)."""
+    BE pods of 3 cores each, with priorities 0-9 (Koordinator's label)."""
     facts = CpuFacts(
         t=100.0,
         level=4,
@@ -45,8 +57,8 @@ def seed_cpu_case() -> tuple[CpuFacts, list[Candidate]]:
     return facts, pods
 
 
-def test_the_seed_cpu_case_evicts_the_three_lowest_priority_pods_freeing_9_cores() -> None:
-    facts, pods = seed_cpu_case()
+def test_the_cpu_case_evicts_the_three_lowest_priority_pods_freeing_9_cores() -> None:
+    facts, pods = cpu_case()
     rel = emergency_release(facts, CpuConfig())
     assert rel is not None and rel.amount == pytest.approx(8.1, abs=0.05)  # 1.2 x 6.76: "release 8 CPU"
     ev = CpuEvict(CpuConfig(sustain=1.0))
@@ -66,7 +78,7 @@ def _at(f: CpuFacts, t: float) -> CpuFacts:
 
 
 def test_cpu_evict_needs_every_condition_and_waits_out_its_cooldown() -> None:
-    facts, pods = seed_cpu_case()
+    facts, pods = cpu_case()
     cfg = CpuConfig(sustain=0.0, cooldown=60.0)
     from dataclasses import replace
 
@@ -93,7 +105,7 @@ def test_cpu_ranking_is_priority_then_usage_then_newest_and_never_ls() -> None:
 
 
 def test_a_quiet_be_pod_is_not_a_cpu_victim() -> None:
-    facts, _ = seed_cpu_case()
+    facts, _ = cpu_case()
     pods = [be(1, cpu_cores=0.0002), be(2, cpu_cores=0.005)]  # idle vs starved but working
     plan = CpuEvict(CpuConfig(sustain=0.0)).decide(facts, pods)
     assert plan is not None and [c.name for c in plan.victims] == ["be-2"]
@@ -129,10 +141,10 @@ def test_policy_accepts_the_nodeslo_satisfaction_fields() -> None:
     assert p.qosManager.eviction.dryRun and p.qosManager.memoryEvict.oomHorizon == 15.0
 
 
-# the leaking-pod case (§7.5.3) ------------------------------------------------------------------
+# the leaking-pod case ----------------------------------------------------------------------------
 
 
-def test_the_seed_leak_case_evicts_the_leaking_pod_alone() -> None:
+def test_the_leak_case_evicts_the_leaking_pod_alone() -> None:
     """Day 1 08:11: 120 GB node at 100 GB used, pressure at EMERGENCY; BE pod A has grown to
     16 GB at 500 MB/hour; a larger BE pod that does not grow stays."""
     cfg = MemoryConfig(threshold_percent=85, lower_percent=80, score_threshold=85)
@@ -285,41 +297,45 @@ def test_pending_releases_are_credited_until_the_victim_is_gone() -> None:
 # the glue: facts from the node model and the kernel's files ------------------------------------
 
 
-def test_memory_check_reads_the_pods_root_and_evicts_the_leaking_be_pod(tmp_path: Path) -> None:
-    """A tree laid out like the kernel's v1 memory hierarchy: a 1 GiB pods root at 75 %, an LS
-    pod and two BE pods, one of which grows. The collector's rounds give the pods' growth (no
-    reads of their own), and the check evicts the grower through the backend."""
-    from nriplugin.kernel.cgroup import Cgroups
-    from nriplugin.node.assembly import Node
-    from nriplugin.policy.cache import RuleCache
-    from nriplugin.qos.collect import Collector
-    from nriplugin.qos.eviction.loop import Eviction
-    from nriplugin.qos.node_resource import capacity
-    from testkit.kernel_tree import v1_tree
-    from testkit.runtime_peer import make_container, make_pod
-    from tests.test_features import caps
+@dataclass
+class MemoryTree:
+    """A tree laid out like the kernel's v1 memory hierarchy: the pods root, an LS pod and two
+    BE pods, each with one container."""
 
-    pods = [make_pod(1, "LS"), make_pod(2, "BE"), make_pod(3, "BE")]
-    containers = [make_container(i, p) for i, p in enumerate(pods, 1)]
-    pod_groups = [p.linux.cgroup_parent.lstrip("/") for p in pods]
-    groups = ["kubepods", *pod_groups, *[c.linux.cgroups_path.lstrip("/") for c in containers]]
-    root = v1_tree(tmp_path, groups, extra={"cpuacct": {"cpuacct.usage": "0"}})
+    root: Path
+    pods: list[api.PodSandbox]
+    containers: list[api.Container]
 
-    def memory(group: str, usage: int, limit: int | None = None) -> None:
-        d = root / "memory" / group
+    @classmethod
+    def make(cls, tmp_path: Path) -> MemoryTree:
+        pods = [make_pod(1, "LS"), make_pod(2, "BE"), make_pod(3, "BE")]
+        containers = [make_container(i, p) for i, p in enumerate(pods, 1)]
+        groups = ["kubepods", *[p.linux.cgroup_parent.lstrip("/") for p in pods]]
+        groups += [c.linux.cgroups_path.lstrip("/") for c in containers]
+        return cls(v1_tree(tmp_path, groups, extra={"cpuacct": {"cpuacct.usage": "0"}}), pods, containers)
+
+    def memory(self, group: str, usage: int, limit: int | None = None) -> None:
+        d = self.root / "memory" / group
         (d / "memory.usage_in_bytes").write_text(f"{usage}\n")
         (d / "memory.stat").write_text(f"cache 0\nrss {usage}\ntotal_rss {usage}\ntotal_inactive_file 0\n")
         if limit:
             (d / "memory.limit_in_bytes").write_text(f"{limit}\n")
 
-    def pod_memory(i: int, usage: int) -> None:  # the pod and its one container
-        memory(pod_groups[i], usage)
-        memory(containers[i].linux.cgroups_path.lstrip("/"), usage)
+    def pod_memory(self, i: int, usage: int) -> None:
+        """The pod and its one container."""
+        self.memory(self.pods[i].linux.cgroup_parent.lstrip("/"), usage)
+        self.memory(self.containers[i].linux.cgroups_path.lstrip("/"), usage)
 
+
+def test_memory_check_reads_the_pods_root_and_evicts_the_leaking_be_pod(tmp_path: Path) -> None:
+    """A 1 GiB pods root at 75 %, an LS pod and two BE pods, one of which grows. The
+    collector's rounds give the pods' growth (no reads of their own), and the check evicts the
+    grower through the backend."""
+    tree = MemoryTree.make(tmp_path)
     rules = RuleCache()
-    cg = Cgroups(root)
+    cg = Cgroups(tree.root)
     node = Node.create(rules, caps=caps(), cgroups=cg)
-    for p, c in zip(pods, containers, strict=True):
+    for p, c in zip(tree.pods, tree.containers, strict=True):
         node.model.container_started(p, c)
     clock = Clock(100.0)
     backend = Scripted()
@@ -329,8 +345,8 @@ def test_memory_check_reads_the_pods_root_and_evicts_the_leaking_be_pod(tmp_path
         node.model, node.desired, cg, coll.stats, rules, ev, ["kubepods"], usage=lambda: coll.by_container, clock=clock
     )
     evn.meminfo_total = lambda: 8 * GiB
-    pod_memory(0, 300 * MiB)
-    pod_memory(1, 250 * MiB)
+    tree.pod_memory(0, 300 * MiB)
+    tree.pod_memory(1, 250 * MiB)
     reads: list[str] = []
     real = coll.stats.working_set
 
@@ -343,25 +359,27 @@ def test_memory_check_reads_the_pods_root_and_evicts_the_leaking_be_pod(tmp_path
     async def run() -> None:
         for step in range(9):  # the leak grows 10 MiB a second; memory read every other round
             clock.t = 100.0 + step
-            pod_memory(2, (100 + 10 * step) * MiB)
-            memory("kubepods", (600 + 10 * step) * MiB, limit=GiB)
+            tree.pod_memory(2, (100 + 10 * step) * MiB)
+            tree.memory("kubepods", (600 + 10 * step) * MiB, limit=GiB)
             sample = coll.sample()
             assert sample.memory_read == (step % 2 == 0)
-            evn.after_round(sample, capacity(sample, 0.0), 0, 0.0, 0.0, None, 2.0)
+            r = Round(sample.t, sample, Level.LOW, 0.0, 0.0, rules.policy, capacity=capacity(sample), be_target=2.0)
+            evn.cpu_round(r)  # CPUEvict's turn, then MemoryEvict's, as the manager runs them
+            evn.memory_round(r)
             facts = evn.last_facts
             assert facts is not None and facts.capacity == GiB
             assert not backend.calls  # under 70 % of 1 GiB: nothing yet
         assert set(reads) == {"kubepods"}  # no pod group read while nothing is to be done
         clock.t = 109.0
-        memory("kubepods", 780 * MiB, limit=GiB)  # over 70 %
-        pod_memory(2, 190 * MiB)
+        tree.memory("kubepods", 780 * MiB, limit=GiB)  # over 70 %
+        tree.pod_memory(2, 190 * MiB)
         evn.memory_check()
         await asyncio.sleep(0.01)  # the evictor's task
 
     asyncio.run(run())
     coll.close()
-    assert backend.calls == [(pods[2].name, 5)]  # the leaking pod, not the larger steady one
-    assert pods[2].uid in ev.pending
+    assert backend.calls == [(tree.pods[2].name, 5)]  # the leaking pod, not the larger steady one
+    assert tree.pods[2].uid in ev.pending
 
 
 def test_the_cluster_client_is_a_backend_and_its_outcomes_are_understood() -> None:

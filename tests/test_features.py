@@ -9,14 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from nriplugin.features import Context, FeatureFailed, desired_state
+from nriplugin.features import PIPELINE, Context, FeatureFailed, Intent, desired_state, enabled
+from nriplugin.features.registry import Registry
 from nriplugin.kernel.cgroup import Cgroups, Version
 from nriplugin.kernel.probe import Capabilities, Resctrl, Topology
 from nriplugin.node.assembly import Node
 from nriplugin.node.hooks import QoSPlugin, to_resources
 from nriplugin.nri import api_pb2 as api
 from nriplugin.policy.cache import PolicyError, PolicyWatcher, RuleCache, parse
-from nriplugin.policy.model import Policy
+from nriplugin.policy.model import Features, Policy
 from nriplugin.policy.qos import QoSClass
 from nriplugin.policy.quantity import parse_quantity
 from testkit.kernel_tree import v1_tree, v2_tree
@@ -61,6 +62,37 @@ def ctx(
     if quota is not None:
         ctr.linux.resources.cpu.quota.value = quota
     return Context(pod, ctr if container else None, QoSClass(qos), policy or Policy(), c or caps())
+
+
+def test_every_policy_switch_has_one_registered_feature_in_an_explicit_order() -> None:
+    """The policy's ``features`` fields and the registered features are the same names; the
+    order puts batch sizing before CPU QoS's floor and the burst after the quota."""
+    assert sorted(f.name for f in PIPELINE) == sorted(Features.model_fields)
+    names = [f.name for f in PIPELINE]
+    assert names.index("batchResource") < names.index("cpuQOS") < names.index("cpuBurst")
+    assert [f.order for f in PIPELINE] == sorted({f.order for f in PIPELINE})  # distinct, ascending
+    off = Policy.model_validate({"features": {"cpuset": {"enable": False}, "blkio": {"failurePolicy": "fail-closed"}}})
+    steps = {name: closed for name, _, closed in enabled(off)}
+    assert "cpuset" not in steps and steps["blkio"] and not steps["cpuQOS"]
+    assert [name for name, _, _ in enabled(Policy())] == names
+
+
+def test_a_feature_registry_refuses_what_the_policy_does_not_name() -> None:
+    def nothing(ctx: Context, intent: Intent) -> None:
+        pass
+
+    reg = Registry(["a", "b"])
+    with pytest.raises(TypeError, match="'c' is not a feature switch of the policy"):
+        reg.feature("c", 1)(nothing)
+    reg.feature("a", 10)(nothing)
+    with pytest.raises(TypeError, match="'a' is registered twice"):
+        reg.feature("a", 20)(nothing)
+    with pytest.raises(TypeError, match="order 10 is a's already"):
+        reg.feature("b", 10)(nothing)
+    with pytest.raises(TypeError, match="no feature registered for the policy's switch\\(es\\): b"):
+        reg.pipeline()
+    reg.feature("b", 5)(nothing)
+    assert [f.name for f in reg.pipeline()] == ["b", "a"]
 
 
 def test_batch_sizes_be_containers_and_pods() -> None:

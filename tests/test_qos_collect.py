@@ -341,8 +341,8 @@ def _node(root: Path) -> Node:
     return Node.create(cgroups=Cgroups(root), caps=caps())
 
 
-def test_two_rounds_on_a_v1_tree(v1: tuple[Path, Path]) -> None:
-    root, proc = v1
+def _started(root: Path, proc: Path) -> tuple[Node, list[tuple[api.PodSandbox, list[api.Container]]]]:
+    """The pods started on a v1 tree (one more BE container only created), /proc at rest."""
     node = _node(root)
     pods = _pods()
     (ls, (ls1, ls2)), (be, (be1,)), (system, (sys1,)) = pods
@@ -353,7 +353,13 @@ def test_two_rounds_on_a_v1_tree(v1: tuple[Path, Path]) -> None:
     v1_counters(root, _group(created), usage_ns=0)
     node.model.container_created(be, created)
     proc_tree(proc, busy=1000, idle=1000, load1=1.5, cpu_some_us=5000, memory_some_us=100, pgscan_direct=10)
+    return node, pods
 
+
+def test_two_rounds_on_a_v1_tree(v1: tuple[Path, Path]) -> None:
+    root, proc = v1
+    node, pods = _started(root, proc)
+    (ls, (ls1, ls2)), (_, (be1,)), (_, (sys1,)) = pods
     clock = Clock()
     col = Collector(node.model, node.desired, node.writer.cgroups, proc, clock=clock, memory_every=1)
     first = col.sample()

@@ -15,7 +15,7 @@ from nriplugin.policy.cache import RuleCache
 from nriplugin.policy.model import Policy
 from nriplugin.policy.qos import QoSClass
 from nriplugin.qos.collect import ContainerUsage
-from nriplugin.qos.manager import BURST, SUPPRESS, QoSManager, be_groups
+from nriplugin.qos.manager import BURST, SUPPRESS, QoSManager
 from nriplugin.qos.sample import ClassUsage, FastSample, NodeSample
 from nriplugin.reconciler import Reconciler
 from testkit.kernel_tree import v1_tree, v2_tree
@@ -95,7 +95,6 @@ def node_with_pods(
 
 def test_be_group_is_found_from_the_model(tmp_path: Path) -> None:
     node, _, mgr, _, _ = node_with_pods(tmp_path)
-    assert be_groups(node.model, node.desired) == [BE_GROUP]
     assert mgr.pods.refresh() and mgr.pods.be() == [BE_GROUP] and mgr.pods.ls() == set()  # no PSI on v1
     mgr.pods.pressure_path = lambda group: f"/sys/fs/cgroup/{group}/cpu.pressure"  # as on cgroup v2
     node.model.pod_seen(make_pod(4, "LS", parent="/kubepods/burstable/pod4"))
@@ -103,8 +102,7 @@ def test_be_group_is_found_from_the_model(tmp_path: Path) -> None:
     assert not mgr.pods.refresh()  # nothing came or went
     other = make_pod(3, "BE", parent="/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod3.slice")
     node.model.pod_seen(other)
-    assert mgr.pods.refresh() and mgr.pods.be() == be_groups(node.model, node.desired)
-    assert mgr.pods.be() == sorted([BE_GROUP, "kubepods.slice/kubepods-besteffort.slice"])
+    assert mgr.pods.refresh() and mgr.pods.be() == sorted([BE_GROUP, "kubepods.slice/kubepods-besteffort.slice"])
     node.model.pod_removed(other.id)
     node.model.pod_removed(make_pod(2, "LS").id)
     node.model.pod_removed(make_pod(4, "LS").id)
@@ -113,7 +111,7 @@ def test_be_group_is_found_from_the_model(tmp_path: Path) -> None:
 
 def test_rounds_limit_be_cut_fast_and_give_back_after_the_hold(tmp_path: Path) -> None:
     node, _, mgr, s, quota = node_with_pods(tmp_path)
-    mgr.round()  # LS idle: the seed's bound, (2 - 1 - 0) x 1.0 = 1 core
+    mgr.round()  # LS idle: the level's bound, (2 - 1 - 0) x 1.0 = 1 core
     assert quota.read_text() == "100000"
     intent = node.desired.intent(f"group:{BE_GROUP}")
     assert intent is not None and intent.files[("cpu.cfs_quota_us", "")].owner == SUPPRESS
@@ -207,7 +205,7 @@ def test_the_cpuset_policy_moves_be_between_whole_cpus_and_lifts_cleanly(tmp_pat
     node, _, mgr, s, quota = node_with_pods(tmp_path, policy, four)
     be_key = make_container(1, make_pod(1, "BE", parent=f"/{BE_GROUP}/pod1")).id
     cpus = tmp_path / "cpuset" / BE_GROUP / "pod1" / be_key / "cpuset.cpus"
-    s.ls_request = 0.0  # the seed's bound is the whole node: the usage budget decides
+    s.ls_request = 0.0  # the level's bound is the whole node: the usage budget decides
     mgr.round()  # 2 x 65 % - 0 = 1.3 cores -> 2 CPUs, the highest first
     assert cpus.read_text() == "2-3"
     assert quota.read_text().strip() == "-1"  # no quota under the cpuset policy

@@ -1,5 +1,5 @@
-"""The policy's qosManager section (seed 004 §7.7, profiles §7.8): defaults, profiles under
-explicit fields, validation messages, round trips, and the seed's CPUSuppress examples."""
+"""The policy's qosManager section and its profiles: defaults, profiles under explicit fields,
+validation messages, round trips, and CPUSuppress's worked examples."""
 
 from __future__ import annotations
 
@@ -14,8 +14,14 @@ from nriplugin.policy.cache import PolicyError, RuleCache, parse
 from nriplugin.policy.document import from_document
 from nriplugin.policy.model import PLUGINS, CPUPressure, NodeSLOError, Policy, QoSManager, _cores, _seconds
 from nriplugin.qos.levels import Assessor, Level, thresholds_of
+from nriplugin.qos.manager import STRATEGIES
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "policy.yaml"
+
+
+def runs(cfg: QoSManager, plugin: str) -> bool:
+    """Whether the manager runs the strategy registered as ``plugin`` under ``cfg``."""
+    return next(s for s in STRATEGIES if s.name == plugin).runs(cfg)
 
 
 def qm(text: str) -> QoSManager:
@@ -39,7 +45,7 @@ def test_defaults_are_on_and_balanced() -> None:
     assert (m.cpuEvict.enabled, m.cpuEvict.evictThreshold, m.cpuEvict.evictCooldown) == (True, 90, 60)
     me = m.memoryEvict
     assert (me.enabled, me.evictThreshold, me.memoryGrowthThreshold, me.oomScoreAdjust) == (True, 85, 5, 1000)
-    assert m.plugins == list(PLUGINS) and all(m.runs(p) for p in PLUGINS)
+    assert m.plugins == list(PLUGINS) and all(runs(m, p) for p in PLUGINS)
     assert m.systemReserved.cpu == 0
     assert Policy().cpu_suppress_policy() == "cfsQuota"
     # The same policy however it is reached: no section, an empty one, a bare `qosManager:`.
@@ -54,12 +60,12 @@ def test_profiles() -> None:
     assert (c.low, c.medium, c.high, c.critical) == (40, 50, 65, 80)
     assert (r.low, r.medium, r.high, r.critical, r.emergency) == (1.0, 0.7, 0.4, 0.2, 0.1)
     assert (lat.cpuBurst.enabled, lat.cpuBurst.burstRatio, lat.cpuBurst.minNodeCPUIdle) == (True, 2.0, 0.15)
-    assert lat.runs("CPUEvict") and lat.memoryPressure == Policy().qosManager.memoryPressure
+    assert runs(lat, "CPUEvict") and lat.memoryPressure == Policy().qosManager.memoryPressure
     thr = qm("qosManager: {profile: throughput-first}\n")
     c, r = thr.cpuPressure, thr.cpuSuppress.suppressRatio
     assert (c.low, c.medium, c.high, c.critical) == (40, 70, 85, 95)
     assert (r.medium, r.high, r.critical) == (0.9, 0.7, 0.5)
-    assert not thr.cpuEvict.enabled and not thr.runs("CPUEvict") and thr.runs("MemoryEvict")
+    assert not thr.cpuEvict.enabled and not runs(thr, "CPUEvict") and runs(thr, "MemoryEvict")
     assert thr.cpuBurst == Policy().qosManager.cpuBurst
     assert qm("qosManager: {profile: balanced}\n") == QoSManager() == Policy().qosManager
 
@@ -90,13 +96,13 @@ def test_durations_cores_and_plugins() -> None:
     assert (m.cpuSuppress.minCores, m.cpuSuppress.deadbandCores, m.systemReserved.cpu) == (0.25, 0.5, 1.5)
     assert qm("qosManager: {syncPeriod: 100ms}\n").syncPeriod == pytest.approx(0.1)
     assert qm("qosManager: {cpuEvict: {evictCooldown: 2h}}\n").cpuEvict.evictCooldown == 7200
-    # Listed order is ignored: the plugins run in the seed's one order.
+    # Listed order is ignored: the plugins run in the one order.
     m = qm("qosManager: {plugins: [MemoryEvict, CPUSuppress, CPUBurst]}\n")
     assert m.plugins == ["CPUBurst", "CPUSuppress", "MemoryEvict"]
-    assert m.runs("CPUBurst") and not m.runs("CPUEvict") and not m.runs("NodeQOSResource")
+    assert runs(m, "CPUBurst") and not runs(m, "CPUEvict") and not runs(m, "NodeQOSResource")
     off = qm("qosManager: {enable: false}\n")
-    assert not any(off.runs(p) for p in PLUGINS)
-    assert not qm("qosManager: {cpuSuppress: {enabled: false}}\n").runs("CPUSuppress")
+    assert not any(runs(off, p) for p in PLUGINS)
+    assert not runs(qm("qosManager: {cpuSuppress: {enabled: false}}\n"), "CPUSuppress")
     # A burst ratio set alone is not an error about the partial ratio's default.
     b = qm("qosManager: {cpuBurst: {burstRatio: 1.2, minNodeCPUIdle: 0.4}}\n").cpuBurst
     assert (b.partialBurstRatio, b.fullBurstNodeCPUIdle) == (1.2, 0.4)
@@ -166,7 +172,7 @@ def test_round_trip_through_yaml_and_the_rule_cache(tmp_path: Path) -> None:
         cache.load_file(f)
     assert cache.current.version == 2 and cache.policy.qosManager.profile == "latency-first"
     f.write_text("qosManager: {enable: false}\n")  # switched off on reload
-    assert cache.load_file(f).version == 3 and not cache.policy.qosManager.runs("CPUSuppress")
+    assert cache.load_file(f).version == 3 and not runs(cache.policy.qosManager, "CPUSuppress")
 
 
 def test_nodeslo_suppress_policy_is_the_fallback() -> None:
@@ -181,8 +187,8 @@ def test_nodeslo_suppress_policy_is_the_fallback() -> None:
     assert p.cpu_suppress_policy() == "cfsQuota"
 
 
-def test_seed_cpusuppress_examples_from_the_default_policy() -> None:
-    """§7.5.1: available = total - LS request - system reserved, times the level's ratio."""
+def test_cpusuppress_examples_from_the_default_policy() -> None:
+    """available = total - LS request - system reserved, times the level's ratio."""
     m = Policy().qosManager
     th = thresholds_of(m.cpuPressure)
 
@@ -257,10 +263,10 @@ def test_a_nodeslo_spec_that_is_not_a_mapping_is_refused_by_its_crd() -> None:
     ],
 )
 def test_a_plugin_runs_only_with_its_section_enabled(plugin: str, section: str) -> None:
-    assert QoSManager().runs(plugin)
-    assert not QoSManager.model_validate({section: {"enabled": False}}).runs(plugin)
-    assert not QoSManager.model_validate({"enable": False}).runs(plugin)
-    assert QoSManager.model_validate({section: {"enabled": False}}).runs("NodeQOSResource")
+    assert runs(QoSManager(), plugin)
+    assert not runs(QoSManager.model_validate({section: {"enabled": False}}), plugin)
+    assert not runs(QoSManager.model_validate({"enable": False}), plugin)
+    assert runs(QoSManager.model_validate({section: {"enabled": False}}), "NodeQOSResource")
 
 
 def test_suppress_ratio_by_level_is_clamped() -> None:

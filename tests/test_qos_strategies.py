@@ -1,4 +1,4 @@
-"""The CPU strategies against the seed's worked examples (004 §7.5.1, §7.5.4, §7.6), and the
+"""The CPU strategies against worked examples (suppression, burst, the two together), and the
 limiter that keeps a stationary load from moving BE's limit."""
 
 from __future__ import annotations
@@ -7,14 +7,14 @@ import pytest
 
 from nriplugin.qos.cpu_burst import Burster, burst_ratio, wants_burst
 from nriplugin.qos.cpu_suppress import Limiter, be_target, quota_us
-from nriplugin.qos.node_resource import Capacity
+from nriplugin.qos.strategy import Capacity
 
 
 def cap(total: float, ls_request: float, reserved: float, non_be: float = 0.0) -> Capacity:
     return Capacity(total, reserved, ls_request, ls_usage=0.0, be_usage=0.0, non_be_usage=non_be)
 
 
-def test_seed_cpu_suppress_examples() -> None:
+def test_cpu_suppress_examples() -> None:
     # 16 cores, LS request 6, system 1: 9 for BE; score 50 (MEDIUM, 0.8) and 80 (CRITICAL, 0.3)
     assert be_target(cap(16, 6, 1), 0.8, "MEDIUM").cores == pytest.approx(7.2)
     assert be_target(cap(16, 6, 1), 0.3, "CRITICAL").cores == pytest.approx(2.7)
@@ -26,9 +26,9 @@ def test_seed_cpu_suppress_examples() -> None:
     assert timeline == pytest.approx([14, 11.2, 4.2, 11.2])
 
 
-def test_seed_coordination_example() -> None:
-    """§7.6: 16 CPU, system 1, LS limit 4 bursts to 5; BE gets (15 - 4 - 1) x 0.8 = 8; the sum
-    (5 + 8 = 13) stays within the 15 schedulable CPUs."""
+def test_coordination_example() -> None:
+    """LS first, BE within what is left: 16 CPU, system 1, LS limit 4 bursts to 5; BE gets
+    (15 - 4 - 1) x 0.8 = 8; the sum (5 + 8 = 13) stays within the 15 schedulable CPUs."""
     c = cap(16, 4, 1)
     be = be_target(c, 0.8, "MEDIUM", burst_granted=1.0).cores
     assert be == pytest.approx(8.0)
@@ -37,7 +37,7 @@ def test_seed_coordination_example() -> None:
 
 def test_usage_budget_reacts_to_what_ls_uses() -> None:
     """Koordinator's threshold budget: on 2 cores at 65 %, an idle LS leaves BE 1.3 cores (more
-    than the seed's request-based bound, so that one decides); a busy LS (one core) cuts BE to
+    than the level's request-based bound, so that one decides); a busy LS (one core) cuts BE to
     0.3 at once, whatever the level."""
     idle = be_target(cap(2, 1, 0, non_be=0.0), 1.0, "LOW", usage_threshold_percent=65)
     assert idle.cores == pytest.approx(1.0) and "x 1" in idle.why
@@ -72,7 +72,7 @@ def test_limiter_tightens_at_once_relaxes_after_a_hold_and_ignores_noise() -> No
     assert ups <= 2
 
 
-def test_burst_ratio_follows_the_seed() -> None:
+def test_burst_ratio_by_idle_share() -> None:
     assert burst_ratio(0.5) == 1.5 and burst_ratio(0.31) == 1.5
     assert burst_ratio(0.25) == pytest.approx(1.3) and burst_ratio(0.2) == pytest.approx(1.3)
     assert burst_ratio(0.19) == 1.0

@@ -1,6 +1,7 @@
 """Feature modules: each computes its desired values once, in ``desired(ctx, intent)``; the NRI
-hook and the reconciler both call :func:`desired_state`. Order matters: later features see the
-values earlier ones set (batch sizes BE before CPU QoS floors it; burst follows the quota)."""
+hook and the reconciler both call :func:`desired_state`. Each module registers its function
+under its policy switch with an order number (``registry.py``): later features see the values
+earlier ones set (batch sizes BE before CPU QoS floors it; burst follows the quota)."""
 
 from __future__ import annotations
 
@@ -8,22 +9,17 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from nriplugin.features import batch, blkio, cpu_burst, cpu_qos, cpuset, memory_qos, resctrl
+# Importing a feature module registers its function.
+from nriplugin.features import batch, blkio, core_sched, cpu_burst, cpu_qos, cpuset, memory_qos, resctrl
+from nriplugin.features.registry import REGISTRY, Feature
 from nriplugin.intent.core import Context, Intent, InvalidInput, Setting
 from nriplugin.policy.model import Policy
 
 log = logging.getLogger("nriplugin.features")
 
-# (policy feature name, desired function) in evaluation order
-PIPELINE: tuple[tuple[str, Callable[[Context, Intent], None]], ...] = (
-    ("batchResource", batch.desired),
-    ("cpuQOS", cpu_qos.desired),
-    ("cpuBurst", cpu_burst.desired),
-    ("cpuset", cpuset.desired),
-    ("memoryQOS", memory_qos.desired),
-    ("resctrl", resctrl.desired),
-    ("blkio", blkio.desired),
-)
+# Every feature in evaluation order; fails here, at import, unless each of the policy's
+# switches has its registered feature.
+PIPELINE: tuple[Feature, ...] = REGISTRY.pipeline()
 
 
 class FeatureFailed(Exception):
@@ -47,9 +43,9 @@ def enabled(policy: Policy) -> tuple[Step, ...]:
     if _enabled is None or _enabled[0] is not policy:
         switches = policy.features
         steps = tuple(
-            (name, fn, getattr(switches, name).failurePolicy == "fail-closed")
-            for name, fn in PIPELINE
-            if getattr(switches, name).enable
+            (f.name, f.desired, getattr(switches, f.name).failurePolicy == "fail-closed")
+            for f in PIPELINE
+            if getattr(switches, f.name).enable
         )
         _enabled = (policy, steps)
     return _enabled[1]
@@ -75,4 +71,23 @@ def desired_state(ctx: Context) -> Outcome:
     return Outcome(intent, failed)
 
 
-__all__ = ["PIPELINE", "Context", "FeatureFailed", "Intent", "InvalidInput", "Outcome", "Setting", "desired_state"]
+__all__ = [
+    "PIPELINE",
+    "Context",
+    "Feature",
+    "FeatureFailed",
+    "Intent",
+    "InvalidInput",
+    "Outcome",
+    "Setting",
+    "batch",
+    "blkio",
+    "core_sched",
+    "cpu_burst",
+    "cpu_qos",
+    "cpuset",
+    "desired_state",
+    "enabled",
+    "memory_qos",
+    "resctrl",
+]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from nriplugin.features.registry import feature
 from nriplugin.intent.core import Context, Intent, InvalidInput, annotation_json
 from nriplugin.policy.quantity import parse_quantity
 
@@ -93,6 +94,7 @@ def pod_batch(ctx: Context) -> Limits | None:
     return req, lim
 
 
+@feature("batchResource", order=10)  # first: cpuQOS and cpuBurst read the shares and quota it sets
 def desired(ctx: Context, intent: Intent) -> None:
     if ctx.qos != "BE":
         return

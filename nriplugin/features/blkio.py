@@ -9,6 +9,7 @@ import os
 import stat
 from functools import lru_cache
 
+from nriplugin.features.registry import feature
 from nriplugin.intent.core import Context, Intent
 
 THROTTLES = (
@@ -34,6 +35,7 @@ def resolve_device(name: str) -> str | None:
     return f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
 
 
+@feature("blkio", order=70)  # reads only its own policy section
 def desired(ctx: Context, intent: Intent) -> None:
     cfg = ctx.policy.class_qos(ctx.qos).blkioQOS
     if not cfg.enable or ctx.container is None or "blkio" not in ctx.caps.controllers:

@@ -4,12 +4,14 @@ refuses more). A pod may set its own ``koordinator.sh/cpuBurst`` (JSON) within t
 
 from __future__ import annotations
 
+from nriplugin.features.registry import feature
 from nriplugin.intent.core import Context, Intent, InvalidInput
 
 ANNOTATION = "koordinator.sh/cpuBurst"
 POLICIES = ("none", "cpuBurstOnly", "cfsQuotaBurstOnly", "auto")
 
 
+@feature("cpuBurst", order=30)  # after batchResource: the burst follows the quota batch set
 def desired(ctx: Context, intent: Intent) -> None:
     if ctx.qos not in ("LSE", "LSR", "LS") or ctx.container is None or not ctx.has("cpu.cfs_burst_us"):
         return

@@ -7,9 +7,11 @@ scheduling cookies by group (core_sched.py) where the kernel has them."""
 from __future__ import annotations
 
 from nriplugin.features import core_sched
+from nriplugin.features.registry import feature
 from nriplugin.intent.core import Context, Intent
 
 
+@feature("cpuQOS", order=20)  # after batchResource: BE gets the lowest shares only where batch set none
 def desired(ctx: Context, intent: Intent) -> None:
     cfg = ctx.policy.class_qos(ctx.qos).cpuQOS
     if not cfg.enable:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+from nriplugin.features.registry import feature
 from nriplugin.intent.core import Context, Intent, InvalidInput
 from nriplugin.intent.cpus import NoCapacity
 from nriplugin.kernel.cpulist import format_cpulist, parse_cpulist
@@ -84,6 +85,7 @@ def assign(ctx: Context) -> str | None:
         return str(exc)
 
 
+@feature("cpuset", order=40)  # reads only the CPU allocator's assignment
 def desired(ctx: Context, intent: Intent) -> None:
     """Reads the assignment (see :func:`assign`); allocates nothing."""
     alloc = ctx.cpus

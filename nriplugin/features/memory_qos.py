@@ -16,6 +16,7 @@ value there. min and high have no v1 equivalent and are skipped.
 from __future__ import annotations
 
 from nriplugin.features import batch
+from nriplugin.features.registry import feature
 from nriplugin.intent.core import Context, Intent
 
 PAGE = 4096
@@ -33,6 +34,7 @@ def _request(ctx: Context) -> tuple[int | None, int | None, str]:
     return None, limit, ""
 
 
+@feature("memoryQOS", order=50)  # reads batch-memory from the annotation itself, not batch's values
 def desired(ctx: Context, intent: Intent) -> None:
     cfg = ctx.policy.class_qos(ctx.qos).memoryQOS
     if not cfg.enable or ctx.container is None:

@@ -5,6 +5,7 @@ the workload has not run yet)."""
 
 from __future__ import annotations
 
+from nriplugin.features.registry import feature
 from nriplugin.intent.core import Context, Intent
 
 GROUP_PREFIX = "koordlet-"
@@ -19,6 +20,7 @@ def class_of(group: str) -> str:
     return group.removeprefix(GROUP_PREFIX)
 
 
+@feature("resctrl", order=60)  # a group to join, independent of the files set before
 def desired(ctx: Context, intent: Intent) -> None:
     cfg = ctx.policy.class_qos(ctx.qos).resctrlQOS
     if not cfg.enable or ctx.container is None or not ctx.caps.resctrl.mounted:

@@ -1,7 +1,7 @@
 """The policy: the plugin's own YAML, shaped like Koordinator's NodeSLO spec where they overlap
 (resourceQOSStrategy, cpuBurstStrategy, resourceUsedThresholdWithBE) plus per-feature switches
-and failure policies, and the QoS manager's ``qosManager`` section (seed 004 §7.7; its tuning
-profiles are in ``profiles.py``). A NodeSLO object is accepted as a file too.
+and failure policies, and the QoS manager's ``qosManager`` section (its tuning profiles are
+in ``profiles.py``). A NodeSLO object is accepted as a file too.
 
 Every field is validated; an error names the field path and the bad value.
 """
@@ -157,8 +157,8 @@ _UNIT = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "
 
 
 def _seconds(v: Any) -> Any:
-    """Seconds from a number or a Go duration string as the seed writes them (``500ms``,
-    ``1s``, ``1m30s``)."""
+    """Seconds from a number or a Go duration string, as Kubernetes users write them
+    (``500ms``, ``1s``, ``1m30s``)."""
     if isinstance(v, bool):
         raise ValueError("expected seconds or a duration such as 500ms, 1s, 30s")
     if not isinstance(v, str):
@@ -195,7 +195,7 @@ Ratio = Annotated[float, Field(gt=0, le=1)]
 
 
 class CPUPressure(_M):
-    """Level boundaries of a pressure score (seed §7.7): below ``low`` is LOW, below ``medium``
+    """Level boundaries of a pressure score: below ``low`` is LOW, below ``medium``
     MEDIUM, below ``high`` HIGH, below ``critical`` CRITICAL, from ``critical`` on EMERGENCY.
     ``hysteresis``: a level is left downwards only this many points below its boundary;
     ``fallTime``: the time constant at which a falling score is followed (a rising one is
@@ -320,7 +320,7 @@ class Eviction(_M):
 class CPUBurst(_M):
     """LS containers may exceed their CPU limit by ``burstRatio`` while the node is at least
     ``fullBurstNodeCPUIdle`` idle, by ``partialBurstRatio`` down to ``minNodeCPUIdle``, not below
-    (seed §7.5.4: 1.5 above 30 % idle, 1.3 at 20-30 %, none under 20 %); for at most
+    (by default 1.5 above 30 % idle, 1.3 at 20-30 %, none under 20 %); for at most
     ``burstDuration``, then not again for ``burstCooldown``. This is the manager's dynamic quota
     raise; ``cpuBurstStrategy`` is the static burst (``cpu.cfs_burst_us``) set at birth."""
 
@@ -385,14 +385,16 @@ class SystemReserved(_M):
     cpu: Annotated[Cores, Field(ge=0, le=1024)] = 0.0
 
 
-# The seed's plugins, in the one order they run (§7.6): LS burst first, BE suppressed within
-# what is left, eviction only when suppression is not enough.
+# The QoS manager's strategies, in the one order they run: the node's capacity, less what the
+# system keeps, is known first; LS bursts are granted before BE is limited within what is left;
+# eviction acts only when limiting BE is not enough. Each name has exactly one strategy
+# (``nriplugin/qos/strategy.py``'s registry, checked when the manager is imported).
 PluginName = Literal["NodeQOSResource", "SystemQOSResource", "CPUBurst", "CPUSuppress", "CPUEvict", "MemoryEvict"]
 PLUGINS: tuple[PluginName, ...] = get_args(PluginName)
 
 
 class QoSManager(_M):
-    """The QoS manager (seed 004 §7.7). ``profile`` (§7.8) applies first; fields set here win."""
+    """The QoS manager. ``profile`` (``profiles.py``) applies first; fields set here win."""
 
     enable: bool = True
     profile: Profile = "balanced"
@@ -404,7 +406,10 @@ class QoSManager(_M):
     memoryEvict: MemoryEvict = MemoryEvict()
     eviction: Eviction = Eviction()
     cpuBurst: CPUBurst = CPUBurst()
-    # Which plugins run; the order they run in is always PLUGINS' (listed order is ignored).
+    # Which strategies run (each also needs its own section enabled, where it has one); the
+    # order they run in is always PLUGINS' (listed order is ignored). NodeQOSResource left out:
+    # the strategies that size CPU (CPUBurst, CPUSuppress, CPUEvict) cannot run either;
+    # SystemQOSResource left out: nothing is held back for the system.
     plugins: list[PluginName] = list(PLUGINS)
     systemReserved: SystemReserved = SystemReserved()
 
@@ -427,18 +432,6 @@ class QoSManager(_M):
             raise ValueError(f"listed more than once: {', '.join(dup)}")
         return [p for p in PLUGINS if p in v]
 
-    def runs(self, plugin: str) -> bool:
-        """Whether ``plugin`` runs: the manager on, the plugin listed and its section enabled."""
-        if not self.enable or plugin not in self.plugins:
-            return False
-        section = {
-            "CPUBurst": self.cpuBurst.enabled,
-            "CPUSuppress": self.cpuSuppress.enabled,
-            "CPUEvict": self.cpuEvict.enabled,
-            "MemoryEvict": self.memoryEvict.enabled,
-        }
-        return section.get(plugin, True)
-
 
 def explicit_fields(data: Any) -> Any:
     """What was given, as plain data: a model instance contributes only the fields set on it,
@@ -450,15 +443,15 @@ def explicit_fields(data: Any) -> Any:
     return data
 
 
-FEATURES = ("cpuQOS", "batchResource", "cpuBurst", "memoryQOS", "cpuset", "resctrl", "blkio")
-
-
 class FeatureSwitch(_M):
     enable: bool = True
     failurePolicy: Literal["fail-open", "fail-closed"] = "fail-open"
 
 
 class Features(_M):
+    """One switch per feature: the names feature modules register under
+    (``nriplugin/features/registry.py``, which fails at import unless the two match)."""
+
     cpuQOS: FeatureSwitch = FeatureSwitch()
     batchResource: FeatureSwitch = FeatureSwitch()
     cpuBurst: FeatureSwitch = FeatureSwitch()

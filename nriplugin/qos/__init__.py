@@ -1,2 +1,2 @@
-"""The QoS manager (seed 004 §7): collect -> assess -> decide -> apply as overlays on the
+"""The QoS manager: collect -> assess -> decide -> apply as overlays on the
 desired state (the one writer applies them, the reconciler keeps them)."""

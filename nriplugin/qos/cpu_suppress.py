@@ -1,9 +1,8 @@
-"""CPUSuppress (seed 004 §7.5.1): how much CPU best-effort work may have, and when to change it.
+"""CPUSuppress: how much CPU best-effort work may have, and when to change it.
 
 Two bounds, the tighter wins:
-- the seed's, by pressure level: ``(total - LS request - system reserved - LS burst granted) x
-  ratio(level)`` — LS bursts are served first, BE gets what is left (§7.6), so the sum never
-  exceeds the node;
+- the level's: ``(total - LS request - system reserved - LS burst granted) x ratio(level)`` —
+  LS bursts are served first, BE gets what is left, so the sum never exceeds the node;
 - Koordinator's usage budget (NodeSLO ``cpuSuppressThresholdPercent``): ``total x threshold -
   what everything but BE uses now``. It follows LS's actual use, so it reacts within one fast
   sample (100 ms) to an LS spike, long before a pressure level (smoothed, with hysteresis)
@@ -20,11 +19,18 @@ cpuset every second (koordinator#1103).
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from nriplugin.qos.node_resource import Capacity
+from nriplugin.policy.model import QoSManager as ManagerConfig
+from nriplugin.policy.qos import QoSClass
+from nriplugin.qos.strategy import Capacity, Decision, Host, Round, Strategy, register
+
+log = logging.getLogger("nriplugin.qos")
+
+SUPPRESS = "qos:cpuSuppress"  # the overlays' owner
 
 PERIOD_US = 100_000  # the CFS period the BE group's quota is expressed in
 MIN_QUOTA_US = 1_000  # the kernel's minimum quota (1 ms)
@@ -46,20 +52,20 @@ def be_target(
     floor: float = 0.0,
 ) -> Target:
     """BE's CPU limit in cores, and which bound set it."""
-    seed = max(0.0, cap.for_be - burst_granted) * ratio
+    by_level = max(0.0, cap.for_be - burst_granted) * ratio
     why = (
         f"{level}: ({cap.total:g} total - {cap.ls_request:.2f} LS request - {cap.system_reserved:g} reserved"
         + (f" - {burst_granted:.2f} LS burst" if burst_granted else "")
         + f") x {ratio:g}"
     )
-    cores = seed
+    cores = by_level
     if usage_threshold_percent > 0:
         usage = cap.total * usage_threshold_percent / 100 - cap.non_be_usage
         if usage < cores:
             cores = usage
             why = (
                 f"{cap.total:g} x {usage_threshold_percent:g}% - {cap.non_be_usage:.2f} used by LS and the system "
-                f"(the seed's bound, {seed:.2f}, is looser)"
+                f"(the level's bound, {by_level:.2f}, is looser)"
             )
     if cores < floor:
         return Target(floor, f"{why}; floor {floor:g} (BE is never starved to zero)")
@@ -149,3 +155,144 @@ class Limiter:
 def cpuset_size(cores: float) -> int:
     """Whole CPUs for the cpuset policy (at least one)."""
     return max(1, math.ceil(cores - 1e-9))
+
+
+@register
+class CPUSuppressStrategy(Strategy):
+    """Limits BE's QoS-level groups, as a quota (cfsQuota) or a CPU count (cpuset)."""
+
+    name = "CPUSuppress"
+    needs_capacity = True
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self.limiter = Limiter()
+        self._applied: set[str] = set()  # QoS-level groups with our quota overlay
+        self._mode: str | None = None  # the suppression policy in force (cfsQuota, cpuset)
+        self._cpuset_n: int | None = None  # CPUs BE's containers are on (cpuset policy)
+
+    @classmethod
+    def configured(cls, cfg: ManagerConfig) -> bool:
+        return cfg.cpuSuppress.enabled
+
+    def decide(self, r: Round) -> None:
+        cap = r.capacity
+        if cap is None:
+            return
+        # Until BE's group has been read twice, what is not BE is not known: the usage budget
+        # waits for it rather than taking BE's own CPU for LS's.
+        self.apply(r, self.target(r, cap, usage_known=cap.be_measured))
+        r.be_limit = self.limiter.current
+        r.be_target = self.target(r, cap).cores
+
+    def between_rounds(self, r: Round) -> None:
+        if r.capacity is not None:
+            self.apply(r, self.target(r, r.capacity), tighten_only=True)
+
+    def target(self, r: Round, cap: Capacity, usage_known: bool = True) -> Target:
+        s, usage = r.config.cpuSuppress, r.policy.resourceUsedThresholdWithBE
+        return be_target(
+            cap,
+            s.suppressRatio.of(r.level),
+            r.level.name,
+            usage_threshold_percent=usage.cpuSuppressThresholdPercent if usage.enable and usage_known else 0.0,
+            burst_granted=r.burst_extra,
+            floor=s.minCores,
+        )
+
+    def apply(self, r: Round, target: Target, tighten_only: bool = False) -> None:
+        groups = self.host.groups
+        if not groups:
+            return
+        mode = r.policy.cpu_suppress_policy()
+        if mode != self._mode:
+            self._switch(mode)
+        s, lim = r.config.cpuSuppress, self.limiter
+        lim.deadband, lim.relax_hold, lim.max_relax_per_minute = s.deadbandCores, s.raiseDelay, s.maxWritesPerMinute
+        before = lim.current
+        new = lim.step(r.t, target.cores, tighten_only)
+        if new is None:
+            return
+        if mode == "cpuset":
+            written = self._apply_cpuset(new, before, target.why)
+        else:
+            self._apply_quota(new, before, target.why, r.policy.beMinCPUShares)
+            written = f"{new:.2f} cores"
+        if written is None:
+            return
+        host = self.host
+        host.observer.be_limit(new if mode == "cfsQuota" else float(cpuset_size(new)))
+        host.observer.suppressed(r.level.name)
+        host.decisions.append(Decision(r.t, SUPPRESS, ",".join(groups), written, target.why))
+        log.info(
+            "BE limited to %s: %s",
+            written,
+            target.why,
+            extra={"be_limit_cores": round(new, 3), "level": r.level.name, "policy": mode},
+        )
+
+    def _apply_quota(self, new: float, before: float | None, why: str, shares: int) -> None:
+        """cfsQuota: BE's QoS-level group gets the quota (and the lowest weight)."""
+        values: dict[str, int | str] = {
+            "cpu.cfs_quota_us": quota_us(new),
+            "cpu.cfs_period_us": PERIOD_US,
+            # the lowest weight, as kubelet gives its besteffort group: within its quota BE
+            # still yields to LS on every CPU
+            "cpu.shares": shares,
+        }
+        # cgroup v1 refuses a child's quota above its parent's: BE's pods and containers get
+        # the limit as a ceiling (new ones at birth too) - lowered before the group when it
+        # falls, after it when it rises (the reconciler also retries a batch's refusals).
+        desired = self.host.desired
+        lowering = before is None or new < before
+        if lowering:
+            desired.set_ceiling(QoSClass.BE, new, SUPPRESS, f"BE's group is limited to {new:.2f} cores")
+        for group in self.host.groups:
+            key = self.host.owner.own_group(group)
+            desired.set_overlay(key, SUPPRESS, values, why)
+            self._applied.add(key)
+        if not lowering:
+            desired.set_ceiling(QoSClass.BE, new, SUPPRESS, f"BE's group is limited to {new:.2f} cores")
+
+    def _apply_cpuset(self, new: float, before: float | None, why: str) -> str | None:
+        """cpuset: BE's containers on whole CPUs of the share pool (SMT siblings together),
+        as many as the limit rounded up (at least one). Only a change in the count is written,
+        so the integer steps are a deadband of their own (koordlet rewrites it every tick,
+        koordinator#1103)."""
+        n = cpuset_size(new)
+        if before is not None and self._cpuset_n == n:
+            return None
+        self._cpuset_n = n
+        self.host.desired.set_cpuset_limit(QoSClass.BE, n, SUPPRESS, f"{why}; BE on {n} CPU(s) of the share pool")
+        return f"{n} CPU(s)"
+
+    def _switch(self, mode: str) -> None:
+        """The suppression policy changed: lift what the other one set, start afresh."""
+        if mode != "cpuset":
+            self._lift_cpuset(f"the suppression policy is now {mode}")
+        if mode != "cfsQuota" and self._applied:
+            self._lift_quota()
+        self.limiter.reset()
+        self._mode = mode
+
+    def _lift_quota(self) -> None:
+        for key in sorted(self._applied):  # the group first: its children rise after it
+            self.host.desired.withdraw_overlay(key, SUPPRESS)
+        self.host.desired.withdraw_ceiling(QoSClass.BE)
+        self._applied.clear()
+
+    def _lift_cpuset(self, why: str) -> None:
+        if self._cpuset_n is not None:
+            self.host.desired.set_cpuset_limit(QoSClass.BE, None, SUPPRESS, f"{why}: BE on the whole share pool again")
+            self._cpuset_n = None
+
+    def off(self, t: float, why: str) -> bool:
+        """BE gets its CPU back: the quota and its ceiling withdrawn, the whole pool again."""
+        held = bool(self._applied) or self._cpuset_n is not None
+        if held:
+            self._lift_quota()
+            self._lift_cpuset(why)
+            self.host.decisions.append(Decision(t, SUPPRESS, "all", "withdrawn", why))
+        self._mode = None
+        self.limiter.reset()
+        return held

@@ -35,7 +35,7 @@ class Level(IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class Thresholds:
-    """Upper boundaries, as the seed's config names them: below ``low`` is LOW, below ``medium``
+    """Upper boundaries, as the policy names them: below ``low`` is LOW, below ``medium``
     MEDIUM, below ``high`` HIGH, below ``critical`` CRITICAL, from ``critical`` on EMERGENCY."""
 
     low: float = 40.0
@@ -58,10 +58,6 @@ class Thresholds:
             if score >= b:
                 n += 1
         return Level(n)
-
-    def lower_bound(self, level: Level) -> float:
-        """The score at which ``level`` is entered (0 for LOW)."""
-        return 0.0 if level == Level.LOW else self.boundaries[level - 1]
 
 
 CPU_THRESHOLDS = Thresholds(40, 60, 75, 90)

@@ -1,43 +1,95 @@
-"""NodeQOSResource and SystemQOSResource (seed 004 §7.6 steps 1-2): what the node has, what
-the system keeps, what LS asked for — the base every later strategy divides up."""
+"""NodeQOSResource and SystemQOSResource: what the node has for pods and what the system keeps —
+the base every later strategy divides up.
+
+- NodeQOSResource: total CPUs, what LS requested and uses, what BE uses (its QoS-level groups'
+  own counter where read twice, so BE pods that have just started count as BE), and what
+  everything but BE uses. Without it no strategy that sizes CPU can run: CPUBurst, CPUSuppress
+  and CPUEvict stand down (their overlays withdrawn), the manager says so once in the log;
+  MemoryEvict, which measures memory itself, still runs.
+- SystemQOSResource: holds back ``qosManager.systemReserved.cpu`` for the system and its
+  daemons (at most the whole node). Without it nothing is held back: the capacity's
+  ``system_reserved`` is 0. With no capacity (NodeQOSResource off) it has nothing to hold back
+  from.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import replace
 
-from nriplugin.qos.sample import NodeSample
-
-LS_CLASSES = ("LSE", "LSR", "LS")
-
-
-@dataclass(frozen=True, slots=True)
-class Capacity:
-    total: float  # online CPUs
-    system_reserved: float  # kept for the system and its daemons (policy)
-    ls_request: float  # what LS pods requested (cores)
-    ls_usage: float  # what they use now
-    be_usage: float
-    non_be_usage: float  # node busy minus BE: LS, system daemons, anything not BE
-
-    @property
-    def schedulable(self) -> float:
-        """The seed's "available CPU" before LS: total minus the system's share."""
-        return max(0.0, self.total - self.system_reserved)
-
-    @property
-    def for_be(self) -> float:
-        """The seed's ``available_cpu = total - LS request - system reserved`` (never negative)."""
-        return max(0.0, self.total - self.ls_request - self.system_reserved)
+from nriplugin.qos.sample import LS_CLASSES, NodeSample
+from nriplugin.qos.strategy import Capacity, Host, Round, Strategy, register
 
 
-def capacity(sample: NodeSample, system_reserved: float) -> Capacity:
+def capacity(sample: NodeSample) -> Capacity:
+    """The capacity a sample shows, BE's usage summed over its containers, nothing held back."""
     ls = [sample.usage(q) for q in LS_CLASSES]
     be = sample.usage("BE").cpu_cores
     return Capacity(
         total=float(sample.ncpu),
-        system_reserved=min(max(0.0, system_reserved), float(sample.ncpu)),
+        system_reserved=0.0,
         ls_request=sum(u.cpu_request_cores for u in ls),
         ls_usage=sum(u.cpu_cores for u in ls),
         be_usage=be,
         non_be_usage=max(0.0, sample.cpu_busy_cores - be),
     )
+
+
+class Rate:
+    """A counter's rate over the window since its previous reading."""
+
+    def __init__(self) -> None:
+        self.t: float | None = None
+        self.value = 0.0
+
+    def update(self, t: float, value: float | None) -> float | None:
+        if value is None:
+            self.t = None
+            return None
+        prev_t, prev = self.t, self.value
+        self.t, self.value = t, value
+        if prev_t is None or t <= prev_t:
+            return None
+        return max(0.0, (value - prev) / (t - prev_t))
+
+
+@register
+class NodeQOSResourceStrategy(Strategy):
+    name = "NodeQOSResource"
+
+    def __init__(self, host: Host) -> None:
+        self._be = Rate()  # BE's groups' CPU counter, one reading per full round
+
+    def decide(self, r: Round) -> None:
+        s = r.sample
+        cap = capacity(s)
+        be = self._be.update(s.t, s.be_cpu_seconds)
+        if be is None:
+            cap = replace(cap, be_measured=False)
+        else:
+            cap = replace(cap, be_usage=be, non_be_usage=max(0.0, s.cpu_busy_cores - be))
+        r.capacity = cap
+
+    def between_rounds(self, r: Round) -> None:
+        if r.fast is not None:
+            r.capacity = replace(capacity(r.sample), be_usage=r.fast.be, non_be_usage=r.fast.non_be)
+
+    def off(self, t: float, why: str) -> bool:
+        self._be = Rate()  # a rate across the time it was off would be no rate at all
+        return False
+
+
+@register
+class SystemQOSResourceStrategy(Strategy):
+    name = "SystemQOSResource"
+
+    def __init__(self, host: Host) -> None:
+        pass
+
+    def decide(self, r: Round) -> None:
+        cap = r.capacity
+        if cap is not None:
+            held = min(max(0.0, r.config.systemReserved.cpu), cap.total)
+            r.capacity = replace(cap, system_reserved=held)
+
+    def between_rounds(self, r: Round) -> None:
+        self.decide(r)

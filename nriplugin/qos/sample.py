@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+LS_CLASSES = ("LSE", "LSR", "LS")  # the latency-sensitive classes, highest first
+
 
 @dataclass(frozen=True, slots=True)
 class Pressure:

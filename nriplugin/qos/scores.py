@@ -1,23 +1,21 @@
-"""CPU and memory pressure scores (seed 004 §7.4), as pure functions of measurements.
+"""CPU and memory pressure scores, as pure functions of measurements.
 
 Each score is a sum of four terms capped at 100; the result keeps the terms, so metrics,
 ``explain`` and ``nriplugin top`` can say which one drove a decision.
 
-**CPU** (the seed's formula, with the constants its worked example uses)::
+**CPU**, four terms weighted by how directly they show LS waiting for a CPU::
 
     node  = 0.4 · node CPU %
     ls    = 30 · min(LS usage / LS request, 2)
     trend = min(20, 20 · max(0, trend of node CPU % in points per minute over 5 min))
     load  = 10 · min(load1 / ncpu, 2)
 
-The seed's code writes the trend term as ``max(0, trend·10)·0.2·100``, which gives 100 for its
-own 0.5 %/min example; its text computes 10 and caps at 20, so that is what is used here. Its
-scenario 2 adds 34 + 45 + 20 + 15 to "94"; the terms sum to 114, capped to 100: both are
-EMERGENCY, and the formula is followed.
+The trend term is 20 points per %/min of rising busy share, at most 20: a node 0.5 %/min
+busier scores 10. The sum is capped at 100 (34 + 45 + 20 + 15 scores 100, EMERGENCY).
 
-**BE's own usage does not count** (``seed=False``, the default). In the seed, BE soaking up idle
-CPU raises "node CPU %", its trend and the load average, so BE suppresses itself while LS is
-idle, the opposite of colocation (BE runs as much as it can while LS does not need the CPU).
+**BE's own usage does not count.** Counted, BE soaking up
+idle CPU raises "node CPU %", its trend and the load average, so BE suppresses itself while LS
+is idle, the opposite of colocation (BE runs as much as it can while LS does not need the CPU).
 Here the CPU that BE uses is treated as reclaimable, which it is (it is what suppression
 reclaims):
 
@@ -33,13 +31,13 @@ reclaims):
 - LS term: unchanged (LS against its own request).
 
 So with BE alone on the node, the score is about what it would be with the node idle. When LS
-does need the CPU, its usage, ratio, trend and runnable threads raise the score as in the seed.
-``seed=True`` computes the seed's literal formula (tests compare the two).
+does need the CPU, its usage, ratio, trend and runnable threads raise the score as they would
+with BE counted.
 
 "LS" is every latency-sensitive class: LSE, LSR and LS.
 
-**Memory** (the seed's formula; BE's memory is counted, since memory in use is not reclaimable
-without eviction)::
+**Memory** (BE's memory is counted, since memory in use is not reclaimable without
+eviction)::
 
     used    = 0.35 · (MemTotal - MemAvailable) / MemTotal %
     growth  = 0.25 · min(5 · LS RSS growth in %/min, 100)
@@ -59,8 +57,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from nriplugin.qos.sample import NodeSample
-from nriplugin.qos.trends import LS_CLASSES, Trends
+from nriplugin.qos.sample import LS_CLASSES, NodeSample
+from nriplugin.qos.trends import Trends
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +68,7 @@ class CpuInputs:
     be_usage_cores: float
     ls_usage_cores: float
     ls_request_cores: float
-    trend_pct_per_min: float  # slope of node busy % (all of it, the seed's)
+    trend_pct_per_min: float  # slope of node busy % (all of it, BE included)
     load1: float
     be_trend_pct_per_min: float = 0.0  # slope of BE's share of the node, %
     be_load: float | None = None  # BE's weight in load1 (1-min average of its cores); None: be_usage_cores
@@ -83,7 +81,6 @@ class CpuScore:
     trend: float
     load: float
     total: float
-    seed: bool = False
 
     @property
     def terms(self) -> dict[str, float]:
@@ -123,24 +120,23 @@ def _clamp(x: float, lo: float, hi: float) -> float:
     return min(hi, max(lo, x))
 
 
-def cpu_pressure(i: CpuInputs, seed: bool = False) -> CpuScore:
-    """The CPU pressure score, 0-100. ``seed=True``: the seed's literal formula, BE included."""
+def cpu_pressure(i: CpuInputs) -> CpuScore:
+    """The CPU pressure score, 0-100, BE's own usage, trend and load left out."""
     ncpu = i.ncpu if i.ncpu > 0 else 0
     node_cores = max(0.0, _f(i.node_usage_cores))
     be_cores = max(0.0, _f(i.be_usage_cores))
     trend = _f(i.trend_pct_per_min)
     load1 = max(0.0, _f(i.load1))
-    if not seed:
-        node_cores = max(0.0, node_cores - be_cores)
-        trend -= _f(i.be_trend_pct_per_min)
-        be_load = be_cores if i.be_load is None else max(0.0, _f(i.be_load))
-        load1 = max(0.0, load1 - be_load)
+    node_cores = max(0.0, node_cores - be_cores)
+    trend -= _f(i.be_trend_pct_per_min)
+    be_load = be_cores if i.be_load is None else max(0.0, _f(i.be_load))
+    load1 = max(0.0, load1 - be_load)
     node = 0.4 * _clamp(100.0 * node_cores / ncpu, 0.0, 100.0) if ncpu else 0.0
     request = _f(i.ls_request_cores)
     ls = 30.0 * min(max(0.0, _f(i.ls_usage_cores)) / request, 2.0) if request > 0 else 0.0
     trend_term = min(20.0, 20.0 * max(0.0, trend))
     load = 10.0 * min(load1 / ncpu, 2.0) if ncpu else 0.0
-    return CpuScore(node, ls, trend_term, load, min(100.0, node + ls + trend_term + load), seed)
+    return CpuScore(node, ls, trend_term, load, min(100.0, node + ls + trend_term + load))
 
 
 def memory_pressure(i: MemoryInputs) -> MemoryScore:

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable
 
-from nriplugin.qos.sample import NodeSample
+from nriplugin.qos.sample import LS_CLASSES, NodeSample
 
-LS_CLASSES = ("LSE", "LSR", "LS")
-TREND_WINDOW = 300.0  # seconds: the seed's 5-minute history
+TREND_WINDOW = 300.0  # seconds: five minutes, long enough for a trend, short enough to follow it
 LOAD_TIME = 60.0  # seconds: load1's time constant
 
 Point = tuple[float, float]
@@ -125,13 +123,6 @@ class Trends:
         self.be_load = Ewma(LOAD_TIME)  # BE's usage averaged like load1
         self.rss = WindowSlope(window)  # the RSS of LSE + LSR + LS
 
-    @classmethod
-    def of(cls, samples: Iterable[NodeSample], window: float = TREND_WINDOW) -> Trends:
-        tr = cls(window)
-        for s in samples:
-            tr.add(s)
-        return tr
-
     def add(self, s: NodeSample) -> None:
         """One round. The first one has no CPU figures (no interval to take a rate over): its
         zeros would fake a rising trend, so only its memory counts. LS RSS is the collector's
@@ -142,18 +133,3 @@ class Trends:
             self.be_cores.add(s.t, be)
             self.be_load.add(s.t, be)
         self.rss.add(s.t, float(ls_rss(s)) if s.ls_rss_held is None else s.ls_rss_held)
-
-
-def slope_per_min(points: Iterable[Point], window: float = TREND_WINDOW) -> float:
-    """Least-squares slope of (t seconds, value) per minute over the last ``window`` seconds."""
-    w = WindowSlope(window)
-    for t, v in points:
-        w.add(t, v)
-    return w.per_minute()
-
-
-def ewma(points: Iterable[Point], time_constant: float) -> float:
-    e = Ewma(time_constant)
-    for t, v in points:
-        e.add(t, v)
-    return e.value

@@ -1,21 +1,19 @@
-"""CPUEvict (seed 004 §7.5.2): when suppressing BE is not enough, evict BE pods to give LS
-its CPU back.
+"""CPUEvict: when suppressing BE is not enough, evict BE pods to give LS its CPU back.
 
-The seed's trigger is "pressure at EMERGENCY and LS latency over its SLO, with CPUSuppress
-already applied". The agent cannot see request latency, so LS suffering is what the kernel
-shows of it: the share of time LS had runnable tasks waiting for a CPU (PSI ``some``: the LS
+The trigger: the CPU pressure score at ``evictThreshold`` (EMERGENCY), BE already suppressed to
+what the level allows, and LS suffering. The agent cannot see request latency, so LS suffering
+is what the kernel shows of it: the share of time LS had runnable tasks waiting for a CPU (PSI ``some``: the LS
 groups' own ``cpu.pressure`` on cgroup v2, the node's ``/proc/pressure/cpu`` on v1) or LS
 containers throttled at their quota. The conditions must hold for ``sustain`` seconds (a
 one-round spike is suppression's job), and after an eviction CPUEvict waits ``cooldown``.
 
-How much (step 2): ``release = 1.2 x (LS demand - LS available)`` with
-``available = total - system - BE usage`` (the seed's; the system's share is what it uses or
-what is reserved for it, whichever is more) and the demand estimated from
-what LS used and how long it waited: ``usage x (1 + max(stall share, throttled share))``.
-The seed's worked example (64 cores, LS at 52 with 52 available) has no shortage by its own
-arithmetic yet frees 8 cores: with LS stalled 13 % of the time the estimate gives a shortage
-of 6.8 cores, a release of 8.1, and the seed's three pods (9 cores) — the result the seed
-reaches, from figures the kernel gives.
+How much: ``release = 1.2 x (LS demand - LS available)`` — 20 % more than the shortage, so
+one eviction is enough — with ``available = total - system - BE usage`` (the system's share
+is what it uses or what is reserved for it, whichever is more) and the demand estimated from
+what LS used and how long it waited: ``usage x (1 + max(stall share, throttled share))``. LS
+using all it has shows no shortage by usage alone; its waiting does: on 64 cores, 4 for the
+system and 8 for BE, LS using the 52 left and stalled 13 % of the time is short of 6.8 cores;
+the release is 8.1, three BE pods of 3 cores.
 
 Koordinator's BE-satisfaction variant (NodeSLO ``cpuEvictBESatisfactionLowerPercent`` /
 ``UpperPercent``, ``cpuEvictBEUsageThresholdPercent``, ``cpuEvictTimeWindowSeconds``): when
@@ -31,7 +29,7 @@ from dataclasses import dataclass
 
 from nriplugin.qos.eviction.victims import Candidates, Plan, Release, listed, rank_cpu
 
-RELEASE_FACTOR = 1.2  # the seed's 20 % buffer
+RELEASE_FACTOR = 1.2  # 20 % over the shortage: one eviction, not a second round of them
 MIN_CORES = 0.001  # a pod using less than a millicore is idle: evicting it frees nothing
 
 
@@ -80,7 +78,8 @@ def suffering(f: CpuFacts, cfg: CpuConfig) -> bool:
 
 
 def emergency_release(f: CpuFacts, cfg: CpuConfig) -> Release | None:
-    """The seed's release, or None when its conditions do not all hold."""
+    """The release under emergency (score, BE suppressed, LS suffering, a shortage), or None
+    when its conditions do not all hold."""
     if f.score < cfg.threshold or not f.suppressed or not suffering(f, cfg):
         return None
     demand, available, short = shortage(f)

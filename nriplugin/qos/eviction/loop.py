@@ -1,8 +1,8 @@
 """Eviction in the QoS manager: the facts CPUEvict and MemoryEvict decide on, when they decide,
 and handing their plans to the evictor.
 
-- CPUEvict decides once per manager round (:meth:`Eviction.after_round`), after CPUSuppress,
-  from the round's sample, level and BE limit.
+- CPUEvict decides once per manager round (:meth:`Eviction.cpu_round`), after CPUSuppress,
+  from the round's sample, level, capacity and BE limit.
 - MemoryEvict decides on every memory event the kernel sends for the pods root(s) — usage
   crossing one of a ladder of thresholds (50, 60, the trigger, 80, 90, 95 % of the node's
   memory), reclaim at ``critical`` pressure; ``memory.events`` and PSI on v2 — coalesced to at
@@ -29,14 +29,15 @@ from nriplugin.kernel.memory_events import MemoryEvents
 from nriplugin.kernel.stats import Stats, WorkingSet
 from nriplugin.node.model import NodeModel
 from nriplugin.policy.cache import RuleCache
+from nriplugin.policy.model import QoSManager as Config
 from nriplugin.policy.qos import QoSClass
 from nriplugin.qos.collect import ContainerUsage
 from nriplugin.qos.eviction.cpu import CpuConfig, CpuEvict, CpuFacts
 from nriplugin.qos.eviction.evictor import Evictor, Pending, Priorities
 from nriplugin.qos.eviction.memory import MemoryConfig, MemoryEvict, MemoryFacts
 from nriplugin.qos.eviction.victims import Candidate, Plan, label_priority
-from nriplugin.qos.node_resource import Capacity
-from nriplugin.qos.sample import NodeSample
+from nriplugin.qos.sample import LS_CLASSES
+from nriplugin.qos.strategy import Host, Round, Strategy, register
 
 log = logging.getLogger("nriplugin.qos.evict")
 
@@ -199,40 +200,36 @@ class Eviction:
 
     # the rounds ---------------------------------------------------------------------------------
 
-    def after_round(
-        self,
-        sample: NodeSample,
-        cap: Capacity,
-        level: int,
-        cpu_score: float,
-        memory_score: float,
-        be_limit: float | None,
-        be_target: float,
-    ) -> None:
-        """The manager's hook, after CPUSuppress: CPUEvict, then a MemoryEvict check."""
-        self.memory_score = memory_score
-        qm = self.rules.policy.qosManager
+    def cpu_round(self, r: Round) -> None:
+        """CPUEvict's turn in a round, after CPUSuppress: evict if suppressing BE is not enough."""
+        facts = cpu_facts(r)
+        if facts is None:
+            return
         self._configure_evictor()
-        if sample.memory_read and qm.runs("MemoryEvict"):
-            self.observe_pods(sample.t)
-        if qm.runs("CPUEvict"):
-            facts = cpu_facts(sample, cap, level, cpu_score, be_limit, be_target, qm.cpuSuppress.deadbandCores)
-            self.cpu.cfg = self._cpu_config()
-            if not self.evictor.busy("CPUEvict"):
-                plan = self.cpu.decide(
-                    facts, lambda: [c for c in self.candidates(memory=False) if self.evictor.eligible(c)]
-                )
-                if plan is not None:
-                    self._submit(plan)
-        if qm.runs("MemoryEvict"):
-            self._arm()  # the capacity or the threshold may have moved
-            self.memory_check()
+        self.cpu.cfg = self._cpu_config()
+        if not self.evictor.busy("CPUEvict"):
+            plan = self.cpu.decide(
+                facts, lambda: [c for c in self.candidates(memory=False) if self.evictor.eligible(c)]
+            )
+            if plan is not None:
+                self._submit(plan)
+
+    def memory_round(self, r: Round) -> None:
+        """MemoryEvict's turn in a round: the pods' growth from the collector's reading, the
+        kernel's notifications re-armed (the capacity or the threshold may have moved), and a
+        check, the safety net under the events."""
+        self.memory_score = r.memory_score
+        self._configure_evictor()
+        if r.sample.memory_read:
+            self.observe_pods(r.t)
+        self._arm()
+        self.memory_check()
 
     def memory_check(self) -> MemoryFacts | None:
         """Measure the pods' memory now and evict if MemoryEvict says so."""
         self._last_check = now = self.clock()
-        if not self.rules.policy.qosManager.runs("MemoryEvict"):
-            return None
+        if not MemoryEvictStrategy.runs(self.rules.policy.qosManager):
+            return None  # between rounds too: a policy that turned it off evicts nothing
         self._configure_evictor()
         total = self.meminfo_total()
         used, limits = 0, []
@@ -413,27 +410,25 @@ class Eviction:
         return m.total if m else 0
 
 
-def cpu_facts(
-    sample: NodeSample,
-    cap: Capacity,
-    level: int,
-    score: float,
-    be_limit: float | None,
-    be_target: float,
-    deadband: float,
-) -> CpuFacts:
-    """CPUEvict's inputs from a round. LS stall: the node's PSI ``some`` share of the interval
-    (cgroup v1 has no per-group PSI; BE's own waits count too, so this is an upper bound that
-    the shortage estimate then tempers with LS's real usage)."""
+def cpu_facts(r: Round) -> CpuFacts | None:
+    """CPUEvict's inputs from a round (None without the node's capacity). LS stall: the node's
+    PSI ``some`` share of the interval (cgroup v1 has no per-group PSI; BE's own waits count
+    too, so this is an upper bound that the shortage estimate then tempers with LS's real
+    usage). BE counts as suppressed once its limit is within the deadband of what this level
+    allows."""
+    cap, sample = r.capacity, r.sample
+    if cap is None:
+        return None
     stall = 0.0
     if sample.interval > 0:
         stall = min(1.0, sample.psi_cpu.some_delta_us / (sample.interval * 1e6))
-    throttled = max((sample.usage(q).throttled_ratio for q in ("LSE", "LSR", "LS")), default=0.0)
+    throttled = max((sample.usage(q).throttled_ratio for q in LS_CLASSES), default=0.0)
+    deadband = r.config.cpuSuppress.deadbandCores
     return CpuFacts(
         t=sample.t,
-        level=level,
-        score=score,
-        suppressed=be_limit is not None and be_limit <= be_target + deadband,
+        level=r.level,
+        score=r.cpu_score,
+        suppressed=r.be_limit is not None and r.be_target is not None and r.be_limit <= r.be_target + deadband,
         total=cap.total,
         system_reserved=cap.system_reserved,
         ls_usage=cap.ls_usage,
@@ -442,5 +437,43 @@ def cpu_facts(
         ls_stall=stall,
         ls_throttled=throttled,
         be_request=sample.usage("BE").cpu_request_cores,
-        be_limit=be_limit,
+        be_limit=r.be_limit,
     )
+
+
+@register
+class CPUEvictStrategy(Strategy):
+    """Evicts BE pods when limiting BE does not relieve LS (``eviction/cpu.py``)."""
+
+    name = "CPUEvict"
+    needs_capacity = True
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+
+    @classmethod
+    def configured(cls, cfg: Config) -> bool:
+        return cfg.cpuEvict.enabled
+
+    def decide(self, r: Round) -> None:
+        if self.host.eviction is not None:
+            self.host.eviction.cpu_round(r)
+
+
+@register
+class MemoryEvictStrategy(Strategy):
+    """Evicts BE pods before the pods' memory runs out (``eviction/memory.py``); between rounds
+    the kernel's memory events wake it (:meth:`Eviction.memory_check`)."""
+
+    name = "MemoryEvict"
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+
+    @classmethod
+    def configured(cls, cfg: Config) -> bool:
+        return cfg.memoryEvict.enabled
+
+    def decide(self, r: Round) -> None:
+        if self.host.eviction is not None:
+            self.host.eviction.memory_round(r)

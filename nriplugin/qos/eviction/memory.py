@@ -1,4 +1,4 @@
-"""MemoryEvict (seed 004 §7.5.3): memory cannot be suppressed, only given back by evicting.
+"""MemoryEvict: memory cannot be suppressed, only given back by evicting.
 
 **The node's memory** is what pods may use: the smaller of MemTotal and the memory limit of
 the pods root(s) (kubelet's node-allocatable cgroup, ``--pods-root``); its use is the pods
@@ -16,7 +16,8 @@ The kernel wakes the manager for each (usage thresholds and pressure levels thro
 the strategy itself is pure.
 
 **How much**: down to ``memoryEvictLowerPercent`` (default threshold - 2, Koordinator's) with
-the seed's 30 % buffer, ``1.3 x (use - lower x capacity)``; under OOM risk at least what the
+a 30 % buffer, ``1.3 x (use - lower x capacity)`` (what is freed is an estimate, and use
+keeps moving while victims stop); under OOM risk at least what the
 growth would add within the horizon beyond what is left. Memory already on its way out —
 victims still terminating — is credited (``pending``), so a slow shutdown does not make the
 next round evict again for the same bytes (koordinator#3137).
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 
 from nriplugin.qos.eviction.victims import LEAK_BYTES_PER_MIN, Candidates, Plan, Release, listed, rank_memory
 
-RELEASE_FACTOR = 1.3  # the seed's 30 % buffer
+RELEASE_FACTOR = 1.3  # 30 % over what is above the lower mark
 MiB = 1 << 20
 
 

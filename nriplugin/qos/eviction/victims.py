@@ -1,12 +1,12 @@
-"""Which pods eviction may take, in which order, and how many (seed 004 §7.5.2-7.5.3).
+"""Which pods eviction may take, in which order, and how many.
 
-Pure: candidates are plain facts (no model, no kernel), so the seed's worked examples are
-unit tests. Only BE pods are ever candidates: LS, LSR, LSE and SYSTEM pods are never
-evicted by the QoS manager, whatever their usage.
+Pure: candidates are plain facts (no model, no kernel), so worked examples are unit tests.
+Only BE pods are ever candidates: LS, LSR, LSE and SYSTEM pods are never evicted by the QoS
+manager, whatever their usage.
 
-Order, as the seed writes it:
+Order (what matters least to the cluster goes first, and as few pods as free enough):
 - CPU: lowest priority first, then the highest CPU usage, then the newest pod;
-- memory: leaking pods (growth over ``leak_bytes_per_min``, the seed's 5 MB/min) first, then
+- memory: leaking pods (growth over ``leak_bytes_per_min``, 5 MB/min by default) first, then
   lowest priority, then the most memory that eviction frees (anonymous memory: page cache is
   reclaimed without evicting anyone), then the newest.
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from nriplugin.policy.qos import QoSClass
 
 PRIORITY_LABEL = "koordinator.sh/priority"
-LEAK_BYTES_PER_MIN = 5 * 1024 * 1024  # the seed's "growth over 5 MB/min is a leak"
+LEAK_BYTES_PER_MIN = 5 * 1024 * 1024  # a pod growing faster than 5 MB/min leaks
 NEVER = frozenset({QoSClass.LSE, QoSClass.LSR, QoSClass.LS, QoSClass.SYSTEM})
 
 
@@ -92,7 +92,7 @@ def label_priority(labels: dict[str, str] | None) -> int | None:
 
 
 def rank_cpu(cands: Iterable[Candidate]) -> list[Candidate]:
-    """The seed's CPU order: lowest priority, highest usage, newest."""
+    """CPU order: lowest priority, highest usage, newest."""
     return sorted(
         (c for c in cands if evictable(c)),
         key=lambda c: (c.priority, -c.cpu_cores, -c.started, c.uid),
@@ -104,7 +104,7 @@ def leaking(c: Candidate, leak_bytes_per_min: float = LEAK_BYTES_PER_MIN) -> boo
 
 
 def rank_memory(cands: Iterable[Candidate], leak_bytes_per_min: float = LEAK_BYTES_PER_MIN) -> list[Candidate]:
-    """The seed's memory order: leaking pods first, then lowest priority, then the most
+    """Memory order: leaking pods first, then lowest priority, then the most
     memory eviction frees, then newest."""
     return sorted(
         (c for c in cands if evictable(c)),
@@ -119,8 +119,8 @@ def rank_memory(cands: Iterable[Candidate], leak_bytes_per_min: float = LEAK_BYT
 
 
 def pick(ranked: Sequence[Candidate], target: float, amount: Callable[[Candidate], float]) -> list[Candidate]:
-    """The first candidates, in order, whose ``amount`` adds up to ``target`` (the seed's
-    step 4: stop as soon as enough is freed). A candidate that frees nothing is skipped.
+    """The first candidates, in order, whose ``amount`` adds up to ``target``: stop as
+    soon as enough is freed. A candidate that frees nothing is skipped.
     Fewer than needed are returned when all of them together fall short."""
     out: list[Candidate] = []
     freed = 0.0

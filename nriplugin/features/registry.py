@@ -1,0 +1,64 @@
+"""Where feature modules register: each names its policy switch (``features.<name>``) and
+registers its ``desired`` function with an order number, and ``nriplugin.features`` runs them
+in that order.
+
+The order is a dependency, not a preference: a later feature reads the values earlier ones
+set. batchResource sizes BE's shares and quota from ``batch-cpu`` before cpuQOS gives BE the
+lowest shares where batch left none; cpuBurst sizes the burst from the quota batch set.
+
+The names are the policy's (the fields of ``policy.model.Features``): a name the policy does
+not have, or a second registration of one, fails at the registering module's import, and
+:meth:`Registry.pipeline` fails unless every switch the policy has registered a function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from nriplugin.intent.core import Context, Intent
+from nriplugin.policy.model import Features
+
+Desired = Callable[[Context, Intent], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Feature:
+    name: str  # the policy's switch, ``features.<name>``
+    order: int  # lower runs first
+    desired: Desired
+
+
+class Registry:
+    """The registered features, checked against the policy's switches."""
+
+    def __init__(self, switches: Iterable[str]) -> None:
+        self.switches = tuple(switches)
+        self._by_name: dict[str, Feature] = {}
+
+    def feature(self, name: str, order: int) -> Callable[[Desired], Desired]:
+        """A decorator registering ``desired`` as the feature ``name``, run at ``order``."""
+
+        def register(desired: Desired) -> Desired:
+            if name not in self.switches:
+                raise TypeError(f"{name!r} is not a feature switch of the policy ({', '.join(self.switches)})")
+            if name in self._by_name:
+                raise TypeError(f"feature {name!r} is registered twice")
+            taken = [f.name for f in self._by_name.values() if f.order == order]
+            if taken:
+                raise TypeError(f"feature {name!r}: order {order} is {taken[0]}'s already (the order must be explicit)")
+            self._by_name[name] = Feature(name, order, desired)
+            return desired
+
+        return register
+
+    def pipeline(self) -> tuple[Feature, ...]:
+        """Every registered feature in order; an error unless each switch has its feature."""
+        missing = [n for n in self.switches if n not in self._by_name]
+        if missing:
+            raise TypeError(f"no feature registered for the policy's switch(es): {', '.join(missing)}")
+        return tuple(sorted(self._by_name.values(), key=lambda f: f.order))
+
+
+REGISTRY = Registry(Features.model_fields)
+feature = REGISTRY.feature
