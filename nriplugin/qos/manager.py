@@ -32,6 +32,7 @@ from nriplugin.kernel.psi_trigger import PressureWatch, Trigger, open_trigger
 from nriplugin.node.desired import DesiredState
 from nriplugin.node.model import POD_PREFIX, NodeModel
 from nriplugin.node.turns import Turn
+from nriplugin.obs.quiet import Quiet
 from nriplugin.policy.cache import RuleCache
 from nriplugin.policy.qos import QoSClass
 from nriplugin.qos import node_resource, scores
@@ -65,23 +66,6 @@ log = logging.getLogger("nriplugin.qos")
 
 FAST_PERIOD = 0.05  # seconds between fast samples (two /proc reads and BE's counter: ~30 µs)
 FAST_JUMP = 0.15  # cores: a change in non-BE usage that calls for a decision now
-
-
-class _Quiet:
-    def round_done(self, seconds: float, collect_seconds: float) -> None:
-        pass
-
-    def scores(self, cpu: float, cpu_level: str, memory: float, memory_level: str) -> None:
-        pass
-
-    def be_limit(self, cores: float) -> None:
-        pass
-
-    def suppressed(self, reason: str) -> None:
-        pass
-
-    def burst(self, granted: bool) -> None:
-        pass
 
 
 def _be_parent(group: str) -> str | None:
@@ -193,7 +177,7 @@ class QoSManager:
         self.owner = owner
         self.collector = collector
         self.rules = rules
-        self.observer: Observer = observer or _Quiet()
+        self.observer: Observer = observer or Quiet()
         self.decisions: deque[Decision] = deque(maxlen=50)
         self.last: NodeSample | None = None
         self.trends = Trends(HISTORY)  # the scores' 5-minute trends, kept incrementally

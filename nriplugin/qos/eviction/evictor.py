@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from nriplugin.obs.quiet import Quiet
 from nriplugin.qos.eviction.victims import Candidate, Plan
 
 log = logging.getLogger("nriplugin.qos.evict")
@@ -74,14 +75,6 @@ class Priorities(Protocol):
 class Observer(Protocol):
     def evicted(self, strategy: str, reason: str, dry_run: bool) -> None: ...
     def eviction_failed(self, backend: str, outcome: str) -> None: ...
-
-
-class _Quiet:
-    def evicted(self, strategy: str, reason: str, dry_run: bool) -> None:
-        pass
-
-    def eviction_failed(self, backend: str, outcome: str) -> None:
-        pass
 
 
 # the runtime ---------------------------------------------------------------------------------
@@ -154,7 +147,7 @@ class Evictor:
     cluster: Backend | None = None
     runtime: Backend | None = None
     cluster_of: Callable[[], Backend | None] | None = None  # the cluster side, once (and while) it runs
-    observer: Any = field(default_factory=_Quiet)
+    observer: Any = field(default_factory=Quiet)
     dry_run: bool = False
     max_per_minute: int = 10
     grace_seconds: int = 5
