@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 import yaml
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter
 
-from nriplugin.obs.metrics import Metrics
+from nriplugin.obs.metrics import Declared, Metrics
 from nriplugin.obs.slo import SLO
 from testkit.prometheus import promtool
 from tools import monitoring, slo_rules
@@ -113,6 +113,20 @@ def test_every_metric_read_is_exported() -> None:
         used.update(m for m in re.findall(r"(?<![:\w])(nriplugin_[a-z_]+)", e))
     have = exported(Metrics().registry)
     assert used - have == set()
+
+
+def test_metrics_are_built_from_their_table() -> None:
+    """Each declaration in Metrics' body is exported, in order, with its help text, and is the
+    attribute of its name, built anew for each Metrics."""
+    table = {attr: d for attr, d in vars(Metrics).items() if isinstance(d, Declared)}
+    m, other = Metrics(), Metrics()
+    families = list(m.registry.collect())
+    assert [(f.name, f.documentation) for f in families] == [
+        (d.name.removesuffix("_total") if d.kind is Counter else d.name, d.help) for d in table.values()
+    ]
+    for attr, d in table.items():
+        assert isinstance(getattr(m, attr), d.kind) and getattr(m, attr) is not getattr(other, attr)
+        assert Metrics.__dict__[attr] is d
 
 
 def test_custom_slo_and_bad_threshold(tmp_path: Path) -> None:

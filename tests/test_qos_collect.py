@@ -394,8 +394,9 @@ def test_two_rounds_on_a_v1_tree(v1: tuple[Path, Path]) -> None:
     assert beu.cpu_cores == pytest.approx(1.5) and beu.throttled_ratio == 0.0
     assert beu.cpu_request_cores == pytest.approx(2 / 1024)
     assert col.by_container[ls1.id].cpu_cores == pytest.approx(1.0)
-    cpu, mem = col.pod_usage(ls.id)
-    assert cpu == pytest.approx(1.5) and mem == (400 << 20) + (250 << 20)
+    pod = [u for u in col.by_container.values() if u.pod_id == ls.id]  # the pod: its containers' sum
+    assert sum(u.cpu_cores for u in pod) == pytest.approx(1.5)
+    assert sum(u.memory_bytes for u in pod) == (400 << 20) + (250 << 20)
     assert col.tracked == 3
 
     # LS RSS held (what the memory trend takes): it follows ls1's growth

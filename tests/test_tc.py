@@ -94,6 +94,15 @@ def make(lab: Lab, doc: dict[str, object] = E2E_POLICY) -> tuple[NodeModel, NetQ
     return model, net, obs, invalid
 
 
+def gone_within(lab: Lab, link: str, seconds: float) -> None:
+    """Wait for ``link`` to leave the host namespace: a deleted namespace's devices go when
+    the kernel's clean-up work runs (a shared queue: later on a busy machine), not at once."""
+    deadline = time.monotonic() + seconds
+    while f" {link}@" in sh(f"ip -n {lab.host} -o link"):
+        assert time.monotonic() < deadline, f"{link} still there {seconds} s after its peer's namespace went"
+        time.sleep(0.01)
+
+
 def tc_show(lab: Lab, what: str) -> str:
     return sh(f"ip netns exec {lab.host} tc {what}")
 
@@ -148,7 +157,8 @@ def test_a_vanished_netns_and_a_bad_annotation_leave_the_pod_unshaped(lab: Lab) 
         assert set(st.shaped) == {"id-ls"} and invalid == ["net_bandwidth"]
         await net.round()
         assert invalid == ["net_bandwidth"]  # reported once
-        subprocess.run(["ip", "netns", "del", lab.pods["ls"]], check=True)  # the veth pair goes with it
+        subprocess.run(["ip", "netns", "del", lab.pods["ls"]], check=True)  # the veth pair goes with it...
+        gone_within(lab, "vls", 10.0)  # ...once the kernel's deferred clean-up of the namespace has run
         st = await net.round()
         assert not st.shaped
         assert "nrq-egress" not in sh(f"ip -n {lab.host} -o link")

@@ -1,26 +1,28 @@
-"""The agent, assembled in one place from ``nriplugin run``'s options (cli.py only parses).
+"""The agent, assembled in one place from ``nriplugin run``'s options (cli/main.py only parses).
 
 What drives what:
-- the **stub** (``nri/stub.py``) talks NRI and calls the **hook adapter** (``plugin.py``), which
-  feeds the **node model** (``model.py``) and answers from the **desired state**
-  (``desired.py``: features ⊕ overlays);
-- the **CRI inventory** (``reconciler/cri_inventory.py``) feeds the same model when NRI does not
-  tell (at start, every ``--resync-seconds``, and on new cgroup directories while NRI is down);
+- the **stub** (``nri/stub.py``) talks NRI and calls the **hook adapter** (``node/hooks.py``),
+  which feeds the **node model** (``node/model.py``) and answers from the **desired state**
+  (``node/desired.py``: features ⊕ overlays);
+- the **CRI inventory** (``inventory/cri.py``) feeds the same model when NRI does not tell (at
+  start, every ``--resync-seconds``, and on new cgroup directories while NRI is down);
 - the **reconciler** (``reconciler/``) follows the model, keeps every managed cgroup at its
-  desired state through the one **writer** (``writer.py``), and runs a full pass every
+  desired state through the one **writer** (``node/writer.py``), and runs a full pass every
   ``--resync-seconds`` and after each Synchronize;
 - the **QoS manager** (``qos/``) measures the node and the classes (``qos/collect.py``), scores
   the pressure (``qos/scores.py``, ``qos/levels.py``) and suppresses BE / lets LS burst as
-  overlays on the desired state (``qos/manager.py``), every ``syncPeriod`` and on a 100 ms
+  overlays on the desired state (``qos/manager.py``), every ``syncPeriod`` and on a 50 ms
   fast path;
-- the **runtime lock** (``agent_lock.py``) makes this agent the only one serving the runtime.
+- **network QoS** (``netqos/``) keeps the pods' tc rules, off the hook path;
+- the **runtime lock** (``agent/lock.py``) makes this agent the only one serving the runtime.
 
 Order matters (README, "One agent per runtime"): start-up checks and the runtime lock come
 before registering; a pre-registered agent registers within the runtime's 5 s whatever
 happens (containerd 1.7 exits otherwise) and loads the rest afterwards, so heavy imports
 (pydantic, prometheus_client) come after registration; an agent that finds the runtime held
 stands by without writing anything; on SIGTERM the NRI connection closes first, nothing is
-reset, and the lock is released last.
+reset, and the lock is released last of what touches the node: once every writer has stopped
+(the HTTP endpoint, the policy watcher and the cluster side close after it).
 """
 
 from __future__ import annotations
@@ -36,9 +38,9 @@ import signal
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from nriplugin.agent.lock import AgentLock, Holder
 from nriplugin.agent.preflight import StartupError, bind_metrics, check_cgroup_root, check_policy_readable, check_socket
@@ -46,9 +48,16 @@ from nriplugin.agent.supervise import ENV_GAP_CAUSE, ENV_GAP_SINCE
 from nriplugin.nri.stub import BufferedObserver, HookPolicy, Plugin, Stub, StubOptions, handled_events
 
 if TYPE_CHECKING:
+    from nriplugin.inventory.cri import CriInventory
+    from nriplugin.netqos.reconciler import NetQoS
     from nriplugin.node.assembly import Node
-    from nriplugin.obs.metrics import Metrics
-    from nriplugin.policy.cache import RuleCache
+    from nriplugin.node.hooks import QoSPlugin
+    from nriplugin.obs.metrics import Metrics, StubMetrics
+    from nriplugin.policy.cache import PolicyWatcher, RuleCache
+    from nriplugin.qos.collect import Collector
+    from nriplugin.qos.eviction.loop import Eviction
+    from nriplugin.qos.manager import QoSManager
+    from nriplugin.reconciler import Reconciler
 
 log = logging.getLogger("nriplugin")
 
@@ -90,6 +99,50 @@ class Invalid:
             sink(reason)
         self.early.clear()
         self.sink = sink
+
+
+@dataclass(frozen=True)
+class Stubs:
+    """The agent's NRI connections as it starts."""
+
+    serving: Stub  # registers with a placeholder plugin; the real one replaces it
+    early: BufferedObserver  # what the serving stub saw before the metrics existed
+    runner: asyncio.Future[None] | None  # the serving stub's run, when it registered at once
+    standby: Stub | None  # pre-registered while another agent holds the runtime: inert
+    standby_runner: asyncio.Future[None] | None
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """The policy and the node model, with the plugin that feeds it and what counts invalid
+    input until the metrics exist."""
+
+    rules: RuleCache
+    node: Node
+    plugin: QoSPlugin
+    invalid: Invalid
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What serves once the runtime is ours: built before, started after."""
+
+    metrics: Metrics
+    observer: StubMetrics
+    reconciler: Reconciler
+    inventory: CriInventory | None
+    qos: QoSManager
+    net: NetQoS
+    server: asyncio.Server | None
+
+
+class Taken(NamedTuple):
+    """The runtime, ours: this agent as announced in the lock, when the runtime last had an
+    agent and why it went (None: not known), and the serving stub's run."""
+
+    me: Holder
+    gap: tuple[float, str] | None
+    runner: asyncio.Future[None]
 
 
 class Agent:
@@ -203,27 +256,46 @@ class Agent:
     # the whole run ------------------------------------------------------------------------------
 
     async def run(self) -> int:
-        ns, lock = self.ns, self.lock
+        """The agent's life, phase by phase, in the order the module docstring gives; a phase
+        that ends it returns the exit status."""
+        done = await self.check_and_lock()
+        if done is not None:
+            return done
+        stubs = await self.register_early()
+        loaded = await self.load_node(stubs)
+        if loaded is None:
+            return EXIT_STARTUP
+        parts = await self.build_parts(stubs, loaded)
+        taken = await self.take_runtime(stubs, parts)
+        if taken is None:
+            return 0
+        return await self.serve(stubs.serving, loaded.rules, parts, taken)
+
+    async def check_and_lock(self) -> int | None:
+        """Signals, start-up checks and the runtime lock, before anything registers. An exit
+        status when the agent ends here: a start-up error (a pre-registered agent still
+        registers, inert, and ends when the runtime lets go), or nothing to do."""
         for sig in (signal.SIGINT, signal.SIGTERM):
             self.loop.add_signal_handler(sig, self.on_signal)
         try:
-            done = self.preflight()
+            return self.preflight()
         except StartupError as exc:
-            lock.close()  # never hold the runtime while not serving it
+            self.lock.close()  # never hold the runtime while not serving it
             log.error("%s", exc, extra={"option": exc.option})
             return await self.inert_until_closed(str(exc)) if self.prereg else EXIT_STARTUP
-        if done is not None:
-            return done
 
+    async def register_early(self) -> Stubs:
+        """The stubs, before anything heavy loads. The serving stub registers at once when
+        pre-registered and the runtime is ours (RegisterPlugin is what the runtime's 5 s
+        start-up timeout waits for; the real plugin loads while Configure is on its way),
+        otherwise once the runtime lock is ours. A pre-registered agent that does not hold
+        the runtime registers an inert stub meanwhile (containerd 1.7 exits otherwise)."""
         standby: Stub | None = None
         standby_runner: asyncio.Future[None] | None = None
         if self.prereg and not self.got:
             standby = Stub(Inert(), self.opts)
             self.active.append(standby)
             standby_runner = asyncio.ensure_future(standby.run())
-        # The serving stub: registers at once when pre-registered (RegisterPlugin is what the
-        # runtime's 5 s start-up timeout waits for; the real plugin loads while Configure is on
-        # its way), otherwise once the runtime lock is ours.
         early = BufferedObserver()
         stub = Stub(
             Placeholder(), self.opts if self.got else replace(self.opts, fd=None), observer=early, placeholder=True
@@ -241,37 +313,51 @@ class Agent:
             previous = self.previous
             self.standby_reason = (
                 f"another nriplugin ({previous.describe() if previous else 'holder unknown'}) holds the runtime at "
-                f"{ns.socket} (lock {lock.path}); standing by to take over when it exits"
+                f"{self.ns.socket} (lock {self.lock.path}); standing by to take over when it exits"
             )
             log.warning(
-                "%s", self.standby_reason, extra={"socket": ns.socket, "holder_pid": previous.pid if previous else 0}
+                "%s",
+                self.standby_reason,
+                extra={"socket": self.ns.socket, "holder_pid": previous.pid if previous else 0},
             )
+        return Stubs(stub, early, runner, standby, standby_runner)
 
+    async def load_node(self, stubs: Stubs) -> Loaded | None:
+        """The policy and the node model, and the real plugin in the serving stub; a registered
+        stub then gets its answer out (or 1 s passes) before the rest loads. None: the policy
+        stops the agent (see :meth:`load_policy`)."""
         rules = self.load_policy()
         if rules is None:
             if self.metrics_sock is not None:
                 self.metrics_sock.close()
-            return EXIT_STARTUP
+            return None
         from nriplugin.kernel.cgroup import Cgroups
         from nriplugin.node.assembly import Node
         from nriplugin.node.hooks import QoSPlugin
 
         invalid = Invalid()
-        self.node = node = Node.create(rules, cgroups=Cgroups(Path(ns.cgroup_root)), on_invalid=invalid)
-        plugin = QoSPlugin(node, push=stub.update_containers)
-        stub.replace_plugin(plugin)
-        if runner is not None:
+        self.node = node = Node.create(rules, cgroups=Cgroups(Path(self.ns.cgroup_root)), on_invalid=invalid)
+        plugin = QoSPlugin(node, push=stubs.serving.update_containers)
+        stubs.serving.replace_plugin(plugin)
+        if stubs.runner is not None:
             # Registered first; metrics and the HTTP endpoint come up right after (or after 1 s).
-            first: list[asyncio.Future[Any]] = [runner, asyncio.ensure_future(stub.ready.wait())]
+            first: list[asyncio.Future[Any]] = [stubs.runner, asyncio.ensure_future(stubs.serving.ready.wait())]
             await asyncio.wait(first, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+        return Loaded(rules, node, plugin, invalid)
+
+    async def build_parts(self, stubs: Stubs, loaded: Loaded) -> Parts:
+        """The metrics (taking over what the stub and the node saw before they existed), and
+        the parts that serve once the runtime is ours: the reconciler, the CRI inventory, the
+        QoS manager, network QoS; the HTTP endpoint serves from now on."""
         from nriplugin.obs.metrics import Metrics, QoSMetrics, StubMetrics
 
+        rules, node, stub = loaded.rules, loaded.node, stubs.serving
         metrics = Metrics()
         observer = StubMetrics(metrics)
-        early.replay(observer)
-        observer.expect(handled_events(plugin))
+        stubs.early.replay(observer)
+        observer.expect(handled_events(loaded.plugin))
         stub.observer = observer
-        invalid.attach(lambda reason: metrics.invalid_input.labels(reason).inc())
+        loaded.invalid.attach(lambda reason: metrics.invalid_input.labels(reason).inc())
         metrics.policy_version.set(rules.current.version)
         rules.subscribe(lambda v: metrics.policy_version.set(v.version))
         reconciler, inventory = self.build_loops(node, metrics, stub)
@@ -288,70 +374,71 @@ class Agent:
             observer=QoSMetrics(metrics),
             eviction=self.build_eviction(node, rules, metrics, collector),
         )
-        net = self.build_net(node, rules, metrics, invalid)
+        net = self.build_net(node, rules, metrics, loaded.invalid)
         server = await self.serve_http(metrics, stub, qos)
+        return Parts(metrics, observer, reconciler, inventory, qos, net, server)
 
-        def shut_http() -> None:
-            if server is not None:
-                server.close()
-            elif self.metrics_sock is not None:
-                self.metrics_sock.close()
-
+    async def take_runtime(self, stubs: Stubs, parts: Parts) -> Taken | None:
+        """Stand by until the runtime lock is ours (when another held it), announce this agent
+        in the lock, and start the serving stub if it has not registered yet. None: stopped
+        while standing by (what was opened is closed)."""
         gap = self.gap_before()
         if not self.got:
-            observer.connection_state("standby")
-            if not await self.stand_by(standby, standby_runner):
-                if inventory is not None:
-                    await inventory.client.close()
-                shut_http()
-                return 0
+            parts.observer.connection_state("standby")
+            if not await self.stand_by(stubs.standby, stubs.standby_runner):
+                if parts.inventory is not None:
+                    await parts.inventory.client.close()
+                self.close_http(parts.server)
+                return None
             # A clean handover says when it stopped serving; a holder that died did not, but we
             # were blocked on the lock until the moment it died.
-            last = lock.holder()
+            last = self.lock.holder()
             gap = (last.released, "handover") if last is not None and last.released else (time.time(), "crash")
-            observer.connection_state("disconnected")
-            log.info("the runtime at %s is ours now; registering", ns.socket)
-        me = Holder.me("pre-registered" if runner is not None else "socket", ns.socket)
+            parts.observer.connection_state("disconnected")
+            log.info("the runtime at %s is ours now; registering", self.ns.socket)
+        me = Holder.me("pre-registered" if stubs.runner is not None else "socket", self.ns.socket)
         if self.gap_since:
             me = replace(me, mode="supervised restart")
-        lock.announce(me)
+        self.lock.announce(me)
         gc.collect()  # start-up's garbage, before serving (what is left is frozen once serving)
+        runner = stubs.runner
         if runner is None:
-            self.active.append(stub)
-            runner = asyncio.ensure_future(stub.run())
+            self.active.append(stubs.serving)
+            runner = asyncio.ensure_future(stubs.serving.run())
             if self.stopping.is_set():
-                stub.stop()
-        reconciler.start(self.loop)
-        qos.start(self.loop)
-        net.start(self.loop)
-        cluster_task = self.loop.create_task(self.start_cluster(rules))
-        watcher = None
-        if ns.policy:
-            from nriplugin.policy.cache import PolicyWatcher
+                stubs.serving.stop()
+        return Taken(me, gap, runner)
 
-            watcher = PolicyWatcher(Path(ns.policy), rules, self.loop)
-            watcher.start()
-        gap_task = self.loop.create_task(self.report_gap(metrics, stub, *gap)) if gap is not None else None
+    async def serve(self, stub: Stub, rules: RuleCache, parts: Parts, taken: Taken) -> int:
+        """The loops run until the NRI connection closes (SIGTERM closes it first, or the
+        runtime did); then writing stops, the runtime is handed over, and the rest closes.
+        No value is reset on the way out."""
+        parts.reconciler.start(self.loop)
+        parts.qos.start(self.loop)
+        parts.net.start(self.loop)
+        cluster_task = self.loop.create_task(self.start_cluster(rules))
+        watcher = self.watch_policy(rules)
+        gap = taken.gap
+        gap_task = self.loop.create_task(self.report_gap(parts.metrics, stub, *gap)) if gap is not None else None
         freeze_task = self.loop.create_task(self.freeze_start_up(stub))
         # The runtime's own inventory: what existed before us when no Synchronize comes.
+        inventory = parts.inventory
         inventory_task = self.loop.create_task(inventory.run()) if inventory is not None else None
         try:
-            await runner
+            await taken.runner
         finally:
-            # The NRI connection is closed by now (SIGTERM closes it first, or the runtime did):
-            # stop writing, hand the runtime over, then the rest. No value is reset on the way out.
             if inventory_task is not None:
                 inventory_task.cancel()
-            qos.stop()  # its overlays stay written: a restart must not unthrottle BE
-            net.stop()  # tc rules stay too; the next agent adopts them
-            reconciler.stop()
-            lock.release(me, self.closed_at if self.closed_at is not None else time.time())
+            parts.qos.stop()  # its overlays stay written: a restart must not unthrottle BE
+            parts.net.stop()  # tc rules stay too; the next agent adopts them
+            parts.reconciler.stop()
+            self.lock.release(taken.me, self.closed_at if self.closed_at is not None else time.time())
             if gap_task is not None:
                 gap_task.cancel()
             freeze_task.cancel()
             if inventory is not None:
                 await inventory.client.close()
-            shut_http()
+            self.close_http(parts.server)
             if watcher is not None:
                 watcher.stop()
             cluster_task.cancel()
@@ -361,7 +448,7 @@ class Agent:
 
     # parts ------------------------------------------------------------------------------------
 
-    def build_loops(self, node: Node, metrics: Metrics, stub: Stub) -> tuple[Any, Any]:
+    def build_loops(self, node: Node, metrics: Metrics, stub: Stub) -> tuple[Reconciler, CriInventory | None]:
         """The reconciler and the CRI inventory: built now, started once the runtime is ours."""
         from nriplugin.obs.metrics import InventoryMetrics, ReconcilerMetrics
         from nriplugin.reconciler import Reconciler
@@ -396,8 +483,8 @@ class Agent:
         )
         return reconciler, inventory
 
-    def build_net(self, node: Node, rules: RuleCache, metrics: Metrics, invalid: Invalid) -> Any:
-        """Network QoS (``reconciler/net.py``): tc rules for the pods, kept true, off the hook path."""
+    def build_net(self, node: Node, rules: RuleCache, metrics: Metrics, invalid: Invalid) -> NetQoS:
+        """Network QoS (``netqos/reconciler.py``): tc rules for the pods, kept true, off the hook path."""
         from nriplugin.netqos.reconciler import NetQoS
         from nriplugin.obs.metrics import NetMetrics, ReconcilerMetrics
 
@@ -411,10 +498,10 @@ class Agent:
             netns=getattr(self.ns, "net_namespace", None),
         )
 
-    def build_eviction(self, node: Node, rules: RuleCache, metrics: Metrics, collector: Any) -> Any:
+    def build_eviction(self, node: Node, rules: RuleCache, metrics: Metrics, collector: Collector) -> Eviction:
         """CPUEvict and MemoryEvict with their evictor: through the cluster's Eviction API while
         the cluster side runs (``self.cluster``), else, and when memory runs out within seconds,
-        through the runtime's CRI socket (see ``qos/evictor.py``); priorities from the cluster's
+        through the runtime's CRI socket (see ``qos/eviction/evictor.py``); priorities from the cluster's
         pods where it knows them."""
         from nriplugin.cri.client import AsyncCRI
         from nriplugin.obs.metrics import EvictionMetrics
@@ -470,6 +557,23 @@ class Agent:
         host, port = self.ns.metrics_address
         log.info("metrics on http://%s:%d/metrics", host, port, extra={"address": f"{host}:{port}"})
         return server
+
+    def close_http(self, server: asyncio.Server | None) -> None:
+        """The HTTP endpoint, or its bound socket when it never served."""
+        if server is not None:
+            server.close()
+        elif self.metrics_sock is not None:
+            self.metrics_sock.close()
+
+    def watch_policy(self, rules: RuleCache) -> PolicyWatcher | None:
+        """``--policy`` hot-reloaded into ``rules`` while serving."""
+        if not self.ns.policy:
+            return None
+        from nriplugin.policy.cache import PolicyWatcher
+
+        watcher = PolicyWatcher(Path(self.ns.policy), rules, self.loop)
+        watcher.start()
+        return watcher
 
     async def start_cluster(self, rules: RuleCache) -> None:
         """The cluster side (``--cluster``) as ``self.cluster``: the NodeSLO into ``rules``, the

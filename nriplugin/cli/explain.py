@@ -245,7 +245,7 @@ def inotify_usage() -> dict[str, Any]:
 
 
 def runtime_lock(nri_socket: str) -> dict[str, Any]:
-    """Which agent holds this runtime (one agent per runtime, see agent_lock.py)."""
+    """Which agent holds this runtime (one agent per runtime, see agent/lock.py)."""
     import fcntl
     from dataclasses import asdict
 

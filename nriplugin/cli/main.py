@@ -1,4 +1,4 @@
-"""Command line: parses ``nriplugin run`` (the agent, assembled in agent.py), ``install`` (the
+"""Command line: parses ``nriplugin run`` (the agent, assembled in agent/assembly.py), ``install`` (the
 pre-registered launcher), ``supervise``, ``explain``, ``doctor``, ``top`` and ``slo``.
 
 Start-up is on the runtime's clock in pre-registered mode (containerd 1.7 gives a plugin 5 s
@@ -14,9 +14,13 @@ import os
 import shutil
 import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeAlias
 
 log = logging.getLogger("nriplugin")
+
+Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def _address(value: str) -> tuple[str, int]:
@@ -49,10 +53,26 @@ def _mib(value: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line, one piece per command (the order here is the order ``--help`` lists them)."""
     p = argparse.ArgumentParser(prog="nriplugin", description="containerd NRI plugin and node QoS agent")
     sub = p.add_subparsers(dest="command", required=True)
+    for add in (add_run, add_explain, add_doctor, add_top, add_slo, add_install, add_supervise):
+        add(sub)
+    return p
 
+
+def add_run(sub: Subcommands) -> None:
+    """``run``: the agent. Its options in the order ``--help`` lists them."""
     run = sub.add_parser("run", help="run the agent (connects to the runtime's NRI socket)")
+    run_runtime_options(run)
+    run_node_options(run)
+    run_lock_and_cluster_options(run)
+    run.add_argument("--log-format", choices=("json", "text"), default="json")
+    run.add_argument("--log-level", default="info")
+
+
+def run_runtime_options(run: argparse.ArgumentParser) -> None:
+    """How the agent talks to the runtime and answers its hooks."""
     run.add_argument(
         "--socket",
         default=os.environ.get("NRI_SOCKET", "/var/run/nri/nri.sock"),
@@ -78,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--fail-closed", action="store_true", help="refuse containers whose hook fails or overruns (default: fail-open)"
     )
+
+
+def run_node_options(run: argparse.ArgumentParser) -> None:
+    """The policy, the cgroups and network it manages, and its safety nets."""
     run.add_argument("--policy", help="policy YAML (ours or a NodeSLO object); hot-reloaded; default: embedded")
     run.add_argument("--cgroup-root", default="/sys/fs/cgroup", help="cgroup mount (default %(default)s)")
     run.add_argument(
@@ -114,6 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="log and count the evictions CPUEvict and MemoryEvict would do, evict nothing (also "
         "policy qosManager.eviction.dryRun)",
     )
+
+
+def run_lock_and_cluster_options(run: argparse.ArgumentParser) -> None:
+    """Another agent on the runtime, and the cluster side."""
     run.add_argument(
         "--if-held",
         choices=("wait", "exit"),
@@ -136,26 +164,36 @@ def build_parser() -> argparse.ArgumentParser:
         default="on",
         help="with the cluster side on: watch this node's NodeSLO into the policy, over --policy (default %(default)s)",
     )
-    run.add_argument("--log-format", choices=("json", "text"), default="json")
-    run.add_argument("--log-level", default="info")
 
+
+def add_explain(sub: Subcommands) -> None:
+    """``explain``: what the features would set for a pod description."""
     ex = sub.add_parser("explain", help="what each feature would set for a pod description (YAML/JSON) and why")
     ex.add_argument("description", help="file with {pod: {...}, containers: [...]} (see README)")
     ex.add_argument("--policy", help="policy file (default: embedded)")
     ex.add_argument("--cgroup-root", default="/sys/fs/cgroup")
     ex.add_argument("--format", choices=("yaml", "json"), default="yaml")
 
+
+def add_doctor(sub: Subcommands) -> None:
+    """``doctor``: the node's capabilities and the running agent's state."""
     doc = sub.add_parser("doctor", help="this node's capability matrix and which features can work here")
     doc.add_argument("--cgroup-root", default="/sys/fs/cgroup")
     doc.add_argument("--socket", default="/var/run/nri/nri.sock")
     doc.add_argument("--agent", default="127.0.0.1:9310", help="running agent's metrics address (default %(default)s)")
     doc.add_argument("--format", choices=("yaml", "json"), default="yaml")
 
+
+def add_top(sub: Subcommands) -> None:
+    """``top``: the QoS manager live."""
     top = sub.add_parser("top", help="the QoS manager live: scores, levels, class usage, bursts, decisions")
     top.add_argument("--agent", default="127.0.0.1:9310", help="running agent's metrics address (default %(default)s)")
     top.add_argument("--interval", type=_interval, default=1.0, help="seconds between polls (default %(default)s)")
     top.add_argument("--once", action="store_true", help="print one frame and exit (for scripts)")
 
+
+def add_slo(sub: Subcommands) -> None:
+    """``slo``: hook latency against the SLO."""
     slo = sub.add_parser("slo", help="hook latency against the SLO, per event, from a running agent's /metrics")
     slo.add_argument(
         "--agent", default="127.0.0.1:9310", help="agent HOST:PORT or a /metrics URL (default %(default)s)"
@@ -165,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     slo.add_argument("--objective", type=float, default=99.9, help="percent of hooks within it (default %(default)s)")
     slo.add_argument("--window-days", type=int, default=30, help="the SLO's window (default %(default)s)")
 
+
+def add_install(sub: Subcommands) -> None:
+    """``install``: the pre-registered plugin, a launcher or the bundle."""
     inst = sub.add_parser("install", help="install a pre-registered launcher into the runtime's plugin dir")
     inst.add_argument("--plugin-dir", default="/opt/nri/plugins", help="runtime plugin dir (default %(default)s)")
     inst.add_argument("--name", default="nriplugin")
@@ -180,11 +221,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     inst.add_argument("args", nargs=argparse.REMAINDER, help="extra arguments for `nriplugin run`")
 
+
+def add_supervise(sub: Subcommands) -> None:
+    """``supervise``: the agent, restarted if it crashes (its arguments are ``run``'s)."""
     sup = sub.add_parser(
         "supervise", help="run the agent and restart it on the runtime's socket if it crashes (the launcher's job)"
     )
     sup.add_argument("args", nargs=argparse.REMAINDER, help="arguments for `nriplugin run`")
-    return p
 
 
 def launcher_script(python: str, args: list[str], log_file: str | None = None) -> str:
@@ -307,55 +350,14 @@ def main(argv: list[str] | None = None) -> int:
         return preregistered_start()
     if args[:1] == ["supervise"]:
         # Everything after `supervise` belongs to `run` (argparse's REMAINDER stops at options).
-        from nriplugin.agent import supervise
-
-        return supervise.main([a for a in args[1:] if a != "--"])
+        return supervise_agent(args[1:])
     ns = build_parser().parse_args(args)
+    return COMMANDS[ns.command](ns)
+
+
+def run_agent(ns: argparse.Namespace) -> int:
     from nriplugin.obs import logs
 
-    if ns.command == "install":
-        logs.setup("text")
-        extra = [a for a in ns.args if a != "--"]
-        target = install(ns.plugin_dir, ns.name, ns.idx, extra, ns.log_file, ns.bundle)
-        print(f"installed {target}")
-        return 0
-    if ns.command == "top":
-        from nriplugin.cli import top
-
-        return top.run(ns.agent, ns.interval, ns.once)
-    if ns.command == "slo":
-        from nriplugin.obs import slo
-
-        try:
-            want = slo.SLO(ns.event, ns.threshold_ms / 1e3, ns.objective / 100, ns.window_days)
-        except ValueError as exc:
-            print(f"nriplugin slo: {exc}", file=sys.stderr)
-            return 2
-        return slo.run(ns.agent, want)
-    if ns.command in ("explain", "doctor"):
-        logs.setup("text", "warning")
-        from nriplugin.cli import explain
-
-        try:
-            if ns.command == "explain":
-                from nriplugin.kernel.cgroup import Cgroups
-
-                rules = explain.load_rules(ns.policy)
-                out = explain.explain(
-                    explain.load_description(Path(ns.description)), rules, Cgroups(Path(ns.cgroup_root))
-                )
-            else:
-                from nriplugin.kernel.cgroup import Cgroups
-                from nriplugin.kernel.probe import probe
-
-                cg = Cgroups(Path(ns.cgroup_root))
-                out = explain.doctor(probe(cg.root), cg, ns.socket)
-                out["agent"] = explain.agent_state(ns.agent)
-        except (ValueError, OSError) as exc:
-            print(f"nriplugin {ns.command}: {exc}", file=sys.stderr)
-            return 2
-        print(explain.render(out, ns.format), end="")
-        return 0
     logs.setup(ns.log_format, ns.log_level)
     from nriplugin.agent import assembly as agent
 
@@ -364,3 +366,88 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # e.g. NRI_PLUGIN_SOCKET that is not a file descriptor
         log.error("%s", exc)
         return agent.EXIT_STARTUP
+
+
+def supervise_agent(args: list[str]) -> int:
+    from nriplugin.agent import supervise
+
+    return supervise.main([a for a in args if a != "--"])
+
+
+def install_plugin(ns: argparse.Namespace) -> int:
+    from nriplugin.obs import logs
+
+    logs.setup("text")
+    extra = [a for a in ns.args if a != "--"]
+    target = install(ns.plugin_dir, ns.name, ns.idx, extra, ns.log_file, ns.bundle)
+    print(f"installed {target}")
+    return 0
+
+
+def show_top(ns: argparse.Namespace) -> int:
+    from nriplugin.cli import top
+
+    return top.run(ns.agent, ns.interval, ns.once)
+
+
+def show_slo(ns: argparse.Namespace) -> int:
+    from nriplugin.obs import slo
+
+    try:
+        want = slo.SLO(ns.event, ns.threshold_ms / 1e3, ns.objective / 100, ns.window_days)
+    except ValueError as exc:
+        print(f"nriplugin slo: {exc}", file=sys.stderr)
+        return 2
+    return slo.run(ns.agent, want)
+
+
+def report(ns: argparse.Namespace, build: Callable[[], dict[str, Any]]) -> int:
+    """``explain`` and ``doctor``: the report in ``--format`` on stdout, or why not and status 2."""
+    from nriplugin.obs import logs
+
+    logs.setup("text", "warning")
+    from nriplugin.cli import explain
+
+    try:
+        out = build()
+    except (ValueError, OSError) as exc:
+        print(f"nriplugin {ns.command}: {exc}", file=sys.stderr)
+        return 2
+    print(explain.render(out, ns.format), end="")
+    return 0
+
+
+def show_explain(ns: argparse.Namespace) -> int:
+    def build() -> dict[str, Any]:
+        from nriplugin.cli import explain
+        from nriplugin.kernel.cgroup import Cgroups
+
+        rules = explain.load_rules(ns.policy)
+        return explain.explain(explain.load_description(Path(ns.description)), rules, Cgroups(Path(ns.cgroup_root)))
+
+    return report(ns, build)
+
+
+def show_doctor(ns: argparse.Namespace) -> int:
+    def build() -> dict[str, Any]:
+        from nriplugin.cli import explain
+        from nriplugin.kernel.cgroup import Cgroups
+        from nriplugin.kernel.probe import probe
+
+        cg = Cgroups(Path(ns.cgroup_root))
+        out = explain.doctor(probe(cg.root), cg, ns.socket)
+        out["agent"] = explain.agent_state(ns.agent)
+        return out
+
+    return report(ns, build)
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "run": run_agent,
+    "install": install_plugin,
+    "supervise": lambda ns: supervise_agent(ns.args),
+    "explain": show_explain,
+    "doctor": show_doctor,
+    "top": show_top,
+    "slo": show_slo,
+}

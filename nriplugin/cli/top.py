@@ -98,12 +98,21 @@ def _bar(used: Any, of: Any, width: int = 20) -> Text:
 
 
 def render(doc: dict[str, Any], address: str = "", error: str | None = None) -> RenderableType:
-    """One frame. ``error``: the last poll failed; the previous document is shown under it."""
-    cpu, mem = doc.get("cpu") or {}, doc.get("memory") or {}
-    node = doc.get("node")
+    """One frame: the scores and the node, the classes, the bursts, the last decisions.
+    ``error``: the last poll failed; the previous document is shown under it."""
     state = "on" if doc.get("enabled") else "OFF (overlays withdrawn)"
     title = f"nriplugin top  {address}  ·  QoS manager {state}  ·  profile {doc.get('profile', '-')}"
+    parts: list[RenderableType] = []
+    if error is not None:
+        parts.append(Text(f"agent unreachable, retrying: {error}", style="bold red"))
+    parts += [_head(doc), _classes(doc), _bursting(doc), _decisions(doc)]
+    return Panel(Group(*parts), title=title, title_align="left", box=box.ROUNDED)
 
+
+def _head(doc: dict[str, Any]) -> Table:
+    """Scores and level on the left; BE's limit and the node's CPU and memory on the right."""
+    cpu, mem = doc.get("cpu") or {}, doc.get("memory") or {}
+    node = doc.get("node")
     head = Table.grid(padding=(0, 3))
     head.add_column(justify="right", style="bold")
     head.add_column()
@@ -123,20 +132,27 @@ def render(doc: dict[str, Any], address: str = "", error: str | None = None) -> 
         busy = avail = "no sample yet (the agent has just started)"
     head.add_row("memory score", _score(mem), "node CPU", busy)
     head.add_row("level", _level(doc.get("level")), "node memory", avail)
+    return head
 
+
+CLASS_COLUMNS: tuple[tuple[str, JustifyMethod], ...] = (
+    ("class", "left"),
+    ("ctrs", "right"),
+    ("usage", "right"),
+    ("request", "right"),
+    ("limit", "right"),
+    ("usage / limit", "left"),
+    ("throttled", "right"),
+    ("memory", "right"),
+)
+
+
+def _classes(doc: dict[str, Any]) -> Table:
+    """One row per class: usage against request and limit, throttling, memory."""
     classes = Table(box=box.SIMPLE_HEAD, expand=True, title="classes", title_justify="left")
-    columns: tuple[tuple[str, JustifyMethod], ...] = (
-        ("class", "left"),
-        ("ctrs", "right"),
-        ("usage", "right"),
-        ("request", "right"),
-        ("limit", "right"),
-        ("usage / limit", "left"),
-        ("throttled", "right"),
-        ("memory", "right"),
-    )
-    for col, just in columns:
+    for col, just in CLASS_COLUMNS:
         classes.add_column(col, justify=just)
+    be_limit = doc.get("beLimitCores")
     for c in doc.get("classes") or []:
         limit = c.get("limitCores")
         if c.get("class") == "BE" and be_limit is not None:
@@ -153,16 +169,24 @@ def render(doc: dict[str, Any], address: str = "", error: str | None = None) -> 
         )
     if not doc.get("classes"):
         classes.add_row("-", "", "", "", "", Text("no sample yet", style="dim"), "", "")
+    return classes
 
+
+def _bursting(doc: dict[str, Any]) -> RenderableType:
+    """The LS containers bursting now, with their quota's multiple; one dim line when none."""
     bursts = doc.get("bursting") or []
-    burst: RenderableType = Text("bursting: none", style="dim")
-    if bursts:
-        burst = Table(box=box.SIMPLE_HEAD, expand=True, title=f"bursting ({len(bursts)})", title_justify="left")
-        burst.add_column("container")
-        burst.add_column("quota x", justify="right")
-        for b in bursts:
-            burst.add_row(str(b.get("container")), f"{b.get('ratio', 1):g}")
+    if not bursts:
+        return Text("bursting: none", style="dim")
+    burst = Table(box=box.SIMPLE_HEAD, expand=True, title=f"bursting ({len(bursts)})", title_justify="left")
+    burst.add_column("container")
+    burst.add_column("quota x", justify="right")
+    for b in bursts:
+        burst.add_row(str(b.get("container")), f"{b.get('ratio', 1):g}")
+    return burst
 
+
+def _decisions(doc: dict[str, Any]) -> Table:
+    """The manager's last decisions, newest first; a long reason wraps in its column."""
     decs = doc.get("decisions") or []
     dec = Table(box=box.SIMPLE_HEAD, expand=True, title="last decisions (newest first)", title_justify="left")
     dec.add_column("ago", justify="right", no_wrap=True)
@@ -180,12 +204,7 @@ def render(doc: dict[str, Any], address: str = "", error: str | None = None) -> 
         )
     if not decs:
         dec.add_row("", Text("none yet", style="dim"), "", "", "")
-
-    parts: list[RenderableType] = []
-    if error is not None:
-        parts.append(Text(f"agent unreachable, retrying: {error}", style="bold red"))
-    parts += [head, classes, burst, dec]
-    return Panel(Group(*parts), title=title, title_align="left", box=box.ROUNDED)
+    return dec
 
 
 def run(

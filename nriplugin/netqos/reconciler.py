@@ -4,8 +4,8 @@ The node model tells of pods (RunPodSandbox, Synchronize, the inventory) and the
 this only marks the node dirty. A round then runs in one worker thread (pyroute2 is blocking
 and runs its own event loop): each pod's network namespace (NRI's ``linux.namespaces``,
 type "network") is entered to find its interface (the host peer is its ``iflink``) and IPv4
-address, once per pod; the desired state (``features/net_qos.py`` over the overlays) becomes
-a :class:`Plan` that ``kernel/tc.py`` makes true. Every ``period`` seconds the same round
+address, once per pod; the desired state (``netqos/desired.py`` over the overlays) becomes
+a :class:`Plan` that ``netqos/tc.py`` makes true. Every ``period`` seconds the same round
 reads the kernel back: a deleted class, filter or redirect is restored and counted as drift
 and repair (resource ``tc``), like a cgroup file. A pod that went, or whose namespace vanished,
 has its rules removed; with no pod shaped, our IFBs go too.
@@ -340,56 +340,78 @@ class NetQoS:
         return bool(names & set(ifb_names(self.prefix).values()))
 
     def _work(self, wanted: list[Wanted], node: NodeNet, gone: list[str]) -> None:
+        """One round in the worker thread: release the pods that went or no longer want
+        shaping, plan the wanted ones, make the plan true and read the kernel back."""
         idle = not wanted and (self._applied is None or not self._applied.pods) and not self._found
         if idle and not self._leftovers():
             self._applied = Plan(node, ())
             return  # nothing shaped, nothing to take away: no netlink at all
+        tc = self._tc_ready()
+        usable = not missing(self.status.caps)
+        self._release(tc, gone, {w.pod for w in wanted})
+        status = Status(caps=self.status.caps, rounds=self.status.rounds)
+        pods = [p for w in (wanted if usable else []) if (p := self._plan_pod(tc, w, node, status)) is not None]
+        plan = Plan(node, tuple(sorted(pods, key=lambda p: p.minor)))
+        if usable:
+            self._sync(tc, plan)
+        self._applied = plan
+        status.shaped = {p.pod: p for p in plan.pods}
+        status.snapshot = tc.snapshot() if plan.pods else None
+        self.status = status
+
+    def _tc_ready(self) -> TC:
+        """Netlink, opened on the first round that needs it; what the kernel lacks is said once."""
         if self._tc is None:
             self._tc = TC(self.netns, self.prefix)
             self.status.caps = self._tc.probe()
             if lacking := missing(self.status.caps):
                 log.warning("network QoS unavailable: the kernel lacks %s", ", ".join(lacking))
-        tc = self._tc
-        caps = self.status.caps
-        usable = not missing(caps)
+        return self._tc
+
+    def _release(self, tc: TC, gone: list[str], live: set[str]) -> None:
+        """Take the rules off the veths of pods that went, then of those no longer wanted
+        (policy, labels); their leaves' minors are free again."""
         for pod in gone:
             found = self._found.pop(pod, (None, None))[1]
             self._minors.pop(pod, None)
             if found is not None:
                 tc.release(found.veth)
-        pods: list[PodPlan] = []
-        status = Status(caps=caps, rounds=self.status.rounds)
-        live = {w.pod for w in wanted}
-        for pod in [p for p in self._found if p not in live]:  # no longer wanted (policy, labels)
+        for pod in [p for p in self._found if p not in live]:
             found = self._found.pop(pod)[1]
             self._minors.pop(pod, None)
             if found is not None:
                 tc.release(found.veth)
-        for w in wanted if usable else []:
-            if not w.netns or self._is_ours(w.netns):
-                status.host_network.add(w.pod)
-                self._once(w.pod, "host", "pod %s: host network, no interface of its own: not shapeable", w.who)
-                continue
-            found = self._locate(w)
-            if found is None:
-                continue
-            owner = tc.veth_owner(found.veth)
-            if owner not in ("", "nriplugin"):
-                status.foreign[w.pod] = owner
-                self._once(
-                    w.pod,
-                    "foreign",
-                    "pod %s: its interface carries %s (the bandwidth CNI plugin?): left to it",
-                    w.who,
-                    owner,
-                )
-                continue
-            minor = self._minor(w.pod)
-            rates = tuple((d, leaf_rates(node, w.net, d)) for d in DIRECTIONS)
-            pods.append(PodPlan(w.pod, found.veth, found.ip, minor, Level(w.net.level), rates))
-        plan = Plan(node, tuple(sorted(pods, key=lambda p: p.minor)))
+
+    def _plan_pod(self, tc: TC, w: Wanted, node: NodeNet, status: Status) -> PodPlan | None:
+        """One wanted pod's leaf; None (noted in ``status``, said once) for a pod on the host
+        network, one whose interface is not found, or one whose veth another shapes."""
+        if not w.netns or self._is_ours(w.netns):
+            status.host_network.add(w.pod)
+            self._once(w.pod, "host", "pod %s: host network, no interface of its own: not shapeable", w.who)
+            return None
+        found = self._locate(w)
+        if found is None:
+            return None
+        owner = tc.veth_owner(found.veth)
+        if owner not in ("", "nriplugin"):
+            status.foreign[w.pod] = owner
+            self._once(
+                w.pod,
+                "foreign",
+                "pod %s: its interface carries %s (the bandwidth CNI plugin?): left to it",
+                w.who,
+                owner,
+            )
+            return None
+        minor = self._minor(w.pod)
+        rates = tuple((d, leaf_rates(node, w.net, d)) for d in DIRECTIONS)
+        return PodPlan(w.pod, found.veth, found.ip, minor, Level(w.net.level), rates)
+
+    def _sync(self, tc: TC, plan: Plan) -> None:
+        """Make ``plan`` true. Changes to a plan already applied were made behind our back:
+        counted as drift and repair (resource ``tc.<what>``), and said as a warning."""
         started = time.monotonic()
-        changes = tc.sync(plan) if usable else []
+        changes = tc.sync(plan)
         if changes and plan == self._applied:
             took = time.monotonic() - started
             for c in changes:
@@ -399,10 +421,6 @@ class NetQoS:
             log.warning("network QoS rules changed behind our back, restored: %s", "; ".join(changes))
         elif changes:
             log.info("network QoS: %s", "; ".join(changes) if len(changes) < 12 else f"{len(changes)} changes")
-        self._applied = plan
-        status.shaped = {p.pod: p for p in plan.pods}
-        status.snapshot = tc.snapshot() if plan.pods else None
-        self.status = status
 
     def _is_ours(self, path: str) -> bool:
         """A pod "namespace" that is the one we shape in is the host network (some runtimes

@@ -6,7 +6,7 @@ a single histogram/counter update on pre-resolved label children.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -37,150 +37,186 @@ HOOK_BUCKETS = (
     1.0,
     2.0,
 )
-# standby: another agent holds this runtime (see agent_lock.py); this one waits to take over.
+# standby: another agent holds this runtime (see agent/lock.py); this one waits to take over.
 STATES = ("disconnected", "connecting", "registered", "standby")
 GAP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
+M = TypeVar("M", Counter, Gauge, Histogram)
+
+
+class Declared(Generic[M]):
+    """One metric as data: its kind, exported name, help text, label names and (a histogram's)
+    buckets. Declared in :class:`Metrics`'s body, the table of every metric; each ``Metrics``
+    builds its own into its registry as the attribute of the same name (so a test's registry
+    never shares a series with another's)."""
+
+    def __init__(
+        self, kind: type[M], name: str, help: str, labels: tuple[str, ...] = (), buckets: tuple[float, ...] = ()
+    ) -> None:
+        self.kind: type[M] = kind
+        self.name = name
+        self.help = help
+        self.labels = labels
+        self.buckets = buckets
+        self.attr = ""
+
+    def __set_name__(self, owner: type, attr: str) -> None:
+        self.attr = attr
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> Declared[M]: ...
+    @overload
+    def __get__(self, obj: object, owner: type) -> M: ...
+    def __get__(self, obj: object | None, owner: type) -> Declared[M] | M:
+        # A built metric is in the instance's dict and shadows this (a non-data descriptor), so
+        # reading one costs what a plain attribute does; only the class's reading gets here.
+        if obj is None:
+            return self
+        raise AttributeError(self.attr)
+
+    def build(self, registry: CollectorRegistry) -> M:
+        extra: dict[str, Any] = {"buckets": self.buckets} if self.buckets else {}
+        return self.kind(self.name, self.help, self.labels, registry=registry, **extra)
+
+
 class Metrics:
+    """The agent's metrics, in the order they are exported. Names, help texts, labels and buckets
+    are what the monitoring rules and the dashboard read (``monitoring/``, tools/monitoring.py):
+    change one there too."""
+
+    hook_latency = Declared(
+        Histogram,
+        "nriplugin_hook_duration_seconds",
+        "Plugin-side handling time of NRI requests, by event.",
+        ("event",),
+        HOOK_BUCKETS,
+    )
+    hook_failures = Declared(
+        Counter,
+        "nriplugin_hook_failures_total",
+        "Hooks that failed (error, timeout, over_budget), by event and failure policy.",
+        ("event", "reason", "policy"),
+    )
+    connection_state = Declared(
+        Gauge, "nriplugin_connection_state", "1 for the current state of the runtime connection.", ("state",)
+    )
+    registrations = Declared(Counter, "nriplugin_registrations_total", "Successful registrations with the runtime.")
+    sync_duration = Declared(
+        Histogram,
+        "nriplugin_synchronize_duration_seconds",
+        "Time to handle Synchronize.",
+        buckets=(1e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1.0, 2.0),
+    )
+    refused_messages = Declared(
+        Counter,
+        "nriplugin_nri_refused_messages_total",
+        "Messages from the runtime over the receive bound (run --max-message-mib), refused unread; "
+        "the agent then serves without NRI hooks for a while (reconciler only).",
+    )
+    sync_objects = Declared(
+        Gauge, "nriplugin_synchronize_objects", "Pods and containers in the last Synchronize.", ("kind",)
+    )
+    invalid_input = Declared(
+        Counter, "nriplugin_invalid_input_total", "Pod labels/annotations rejected as invalid, by reason.", ("reason",)
+    )
+    reconcile_passes = Declared(Counter, "nriplugin_reconcile_passes_total", "Full reconciler passes.")
+    reconcile_pass = Declared(
+        Histogram,
+        "nriplugin_reconcile_pass_seconds",
+        "Wall time of a full reconciler pass.",
+        buckets=(1e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1.0, 5.0),
+    )
+    reconcile_pass_cpu = Declared(
+        Counter, "nriplugin_reconcile_pass_cpu_seconds_total", "CPU time spent in full passes."
+    )
+    reconcile_entries = Declared(Gauge, "nriplugin_reconcile_entries", "Cgroups the reconciler keeps.")
+    drift = Declared(Counter, "nriplugin_drift_total", "Files found off their desired value.", ("resource",))
+    repaired = Declared(Counter, "nriplugin_repaired_total", "Files written back.", ("resource",))
+    repair_latency = Declared(
+        Histogram,
+        "nriplugin_repair_latency_seconds",
+        "Change noticed -> written back.",
+        buckets=(100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 1.0),
+    )
+    net_shaped = Declared(
+        Gauge, "nriplugin_net_shaped_pods", "Pods whose network is shaped, and why others are not.", ("state",)
+    )
+    net_class_bytes = Declared(
+        Gauge,
+        "nriplugin_net_class_bytes",
+        "Bytes sent by a network QoS class (pod direction).",
+        ("direction", "level"),
+    )
+    write_errors = Declared(Counter, "nriplugin_write_errors_total", "Rejected writes, by errno.", ("errno",))
+    conflicts = Declared(Counter, "nriplugin_conflicts_total", "Files another writer keeps reverting.", ("resource",))
+    policy_version = Declared(Gauge, "nriplugin_policy_version", "Version of the policy in force.")
+    inventory = Declared(
+        Counter,
+        "nriplugin_inventory_passes_total",
+        "CRI inventories taken, by outcome (ok, unavailable).",
+        ("outcome",),
+    )
+    inventory_changes = Declared(
+        Counter,
+        "nriplugin_inventory_containers_total",
+        "Containers adopted from CRI (unknown to NRI) or forgotten (gone from the runtime).",
+        ("change",),
+    )
+    agent_gap = Declared(
+        Histogram,
+        "nriplugin_agent_gap_seconds",
+        "Time the runtime had no agent answering its hooks before this one took over, by cause "
+        "(handover: the previous agent stopped cleanly; crash: it died).",
+        ("cause",),
+        GAP_BUCKETS,
+    )
+    # The QoS manager's: pressure scores and levels, BE's CPU suppression, LS bursts, evictions,
+    # and how long its rounds take.
+    qos_cpu_score = Declared(Gauge, "nriplugin_qos_cpu_pressure_score", "CPU pressure score (0-100).")
+    qos_memory_score = Declared(Gauge, "nriplugin_qos_memory_pressure_score", "Memory pressure score (0-100).")
+    qos_level = Declared(
+        Gauge, "nriplugin_qos_pressure_level", "1 for the current level, by resource.", ("resource", "level")
+    )
+    qos_suppress = Declared(
+        Counter, "nriplugin_qos_cpu_suppress_total", "Changes of BE's CPU limit, by pressure level.", ("level",)
+    )
+    qos_burst = Declared(
+        Counter, "nriplugin_qos_cpu_burst_total", "LS bursts granted (started) and ended.", ("change",)
+    )
+    qos_be_limit = Declared(Gauge, "nriplugin_qos_be_cpu_limit_cores", "BE's CPU limit in cores.")
+    qos_evictions = Declared(
+        Counter,
+        "nriplugin_qos_evictions_total",
+        "Pods evicted (or, dry_run=true, that would have been), by strategy and trigger.",
+        ("strategy", "reason", "dry_run"),
+    )
+    qos_eviction_failures = Declared(
+        Counter,
+        "nriplugin_qos_eviction_failures_total",
+        "Evictions not done, by backend and outcome (blocked by a disruption budget, gone, error).",
+        ("backend", "outcome"),
+    )
+    qos_decision = Declared(
+        Histogram,
+        "nriplugin_qos_decision_latency_milliseconds",
+        "One QoS round: collect, assess, decide, apply.",
+        buckets=(0.5, 1, 2, 5, 10, 25, 50, 100, 250, 1000),
+    )
+    qos_collect = Declared(
+        Histogram,
+        "nriplugin_qos_collect_milliseconds",
+        "Collection time of one QoS round.",
+        buckets=(0.25, 0.5, 1, 2, 5, 10, 25, 50, 100),
+    )
+
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        r = self.registry
-        self.hook_latency = Histogram(
-            "nriplugin_hook_duration_seconds",
-            "Plugin-side handling time of NRI requests, by event.",
-            ["event"],
-            buckets=HOOK_BUCKETS,
-            registry=r,
-        )
-        self.hook_failures = Counter(
-            "nriplugin_hook_failures_total",
-            "Hooks that failed (error, timeout, over_budget), by event and failure policy.",
-            ["event", "reason", "policy"],
-            registry=r,
-        )
-        self.connection_state = Gauge(
-            "nriplugin_connection_state", "1 for the current state of the runtime connection.", ["state"], registry=r
-        )
-        self.registrations = Counter(
-            "nriplugin_registrations_total", "Successful registrations with the runtime.", registry=r
-        )
-        self.sync_duration = Histogram(
-            "nriplugin_synchronize_duration_seconds",
-            "Time to handle Synchronize.",
-            buckets=(1e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1.0, 2.0),
-            registry=r,
-        )
-        self.refused_messages = Counter(
-            "nriplugin_nri_refused_messages_total",
-            "Messages from the runtime over the receive bound (run --max-message-mib), refused unread; "
-            "the agent then serves without NRI hooks for a while (reconciler only).",
-            registry=r,
-        )
-        self.sync_objects = Gauge(
-            "nriplugin_synchronize_objects", "Pods and containers in the last Synchronize.", ["kind"], registry=r
-        )
-        self.invalid_input = Counter(
-            "nriplugin_invalid_input_total",
-            "Pod labels/annotations rejected as invalid, by reason.",
-            ["reason"],
-            registry=r,
-        )
-        self.reconcile_passes = Counter("nriplugin_reconcile_passes_total", "Full reconciler passes.", registry=r)
-        self.reconcile_pass = Histogram(
-            "nriplugin_reconcile_pass_seconds",
-            "Wall time of a full reconciler pass.",
-            buckets=(1e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1.0, 5.0),
-            registry=r,
-        )
-        self.reconcile_pass_cpu = Counter(
-            "nriplugin_reconcile_pass_cpu_seconds_total", "CPU time spent in full passes.", registry=r
-        )
-        self.reconcile_entries = Gauge("nriplugin_reconcile_entries", "Cgroups the reconciler keeps.", registry=r)
-        self.drift = Counter("nriplugin_drift_total", "Files found off their desired value.", ["resource"], registry=r)
-        self.repaired = Counter("nriplugin_repaired_total", "Files written back.", ["resource"], registry=r)
-        self.repair_latency = Histogram(
-            "nriplugin_repair_latency_seconds",
-            "Change noticed -> written back.",
-            buckets=(100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 1.0),
-            registry=r,
-        )
-        self.net_shaped = Gauge(
-            "nriplugin_net_shaped_pods", "Pods whose network is shaped, and why others are not.", ["state"], registry=r
-        )
-        self.net_class_bytes = Gauge(
-            "nriplugin_net_class_bytes",
-            "Bytes sent by a network QoS class (pod direction).",
-            ["direction", "level"],
-            registry=r,
-        )
-        self.write_errors = Counter("nriplugin_write_errors_total", "Rejected writes, by errno.", ["errno"], registry=r)
-        self.conflicts = Counter(
-            "nriplugin_conflicts_total", "Files another writer keeps reverting.", ["resource"], registry=r
-        )
-        self.policy_version = Gauge("nriplugin_policy_version", "Version of the policy in force.", registry=r)
-        self.inventory = Counter(
-            "nriplugin_inventory_passes_total",
-            "CRI inventories taken, by outcome (ok, unavailable).",
-            ["outcome"],
-            registry=r,
-        )
-        self.inventory_changes = Counter(
-            "nriplugin_inventory_containers_total",
-            "Containers adopted from CRI (unknown to NRI) or forgotten (gone from the runtime).",
-            ["change"],
-            registry=r,
-        )
-        self.agent_gap = Histogram(
-            "nriplugin_agent_gap_seconds",
-            "Time the runtime had no agent answering its hooks before this one took over, by cause "
-            "(handover: the previous agent stopped cleanly; crash: it died).",
-            ["cause"],
-            buckets=GAP_BUCKETS,
-            registry=r,
-        )
+        for attr, declared in vars(Metrics).items():
+            if isinstance(declared, Declared):
+                setattr(self, attr, declared.build(self.registry))
         for s in STATES:
             self.connection_state.labels(s).set(1 if s == "disconnected" else 0)
-
-        # The QoS manager, with the seed's metric names (004 §7.9) under our prefix.
-        self.qos_cpu_score = Gauge("nriplugin_qos_cpu_pressure_score", "CPU pressure score (0-100).", registry=r)
-        self.qos_memory_score = Gauge(
-            "nriplugin_qos_memory_pressure_score", "Memory pressure score (0-100).", registry=r
-        )
-        self.qos_level = Gauge(
-            "nriplugin_qos_pressure_level", "1 for the current level, by resource.", ["resource", "level"], registry=r
-        )
-        self.qos_suppress = Counter(
-            "nriplugin_qos_cpu_suppress_total", "Changes of BE's CPU limit, by pressure level.", ["level"], registry=r
-        )
-        self.qos_burst = Counter(
-            "nriplugin_qos_cpu_burst_total", "LS bursts granted (started) and ended.", ["change"], registry=r
-        )
-        self.qos_be_limit = Gauge("nriplugin_qos_be_cpu_limit_cores", "BE's CPU limit in cores.", registry=r)
-        self.qos_evictions = Counter(
-            "nriplugin_qos_evictions_total",
-            "Pods evicted (or, dry_run=true, that would have been), by strategy and trigger.",
-            ["strategy", "reason", "dry_run"],
-            registry=r,
-        )
-        self.qos_eviction_failures = Counter(
-            "nriplugin_qos_eviction_failures_total",
-            "Evictions not done, by backend and outcome (blocked by a disruption budget, gone, error).",
-            ["backend", "outcome"],
-            registry=r,
-        )
-        self.qos_decision = Histogram(
-            "nriplugin_qos_decision_latency_milliseconds",
-            "One QoS round: collect, assess, decide, apply.",
-            buckets=(0.5, 1, 2, 5, 10, 25, 50, 100, 250, 1000),
-            registry=r,
-        )
-        self.qos_collect = Histogram(
-            "nriplugin_qos_collect_milliseconds",
-            "Collection time of one QoS round.",
-            buckets=(0.25, 0.5, 1, 2, 5, 10, 25, 50, 100),
-            registry=r,
-        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

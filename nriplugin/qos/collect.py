@@ -1,5 +1,5 @@
 """The QoS manager's collection: one full round (:meth:`Collector.sample`, every syncPeriod)
-and a cheap fast path (:meth:`Collector.fast`, every 100 ms where PSI triggers are refused).
+and a cheap fast path (:meth:`Collector.fast`, every 50 ms between rounds).
 
 Only containers the node model knows and has seen running are read — never a CREATED one,
 whose cgroup runc may still be building — and only those with a QoS class the manager acts
@@ -9,7 +9,7 @@ memory stays flat under churn.
 
 A round is a few sysfs reads per container. The agent's loop drives it with
 :meth:`Collector.sample_async`, which gives the event loop back at the end of every turn
-(``turns.py``), so that an NRI hook never waits behind a whole round on a node with thousands
+(``node/turns.py``), so that an NRI hook never waits behind a whole round on a node with thousands
 of containers; :meth:`Collector.sample` runs the same steps in one go (tests, tools).
 """
 
@@ -25,7 +25,7 @@ from typing import NamedTuple, Protocol
 
 from nriplugin.intent.core import requested
 from nriplugin.kernel.cgroup import Cgroups
-from nriplugin.kernel.stats import ProcCpu, Psi, Stats
+from nriplugin.kernel.stats import CpuStat, MemInfo, ProcCpu, Psi, Stats
 from nriplugin.node.model import Record, State
 from nriplugin.node.turns import Turn
 from nriplugin.policy.qos import QoSClass
@@ -112,6 +112,57 @@ class _Acc:
             memory_bytes=self.mem,
             rss_bytes=self.rss,
         )
+
+
+class _Round:
+    """One round's sums as its containers are read: per class, and per container."""
+
+    __slots__ = ("acc", "by_container", "groups", "ls_growth", "seen")
+
+    def __init__(self) -> None:
+        self.acc: dict[QoSClass, _Acc] = {}
+        self.seen: set[str] = set()  # keys whose counters stay
+        self.groups: set[str] = set()  # cgroups whose files stay open
+        self.ls_growth = 0  # RSS growth of LS containers measured in the last round too
+        self.by_container: dict[str, ContainerUsage] = {}
+
+    def _of(self, f: _Facts) -> _Acc:
+        a = self.acc.get(f.qos)
+        if a is None:
+            a = self.acc[f.qos] = _Acc()
+        a.add(f)
+        return a
+
+    def read(self, key: str, f: _Facts, u: ContainerUsage, periods: int, throttled: int) -> None:
+        """A container read this round."""
+        a = self._of(f)
+        a.cpu += u.cpu_cores
+        a.periods += periods
+        a.throttled += throttled
+        a.mem += u.memory_bytes
+        a.rss += u.rss_bytes
+        self.by_container[key] = u
+
+    def carried(self, key: str, f: _Facts, before: ContainerUsage) -> None:
+        """A container not read this round: its last memory counts, its CPU is its group's."""
+        a = self._of(f)
+        a.mem += before.memory_bytes
+        a.rss += before.rss_bytes
+        self.by_container[key] = before
+
+    def by_class(self) -> dict[str, ClassUsage]:
+        return {q.value: a.usage() for q, a in self.acc.items()}
+
+
+class _Node(NamedTuple):
+    """A round's node-wide readings, as differences from the last round's where they count."""
+
+    busy: float
+    psi_cpu: Pressure
+    psi_memory: Pressure
+    pgscan_direct: int
+    pgscan_kswapd: int
+    mem: MemInfo | None
 
 
 def busy_cores(prev: ProcCpu | None, now: ProcCpu | None) -> float:
@@ -229,20 +280,51 @@ class Collector:
         t = self.clock()
         interval = 0.0 if self._t is None else max(0.0, t - self._t)
         self._t = t
-        s = self.stats
+        node = self._node()
+        be_group = self._group_cores(t, be_groups) if be_groups else None
+        memory_read = self._rounds % self.memory_every == 0
+        by_class, ls_growth = yield from self._classes(t, be_group is not None, memory_read)
+        if be_group is not None and QoSClass.BE.value in by_class:
+            by_class[QoSClass.BE.value] = replace(by_class[QoSClass.BE.value], cpu_cores=be_group[0])
+        if self._ls_rss_held is None:
+            self._ls_rss_held = float(sum(u.rss_bytes for q, u in by_class.items() if q in LS_CLASSES))
+        else:
+            self._ls_rss_held += ls_growth
+        mem = node.mem
+        return NodeSample(
+            t=t,
+            interval=interval,
+            ncpu=self.ncpu,
+            cpu_busy_cores=node.busy,
+            load1=self.stats.load1() or 0.0,
+            psi_cpu=node.psi_cpu,
+            psi_memory=node.psi_memory,
+            mem_total=mem.total if mem else 0,
+            mem_available=mem.available if mem else 0,
+            swap_total=mem.swap_total if mem else 0,
+            swap_free=mem.swap_free if mem else 0,
+            pgscan_direct=node.pgscan_direct,
+            pgscan_kswapd=node.pgscan_kswapd,
+            by_class=by_class,
+            collect_seconds=time.perf_counter() - started,
+            be_cpu_seconds=None if be_group is None else be_group[1],
+            memory_read=memory_read,
+            ls_rss_held=self._ls_rss_held,
+        )
 
+    def _node(self) -> _Node:
+        """Node CPU, PSI (cpu and memory), page scans and memory: a few reads of /proc."""
+        s = self.stats
         proc = s.proc_cpu()
         busy = busy_cores(self._cpu, proc)
         if proc is not None:
             self._cpu, self.ncpu = proc, proc.ncpu
-
         psi = {}
         for res in ("cpu", "memory"):
             now = s.node_pressure(res)
             psi[res] = _pressure(self._psi[res], now)
             if now is not None:
                 self._psi[res] = now
-
         scans = s.pgscan()
         direct = kswapd = 0
         if scans is not None:
@@ -250,39 +332,7 @@ class Collector:
                 direct = max(0, scans[0] - self._pgscan[0])
                 kswapd = max(0, scans[1] - self._pgscan[1])
             self._pgscan = scans
-
-        mem = s.meminfo()
-        be_group = self._group_cores(t, be_groups) if be_groups else None
-        memory_read = self._rounds % self.memory_every == 0
-        by_class, ls_growth = yield from self._classes(t, be_group is not None, memory_read)
-        if be_group is not None and QoSClass.BE.value in by_class:
-            by_class[QoSClass.BE.value] = replace(by_class[QoSClass.BE.value], cpu_cores=be_group[0])
-
-        if self._ls_rss_held is None:
-            self._ls_rss_held = float(sum(u.rss_bytes for q, u in by_class.items() if q in LS_CLASSES))
-        else:
-            self._ls_rss_held += ls_growth
-
-        return NodeSample(
-            t=t,
-            interval=interval,
-            ncpu=self.ncpu,
-            cpu_busy_cores=busy,
-            load1=s.load1() or 0.0,
-            psi_cpu=psi["cpu"],
-            psi_memory=psi["memory"],
-            mem_total=mem.total if mem else 0,
-            mem_available=mem.available if mem else 0,
-            swap_total=mem.swap_total if mem else 0,
-            swap_free=mem.swap_free if mem else 0,
-            pgscan_direct=direct,
-            pgscan_kswapd=kswapd,
-            by_class=by_class,
-            collect_seconds=time.perf_counter() - started,
-            be_cpu_seconds=None if be_group is None else be_group[1],
-            memory_read=memory_read,
-            ls_rss_held=self._ls_rss_held,
-        )
+        return _Node(busy, psi["cpu"], psi["memory"], direct, kswapd, s.meminfo())
 
     def _group_cores(self, t: float, groups: Sequence[str]) -> tuple[float, float] | None:
         """The cores used by ``groups`` together since the last round (0.0 the first time) and
@@ -307,108 +357,98 @@ class Collector:
         memory is read this round (else only a new one's). The containers are the
         model's at the start: one that comes between steps is read next round, one that
         leaves is skipped (its group is gone) and dropped with the next revision."""
-        acc: dict[QoSClass, _Acc] = {}
-        seen: set[str] = set()
-        groups: set[str] = set()
-        ls_growth = 0
-        by_container: dict[str, ContainerUsage] = {}
-        s = self.stats
+        rnd = _Round()
         if self.model.revision != self._facts_rev:  # a container came, went or changed
             self._facts.clear()
             self._facts_rev = self.model.revision
-        facts = self._facts
         turn = Turn()
         for key, r in list(self.model.containers()):
             if turn.over():
                 yield
                 turn.restart()
-            if r.state is not State.RUNNING:
-                continue  # CREATED: runc may still be building its cgroup
-            if key in facts:
-                f = facts[key]
-            else:
-                qos = self.desired.qos_of(key)
-                f = facts[key] = None if qos is None or qos is QoSClass.SYSTEM else _facts(qos, r)
-            if f is None:
-                continue
-            qos, group = f.qos, f.group
-            seen.add(key)  # its counters stay even if this round's read fails
-            if group is None:
-                continue  # no usable path
-            absent = self._absent.get(key)
-            if absent is not None and self._rounds < absent[0]:
-                continue
-            groups.add(group)
-            before = self.by_container.get(key)
-            full = before is None or memory_read
-            if be_from_groups and qos is QoSClass.BE and before is not None and not full:
-                a = acc.get(qos)
-                if a is None:
-                    a = acc[qos] = _Acc()
-                a.add(f)
-                a.mem += before.memory_bytes
-                a.rss += before.rss_bytes
-                by_container[key] = before  # read again with its memory
-                continue
-            cpu = s.cpu(group, throttling=f.throttling)
-            if cpu is None:  # the cgroup is gone (a removal on its way), or not there
-                wait = min(ABSENT_MAX_WAIT, 2 * absent[1]) if absent is not None else 1
-                self._absent[key] = (self._rounds + wait, wait)
-                continue
-            if absent is not None:
-                del self._absent[key]
-            a = acc.get(qos)
-            if a is None:
-                a = acc[qos] = _Acc()
-            a.add(f)
-            cores, throttled_ratio = 0.0, 0.0
-            d = self._counters.advance(key, t, (cpu.usage_ns, cpu.nr_periods, cpu.nr_throttled))
-            if d is not None:
-                secs, (used_ns, periods, throttled) = d
-                cores = used_ns / 1e9 / secs
-                throttled_ratio = throttled / periods if periods > 0 else 0.0
-                a.cpu += cores
-                a.periods += periods
-                a.throttled += throttled
-            limit = f.limit
-            # memory moves on a scale of minutes (its trends are per minute): read every
-            # memory_every rounds, and for a container seen for the first time
-            mem = s.memory(group) if full else None
-            if mem is not None:
-                used, rss = max(0, mem.usage - mem.cache), mem.rss
-                if before is not None and qos in LS_CLASSES:
-                    ls_growth += rss - before.rss_bytes
-            elif before is not None:  # a failed read: the last known, not a fake drop
-                used, rss = before.memory_bytes, before.rss_bytes
-            else:
-                used = rss = 0
-            a.mem += used
-            a.rss += rss
-            by_container[key] = ContainerUsage(qos, r.pod.id, cores, used, rss, limit, throttled_ratio)
+            self._container(rnd, t, key, r, be_from_groups, memory_read)
+        self._forget(rnd)
+        self.by_container = rnd.by_container
+        return rnd.by_class(), rnd.ls_growth
+
+    def _container(self, rnd: _Round, t: float, key: str, r: Record, be_from_groups: bool, memory_read: bool) -> None:
+        """One container into the round: skipped when not running (CREATED: runc may still be
+        building its cgroup), not collected, or its cgroup missing (looked for again after a
+        wait that doubles); a BE container between its memory reads carries its last; any
+        other is read."""
+        if r.state is not State.RUNNING:
+            return
+        if key in self._facts:
+            f = self._facts[key]
+        else:
+            qos = self.desired.qos_of(key)
+            f = self._facts[key] = None if qos is None or qos is QoSClass.SYSTEM else _facts(qos, r)
+        if f is None:
+            return
+        rnd.seen.add(key)  # its counters stay even if this round's read fails
+        group = f.group
+        if group is None:
+            return  # no usable path
+        absent = self._absent.get(key)
+        if absent is not None and self._rounds < absent[0]:
+            return
+        rnd.groups.add(group)
+        before = self.by_container.get(key)
+        full = before is None or memory_read
+        if be_from_groups and f.qos is QoSClass.BE and before is not None and not full:
+            rnd.carried(key, f, before)  # read again with its memory
+            return
+        cpu = self.stats.cpu(group, throttling=f.throttling)
+        if cpu is None:  # the cgroup is gone (a removal on its way), or not there
+            wait = min(ABSENT_MAX_WAIT, 2 * absent[1]) if absent is not None else 1
+            self._absent[key] = (self._rounds + wait, wait)
+            return
+        if absent is not None:
+            del self._absent[key]
+        cores, throttled_ratio, periods, throttled = self._rates(t, key, cpu)
+        used, rss = self._memory(rnd, f, group, before, full)
+        rnd.read(
+            key, f, ContainerUsage(f.qos, r.pod.id, cores, used, rss, f.limit, throttled_ratio), periods, throttled
+        )
+
+    def _rates(self, t: float, key: str, cpu: CpuStat) -> tuple[float, float, int, int]:
+        """A container's cores and throttled ratio since its last reading (zeros the first time),
+        with the periods and throttled periods behind the ratio."""
+        d = self._counters.advance(key, t, (cpu.usage_ns, cpu.nr_periods, cpu.nr_throttled))
+        if d is None:
+            return 0.0, 0.0, 0, 0
+        secs, (used_ns, periods, throttled) = d
+        return used_ns / 1e9 / secs, throttled / periods if periods > 0 else 0.0, periods, throttled
+
+    def _memory(self, rnd: _Round, f: _Facts, group: str, before: ContainerUsage | None, full: bool) -> tuple[int, int]:
+        """A container's memory in use (without page cache) and RSS. Memory moves on a scale of
+        minutes (its trends are per minute): it is read when ``full`` (every memory_every
+        rounds, and for a container seen for the first time), else the last reading stands."""
+        mem = self.stats.memory(group) if full else None
+        if mem is not None:
+            if before is not None and f.qos in LS_CLASSES:
+                rnd.ls_growth += mem.rss - before.rss_bytes
+            return max(0, mem.usage - mem.cache), mem.rss
+        if before is not None:  # a failed read (or none due): the last known, not a fake drop
+            return before.memory_bytes, before.rss_bytes
+        return 0, 0
+
+    def _forget(self, rnd: _Round) -> None:
+        """Drop what the round did not see: leavers' counters, open files and absent entries."""
         if self._group_key:
-            seen.add(self._group_key)  # the BE groups' counter stays too
-        if self._counters.retain(seen):
-            s.retain(groups | set(self._group_key[len(GROUPS_KEY) :].split(",")))  # close a leaver's files
+            rnd.seen.add(self._group_key)  # the BE groups' counter stays too
+        if self._counters.retain(rnd.seen):
+            # close a leaver's files
+            self.stats.retain(rnd.groups | set(self._group_key[len(GROUPS_KEY) :].split(",")))
         if self._absent and self._absent_rev != self._facts_rev:  # a container left: its entry too
-            self._absent = {k: v for k, v in self._absent.items() if k in seen}
+            self._absent = {k: v for k, v in self._absent.items() if k in rnd.seen}
             self._absent_rev = self._facts_rev
-        self.by_container = by_container
-        return {q.value: a.usage() for q, a in acc.items()}, ls_growth
 
     @property
     def tracked(self) -> int:
         """How many counters are kept (containers, and BE's groups together): follows the node
         model, not its history."""
         return len(self._counters)
-
-    def pod_usage(self, pod_id: str) -> tuple[float, int]:
-        """A pod's CPU cores and memory (bytes) in the last round: its containers' sum."""
-        cpu, mem = 0.0, 0
-        for u in self.by_container.values():
-            if u.pod_id == pod_id:
-                cpu += u.cpu_cores
-                mem += u.memory_bytes
-        return cpu, mem
 
     def group_cpu_seconds(self, group: str) -> float | None:
         """CPU used so far by a QoS-level group (e.g. BE's): one counter read, for the fast path."""
