@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from nriplugin.policy.model import Policy, merge_defaults
+from nriplugin.policy.model import Policy
 from nriplugin.policy.nodeslo import from_nodeslo
+from nriplugin.policy.profiles import overlay
 
 
 def from_document(doc: Any) -> tuple[Policy, list[str]]:
@@ -22,7 +23,8 @@ def from_document(doc: Any) -> tuple[Policy, list[str]]:
         raise TypeError(f"a policy must be a mapping, got {type(doc).__name__}")
     if doc.get("kind") == "NodeSLO":
         return from_nodeslo(doc)
-    # qosManager is left out of the defaults merged under the document: its profile must see
-    # which fields the document itself sets (the model fills in the rest).
+    # A partial document keeps every default it does not mention (mappings merge, lists and
+    # scalars replace). qosManager is left out of the defaults merged under it: its profile
+    # must see which fields the document itself sets (the model fills in the rest).
     base = Policy().model_dump(exclude={"qosManager"})
-    return Policy.model_validate(merge_defaults(base, doc)), []
+    return Policy.model_validate(overlay(base, doc)), []

@@ -487,14 +487,3 @@ class Policy(_M):
 
 class NodeSLOError(ValueError):
     """A NodeSLO its CRD rejects; the message names every offending field."""
-
-
-def merge_defaults(base: Any, over: Any) -> Any:
-    """Deep-merge ``over`` onto the defaults, so a partial policy keeps every default it does
-    not mention (lists and scalars replace)."""
-    if isinstance(base, dict) and isinstance(over, dict):
-        out = dict(base)
-        for k, v in over.items():
-            out[k] = merge_defaults(base[k], v) if k in base else v
-        return out
-    return over

@@ -32,7 +32,8 @@ from jsonschema.exceptions import ValidationError as SchemaError
 from pydantic import BaseModel, ValidationError
 
 from nriplugin.policy.model import NodeSLOError as NodeSLOError
-from nriplugin.policy.model import Policy, explicit_fields, merge_defaults
+from nriplugin.policy.model import Policy, explicit_fields
+from nriplugin.policy.profiles import overlay as deep_merge
 
 API_VERSION = "slo.koordinator.sh/v1alpha1"
 CRD_FILE = "slo.koordinator.sh_nodeslos.yaml"
@@ -208,7 +209,7 @@ def overlay(base: Policy, spec: dict[str, Any]) -> tuple[Policy, list[str]]:
     base_doc = _base_document(base)
     while True:
         try:
-            return Policy.model_validate(merge_defaults(base_doc, used)), notes
+            return Policy.model_validate(deep_merge(base_doc, used)), notes
         except ValidationError as exc:
             errors = exc.errors()
             if any(not e["loc"] or e["loc"][0] in own for e in errors):

@@ -35,7 +35,8 @@ PROFILES: dict[str, dict[str, Any]] = {
 
 
 def overlay(base: Any, over: Any) -> Any:
-    """``over`` deep-merged onto ``base`` (mappings merge, anything else replaces)."""
+    """``over`` deep-merged onto ``base`` (mappings merge, anything else replaces): a profile
+    onto the defaults, a partial policy document onto the embedded default."""
     if isinstance(base, dict) and isinstance(over, dict):
         out = dict(base)
         for k, v in over.items():
