@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from nriplugin.policy.model import Policy
-from nriplugin.policy.nodeslo import from_nodeslo
 from nriplugin.policy.profiles import overlay
 
 
@@ -22,6 +21,8 @@ def from_document(doc: Any) -> tuple[Policy, list[str]]:
     if not isinstance(doc, dict):
         raise TypeError(f"a policy must be a mapping, got {type(doc).__name__}")
     if doc.get("kind") == "NodeSLO":
+        from nriplugin.policy.nodeslo import from_nodeslo  # jsonschema: only for a NodeSLO
+
         return from_nodeslo(doc)
     # A partial document keeps every default it does not mention (mappings merge, lists and
     # scalars replace). qosManager is left out of the defaults merged under it: its profile
