@@ -314,11 +314,11 @@ def main() -> int:
             k: {q: cl.diff_ci(raw["cri"][k], raw["cri"]["none"], x) for q, x in (("p50", 0.5), ("p99", 0.99))}
             for k in ("go", "nriplugin")
         }
-    if args.plot:
-        plot(args.plot, out, handled, raw)
     print(json.dumps({k: v for k, v in out.items() if k != "runs"}, indent=1))
     if args.write:
         write_section(args.write, out, " ".join(["python -m bench.hook_latency", *sys.argv[1:]]))
+    if args.plot:  # last: the figures are written even where the plot cannot be drawn
+        plot(args.plot, out, handled, raw)
     return 0
 
 
