@@ -1,0 +1,1 @@
+"""The core chain (desired state, overlays) pinned at its boundaries (the kept mutation score)."""
