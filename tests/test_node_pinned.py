@@ -1,1 +1,412 @@
-"""The core chain (desired state, overlays) pinned at its boundaries (the kept mutation score)."""
+"""The core chain pinned at its boundaries (the kept mutation score): overlays refuse what they
+cannot apply and keep their owners' order; the desired state merges overlays, a class's CFS
+ceiling (inclusive, at least 1 ms) and its cpuset limit, remembers what an overlay replaced, and
+tells its subscribers exactly which keys changed."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from nriplugin.features import Intent, Setting
+from nriplugin.kernel.cpulist import format_cpulist
+from nriplugin.node.desired import DesiredState
+from nriplugin.node.model import NodeModel, pod_key
+from nriplugin.node.overlays import GROUP_PREFIX, NET_RESOURCES, Decision, Overlays, group_key
+from nriplugin.policy.cache import RuleCache
+from nriplugin.policy.model import Policy
+from nriplugin.policy.qos import QoSClass
+from testkit.runtime_peer import make_container, make_pod
+from tests.test_features import caps
+
+# --- overlays -------------------------------------------------------------------------------
+
+
+def test_group_key() -> None:
+    assert GROUP_PREFIX == "group:"
+    assert group_key("/kubepods/besteffort/") == "group:kubepods/besteffort"
+    assert group_key("kubepods") == "group:kubepods"
+
+
+def test_the_network_ceilings_are_the_six_classes_and_directions() -> None:
+    assert NET_RESOURCES == {f"net.L{i}.{d}Ceil" for i in range(3) for d in ("ingress", "egress")}
+
+
+@pytest.mark.parametrize("value", [0, -1, True, "100", 1.5])
+def test_a_network_ceiling_must_be_a_positive_int(value: object) -> None:
+    o = Overlays()
+    with pytest.raises(ValueError, match=r"overlay qos:n: net\.L0\.egressCeil must be a positive number of bits/s"):
+        o.set("k", "qos:n", {"net.L0.egressCeil": value}, "r")  # type: ignore[dict-item]
+    assert o.targets() == []
+
+
+def test_a_network_ceiling_of_one_is_taken_without_the_cgroup_table() -> None:
+    o = Overlays()
+    assert o.set("k", "qos:n", {"net.L2.ingressCeil": 1}, "r")
+    assert o.of("k") == [Decision("qos:n", (("net.L2.ingressCeil", 1),), "r")]
+
+
+def test_an_overlay_needs_an_owner_and_values_and_known_valid_resources() -> None:
+    o = Overlays()
+    for owner, values in (("", {"cpu.shares": 2}), ("qos:x", {})):
+        with pytest.raises(ValueError, match="an overlay needs an owner and at least one value"):
+            o.set("k", owner, values, "r")
+    with pytest.raises(ValueError, match=r"overlay qos:x: unknown resource 'cpu\.nope'"):
+        o.set("k", "qos:x", {"cpu.shares": 2, "cpu.nope": 1}, "r")
+    with pytest.raises(ValueError, match="outside"):
+        o.set("k", "qos:x", {"cpu.shares": 1}, "r")
+    assert o.targets() == [] and o.of("k") == []
+
+
+def test_values_are_kept_sorted_and_a_change_replaces_the_owners_decision() -> None:
+    o = Overlays()
+    assert o.set("k", "a", {"cpu.shares": 4, "cpu.cfs_quota_us": 5000}, "first")
+    assert o.of("k") == [Decision("a", (("cpu.cfs_quota_us", 5000), ("cpu.shares", 4)), "first")]
+    assert not o.set("k", "a", {"cpu.cfs_quota_us": 5000, "cpu.shares": 4}, "first")
+    assert o.set("k", "a", {"cpu.shares": 4, "cpu.cfs_quota_us": 5000}, "another reason")
+    assert o.set("k", "b", {"cpu.shares": 8}, "b's")
+    assert o.set("k", "a", {"cpu.shares": 6}, "again")  # a keeps its place: first set first
+    assert [d.owner for d in o.of("k")] == ["a", "b"]
+    assert o.of("k")[0].values == (("cpu.shares", 6),)
+
+
+def test_withdraw_forget_and_targets() -> None:
+    o = Overlays()
+    assert not o.withdraw("k", "a")  # no key
+    o.set("k", "a", {"cpu.shares": 4}, "r")
+    o.set("k", "b", {"cpu.shares": 4}, "r")
+    o.set("j", "b", {"cpu.shares": 4}, "r")
+    assert not o.withdraw("k", "c")  # no such owner
+    assert o.targets() == ["k", "j"] and o.targets("a") == ["k"] and o.targets("b") == ["k", "j"]
+    assert o.withdraw("k", "a")
+    assert o.targets() == ["k", "j"]  # b is still on k
+    assert o.withdraw("k", "b")
+    assert o.targets() == ["j"] and o.of("k") == []
+    o.forget("j")
+    o.forget("nothing")
+    assert o.targets() == []
+
+
+# --- desired state --------------------------------------------------------------------------
+
+
+class Scene:
+    """A node model with a BE pod (container 1) and an LS pod (container 2, 2-core limit)."""
+
+    def __init__(self, current: int | str | None = 777, policy: Policy | None = None, **files: bool) -> None:
+        self.model = NodeModel()
+        self.rules = RuleCache(policy or Policy())
+        self.invalid: list[str] = []
+        self.asked: list[tuple[str, str]] = []
+
+        def cur(key: str, resource: str) -> int | str | None:
+            self.asked.append((key, resource))
+            return current
+
+        self.d = DesiredState(self.model, self.rules, caps(**files), on_invalid=self.invalid.append, current=cur)
+        self.model.subscribe(self.d)
+        self.told: list[list[str]] = []
+        self.d.subscribe(self.told.append)
+        self.be_pod = make_pod(1, "BE")
+        self.be = make_container(1, self.be_pod)
+        self.ls_pod = make_pod(2, "LS")
+        self.ls = make_container(2, self.ls_pod)
+        self.ls.linux.resources.cpu.quota.value = 200000
+        self.ls.linux.resources.cpu.period.value = 100000
+        self.model.container_started(self.be_pod, self.be)
+        self.model.container_started(self.ls_pod, self.ls)
+        self.told.clear()
+
+    def value(self, key: str, resource: str) -> int | str | None:
+        intent = self.d.intent(key)
+        assert intent is not None
+        return intent.get(resource)
+
+    def setting(self, key: str, resource: str) -> Setting:
+        intent = self.d.intent(key)
+        assert intent is not None
+        return intent.files[(resource, "")]
+
+
+def test_the_class_of_a_key() -> None:
+    s = Scene()
+    assert s.d.qos_of(s.be.id) is QoSClass.BE
+    assert s.d.qos_of(pod_key(s.ls_pod.id)) is QoSClass.LS
+    assert s.d.qos_of("nothing") is None
+
+
+def test_a_bad_label_is_counted_reported_and_unmanaged(caplog: pytest.LogCaptureFixture) -> None:
+    s = Scene()
+    bad = make_pod(3, "BE")
+    bad.labels["koordinator.sh/qosClass"] = "NOPE"
+    c = make_container(3, bad)
+    with caplog.at_level(logging.WARNING, "nriplugin.node.desired"):
+        s.model.container_started(bad, c)
+        assert s.d.intent(c.id) is None
+        assert s.d.qos_of(c.id) is None
+    assert s.d.rejected_labels == 1 and s.invalid == ["qos_label"]  # decided once per pod
+    assert "pod default/pod-3:" in caplog.text and "leaving it untouched" in caplog.text
+    assert s.d.intent_before_known(bad, make_container(4, bad)) is None
+    assert not s.d.class_capped(bad)
+    s.d.set_ceiling(QoSClass.BE, 0.5, "qos:s", "r")
+    assert not s.d.class_capped(bad)
+
+
+def test_an_overlay_is_merged_with_its_owner_and_reason() -> None:
+    s = Scene()
+    assert s.d.set_overlay(s.be.id, "qos:x", {"cpu.cfs_quota_us": 50000}, "because")
+    st = s.setting(s.be.id, "cpu.cfs_quota_us")
+    assert (st.value, st.why, st.owner) == (50000, "because", "qos:x")
+    assert s.told == [[s.be.id]]
+    assert not s.d.set_overlay(s.be.id, "qos:x", {"cpu.cfs_quota_us": 50000}, "because")
+    assert s.told == [[s.be.id]]  # nothing changed: nobody told
+
+
+def test_the_value_an_overlay_replaced_comes_back() -> None:
+    """Where no feature sets a resource, withdrawing the last overlay on it puts back what was
+    there: a container's runtime request, a group's value read from the kernel."""
+    s = Scene(current=-1)
+    g = group_key("kubepods/besteffort")
+    s.d.set_overlay(g, "qos:s", {"cpu.cfs_quota_us": 50000}, "limit")
+    assert s.asked == [(g, "cpu.cfs_quota_us")]
+    s.d.set_overlay(g, "qos:t", {"cpu.cfs_quota_us": 60000}, "another")
+    assert s.asked == [(g, "cpu.cfs_quota_us")]  # already remembered: not read again
+    assert s.value(g, "cpu.cfs_quota_us") == 60000  # the later owner wins
+    s.d.withdraw_overlay(g, "qos:t")
+    assert s.value(g, "cpu.cfs_quota_us") == 50000
+    assert s.d.withdraw_overlay(g, "qos:s")
+    assert not s.d.withdraw_overlay(g, "qos:s")
+    st = s.setting(g, "cpu.cfs_quota_us")
+    assert (st.value, st.owner, st.why) == (-1, "baseline", "the value before an overlay replaced it")
+    # a container: the runtime's request, from the facts, not the kernel
+    s.d.set_overlay(s.ls.id, "qos:b", {"cpu.cfs_quota_us": 300000}, "burst")
+    assert (s.ls.id, "cpu.cfs_quota_us") not in s.asked
+    s.d.withdraw_overlay(s.ls.id, "qos:b")
+    assert s.value(s.ls.id, "cpu.cfs_quota_us") == 200000
+
+
+def test_a_feature_value_is_not_remembered_as_a_baseline() -> None:
+    s = Scene()
+    s.d.set_overlay(s.be.id, "qos:x", {"cpu.shares": 8}, "r")  # cpuQOS sets BE's shares
+    assert s.asked == []
+    s.d.withdraw_overlay(s.be.id, "qos:x")
+    assert s.setting(s.be.id, "cpu.shares").owner == "cpuQOS"
+
+
+def test_no_baseline_when_the_kernel_value_is_unknown() -> None:
+    s = Scene(current=None)
+    g = group_key("kubepods/besteffort")
+    s.d.set_overlay(g, "qos:s", {"cpu.cfs_quota_us": 50000}, "limit")
+    s.d.withdraw_overlay(g, "qos:s")
+    assert s.value(g, "cpu.cfs_quota_us") is None
+
+
+def test_a_refused_overlay_keeps_nothing() -> None:
+    s = Scene()
+    g = group_key("kubepods/besteffort")
+    with pytest.raises(ValueError):
+        s.d.set_overlay(g, "qos:s", {"cpu.cfs_quota_us": 5}, "bad")
+    assert s.told == [] and s.d.overlays.targets() == []
+    s.d.set_overlay(g, "qos:s", {"cpu.shares": 2}, "ok")
+    s.d.withdraw_overlay(g, "qos:s")
+    assert s.value(g, "cpu.cfs_quota_us") is None  # the refused one left no baseline
+
+
+def _quota_overlay(s: Scene, quota: int, period: int | None = None) -> None:
+    values: dict[str, int | str] = {"cpu.cfs_quota_us": quota}
+    if period is not None:
+        values["cpu.cfs_period_us"] = period
+    s.d.set_overlay(s.be.id, "qos:x", values, "batch")
+
+
+@pytest.mark.parametrize(
+    ("quota", "period", "cores", "expect"),
+    [
+        (50000, None, 0.5, 50000),  # at the ceiling: kept (inclusive)
+        (50001, None, 0.5, 50000),
+        (80000, 200000, 0.3, 60000),  # the period the intent has
+        (80000, None, 0.001, 1000),  # at least 1 ms
+        (-1, None, 0.5, -1),  # unlimited under a limited parent is allowed
+        (0 + 1000, None, 0.0, 1000),
+    ],
+)
+def test_a_class_ceiling_caps_a_finite_quota(quota: int, period: int | None, cores: float, expect: int) -> None:
+    s = Scene()
+    _quota_overlay(s, quota, period)
+    before = s.setting(s.be.id, "cpu.cfs_quota_us")
+    s.d.set_ceiling(QoSClass.BE, cores, "qos:cpuSuppress", "BE is limited")
+    st = s.setting(s.be.id, "cpu.cfs_quota_us")
+    assert st.value == expect
+    if expect == quota:
+        assert st == before
+    else:
+        assert st.owner == "qos:cpuSuppress"
+        assert st.why == f"batch; at most {cores:.2f} cores while BE is limited"
+
+
+def test_a_ceiling_caps_the_burst_at_the_capped_quota() -> None:
+    s = Scene()
+    s.d.set_overlay(s.be.id, "qos:x", {"cpu.cfs_quota_us": 100000, "cpu.cfs_burst_us": 100000}, "r")
+    s.d.set_ceiling(QoSClass.BE, 0.25, "qos:s", "r")
+    assert s.value(s.be.id, "cpu.cfs_quota_us") == 25000
+    assert s.value(s.be.id, "cpu.cfs_burst_us") == 25000
+
+
+def test_a_ceiling_leaves_a_quota_the_intent_does_not_have_and_other_classes() -> None:
+    s = Scene()
+    s.d.set_ceiling(QoSClass.BE, 0.5, "qos:s", "r")
+    assert s.value(s.be.id, "cpu.cfs_quota_us") is None
+    s.d.set_overlay(s.ls.id, "qos:b", {"cpu.cfs_quota_us": 300000}, "burst")
+    assert s.value(s.ls.id, "cpu.cfs_quota_us") == 300000
+
+
+def test_ceilings_tell_the_class_once_and_withdraw_only_what_is_there() -> None:
+    s = Scene()
+    assert not s.d.capped(s.be.id) and not s.d.class_capped(s.be_pod)
+    s.d.set_ceiling(QoSClass.BE, 0.5, "qos:s", "r")
+    assert s.told == [[pod_key(s.be_pod.id), s.be.id]]
+    assert s.d.capped(s.be.id) and s.d.class_capped(s.be_pod)
+    assert not s.d.capped(s.ls.id) and not s.d.class_capped(s.ls_pod)
+    s.d.set_ceiling(QoSClass.BE, 0.5, "qos:s", "r")
+    assert len(s.told) == 1  # the same ceiling: nothing to tell
+    s.d.set_ceiling(QoSClass.BE, 0.5, "qos:s", "other reason")
+    assert len(s.told) == 2
+    s.d.withdraw_ceiling(QoSClass.LS)
+    assert len(s.told) == 2
+    s.d.withdraw_ceiling(QoSClass.BE)
+    assert len(s.told) == 3 and not s.d.capped(s.be.id)
+    g0 = s.d.generation(s.be.id)
+    s.d.set_ceiling(QoSClass.LSR, 1.0, "qos:s", "r")  # a class with no members: no one told
+    assert len(s.told) == 3 and s.d.generation(s.be.id) == g0
+
+
+def test_a_class_decision_moves_its_members_generation_only() -> None:
+    s = Scene()
+    be0, ls0 = s.d.generation(s.be.id), s.d.generation(s.ls.id)
+    s.d.set_ceiling(QoSClass.BE, 0.5, "qos:s", "r")
+    be1 = s.d.generation(s.be.id)
+    assert be1 != be0 and be1[2] == be0[2] + 1
+    assert s.d.generation(s.ls.id) == ls0
+    s.d.set_cpuset_limit(QoSClass.BE, 1, "qos:s", "r")
+    assert s.d.generation(s.be.id)[2] == be1[2] + 1
+
+
+def test_a_cpuset_limit_puts_containers_on_part_of_the_share_pool() -> None:
+    s = Scene(**{"cpuset.cpus": True})
+    pool = s.d.cpus.share_pool()
+    s.d.set_cpuset_limit(QoSClass.BE, 1, "qos:s", "BE on 1 CPU")
+    st = s.setting(s.be.id, "cpuset.cpus")
+    assert (st.owner, st.why) == ("qos:s", "BE on 1 CPU")
+    assert st.value == format_cpulist(s.d.cpus.shared_subset(1))
+    assert s.value(pod_key(s.be_pod.id), "cpuset.cpus") is None  # containers only
+    s.d.set_cpuset_limit(QoSClass.BE, None, "qos:s", "the whole pool again")
+    assert s.value(s.be.id, "cpuset.cpus") == format_cpulist(pool)
+    told = len(s.told)
+    s.d.set_cpuset_limit(QoSClass.BE, None, "qos:s", "the whole pool again")
+    assert len(s.told) == told
+
+
+def test_no_cpuset_limit_where_the_kernel_has_no_cpuset() -> None:
+    s = Scene()
+    s.d.set_cpuset_limit(QoSClass.BE, 1, "qos:s", "r")
+    assert s.value(s.be.id, "cpuset.cpus") is None
+
+
+def test_invalidate_tells_and_stamps_known_keys_only() -> None:
+    s = Scene()
+    g = group_key("x")
+    gen = s.d.generation(s.be.id)
+    assert s.d.invalidate([]) == [] and s.told == []
+    assert s.d.invalidate([s.be.id, g, "gone"]) == [s.be.id, g, "gone"]
+    assert s.told == [[s.be.id, g, "gone"]]
+    g1 = s.d.generation(s.be.id)
+    assert g1[1] > gen[1]
+    assert s.d.generation(g)[1] > 0
+    assert s.d.generation("gone")[1] == 0  # not known: no generation kept
+    s.d.invalidate([s.be.id])
+    assert s.d.generation(s.be.id)[1] > g1[1]
+
+
+def test_a_policy_change_recomputes_everything_and_overlaid_groups() -> None:
+    s = Scene()
+    g = group_key("kubepods/besteffort")
+    s.d.set_overlay(g, "qos:s", {"cpu.shares": 2}, "r")
+    s.d.set_overlay(s.be.id, "qos:s", {"cpu.shares": 4}, "r")
+    s.told.clear()
+    e0 = s.d.generation(s.be.id)[0]
+    s.rules.set(Policy.model_validate({"qosManager": {"enable": False}}), "test")
+    assert s.told == [[*s.model, g]]
+    assert s.d.generation(s.be.id)[0] == e0 + 1
+
+
+def test_the_cache_is_per_generation() -> None:
+    s = Scene()
+    a = s.d.intent(s.be.id)
+    assert s.d.intent(s.be.id) is a
+    s.d.set_ceiling(QoSClass.BE, 0.5, "qos:s", "r")
+    assert s.d.intent(s.be.id) is not a
+
+
+def test_settings_of_an_unmanaged_key_are_empty() -> None:
+    s = Scene()
+    gen, settings = s.d.settings("nothing")
+    assert settings == [] and gen == (0, 0, 0)
+    gen, settings = s.d.settings(s.be.id)
+    assert [x.resource for x in settings] == ["cpu.shares"]
+
+
+def test_a_removed_key_leaves_nothing_behind() -> None:
+    s = Scene(current=-1)
+    s.d.set_overlay(s.be.id, "qos:x", {"cpu.cfs_quota_us": 5000}, "r")
+    s.model.container_removed(s.be.id)
+    assert s.d.overlays.of(s.be.id) == []
+    assert s.d.generation(s.be.id) == (0, 0, 0)
+    s.model.container_started(s.be_pod, s.be)  # back: no overlay, no baseline
+    assert s.value(s.be.id, "cpu.cfs_quota_us") is None
+    told = len(s.told)
+    s.d.set_ceiling(QoSClass.BE, 0.5, "qos:s", "r")
+    assert s.be.id in s.told[told]
+
+
+def test_a_pods_class_is_forgotten_with_the_pod() -> None:
+    s = Scene()
+    s.model.pod_removed(s.ls_pod.id)
+    assert s.ls_pod.id not in s.d._classes
+    s.d.set_ceiling(QoSClass.LS, 0.5, "qos:s", "r")
+    assert s.told == [] or all(s.ls.id not in keys for keys in s.told)
+
+
+def test_intent_before_known_is_what_intent_gives_once_known() -> None:
+    s = Scene()
+    pod = make_pod(5, "BE")
+    c = make_container(5, pod)
+    early = s.d.intent_before_known(pod, c)
+    s.model.container_started(pod, c)
+    assert early is not None and early.files == s.d.intent(c.id).files  # type: ignore[union-attr]
+    c6 = make_container(6, s.be_pod)
+    assert s.d.intent_before_known(s.be_pod, c6) is not None  # the pod's class, already decided
+
+
+def test_once_logs_each_reason_once_and_forgets_past_1000(caplog: pytest.LogCaptureFixture) -> None:
+    s = Scene()
+    with caplog.at_level(logging.WARNING, "nriplugin.node.desired"):
+        s.d._once(("k", "r"), "said %s", "x")
+        s.d._once(("k", "r"), "said %s", "x")
+        assert caplog.text.count("said x") == 1
+        for i in range(1000):
+            s.d._once(("k", str(i)), "n")
+        assert len(s.d._logged) == 1001  # with ("k", "r")
+        s.d._once(("k", "last"), "n")
+        assert s.d._logged == {("k", "last")}
+        s.d._once(("k", "r"), "said %s", "x")
+        assert caplog.text.count("said x") == 2
+    assert caplog.records[0].reason == "k"  # type: ignore[attr-defined]
+
+
+def test_an_intent_copy_is_not_shared() -> None:
+    s = Scene()
+    base = s.d.intent(s.be.id)
+    s.d.set_overlay(s.be.id, "qos:x", {"cpu.shares": 9}, "r")
+    assert isinstance(base, Intent) and base.get("cpu.shares") == 2
+    assert s.value(s.be.id, "cpu.shares") == 9
