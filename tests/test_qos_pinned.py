@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import math
 from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
+from nriplugin.policy.model import Policy
+from nriplugin.qos.cpu_suppress import CPUSuppressStrategy
 from nriplugin.qos.history import Counters
 from nriplugin.qos.levels import CPU_THRESHOLDS, MEMORY_THRESHOLDS, Assessor, Level, Thresholds, thresholds_of
+from nriplugin.qos.node_resource import NodeQOSResourceStrategy, Rate, SystemQOSResourceStrategy, capacity
 from nriplugin.qos.sample import ClassUsage, NodeSample
 from nriplugin.qos.scores import CpuInputs, MemoryInputs, cpu_inputs, cpu_pressure, memory_inputs, memory_pressure
+from nriplugin.qos.strategy import Capacity, FastUsage, Host, Round
 from nriplugin.qos.trends import Ewma, Trends, WindowSlope, ls_rss
 
 # --- levels ---------------------------------------------------------------------------------
@@ -474,3 +479,94 @@ def test_trends_skip_cpu_of_the_first_round_and_take_held_rss() -> None:
     assert tr.be_load.value == 1.0
     assert tr.rss.per_minute() == pytest.approx(60 * (500 - 70))
     assert ls_rss(sample(0.0, by_class=classes(rss=10))) == 70
+
+
+# --- node_resource, strategy ----------------------------------------------------------------
+
+
+def test_capacity_of_a_sample() -> None:
+    s = sample(5.0, cpu_busy_cores=3.0, by_class=classes(be=1.25))
+    c = capacity(s)
+    assert c == Capacity(
+        total=4.0, system_reserved=0.0, ls_request=1.75, ls_usage=0.875, be_usage=1.25, non_be_usage=1.75
+    )
+    assert isinstance(c.total, float) and c.be_measured
+    assert capacity(sample(5.0, cpu_busy_cores=1.0, by_class=classes(be=1.5))).non_be_usage == 0.0
+
+
+def test_capacity_shares_are_never_negative() -> None:
+    c = Capacity(total=4, system_reserved=1, ls_request=2, ls_usage=0, be_usage=0, non_be_usage=0)
+    assert (c.schedulable, c.for_be) == (3, 1)
+    c = Capacity(total=4, system_reserved=5, ls_request=2, ls_usage=0, be_usage=0, non_be_usage=0)
+    assert (c.schedulable, c.for_be) == (0.0, 0.0)
+
+
+def test_rate_of_a_counter() -> None:
+    r = Rate()
+    assert (r.t, r.value) == (None, 0.0)
+    assert r.update(1.0, 10.0) is None  # first reading
+    assert r.update(3.0, 14.0) == 2.0
+    assert r.update(3.0, 20.0) is None  # no time passed
+    assert r.update(2.0, 22.0) is None  # earlier
+    assert r.update(4.0, 21.0) == 0.0  # went backwards: 0, not negative
+    assert r.update(5.0, None) is None  # unread: the next reading starts again
+    assert r.t is None
+    assert r.update(6.0, 30.0) is None
+    assert r.update(6.5, 31.0) == 2.0
+
+
+def round_of(s: NodeSample, policy: Policy | None = None, fast: FastUsage | None = None) -> Round:
+    return Round(t=s.t, sample=s, level=Level.LOW, cpu_score=0, memory_score=0, policy=policy or Policy(), fast=fast)
+
+
+def test_node_qos_resource_measures_be_from_its_groups_counter() -> None:
+    node = NodeQOSResourceStrategy(cast("Host", None))
+    r = round_of(sample(1.0, cpu_busy_cores=3.0, by_class=classes(be=1.0), be_cpu_seconds=10.0))
+    node.decide(r)
+    assert r.capacity is not None and not r.capacity.be_measured
+    assert (r.capacity.be_usage, r.capacity.non_be_usage) == (1.0, 2.0)  # the containers' sum meanwhile
+    r = round_of(sample(3.0, cpu_busy_cores=3.0, by_class=classes(be=1.0), be_cpu_seconds=13.0))
+    node.decide(r)
+    assert r.capacity is not None and r.capacity.be_measured
+    assert (r.capacity.be_usage, r.capacity.non_be_usage) == (1.5, 1.5)
+    r = round_of(sample(4.0, cpu_busy_cores=1.0, by_class=classes(be=1.0), be_cpu_seconds=16.0))
+    node.decide(r)
+    assert r.capacity is not None and (r.capacity.be_usage, r.capacity.non_be_usage) == (3.0, 0.0)
+    assert node.off(5.0, "off") is False
+    r = round_of(sample(6.0, cpu_busy_cores=3.0, by_class=classes(be=1.0), be_cpu_seconds=20.0))
+    node.decide(r)  # after off: the rate starts again
+    assert r.capacity is not None and not r.capacity.be_measured
+
+
+def test_node_qos_resource_between_rounds_takes_the_fast_figures() -> None:
+    node = NodeQOSResourceStrategy(cast("Host", None))
+    r = round_of(sample(1.0, cpu_busy_cores=3.0, by_class=classes(be=1.0)))
+    node.between_rounds(r)
+    assert r.capacity is None  # no fast figures: nothing to say
+    r = round_of(sample(1.0, cpu_busy_cores=3.0, by_class=classes(be=1.0)), fast=FastUsage(be=0.25, non_be=2.5))
+    node.between_rounds(r)
+    assert r.capacity is not None
+    assert (r.capacity.be_usage, r.capacity.non_be_usage, r.capacity.ls_request) == (0.25, 2.5, 1.75)
+
+
+@pytest.mark.parametrize(("reserved", "held"), [(0.0, 0.0), (0.5, 0.5), (4.0, 4.0), (6.0, 4.0)])
+def test_system_reserved_is_held_back_up_to_the_node(reserved: float, held: float) -> None:
+    sysres = SystemQOSResourceStrategy(cast("Host", None))
+    p = Policy.model_validate({"qosManager": {"systemReserved": {"cpu": reserved}}})
+    r = round_of(sample(1.0, cpu_busy_cores=1.0), p)
+    sysres.decide(r)
+    assert r.capacity is None  # nothing to hold back from
+    r.capacity = capacity(r.sample)
+    sysres.between_rounds(r)
+    assert r.capacity.system_reserved == held
+
+
+def test_a_strategy_runs_when_the_manager_its_name_and_its_section_are_on() -> None:
+    on = Policy().qosManager
+    assert NodeQOSResourceStrategy.runs(on) and CPUSuppressStrategy.runs(on)
+    assert not NodeQOSResourceStrategy.runs(on.model_copy(update={"enable": False}))
+    assert not NodeQOSResourceStrategy.runs(on.model_copy(update={"plugins": ["CPUSuppress"]}))
+    off = on.model_copy(update={"cpuSuppress": on.cpuSuppress.model_copy(update={"enabled": False})})
+    assert not CPUSuppressStrategy.runs(off) and NodeQOSResourceStrategy.runs(off)
+    assert NodeQOSResourceStrategy.configured(off)
+    assert not NodeQOSResourceStrategy.needs_capacity and CPUSuppressStrategy.needs_capacity
