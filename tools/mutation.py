@@ -234,6 +234,7 @@ def run_module(module: str, max_children: int) -> Score:
     return read_score(module, seconds)
 
 
+DOC = ROOT / "docs" / "mutation.md"
 TIMES = ROOT / "mutants" / "mutation-times.json"  # seconds per module, for --report
 
 
@@ -278,7 +279,38 @@ def short(name: str) -> str:
     return f"{func} #{n}" if n else func
 
 
-def section(scores: list[Score], command: str) -> str:
+def earlier_lines(text: str, modules: list[str]) -> dict[str, list[str]]:
+    """Per module of ``modules``, its table row and survivor lines in an earlier section
+    (``text``): a batch that re-measures some modules keeps what was measured of the others."""
+    out: dict[str, list[str]] = {m: [] for m in modules}
+    for ln in text.splitlines():
+        for m in modules:
+            if ln.startswith((f"| `{m}` |", f"- `{m}` `")):
+                out[m].append(ln)
+    for fn in IMPORT_TIME:  # an uncounted function's line goes with its module
+        m = next((m for m in modules if fn.startswith(dotted(m) + ".")), None)
+        if m is not None:
+            out[m] += [
+                ln
+                for ln in text.splitlines()
+                if ln.startswith("- not counted: ") and f"`{short(fn + '__mutmut_')}`" in ln
+            ]
+    return out
+
+
+def _survivor_lines(s: Score) -> list[str]:
+    lines = []
+    for m in s.survivors + s.no_tests + s.other:
+        why = EQUIVALENT.get(m, "**not explained**: a test is missing")
+        lines.append(f"- `{s.module}` `{short(m)}`: {why}")
+    for fn, why in IMPORT_TIME.items():
+        n = sum(1 for m in s.at_import if m.startswith(fn + "__mutmut_"))
+        if n:
+            lines.append(f"- not counted: {n} mutants of `{short(fn + '__mutmut_')}`, which {why}")
+    return lines
+
+
+def section(scores: list[Score], command: str, earlier: str = "") -> str:
     try:
         version = metadata.version("mutmut")
     except metadata.PackageNotFoundError:  # reporting only (tests): mutmut runs need it installed
@@ -288,36 +320,38 @@ def section(scores: list[Score], command: str) -> str:
         "## Mutation score of the pure modules (`tools/mutation.py`)",
         "",
         f"{command} — mutmut {version}, unit tests only (`[tool.mutmut]` in pyproject.toml: no",
-        "containerd, no Go peers), one module at a time, on this 2-core machine shared with other",
-        "work. Score = killed / mutants: a survivor counts against it even where it is explained as",
-        "equivalent below, and so does a mutant no test reaches. mutmut 3 mutates function bodies,",
-        "not module-level tables: the `RESOURCES` range table and the protocol constants are pinned",
-        "by reference tables instead (`tests/*_reference.py`). Mutants of a function that runs only",
-        "at import cannot be switched on by mutmut: they are listed apart and not counted.",
+        "containerd, no Go peers, no test that runs a real process), one module at a time, on this",
+        "2-core machine shared with other work. Score = killed / mutants: a survivor counts against",
+        "it even where it is explained as equivalent below, and so does a mutant no test reaches.",
+        "mutmut 3 mutates function bodies, not module-level tables: the `RESOURCES` range table and",
+        "the protocol constants are pinned by reference tables instead (`tests/*_reference.py`).",
+        "Mutants of a function that runs only at import cannot be switched on by mutmut: they are",
+        "listed apart and not counted.",
         f"Run as {'root: the tests on the real cgroup tree ran too' if os.geteuid() == 0 else 'an unprivileged user'}.",
         "",
         "| module | mutants | killed | survived (equivalent) | no test | at import | score | time |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for s in scores:
+    measured = {s.module: s for s in scores}
+    order = [*configured_modules(), *(m for m in measured if m not in configured_modules())]
+    kept = earlier_lines(earlier, [m for m in order if m not in measured])
+    listed: list[str] = []
+    for module in order:
+        s = measured.get(module)
+        if s is None:
+            lines += [ln for ln in kept[module] if ln.startswith("|")]
+            listed += [ln for ln in kept[module] if not ln.startswith("|")]
+            continue
         eq = sum(1 for m in s.survivors if m in EQUIVALENT)
         lines.append(
             f"| `{s.module}` | {s.total} | {s.killed} | {len(s.survivors)} ({eq}) | {len(s.no_tests)} | "
             f"{len(s.at_import)} | {s.score:.1f} % | {s.seconds:.0f} s |"
         )
+        listed += _survivor_lines(s)
+    if any(kept.values()):
+        lines += ["", "Rows of modules this batch did not re-run are kept from the run before."]
     lines += ["", "Surviving mutants (`mutmut show NAME` prints the diff):", ""]
-    any_listed = False
-    for s in scores:
-        for m in s.survivors + s.no_tests + s.other:
-            any_listed = True
-            why = EQUIVALENT.get(m, "**not explained**: a test is missing")
-            lines.append(f"- `{s.module}` `{short(m)}`: {why}")
-    if not any_listed:
-        lines.append("- none")
-    for fn, why in IMPORT_TIME.items():
-        n = sum(1 for s in scores for m in s.at_import if m.startswith(fn + "__mutmut_"))
-        if n:
-            lines.append(f"- not counted: {n} mutants of `{short(fn + '__mutmut_')}`, which {why}")
+    lines += listed or ["- none"]
     lines += ["<!-- mutation:end -->", ""]
     return "\n".join(lines)
 
@@ -343,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{s.module}: {s.killed}/{s.counted} killed ({s.score:.1f} %)")
         if ns.write:
             how = "`python tools/mutation.py --write` (run here as `--keep MODULE...` batches, then `--report --write`)"
-            replace_section(ROOT / "docs" / "mutation.md", "mutation", section(scores, how))
+            replace_section(ROOT / "docs" / "mutation.md", "mutation", section(scores, how, DOC.read_text()))
         return 1 if ns.check and any(s.score < THRESHOLD for s in scores) else 0
     if not ns.keep:
         shutil.rmtree(ROOT / "mutants", ignore_errors=True)
@@ -357,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         for m in s.unexplained:
             print(f"  unexplained survivor: {m}", flush=True)
         if ns.write:  # after every module: a long run that is stopped keeps what it measured
-            replace_section(ROOT / "docs" / "mutation.md", "mutation", section(scores, command))
+            replace_section(ROOT / "docs" / "mutation.md", "mutation", section(scores, command, DOC.read_text()))
     low = [s.module for s in scores if s.score < THRESHOLD]
     if low:
         print(f"below {THRESHOLD:g} %: {', '.join(low)}", file=sys.stderr)
