@@ -288,9 +288,9 @@ def earlier_lines(text: str, modules: list[str]) -> dict[str, list[str]]:
             if ln.startswith((f"| `{m}` |", f"- `{m}` `")):
                 out[m].append(ln)
     for fn in IMPORT_TIME:  # an uncounted function's line goes with its module
-        m = next((m for m in modules if fn.startswith(dotted(m) + ".")), None)
-        if m is not None:
-            out[m] += [
+        owner = next((m for m in modules if fn.startswith(dotted(m) + ".")), None)
+        if owner is not None:
+            out[owner] += [
                 ln
                 for ln in text.splitlines()
                 if ln.startswith("- not counted: ") and f"`{short(fn + '__mutmut_')}`" in ln
