@@ -30,7 +30,7 @@ def test_group_key() -> None:
 
 
 def test_the_network_ceilings_are_the_six_classes_and_directions() -> None:
-    assert NET_RESOURCES == {f"net.L{i}.{d}Ceil" for i in range(3) for d in ("ingress", "egress")}
+    assert {f"net.L{i}.{d}Ceil" for i in range(3) for d in ("ingress", "egress")} == NET_RESOURCES
 
 
 @pytest.mark.parametrize("value", [0, -1, True, "100", 1.5])
@@ -49,11 +49,12 @@ def test_a_network_ceiling_of_one_is_taken_without_the_cgroup_table() -> None:
 
 def test_an_overlay_needs_an_owner_and_values_and_known_valid_resources() -> None:
     o = Overlays()
-    for owner, values in (("", {"cpu.shares": 2}), ("qos:x", {})):
+    cases: list[tuple[str, dict[str, int | str]]] = [("", {"cpu.shares": 2}), ("qos:x", {})]
+    for owner, values in cases:
         with pytest.raises(ValueError, match="an overlay needs an owner and at least one value"):
             o.set("k", owner, values, "r")
     with pytest.raises(ValueError, match=r"overlay qos:x: unknown resource 'cpu\.nope'"):
-        o.set("k", "qos:x", {"cpu.shares": 2, "cpu.nope": 1}, "r")
+        o.set("k", "qos:x", {"cpu.shares": 2, "cpu.nope": "1"}, "r")
     with pytest.raises(ValueError, match="outside"):
         o.set("k", "qos:x", {"cpu.shares": 1}, "r")
     assert o.targets() == [] and o.of("k") == []
@@ -94,7 +95,7 @@ def test_withdraw_forget_and_targets() -> None:
 class Scene:
     """A node model with a BE pod (container 1) and an LS pod (container 2, 2-core limit)."""
 
-    def __init__(self, current: int | str | None = 777, policy: Policy | None = None, **files: bool) -> None:
+    def __init__(self, current: int | str | None = 777, policy: Policy | None = None, cpuset: bool = False) -> None:
         self.model = NodeModel()
         self.rules = RuleCache(policy or Policy())
         self.invalid: list[str] = []
@@ -104,7 +105,7 @@ class Scene:
             self.asked.append((key, resource))
             return current
 
-        self.d = DesiredState(self.model, self.rules, caps(**files), on_invalid=self.invalid.append, current=cur)
+        self.d = DesiredState(self.model, self.rules, caps(**{"cpuset.cpus": cpuset}), on_invalid=self.invalid.append, current=cur)
         self.model.subscribe(self.d)
         self.told: list[list[str]] = []
         self.d.subscribe(self.told.append)
@@ -293,7 +294,7 @@ def test_a_class_decision_moves_its_members_generation_only() -> None:
 
 
 def test_a_cpuset_limit_puts_containers_on_part_of_the_share_pool() -> None:
-    s = Scene(**{"cpuset.cpus": True})
+    s = Scene(cpuset=True)
     pool = s.d.cpus.share_pool()
     s.d.set_cpuset_limit(QoSClass.BE, 1, "qos:s", "BE on 1 CPU")
     st = s.setting(s.be.id, "cpuset.cpus")

@@ -90,7 +90,9 @@ def test_a_round_sums_per_class() -> None:
         rss_bytes=100,
     )
     # carried: its memory counts, its CPU is its group's (not added here); one unlimited: None
-    assert u["BE"] == ClassUsage(containers=1, cpu_cores=0.0, cpu_request_cores=1.0, cpu_limit_cores=None, memory_bytes=700, rss_bytes=500)
+    assert u["BE"] == ClassUsage(
+        containers=1, cpu_cores=0.0, cpu_request_cores=1.0, cpu_limit_cores=None, memory_bytes=700, rss_bytes=500
+    )
     assert rnd.by_container == {
         "a": ContainerUsage(QoSClass.LS, "p", 0.75, 100, 60),
         "b": ContainerUsage(QoSClass.LS, "p", 0.25, 50, 40),

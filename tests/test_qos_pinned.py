@@ -14,10 +14,11 @@ from nriplugin.policy.model import Policy
 from nriplugin.qos.cpu_suppress import CPUSuppressStrategy
 from nriplugin.qos.history import Counters
 from nriplugin.qos.levels import CPU_THRESHOLDS, MEMORY_THRESHOLDS, Assessor, Level, Thresholds, thresholds_of
+from nriplugin.qos.manager import _be_parent
 from nriplugin.qos.node_resource import NodeQOSResourceStrategy, Rate, SystemQOSResourceStrategy, capacity
 from nriplugin.qos.sample import ClassUsage, NodeSample
 from nriplugin.qos.scores import CpuInputs, MemoryInputs, cpu_inputs, cpu_pressure, memory_inputs, memory_pressure
-from nriplugin.qos.strategy import Capacity, FastUsage, Host, Round
+from nriplugin.qos.strategy import Capacity, FastUsage, Host, Round, Strategy
 from nriplugin.qos.trends import Ewma, Trends, WindowSlope, ls_rss
 
 # --- levels ---------------------------------------------------------------------------------
@@ -126,7 +127,14 @@ def test_the_first_update_takes_the_raw_score_even_below_zero_state() -> None:
 
 @pytest.mark.parametrize(
     ("low", "level"),
-    [(56, Level.HIGH), (55, Level.HIGH), (54.99, Level.MEDIUM), (35.01, Level.MEDIUM), (35, Level.MEDIUM), (34.9, Level.LOW)],
+    [
+        (56, Level.HIGH),
+        (55, Level.HIGH),
+        (54.99, Level.MEDIUM),
+        (35.01, Level.MEDIUM),
+        (35, Level.MEDIUM),
+        (34.9, Level.LOW),
+    ],
 )
 def test_a_level_is_left_only_more_than_the_hysteresis_below_its_boundary(low: float, level: Level) -> None:
     """HIGH starts at 60: at 55 (exactly 5 below) it holds, below 55 it falls to MEDIUM; from
@@ -232,7 +240,9 @@ def test_cpu_terms_cap_each() -> None:
 
 
 def test_cpu_terms_just_below_their_caps_are_linear() -> None:
-    s = cpu_pressure(cpu(node_usage_cores=7.6, ls_usage_cores=5.7, ls_request_cores=3, trend_pct_per_min=0.9, load1=15.2))
+    s = cpu_pressure(
+        cpu(node_usage_cores=7.6, ls_usage_cores=5.7, ls_request_cores=3, trend_pct_per_min=0.9, load1=15.2)
+    )
     assert (s.node, s.ls, s.trend, s.load) == pytest.approx((38, 57, 18, 19))
     assert s.total == pytest.approx(100)
     s = cpu_pressure(cpu(node_usage_cores=1, ls_usage_cores=1, ls_request_cores=2, trend_pct_per_min=0.1, load1=2))
@@ -247,7 +257,13 @@ def test_cpu_guards_no_cpus_no_request_and_non_finite() -> None:
     for req in (0.0, -1.0, math.nan):
         assert cpu_pressure(cpu(ls_usage_cores=2, ls_request_cores=req)).ls == 0.0
     s = cpu_pressure(
-        cpu(node_usage_cores=math.nan, ls_usage_cores=math.inf, ls_request_cores=1, trend_pct_per_min=math.nan, load1=math.nan)
+        cpu(
+            node_usage_cores=math.nan,
+            ls_usage_cores=math.inf,
+            ls_request_cores=1,
+            trend_pct_per_min=math.nan,
+            load1=math.nan,
+        )
     )
     assert (s.node, s.ls, s.trend, s.load, s.total) == (0.0, 0.0, 0.0, 0.0, 0.0)
     s = cpu_pressure(cpu(node_usage_cores=-4, ls_usage_cores=-1, ls_request_cores=1, trend_pct_per_min=-3, load1=-8))
@@ -255,7 +271,9 @@ def test_cpu_guards_no_cpus_no_request_and_non_finite() -> None:
 
 
 def test_be_is_left_out_of_node_trend_and_load() -> None:
-    s = cpu_pressure(cpu(node_usage_cores=6, be_usage_cores=2, trend_pct_per_min=1.5, be_trend_pct_per_min=1.0, load1=6))
+    s = cpu_pressure(
+        cpu(node_usage_cores=6, be_usage_cores=2, trend_pct_per_min=1.5, be_trend_pct_per_min=1.0, load1=6)
+    )
     # node (6-2)/8 = 50 % -> 20; trend 1.5-1 = 0.5 -> 10; load (6-2)/8 -> 5 (BE load = BE cores)
     assert (s.node, s.trend, s.load) == pytest.approx((20, 10, 5))
     s = cpu_pressure(cpu(node_usage_cores=6, be_usage_cores=2, load1=6, be_load=1.0))
@@ -264,7 +282,9 @@ def test_be_is_left_out_of_node_trend_and_load() -> None:
     assert (s.node, s.load) == (0.0, 0.0)  # never below 0
     s = cpu_pressure(cpu(node_usage_cores=4, be_usage_cores=-2, load1=4, be_load=-1.0))
     assert (s.node, s.load) == pytest.approx((20, 5))  # a negative BE figure takes nothing off
-    s = cpu_pressure(cpu(node_usage_cores=4, be_usage_cores=math.nan, load1=4, be_load=math.nan, be_trend_pct_per_min=math.nan))
+    s = cpu_pressure(
+        cpu(node_usage_cores=4, be_usage_cores=math.nan, load1=4, be_load=math.nan, be_trend_pct_per_min=math.nan)
+    )
     assert (s.node, s.load) == pytest.approx((20, 5))
     assert cpu_pressure(cpu(be_trend_pct_per_min=-0.5)).trend == pytest.approx(10)  # BE falling: non-BE rising
 
@@ -289,16 +309,38 @@ def mem(**kw: float) -> MemoryInputs:
 
 
 def test_memory_terms_follow_the_formula() -> None:
-    s = memory_pressure(mem(mem_available=300, ls_rss_growth_pct_per_min=4, pgscan_direct=5, pgscan_kswapd=10, swap_total=100, swap_free=40))
+    s = memory_pressure(
+        mem(
+            mem_available=300,
+            ls_rss_growth_pct_per_min=4,
+            pgscan_direct=5,
+            pgscan_kswapd=10,
+            swap_total=100,
+            swap_free=40,
+        )
+    )
     assert (s.used, s.growth, s.reclaim, s.swap) == pytest.approx((24.5, 5.0, 1.0, 12.0))
     assert s.total == pytest.approx(42.5)
     assert s.terms == {"used": s.used, "growth": s.growth, "reclaim": s.reclaim, "swap": s.swap}
 
 
 def test_memory_terms_cap_and_floor() -> None:
-    s = memory_pressure(mem(mem_available=0, ls_rss_growth_pct_per_min=20, pgscan_direct=10, pgscan_kswapd=1, swap_total=10, swap_free=0))
+    s = memory_pressure(
+        mem(
+            mem_available=0, ls_rss_growth_pct_per_min=20, pgscan_direct=10, pgscan_kswapd=1, swap_total=10, swap_free=0
+        )
+    )
     assert (s.used, s.growth, s.reclaim, s.swap, s.total) == pytest.approx((35, 25, 20, 20, 100))
-    s = memory_pressure(mem(mem_available=0, ls_rss_growth_pct_per_min=30, pgscan_direct=50, pgscan_kswapd=1, swap_total=10, swap_free=-5))
+    s = memory_pressure(
+        mem(
+            mem_available=0,
+            ls_rss_growth_pct_per_min=30,
+            pgscan_direct=50,
+            pgscan_kswapd=1,
+            swap_total=10,
+            swap_free=-5,
+        )
+    )
     assert (s.growth, s.reclaim, s.swap, s.total) == pytest.approx((25, 20, 20, 100))
     s = memory_pressure(mem(mem_available=2000, ls_rss_growth_pct_per_min=-3, swap_total=10, swap_free=20))
     assert (s.used, s.growth, s.swap, s.total) == (0.0, 0.0, 0.0, 0.0)
@@ -358,11 +400,25 @@ def test_memory_inputs_from_a_sample_and_its_trends() -> None:
     tr = Trends()
     tr.add(sample(0.0, mem_total=10_000, by_class=classes(rss=100)))
     s = sample(
-        60.0, mem_total=10_000, mem_available=4000, pgscan_direct=7, pgscan_kswapd=9, swap_total=50, swap_free=20, by_class=classes(rss=200)
+        60.0,
+        mem_total=10_000,
+        mem_available=4000,
+        pgscan_direct=7,
+        pgscan_kswapd=9,
+        swap_total=50,
+        swap_free=20,
+        by_class=classes(rss=200),
     )
     tr.add(s)
     i = memory_inputs(s, tr)
-    assert (i.mem_total, i.mem_available, i.pgscan_direct, i.pgscan_kswapd, i.swap_total, i.swap_free) == (10_000, 4000, 7, 9, 50, 20)
+    assert (i.mem_total, i.mem_available, i.pgscan_direct, i.pgscan_kswapd, i.swap_total, i.swap_free) == (
+        10_000,
+        4000,
+        7,
+        9,
+        50,
+        20,
+    )
     assert i.ls_rss_growth_pct_per_min == pytest.approx(7.0)  # 700 bytes a minute of 10000
     s0 = sample(60.0, mem_total=0)
     assert memory_inputs(s0, tr).ls_rss_growth_pct_per_min == 0.0
@@ -570,3 +626,42 @@ def test_a_strategy_runs_when_the_manager_its_name_and_its_section_are_on() -> N
     assert not CPUSuppressStrategy.runs(off) and NodeQOSResourceStrategy.runs(off)
     assert NodeQOSResourceStrategy.configured(off)
     assert not NodeQOSResourceStrategy.needs_capacity and CPUSuppressStrategy.needs_capacity
+
+
+def test_a_strategys_defaults() -> None:
+    class Plain(Strategy):
+        name = "MemoryEvict"
+
+        def __init__(self, host: Host) -> None:
+            pass
+
+    p = Policy()
+    s = Plain(cast("Host", None))  # type: ignore[abstract]
+    r = round_of(sample(0.0), p)
+    assert r.config is p.qosManager
+    assert Plain.configured(p.qosManager) is True and Plain.runs(p.qosManager)
+    s.decide(r)
+    s.between_rounds(r)
+    assert r.capacity is None and r.be_limit is None and r.burst_extra == 0.0
+    assert s.off(0.0, "why") is False
+    assert not Plain.needs_capacity
+
+
+@pytest.mark.parametrize(
+    ("group", "parent"),
+    [
+        ("kubepods/besteffort/pod1", "kubepods/besteffort"),
+        (
+            "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice",
+            "kubepods.slice/kubepods-besteffort.slice",
+        ),
+        ("besteffort/pod1", "besteffort"),
+        ("kubepods/burstable/pod2", None),
+        ("kubepods/pod3", None),
+        ("kubepods/notbesteffort/pod4", None),
+        ("kubepods.slice/kubepods-besteffort.slicex/pod5", None),
+        ("pod6", None),
+    ],
+)
+def test_the_be_group_is_kubelets_besteffort_parent(group: str, parent: str | None) -> None:
+    assert _be_parent(group) == parent

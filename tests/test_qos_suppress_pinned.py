@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from nriplugin.node.overlays import group_key
 from nriplugin.node.model import pod_key
+from nriplugin.node.overlays import group_key
 from nriplugin.policy.model import Policy
 from nriplugin.policy.qos import QoSClass
 from nriplugin.qos.cpu_suppress import SUPPRESS, CPUSuppressStrategy
@@ -46,8 +46,8 @@ class Observed:
 class Host:
     """What CPUSuppress uses of its manager, with the real desired state of a :class:`Scene`."""
 
-    def __init__(self, groups: list[str] | None = None, **files: bool) -> None:
-        self.scene = Scene(**files)
+    def __init__(self, groups: list[str] | None = None, cpuset: bool = False) -> None:
+        self.scene = Scene(cpuset=cpuset)
         self.model = self.scene.model
         self.desired = self.scene.d
         self.observer = Observed()
@@ -159,7 +159,7 @@ def test_between_rounds_only_cuts() -> None:
 
 
 def test_the_cpuset_policy_writes_whole_cpus_only_when_the_count_changes() -> None:
-    h = Host(**{"cpuset.cpus": True})
+    h = Host(cpuset=True)
     s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
     p = policy(policy="cpuset")
     s.decide(round_at(0.0, Level.HIGH, p, cap()))  # 1.0 core -> 1 CPU
@@ -179,7 +179,7 @@ def test_the_cpuset_policy_writes_whole_cpus_only_when_the_count_changes() -> No
 
 
 def test_switching_policy_lifts_what_the_other_set() -> None:
-    h = Host(**{"cpuset.cpus": True})
+    h = Host(cpuset=True)
     s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
     s.decide(round_at(0.0, Level.HIGH, policy(), cap()))
     g = group_key(BE_GROUP)
@@ -212,7 +212,7 @@ def test_off_withdraws_once_and_says_so() -> None:
 
 
 def test_off_lifts_a_cpuset_limit() -> None:
-    h = Host(**{"cpuset.cpus": True})
+    h = Host(cpuset=True)
     s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
     s.decide(round_at(0.0, Level.HIGH, policy(policy="cpuset"), cap()))
     assert s.off(1.0, "off") is True
