@@ -105,7 +105,9 @@ class Scene:
             self.asked.append((key, resource))
             return current
 
-        self.d = DesiredState(self.model, self.rules, caps(**{"cpuset.cpus": cpuset}), on_invalid=self.invalid.append, current=cur)
+        self.d = DesiredState(
+            self.model, self.rules, caps(**{"cpuset.cpus": cpuset}), on_invalid=self.invalid.append, current=cur
+        )
         self.model.subscribe(self.d)
         self.told: list[list[str]] = []
         self.d.subscribe(self.told.append)
