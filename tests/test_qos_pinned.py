@@ -183,6 +183,8 @@ def test_counters_deltas_and_their_refusals() -> None:
     assert c.advance("a", 5.0, (30, 6)) == (1.0, (1, 0))
     assert c.advance("a", 6.0, (31,)) is None  # another shape
     assert c.advance("a", 7.0, (33,)) == (1.0, (2,))
+    assert c.advance("e", 0.0, ()) is None
+    assert c.advance("e", 1.5, ()) == (1.5, ())  # no counters: a delta of nothing
 
 
 def test_counters_retain_forgets_the_others() -> None:

@@ -161,6 +161,16 @@ EQUIVALENT: dict[str, str] = {
     "nriplugin.netqos.desired.x_parse_total_bandwidth__mutmut_9": (
         "`MAX_RATE / 10**6` is 1000000.0: an int compares with it exactly as with 1000000"
     ),
+    # qos/ (the QoS manager's decisions)
+    "nriplugin.qos.history.xǁCountersǁadvance__mutmut_22": (
+        "min() of no deltas defaults to 1, not 0: neither is below 0"
+    ),
+    "nriplugin.qos.levels.xǁAssessorǁ_next_level__mutmut_4": (
+        "`plain > level`: at plain == level the other branch gives max(level, min(level, >= level)): the same"
+    ),
+    "nriplugin.qos.levels.xǁAssessorǁupdate__mutmut_15": (
+        "`raw > score`: at raw == score the fall gives raw + 0 x e^(-dt/fallTime), raw all the same"
+    ),
 }
 
 
