@@ -1,0 +1,280 @@
+"""The QoS manager's loop and rounds pinned: a full round at once and then every syncPeriod, fast
+rounds in between, a wake-up brings the next full round forward, a failing round does not end
+the loop; the fast path decides only on a jump of non-BE usage; a strategy that needs the
+node's capacity stands down (said once) without NodeQOSResource; the policy's pressure
+settings apply at the next round."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from nriplugin.policy.model import PLUGINS, Policy
+from nriplugin.qos.levels import Level, Thresholds
+from nriplugin.qos.manager import FAST_JUMP, FAST_PERIOD, HISTORY
+from nriplugin.qos.sample import NodeSample
+from nriplugin.qos.strategy import Round
+from tests.test_qos_manager import BE_GROUP, Script, node_with_pods
+
+
+@dataclass
+class Hook:
+    """The eviction machinery as the manager drives it."""
+
+    calls: list[str] = field(default_factory=list)
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.calls.append("start")
+
+    def stop(self) -> None:
+        self.calls.append("stop")
+
+    def cpu_round(self, r: Round) -> None:
+        self.calls.append("cpu")
+
+    def memory_round(self, r: Round) -> None:
+        self.calls.append("memory")
+
+
+@dataclass
+class Seen:
+    rounds: list[tuple[float, float]] = field(default_factory=list)
+    scored: list[tuple[float, str, float, str]] = field(default_factory=list)
+    limits: list[float] = field(default_factory=list)
+
+    def round_done(self, seconds: float, collect_seconds: float) -> None:
+        self.rounds.append((seconds, collect_seconds))
+
+    def scores(self, cpu: float, cpu_level: str, memory: float, memory_level: str) -> None:
+        self.scored.append((cpu, cpu_level, memory, memory_level))
+
+    def be_limit(self, cores: float) -> None:
+        self.limits.append(cores)
+
+    def suppressed(self, reason: str) -> None:
+        pass
+
+    def burst(self, granted: bool) -> None:
+        pass
+
+
+def test_constants() -> None:
+    assert (FAST_PERIOD, FAST_JUMP, HISTORY) == (0.05, 0.15, 300.0)
+
+
+def test_a_new_manager_starts_low_with_the_policys_assessors(tmp_path: Path) -> None:
+    p = Policy.model_validate({"qosManager": {"cpuPressure": {"hysteresis": 7}, "memoryPressure": {"fallTime": 9}}})
+    _, _, mgr, _, _ = node_with_pods(tmp_path, p)
+    assert (mgr.level, mgr.ratio, mgr.last, mgr.groups) == (Level.LOW, 1.0, None, [])
+    assert mgr.cpu.hysteresis == 7 and mgr.memory.fall_time == 9
+    assert mgr.memory.thresholds == Thresholds(50, 70, 80, 90)
+    assert mgr.trends.rss.window == HISTORY
+    assert mgr.decisions.maxlen == 50
+    assert [s.name for s in mgr.strategies] == list(PLUGINS)
+    assert mgr.limiter is mgr.strategies[3].limiter  # type: ignore[attr-defined]
+    assert mgr.burster is mgr.strategies[2].burster  # type: ignore[attr-defined]
+
+
+def test_a_round_assesses_reports_and_sets_the_ratio(tmp_path: Path) -> None:
+    _, _, mgr, s, _ = node_with_pods(tmp_path)
+    seen = Seen()
+    mgr.observer = seen
+    s.ls, s.be = 1.0, 1.0  # LS at its request on 2 CPUs: node 20, ls 30, load 5 (BE out) = 55
+    mgr.round()
+    assert mgr.last is not None and mgr.groups == [BE_GROUP]
+    assert mgr.level is Level.MEDIUM and mgr.ratio == 0.8
+    cpu, cpu_level, mem, mem_level = seen.scored[-1]
+    assert cpu == pytest.approx(55.0) and cpu_level == "MEDIUM"
+    assert mem == pytest.approx(0.35 * 25) and mem_level == "LOW"
+    assert len(seen.rounds) == 1 and seen.rounds[0][1] == 0.0 and seen.rounds[0][0] >= 0
+
+
+def test_a_reload_applies_the_new_pressure_settings_at_the_next_round(tmp_path: Path) -> None:
+    node, _, mgr, s, _ = node_with_pods(tmp_path)
+    s.ls, s.be = 1.0, 1.0
+    mgr.round()
+    assert mgr.level is Level.MEDIUM
+    p = Policy.model_validate({"qosManager": {"cpuPressure": {"low": 10, "medium": 20, "high": 50, "critical": 95}}})
+    node.rules.set(p, "test")
+    s.advance(1.0)
+    mgr.round()
+    assert mgr.level is Level.CRITICAL and mgr.ratio == 0.3  # 55 is past the new high boundary, 50
+    assert mgr.cpu.thresholds == Thresholds(10, 20, 50, 95)
+
+
+def test_the_fast_path_decides_only_on_a_jump(tmp_path: Path) -> None:
+    _, _, mgr, s, quota = node_with_pods(tmp_path)
+    mgr.fast_round()  # no round yet: nothing read
+    assert s.fast_reads == []
+    mgr.round()
+    assert quota.read_text() == "100000"
+    s.advance(0.1)
+    mgr.fast_round()  # the baseline of BE's counter
+    assert len(s.fast_reads) == 1
+    writes = mgr.limiter.writes
+    s.ls = 0.125  # non-BE up by 0.125 core: less than FAST_JUMP
+    s.advance(0.1)
+    mgr.fast_round()
+    assert mgr.limiter.writes == writes
+    s.ls = 1.25  # a jump: the usage budget cuts BE at once, 2 x 65 % - 1.25 = 0.05 -> floor 0.1
+    s.advance(0.1)
+    mgr.fast_round()
+    assert quota.read_text() == "10000"
+    s.advance(0.1)
+    mgr.fast_round()  # no change since the last decision: nothing to do
+    assert mgr.limiter.writes == writes + 1
+
+
+def test_the_fast_path_waits_for_be_groups_and_a_readable_counter(tmp_path: Path) -> None:
+    _, _, mgr, s, _ = node_with_pods(tmp_path)
+    mgr.round()
+    mgr.groups = []
+    s.advance(0.1)
+    mgr.fast_round()
+    assert s.fast_reads == []  # no BE group: nothing to read
+    mgr.groups = [BE_GROUP, "kubepods.slice/kubepods-besteffort.slice"]
+    readings = iter([1.0, 2.0, None, 3.0, 4.0])
+    s.group_cpu_seconds = lambda group: next(readings)  # type: ignore[method-assign]
+    s.advance(0.1)
+    mgr.fast_round()  # 1 + 2: a baseline
+    s.ls = 1.5
+    s.advance(0.1)
+    mgr.fast_round()  # one group unreadable: no rate, no decision
+    assert mgr.limiter.writes == 1
+
+
+def test_a_disabled_manager_does_nothing_between_rounds(tmp_path: Path) -> None:
+    node, _, mgr, s, _ = node_with_pods(tmp_path)
+    mgr.round()
+    node.rules.set(Policy.model_validate({"qosManager": {"enable": False}}), "test")
+    s.advance(0.1)
+    mgr.fast_round()
+    assert s.fast_reads == []
+
+
+def test_without_node_qos_resource_the_capacity_strategies_stand_down_said_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    plugins = [p for p in PLUGINS if p != "NodeQOSResource"]
+    node, _, mgr, s, quota = node_with_pods(tmp_path)
+    mgr.round()
+    assert quota.read_text() == "100000"
+    node.rules.set(Policy.model_validate({"qosManager": {"plugins": plugins}}), "test")
+    with caplog.at_level(logging.INFO, "nriplugin.qos"):
+        for _ in range(3):
+            s.advance(1.0)
+            mgr.round()
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("NodeQOSResource is off")]
+    assert said == ["NodeQOSResource is off: without the node's capacity CPUBurst, CPUSuppress, CPUEvict do not run"]
+    assert quota.read_text() == "-1"  # CPUSuppress withdrew its limit
+    assert "QoS overlays withdrawn (CPUSuppress): CPUSuppress needs the node's capacity" in caplog.text
+    node.rules.set(Policy(), "test")  # back, then off again: said again
+    s.advance(1.0)
+    mgr.round()
+    node.rules.set(Policy.model_validate({"qosManager": {"plugins": plugins}}), "test")
+    with caplog.at_level(logging.INFO, "nriplugin.qos"):
+        s.advance(1.0)
+        mgr.round()
+    said = [r for r in caplog.records if r.getMessage().startswith("NodeQOSResource is off")]
+    assert len(said) == 2
+
+
+def test_a_plugin_left_out_is_off_and_its_overlays_withdrawn(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    node, _, mgr, s, quota = node_with_pods(tmp_path)
+    mgr.round()
+    node.rules.set(Policy.model_validate({"qosManager": {"plugins": ["NodeQOSResource"]}}), "test")
+    with caplog.at_level(logging.INFO, "nriplugin.qos"):
+        s.advance(1.0)
+        mgr.round()
+    assert quota.read_text() == "-1"
+    assert "QoS overlays withdrawn (CPUSuppress): CPUSuppress is off" in caplog.text
+
+
+def test_eviction_is_driven_each_round(tmp_path: Path) -> None:
+    _, _, mgr, s, _ = node_with_pods(tmp_path)
+    hook = Hook()
+    mgr.eviction = hook
+    mgr.round()
+    assert hook.calls == ["cpu", "memory"]
+
+
+def test_withdraw_all_goes_last_strategy_first(tmp_path: Path) -> None:
+    _, _, mgr, _, _ = node_with_pods(tmp_path)
+    order: list[str] = []
+    for strat in mgr.strategies:
+        strat.off = lambda t, why, n=strat.name: order.append(n) or False  # type: ignore[method-assign]
+    mgr.withdraw_all("off")
+    assert order == list(reversed(PLUGINS))
+
+
+def test_the_loop(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A full round at once, fast rounds meanwhile; a wake-up brings one forward; a failing
+    round is logged and the loop goes on; stop ends it and stops the eviction machinery."""
+    p = Policy.model_validate({"qosManager": {"syncPeriod": 60}})
+    _, _, mgr, s, _ = node_with_pods(tmp_path, p)
+    mgr.psi_path = str(tmp_path / "no-psi")
+    hook = Hook()
+    mgr.eviction = hook
+
+    async def until(cond: object, limit: float = 10.0) -> None:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + limit
+        while not cond() and loop.time() < end:  # type: ignore[operator]
+            await asyncio.sleep(0.01)
+
+    async def main() -> None:
+        mgr.start(asyncio.get_running_loop())
+        try:
+            assert hook.calls == ["start"]
+            await until(lambda: len(s.fast_reads) >= 3)
+            assert s.rounds == 1 and len(s.fast_reads) >= 3  # fast rounds, no second full one
+            mgr._wake.set()
+            await until(lambda: s.rounds == 2)
+            reads = len(s.fast_reads)
+            await until(lambda: len(s.fast_reads) >= reads + 2)
+            assert s.rounds == 2  # the wake-up was taken once
+            real = s.sample
+            failed: list[int] = []
+
+            def fail(be_groups: object = ()) -> NodeSample:
+                failed.append(1)
+                raise RuntimeError("boom")
+
+            s.sample = fail  # type: ignore[method-assign,assignment]
+            mgr._wake.set()
+            await until(lambda: bool(failed))
+            s.sample = real  # type: ignore[method-assign]
+            mgr._wake.set()
+            await until(lambda: s.rounds == 3)
+            assert s.rounds == 3  # the loop went on
+        finally:
+            mgr.stop()
+        assert mgr._task is not None
+        await asyncio.sleep(0)
+        assert mgr._task.done()
+        assert hook.calls[-1] == "stop" and mgr.ls_pressure is None and mgr._trigger is None
+
+    with caplog.at_level(logging.INFO, "nriplugin.qos"):
+        asyncio.run(main())
+    assert "QoS round failed; trying again next round" in caplog.text
+    assert "no PSI trigger (" in caplog.text and "the 50 ms fast path carries the reaction" in caplog.text
+
+
+def test_stop_before_start_is_harmless(tmp_path: Path) -> None:
+    _, _, mgr, _, _ = node_with_pods(tmp_path)
+    mgr.stop()
+    assert mgr.ls_pressure is None
+
+
+def test_the_sync_period_is_the_policys(tmp_path: Path) -> None:
+    p = Policy.model_validate({"qosManager": {"syncPeriod": 2.5}})
+    _, _, mgr, _, _ = node_with_pods(tmp_path, p)
+    assert mgr._sync_period() == 2.5
+
+
+def test_a_script_is_a_collector() -> None:
+    assert Script().pressure_path("g") is None
