@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,7 +103,7 @@ def test_a_reload_applies_the_new_pressure_settings_at_the_next_round(tmp_path: 
     node.rules.set(p, "test")
     s.advance(1.0)
     mgr.round()
-    assert mgr.level is Level.CRITICAL and mgr.ratio == 0.3  # 55 is past the new high boundary, 50
+    assert (mgr.level, mgr.ratio) == (Level.CRITICAL, 0.3)  # 55 is past the new high boundary, 50
     assert mgr.cpu.thresholds == Thresholds(10, 20, 50, 95)
 
 
@@ -179,8 +180,8 @@ def test_without_node_qos_resource_the_capacity_strategies_stand_down_said_once(
     with caplog.at_level(logging.INFO, "nriplugin.qos"):
         s.advance(1.0)
         mgr.round()
-    said = [r for r in caplog.records if r.getMessage().startswith("NodeQOSResource is off")]
-    assert len(said) == 2
+    again = [r for r in caplog.records if r.getMessage().startswith("NodeQOSResource is off")]
+    assert len(again) == 2
 
 
 def test_a_plugin_left_out_is_off_and_its_overlays_withdrawn(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -195,7 +196,7 @@ def test_a_plugin_left_out_is_off_and_its_overlays_withdrawn(tmp_path: Path, cap
 
 
 def test_eviction_is_driven_each_round(tmp_path: Path) -> None:
-    _, _, mgr, s, _ = node_with_pods(tmp_path)
+    _, _, mgr, _, _ = node_with_pods(tmp_path)
     hook = Hook()
     mgr.eviction = hook
     mgr.round()
@@ -205,8 +206,16 @@ def test_eviction_is_driven_each_round(tmp_path: Path) -> None:
 def test_withdraw_all_goes_last_strategy_first(tmp_path: Path) -> None:
     _, _, mgr, _, _ = node_with_pods(tmp_path)
     order: list[str] = []
+
+    def recorder(name: str) -> Callable[[float, str], bool]:
+        def off(t: float, why: str) -> bool:
+            order.append(name)
+            return False
+
+        return off
+
     for strat in mgr.strategies:
-        strat.off = lambda t, why, n=strat.name: order.append(n) or False  # type: ignore[method-assign]
+        strat.off = recorder(strat.name)  # type: ignore[method-assign,assignment]
     mgr.withdraw_all("off")
     assert order == list(reversed(PLUGINS))
 
@@ -244,7 +253,7 @@ def test_the_loop(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
                 failed.append(1)
                 raise RuntimeError("boom")
 
-            s.sample = fail  # type: ignore[method-assign,assignment]
+            s.sample = fail  # type: ignore[method-assign]
             mgr._wake.set()
             await until(lambda: bool(failed))
             s.sample = real  # type: ignore[method-assign]
