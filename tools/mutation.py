@@ -1,4 +1,4 @@
-"""The kept mutation score: run mutmut on the pure modules, one module at a time, and write the
+"""The kept mutation score: run mutmut on the modules that decide, one module at a time, and write the
 score of each to docs/mutation.md (section ``mutation``).
 
 Usage (from the checkout, with the test extra installed):
