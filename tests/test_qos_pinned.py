@@ -667,3 +667,19 @@ def test_a_strategys_defaults() -> None:
 )
 def test_the_be_group_is_kubelets_besteffort_parent(group: str, parent: str | None) -> None:
     assert _be_parent(group) == parent
+
+
+def test_one_cpu_one_byte_one_swap_byte_are_not_guarded_away() -> None:
+    """The guards are for 0 (and below) only."""
+    s = cpu_pressure(cpu(ncpu=1, node_usage_cores=0.5, load1=0.5))
+    assert (s.node, s.load) == pytest.approx((20, 5))
+    m = memory_pressure(mem(mem_total=1, mem_available=0, swap_total=1, swap_free=0))
+    assert (m.used, m.swap) == pytest.approx((35, 20))
+    tr = Trends()
+    tr.add(sample(0.0, mem_total=1, by_class=classes(rss=0)))
+    tr.add(sample(60.0, mem_total=1, by_class=classes(rss=1)))
+    assert memory_inputs(sample(60.0, mem_total=1), tr).ls_rss_growth_pct_per_min == pytest.approx(700.0)
+
+
+def test_used_memory_is_clamped_to_100_percent() -> None:
+    assert memory_pressure(mem(mem_total=100, mem_available=-100)).used == pytest.approx(35)

@@ -49,6 +49,7 @@ _ST = "nriplugin.kernel.stats."
 _PERIOD = "the period only serves the exact-text shortcut; the quota is then compared decoded"
 _SLOW = "takes the slow path (os.path.realpath of the whole path) more often: the same result"
 _CACHE = "a cache of resolved directories (no effect on any result, only on how often paths are resolved)"
+_LS_RSS = "_ls's RSS sum: its one caller, cpu_inputs, reads only usage and request"
 EQUIVALENT: dict[str, str] = {
     _CG + "x__read__mutmut_11": "reads 65537 bytes instead of 65536: every cgroup file is far smaller",
     _CG + "xǁCgroupsǁ_dir__mutmut_2": f"never reads the cache: {_CACHE}",
@@ -162,6 +163,13 @@ EQUIVALENT: dict[str, str] = {
         "`MAX_RATE / 10**6` is 1000000.0: an int compares with it exactly as with 1000000"
     ),
     # qos/ (the QoS manager's decisions)
+    "nriplugin.qos.scores.x__ls__mutmut_4": _LS_RSS,
+    "nriplugin.qos.scores.x__ls__mutmut_11": _LS_RSS,
+    "nriplugin.qos.scores.x__ls__mutmut_12": _LS_RSS,
+    "nriplugin.qos.scores.x_cpu_pressure__mutmut_4": "`ncpu >= 0`: a count of 0 is taken as 0 either way",
+    "nriplugin.qos.scores.x_memory_pressure__mutmut_104": (
+        "the sum capped at 101: the four terms are capped at 35 + 25 + 20 + 20 = 100 already"
+    ),
     "nriplugin.qos.history.xǁCountersǁadvance__mutmut_22": (
         "min() of no deltas defaults to 1, not 0: neither is below 0"
     ),
