@@ -413,3 +413,28 @@ def test_an_intent_copy_is_not_shared() -> None:
     s.d.set_overlay(s.be.id, "qos:x", {"cpu.shares": 9}, "r")
     assert isinstance(base, Intent) and base.get("cpu.shares") == 2
     assert s.value(s.be.id, "cpu.shares") == 9
+
+
+def test_pins_only_lse_and_lsr_while_the_cpuset_feature_is_on() -> None:
+    on = Policy.model_validate({"features": {"cpuset": {"enable": True}}})
+    off = Policy.model_validate({"features": {"cpuset": {"enable": False}}})
+    s = Scene(policy=on)
+    assert s.d.pins(make_pod(7, "LSR")) and s.d.pins(make_pod(8, "LSE"))
+    assert not s.d.pins(make_pod(9, "LS")) and not s.d.pins(make_pod(10, "BE"))
+    s.rules.set(off, "test")
+    assert not s.d.pins(make_pod(7, "LSR"))
+
+
+def test_sharers_are_the_containers_not_pinned_but_the_skipped_one() -> None:
+    s = Scene()
+    assert s.d.sharers() == [s.be.id, s.ls.id]
+    assert s.d.sharers(skip=s.be.id) == [s.ls.id]
+    s.d.cpus.exclusive[s.ls.id] = frozenset({0})
+    assert s.d.sharers() == [s.be.id]
+
+
+def test_a_changed_key_is_recomputed_and_told() -> None:
+    s = Scene()
+    g = s.d.generation(s.be.id)
+    s.d.changed(s.be.id)
+    assert s.told == [[s.be.id]] and s.d.generation(s.be.id) > g
