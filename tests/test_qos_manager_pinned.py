@@ -229,11 +229,15 @@ def test_the_loop(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     hook = Hook()
     mgr.eviction = hook
 
-    async def until(cond: object, limit: float = 10.0) -> None:
+    async def until(cond: object, limit: float = 3.0) -> None:
         loop = asyncio.get_running_loop()
         end = loop.time() + limit
         while not cond() and loop.time() < end:  # type: ignore[operator]
             await asyncio.sleep(0.01)
+
+    mgr.round()  # a round that fails fails here, not as a loop that waits for it
+    s.rounds = 0
+    hook.calls.clear()
 
     async def main() -> None:
         mgr.start(asyncio.get_running_loop())
