@@ -683,3 +683,10 @@ def test_one_cpu_one_byte_one_swap_byte_are_not_guarded_away() -> None:
 
 def test_used_memory_is_clamped_to_100_percent() -> None:
     assert memory_pressure(mem(mem_total=100, mem_available=-100)).used == pytest.approx(35)
+
+
+def test_an_ewma_with_a_time_constant_under_a_second() -> None:
+    e = Ewma(0.5)
+    e.add(0.0, 2.0)
+    e.add(0.5, 0.0)
+    assert e.value == pytest.approx(2 * math.exp(-1))

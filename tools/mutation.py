@@ -49,6 +49,8 @@ _ST = "nriplugin.kernel.stats."
 _PERIOD = "the period only serves the exact-text shortcut; the quota is then compared decoded"
 _SLOW = "takes the slow path (os.path.realpath of the whole path) more often: the same result"
 _CACHE = "a cache of resolved directories (no effect on any result, only on how often paths are resolved)"
+_REBASE = "re-bases the running sums at another time: a slope is the same about any origin (only rounding moves)"
+_REBASED_EMPTY = "the origin when no point is kept: re-basing happens only as a point is added, so never"
 _LS_RSS = "_ls's RSS sum: its one caller, cpu_inputs, reads only usage and request"
 EQUIVALENT: dict[str, str] = {
     _CG + "x__read__mutmut_11": "reads 65537 bytes instead of 65536: every cgroup file is far smaller",
@@ -170,6 +172,10 @@ EQUIVALENT: dict[str, str] = {
     "nriplugin.qos.scores.x_memory_pressure__mutmut_104": (
         "the sum capped at 101: the four terms are capped at 35 + 25 + 20 + 20 = 100 already"
     ),
+    "nriplugin.qos.trends.xǁWindowSlopeǁadd__mutmut_6": _REBASE,
+    "nriplugin.qos.trends.xǁWindowSlopeǁadd__mutmut_7": _REBASE,
+    "nriplugin.qos.trends.xǁWindowSlopeǁ_rebase__mutmut_3": _REBASED_EMPTY,
+    "nriplugin.qos.trends.xǁWindowSlopeǁ_rebase__mutmut_6": _REBASED_EMPTY,
     "nriplugin.qos.history.xǁCountersǁadvance__mutmut_22": (
         "min() of no deltas defaults to 1, not 0: neither is below 0"
     ),
