@@ -438,3 +438,11 @@ def test_a_changed_key_is_recomputed_and_told() -> None:
     g = s.d.generation(s.be.id)
     s.d.changed(s.be.id)
     assert s.told == [[s.be.id]] and s.d.generation(s.be.id) > g
+
+
+def test_every_value_is_checked_after_a_network_ceiling() -> None:
+    o = Overlays()
+    with pytest.raises(ValueError, match="unknown resource 'cpu.nope'"):
+        o.set("k", "qos:n", {"net.L0.egressCeil": 1000, "cpu.nope": 1}, "r")
+    with pytest.raises(ValueError, match="positive"):
+        o.set("k", "qos:n", {"net.L0.egressCeil": 1000, "net.L1.egressCeil": 0}, "r")
