@@ -690,3 +690,32 @@ def test_an_ewma_with_a_time_constant_under_a_second() -> None:
     e.add(0.0, 2.0)
     e.add(0.5, 0.0)
     assert e.value == pytest.approx(2 * math.exp(-1))
+
+
+def test_after_every_point_expired_the_next_ones_start_from_zero_sums() -> None:
+    w = WindowSlope(100.0)
+    w.add(0.0, 50.0)
+    w.add(160.0, math.nan)  # the one point expires: nothing is kept
+    assert len(w) == 0
+    w.add(200.0, 1.0)
+    w.add(260.0, 61.0)
+    assert w.per_minute() == pytest.approx(60.0)
+
+
+def test_times_equal_up_to_rounding_have_no_slope() -> None:
+    """Two points 0.1 ms apart, 1500 s from the sums' origin: their spread is below the
+    rounding of the sums (1e-9 of them), so no slope rather than noise."""
+    w = WindowSlope(1000.0)
+    w.add(0.0, 0.0)
+    w.add(1500.0, 5.0)  # the first expires; the origin stays at 0
+    w.add(1500.0001, 7.0)
+    assert len(w) == 2
+    assert w.per_minute() == 0.0
+
+
+def test_a_small_spread_near_the_origin_still_has_a_slope() -> None:
+    """Below one second of sums the bar is 1e-9 itself: 50 µs apart is a slope."""
+    w = WindowSlope(1000.0)
+    w.add(0.0, 0.0)
+    w.add(5e-5, 5e-5)
+    assert w.per_minute() == pytest.approx(60.0, rel=1e-3)

@@ -51,6 +51,7 @@ _SLOW = "takes the slow path (os.path.realpath of the whole path) more often: th
 _CACHE = "a cache of resolved directories (no effect on any result, only on how often paths are resolved)"
 _REBASE = "re-bases the running sums at another time: a slope is the same about any origin (only rounding moves)"
 _REBASED_EMPTY = "the origin when no point is kept: re-basing happens only as a point is added, so never"
+_ORIGIN = "the sums' origin before any point: the first point sets it before it is read"
 _LS_RSS = "_ls's RSS sum: its one caller, cpu_inputs, reads only usage and request"
 EQUIVALENT: dict[str, str] = {
     _CG + "x__read__mutmut_11": "reads 65537 bytes instead of 65536: every cgroup file is far smaller",
@@ -174,6 +175,10 @@ EQUIVALENT: dict[str, str] = {
     ),
     "nriplugin.qos.trends.xǁWindowSlopeǁadd__mutmut_6": _REBASE,
     "nriplugin.qos.trends.xǁWindowSlopeǁadd__mutmut_7": _REBASE,
+    "nriplugin.qos.trends.xǁWindowSlopeǁadd__mutmut_8": _REBASE,
+    "nriplugin.qos.trends.xǁWindowSlopeǁadd__mutmut_9": _REBASE,
+    "nriplugin.qos.trends.xǁWindowSlopeǁ__init____mutmut_3": _ORIGIN,
+    "nriplugin.qos.trends.xǁWindowSlopeǁ__init____mutmut_4": _ORIGIN,
     "nriplugin.qos.trends.xǁWindowSlopeǁ_rebase__mutmut_3": _REBASED_EMPTY,
     "nriplugin.qos.trends.xǁWindowSlopeǁ_rebase__mutmut_6": _REBASED_EMPTY,
     "nriplugin.qos.history.xǁCountersǁadvance__mutmut_22": (
