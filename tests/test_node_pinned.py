@@ -446,3 +446,20 @@ def test_every_value_is_checked_after_a_network_ceiling() -> None:
         o.set("k", "qos:n", {"net.L0.egressCeil": 1000, "cpu.nope": 1}, "r")
     with pytest.raises(ValueError, match="positive"):
         o.set("k", "qos:n", {"net.L0.egressCeil": 1000, "net.L1.egressCeil": 0}, "r")
+
+
+def test_an_overlaid_quota_caps_the_features_burst() -> None:
+    s = Scene()
+    assert s.value(s.ls.id, "cpu.cfs_burst_us") == 200000  # the feature's, at the runtime's quota
+    s.d.set_overlay(s.ls.id, "qos:x", {"cpu.cfs_quota_us": 100000}, "cut")
+    assert s.value(s.ls.id, "cpu.cfs_burst_us") == 100000
+
+
+def test_a_cpuset_limit_leaves_exclusive_containers_alone() -> None:
+    s = Scene(cpuset=True)
+    s.d.cpus.exclusive[s.be.id] = frozenset({0})
+    s.d.invalidate([s.be.id])
+    before = s.d.intent(s.be.id)
+    s.d.set_cpuset_limit(QoSClass.BE, 1, "qos:s", "r")
+    after = s.d.intent(s.be.id)
+    assert before is not None and after is not None and after.files == before.files
