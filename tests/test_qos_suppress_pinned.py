@@ -218,3 +218,27 @@ def test_off_lifts_a_cpuset_limit() -> None:
     assert s.off(1.0, "off") is True
     assert h.desired._cpusets[QoSClass.BE][0] is None
     assert h.decisions[-1].value == "withdrawn"
+
+
+def test_the_limiter_takes_the_policys_deadband_delay_and_write_cap() -> None:
+    h = Host()
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    p = policy(deadbandCores=0.3, raiseDelay=1.5, maxWritesPerMinute=1)
+    s.decide(round_at(0.0, Level.HIGH, p, cap()))  # 1.0
+    assert (s.limiter.deadband, s.limiter.relax_hold, s.limiter.max_relax_per_minute) == (0.3, 1.5, 1)
+    s.decide(round_at(1.0, Level.CRITICAL, p, cap()))  # 0.6: 0.4 below, more than the deadband
+    assert s.limiter.current == pytest.approx(0.6)
+    s.decide(round_at(2.0, Level.LOW, p, cap()))  # 2.0: held 1.5 s
+    s.decide(round_at(3.49, Level.LOW, p, cap()))
+    assert s.limiter.current == pytest.approx(0.6)
+    s.decide(round_at(3.5, Level.LOW, p, cap()))
+    assert s.limiter.current == pytest.approx(2.0)  # the one reversal of the minute
+    s.decide(round_at(4.0, Level.CRITICAL, p, cap()))
+    for t in (5.0, 8.0, 12.0):
+        s.decide(round_at(t, Level.LOW, p, cap()))
+    assert s.limiter.current == pytest.approx(0.6)  # a second reversal within the minute waits
+    s.decide(round_at(63.5, Level.LOW, p, cap()))
+    assert s.limiter.current == pytest.approx(2.0)
+    lower = Capacity(4.0, 0.0, 2.2, ls_usage=0.0, be_usage=0.0, non_be_usage=0.0)
+    s.decide(round_at(64.0, Level.LOW, p, lower))  # 1.8: 0.2 below, within the policy's 0.3
+    assert s.limiter.current == pytest.approx(2.0)
