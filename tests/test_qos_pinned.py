@@ -719,3 +719,10 @@ def test_a_small_spread_near_the_origin_still_has_a_slope() -> None:
     w.add(0.0, 0.0)
     w.add(5e-5, 5e-5)
     assert w.per_minute() == pytest.approx(60.0, rel=1e-3)
+
+
+def test_the_registry_names_every_missing_plugin() -> None:
+    from nriplugin.qos.strategy import Registry
+
+    with pytest.raises(TypeError, match=r"no strategy registered for the policy's plugin\(s\): A, B, C$"):
+        Registry(["A", "B", "C"]).strategies()

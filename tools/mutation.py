@@ -247,20 +247,27 @@ def mutmut() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "mutmut"]
 
 
-def run_module(module: str, max_children: int) -> Score:
-    """mutmut on one module's mutants (every one re-tested), then its results from the meta file."""
+def run_batch(modules: list[str], max_children: int) -> list[Score]:
+    """mutmut on modules' mutants (every one re-tested), then their results from the meta files.
+    One run over several modules pays its start (listing and running the tests
+    once) is paid once, not per module. Each module is given the run's time in proportion to
+    its mutants."""
     t0 = time.monotonic()
     env = dict(os.environ, NRIPLUGIN_HYPOTHESIS_PROFILE="mutation")  # tests/conftest.py: fixed examples
-    cmd = [*mutmut(), "run", "--max-children", str(max_children), f"{dotted(module)}.*"]
+    cmd = [*mutmut(), "run", "--max-children", str(max_children), *(f"{dotted(m)}.*" for m in modules)]
     with open(ROOT / "mutants" / "run.log", "a") as log:
         log.write(f"\n$ {' '.join(cmd)}\n")
         log.flush()
         rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
     if rc != 0:
-        raise SystemExit(f"mutmut failed on {module} (exit {rc}); see mutants/run.log")
+        raise SystemExit(f"mutmut failed on {', '.join(modules)} (exit {rc}); see mutants/run.log")
     seconds = time.monotonic() - t0
-    record_time(module, seconds)
-    return read_score(module, seconds)
+    scores = [read_score(m) for m in modules]
+    total = sum(s.total for s in scores) or 1
+    for s in scores:
+        s.seconds = seconds * s.total / total
+        record_time(s.module, s.seconds)
+    return scores
 
 
 DOC = ROOT / "docs" / "mutation.md"
@@ -392,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write", action="store_true", help="write the section into docs/mutation.md")
     ap.add_argument("--check", action="store_true", help=f"exit 1 when a module is below {THRESHOLD:g} %%")
     ap.add_argument("--keep", action="store_true", help="reuse mutants/ from an earlier run")
+    ap.add_argument("--batch", action="store_true", help="the modules in one mutmut run (its start paid once)")
     ap.add_argument("--report", action="store_true", help="run nothing: report every module run since the rebuild")
     ns = ap.parse_args(argv)
     known = configured_modules()
@@ -413,12 +421,13 @@ def main(argv: list[str] | None = None) -> int:
     (ROOT / "mutants").mkdir(exist_ok=True)
     command = "`python tools/mutation.py --write" + (" " + " ".join(ns.modules) if ns.modules else "") + "`"
     scores = []
-    for module in modules:
-        s = run_module(module, ns.max_children)
-        scores.append(s)
-        print(f"{module}: {s.killed}/{s.counted} killed ({s.score:.1f} %) in {s.seconds:.0f} s", flush=True)
-        for m in s.unexplained:
-            print(f"  unexplained survivor: {m}", flush=True)
+    batches = [modules] if ns.batch else [[m] for m in modules]
+    for batch in batches:
+        for s in run_batch(batch, ns.max_children):
+            scores.append(s)
+            print(f"{s.module}: {s.killed}/{s.counted} killed ({s.score:.1f} %) in {s.seconds:.0f} s", flush=True)
+            for m in s.unexplained:
+                print(f"  unexplained survivor: {m}", flush=True)
         if ns.write:  # after every module: a long run that is stopped keeps what it measured
             replace_section(ROOT / "docs" / "mutation.md", "mutation", section(scores, command, DOC.read_text()))
     low = [s.module for s in scores if s.score < THRESHOLD]
