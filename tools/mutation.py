@@ -249,9 +249,8 @@ def mutmut() -> list[str]:
 
 def run_batch(modules: list[str], max_children: int) -> list[Score]:
     """mutmut on modules' mutants (every one re-tested), then their results from the meta files.
-    One run over several modules pays its start (listing and running the tests
-    once) is paid once, not per module. Each module is given the run's time in proportion to
-    its mutants."""
+    One run over several modules pays its start (listing and running the tests once) once, not
+    per module; each module is given the run's time in proportion to its mutants."""
     t0 = time.monotonic()
     env = dict(os.environ, NRIPLUGIN_HYPOTHESIS_PROFILE="mutation")  # tests/conftest.py: fixed examples
     cmd = [*mutmut(), "run", "--max-children", str(max_children), *(f"{dotted(m)}.*" for m in modules)]
