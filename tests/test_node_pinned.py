@@ -150,6 +150,8 @@ def test_a_bad_label_is_counted_reported_and_unmanaged(caplog: pytest.LogCapture
         assert s.d.qos_of(c.id) is None
     assert s.d.rejected_labels == 1 and s.invalid == ["qos_label"]  # decided once per pod
     assert "pod default/pod-3:" in caplog.text and "leaving it untouched" in caplog.text
+    rec = caplog.records[0]
+    assert (rec.pod, rec.reason) == ("default/pod-3", "invalid_label")  # type: ignore[attr-defined]
     assert s.d.intent_before_known(bad, make_container(4, bad)) is None
     assert not s.d.class_capped(bad)
     s.d.set_ceiling(QoSClass.BE, 0.5, "qos:s", "r")
@@ -442,7 +444,7 @@ def test_a_changed_key_is_recomputed_and_told() -> None:
 
 def test_every_value_is_checked_after_a_network_ceiling() -> None:
     o = Overlays()
-    with pytest.raises(ValueError, match="unknown resource 'cpu.nope'"):
+    with pytest.raises(ValueError, match=r"unknown resource 'cpu\.nope'"):
         o.set("k", "qos:n", {"net.L0.egressCeil": 1000, "cpu.nope": 1}, "r")
     with pytest.raises(ValueError, match="positive"):
         o.set("k", "qos:n", {"net.L0.egressCeil": 1000, "net.L1.egressCeil": 0}, "r")

@@ -4,6 +4,8 @@ bursts already take, the end of a burst, and off."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from nriplugin.policy.model import Policy
@@ -182,3 +184,17 @@ def test_off_withdraws_every_burst() -> None:
     assert s.extra == 0.0 and s.burster.bursting() == {}
     s.burst(2.0, cap(), CFG)  # forgotten: no cooldown, bursts again at once
     assert s.burster.bursting() == {ls: 1.5}
+
+
+def test_a_burst_is_logged_with_its_ratio(caplog: pytest.LogCaptureFixture) -> None:
+    h = BurstHost()
+    h.at_limit(h.scene.ls.id)
+    s = CPUBurstStrategy(h)  # type: ignore[arg-type]
+    with caplog.at_level(logging.INFO, "nriplugin.qos"):
+        s.burst(0.0, cap(), CFG)
+    rec = next(r for r in caplog.records if "CPU burst" in r.getMessage())
+    assert (
+        rec.getMessage()
+        == "default/pod-2/main: CPU burst x1.5: at its limit with the node idle: quota x1.5 for at most 10 s"
+    )
+    assert rec.ratio == 1.5  # type: ignore[attr-defined]

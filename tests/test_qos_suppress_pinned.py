@@ -4,6 +4,7 @@ when raising), the cpuset policy's whole-CPU steps, switching policy and turning
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -242,3 +243,13 @@ def test_the_limiter_takes_the_policys_deadband_delay_and_write_cap() -> None:
     lower = Capacity(4.0, 0.0, 2.2, ls_usage=0.0, be_usage=0.0, non_be_usage=0.0)
     s.decide(round_at(64.0, Level.LOW, p, lower))  # 1.8: 0.2 below, within the policy's 0.3
     assert s.limiter.current == pytest.approx(2.0)
+
+
+def test_a_write_is_logged_with_its_figures(caplog: pytest.LogCaptureFixture) -> None:
+    h = Host()
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    with caplog.at_level(logging.INFO, "nriplugin.qos"):
+        s.decide(round_at(0.0, Level.CRITICAL, policy(), cap()))  # 2 x 0.3 = 0.6
+    rec = next(r for r in caplog.records if r.getMessage().startswith("BE limited to"))
+    assert rec.getMessage() == "BE limited to 0.60 cores: CRITICAL: (4 total - 2.00 LS request - 0 reserved) x 0.3"
+    assert (rec.be_limit_cores, rec.level, rec.policy) == (0.6, "CRITICAL", "cfsQuota")  # type: ignore[attr-defined]
