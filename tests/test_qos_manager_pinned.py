@@ -291,3 +291,38 @@ def test_the_sync_period_is_the_policys(tmp_path: Path) -> None:
 
 def test_a_script_is_a_collector() -> None:
     assert Script().pressure_path("g") is None
+
+
+def test_pod_groups_follow_pods_as_they_come_and_go(tmp_path: Path) -> None:
+    from nriplugin.qos.manager import PodGroups
+    from testkit.runtime_peer import make_pod
+
+    node, _, mgr, _, _ = node_with_pods(tmp_path)
+    pods = PodGroups(node.model, node.desired, lambda g: f"/psi/{g}")
+    assert pods.refresh() is True  # the pods already known are taken in
+    assert pods.be() == [BE_GROUP] and pods.ls() == {"/psi/kubepods/burstable/pod2"}
+    assert pods.moved() is False and pods.refresh() is False
+    node.model.pod_seen(make_pod(5, "BE", parent="/kubepods/besteffort/pod5"))  # a new pod, same group
+    assert pods.refresh() is True
+    assert pods.be() == [BE_GROUP]
+    node.model.pod_seen(make_pod(6, "BE", parent="/kubepods/burstable/pod6"))  # not kubelet's BE group
+    node.model.pod_seen(make_pod(7, None, parent="/kubepods/besteffort/pod7"))  # BE by its parent
+    node.model.pod_seen(make_pod(8, "SYSTEM", parent="/system/pod8"))
+    assert pods.refresh() is True and pods.be() == [BE_GROUP]
+    node.model.pod_removed(make_pod(8, "SYSTEM").id)  # neither BE's group nor LS's
+    assert pods.moved() is False
+    node.model.pod_removed(make_pod(2, "LS").id)
+    assert pods.moved() is True and pods.ls() == set()
+    pods.removed("not-a-pod")
+    assert pods.moved() is False
+    node.model.pod_seen(make_pod(9, "LS", parent="/kubepods/burstable/pod9"))
+    assert asyncio.run(pods.refresh_async()) is True
+    assert pods.ls() == {"/psi/kubepods/burstable/pod9"}
+
+
+def test_without_pressure_files_ls_pods_are_not_watched(tmp_path: Path) -> None:
+    from nriplugin.qos.manager import PodGroups
+
+    node, _, _, _, _ = node_with_pods(tmp_path)
+    pods = PodGroups(node.model, node.desired)
+    assert pods.refresh() is True and pods.ls() == set() and pods.be() == [BE_GROUP]
