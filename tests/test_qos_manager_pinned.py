@@ -297,7 +297,7 @@ def test_pod_groups_follow_pods_as_they_come_and_go(tmp_path: Path) -> None:
     from nriplugin.qos.manager import PodGroups
     from testkit.runtime_peer import make_pod
 
-    node, _, mgr, _, _ = node_with_pods(tmp_path)
+    node, _, _, _, _ = node_with_pods(tmp_path)
     pods = PodGroups(node.model, node.desired, lambda g: f"/psi/{g}")
     assert pods.refresh() is True  # the pods already known are taken in
     assert pods.be() == [BE_GROUP] and pods.ls() == {"/psi/kubepods/burstable/pod2"}
