@@ -96,3 +96,11 @@ def test_now_defaults_to_the_monotonic_clock() -> None:
     assert 0.0 <= age < 60.0
     m2 = FakeManager(last=NodeSample(t=time.monotonic() - 1000, interval=1.0, ncpu=1, cpu_busy_cores=0.0, load1=0.0))
     assert view.state(m2)["node"]["sampleAgeSeconds"] >= 1000
+
+
+def test_one_decision_asked_is_one_given() -> None:
+    m = FakeManager()
+    for i in range(3):
+        m.decisions.append(Decision(float(i), SUPPRESS, "g", f"{i}", "why"))
+    assert [d["value"] for d in view.state(m, now=5.0, decisions=1)["decisions"]] == ["2"]
+    assert view.state(m, now=5.0, decisions=-1)["decisions"] == []
