@@ -198,3 +198,43 @@ def test_a_burst_is_logged_with_its_ratio(caplog: pytest.LogCaptureFixture) -> N
         == "default/pod-2/main: CPU burst x1.5: at its limit with the node idle: quota x1.5 for at most 10 s"
     )
     assert rec.ratio == 1.5  # type: ignore[attr-defined]
+
+
+def test_a_burst_keeps_the_runtimes_period_and_its_reason() -> None:
+    h = BurstHost()
+    ls = h.scene.ls
+    ls.linux.resources.cpu.quota.value = 100000
+    ls.linux.resources.cpu.period.value = 50000  # 2 cores in 50 ms periods
+    h.scene.model.container_updated(ls.id, ls.linux.resources)
+    h.at_limit(ls.id)
+    s = CPUBurstStrategy(h)  # type: ignore[arg-type]
+    s.burst(0.0, cap(), CFG)
+    intent = h.desired.intent(ls.id)
+    assert intent is not None
+    assert (intent.get("cpu.cfs_quota_us"), intent.get("cpu.cfs_period_us")) == (150000, 50000)
+    assert intent.files[("cpu.cfs_quota_us", "")].why == "at its limit with the node idle: quota x1.5 for at most 10 s"
+
+
+def test_the_end_of_a_burst_withdraws_the_overlay() -> None:
+    h = BurstHost()
+    ls = h.scene.ls.id
+    h.at_limit(ls)
+    s = CPUBurstStrategy(h)  # type: ignore[arg-type]
+    s.burst(0.0, cap(), CFG)
+    assert h.desired.overlays.targets(BURST) == [ls]
+    h.at_limit(ls, used=0.5)
+    s.burst(1.0, cap(), CFG)
+    assert h.desired.overlays.targets(BURST) == []
+
+
+def test_a_burst_late_in_the_clock_lasts_its_duration() -> None:
+    from nriplugin.qos.cpu_burst import Burster
+
+    b = Burster(duration=10.0, cooldown=5.0)
+    assert b.step(100.0, "k", True, 1.5) is not None
+    assert b.step(109.0, "k", True, 1.5) is None  # 9 s in: still bursting
+    c = b.step(101.0 + 9.5, "k", True, 1.5)
+    assert c is not None and c.key == "k" and "at most the burst duration" in c.why
+    b.step(200.0, "j", True, 1.5)
+    c = b.step(201.0, "j", False, 1.5)
+    assert c is not None and c.key == "j" and "no longer needed or idle gone" in c.why

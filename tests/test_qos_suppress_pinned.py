@@ -253,3 +253,23 @@ def test_a_write_is_logged_with_its_figures(caplog: pytest.LogCaptureFixture) ->
     rec = next(r for r in caplog.records if r.getMessage().startswith("BE limited to"))
     assert rec.getMessage() == "BE limited to 0.60 cores: CRITICAL: (4 total - 2.00 LS request - 0 reserved) x 0.3"
     assert (rec.be_limit_cores, rec.level, rec.policy) == (0.6, "CRITICAL", "cfsQuota")  # type: ignore[attr-defined]
+
+
+def test_the_fast_path_never_begins_a_raise() -> None:
+    h = Host()
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    p = policy()
+    s.decide(round_at(0.0, Level.CRITICAL, p, cap()))  # 0.6
+    for t in (1.0, 2.0, 3.0, 5.0):
+        s.between_rounds(round_at(t, Level.LOW, p, cap()))  # 2.0 wanted, held past raiseDelay
+    assert s.limiter.current == pytest.approx(0.6)
+
+
+def test_the_cpuset_limits_reasons() -> None:
+    h = Host(cpuset=True)
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    s.decide(round_at(0.0, Level.HIGH, policy(policy="cpuset"), cap()))
+    why = "HIGH: (4 total - 2.00 LS request - 0 reserved) x 0.5; BE on 1 CPU(s) of the share pool"
+    assert h.desired._cpusets[QoSClass.BE] == (1, SUPPRESS, why)
+    s.off(1.0, "the manager is off")
+    assert h.desired._cpusets[QoSClass.BE] == (None, SUPPRESS, "the manager is off: BE on the whole share pool again")

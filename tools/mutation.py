@@ -181,6 +181,12 @@ EQUIVALENT: dict[str, str] = {
     "nriplugin.qos.trends.xǁWindowSlopeǁ__init____mutmut_4": _ORIGIN,
     "nriplugin.qos.trends.xǁWindowSlopeǁ_rebase__mutmut_3": _REBASED_EMPTY,
     "nriplugin.qos.trends.xǁWindowSlopeǁ_rebase__mutmut_6": _REBASED_EMPTY,
+    "nriplugin.qos.cpu_burst.xǁBursterǁstep__mutmut_24": (
+        "an ended burst's ratio 2.0, not 1.0: only bursting containers' ratios are read, and a new burst sets its own"
+    ),
+    "nriplugin.qos.cpu_suppress.xǁCPUSuppressStrategyǁoff__mutmut_21": (
+        "no policy in force as '' rather than None: neither is cfsQuota or cpuset, so the next round switches alike"
+    ),
     "nriplugin.qos.history.xǁCountersǁadvance__mutmut_22": (
         "min() of no deltas defaults to 1, not 0: neither is below 0"
     ),
