@@ -273,3 +273,16 @@ def test_the_cpuset_limits_reasons() -> None:
     assert h.desired._cpusets[QoSClass.BE] == (1, SUPPRESS, why)
     s.off(1.0, "the manager is off")
     assert h.desired._cpusets[QoSClass.BE] == (None, SUPPRESS, "the manager is off: BE on the whole share pool again")
+
+
+def test_the_ceiling_and_the_groups_quota_carry_the_limit_and_its_reasons() -> None:
+    h = Host()
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    s.decide(round_at(0.0, Level.HIGH, policy(), cap()))  # lowering: 1.0
+    assert h.desired._caps[QoSClass.BE] == (1.0, SUPPRESS, "BE's group is limited to 1.00 cores")
+    intent = h.desired.intent(group_key(BE_GROUP))
+    assert intent is not None
+    assert intent.files[("cpu.cfs_quota_us", "")].why == "HIGH: (4 total - 2.00 LS request - 0 reserved) x 0.5"
+    s.decide(round_at(1.0, Level.LOW, policy(), cap()))
+    s.decide(round_at(2.0, Level.LOW, policy(), cap()))  # raising: 2.0
+    assert h.desired._caps[QoSClass.BE] == (2.0, SUPPRESS, "BE's group is limited to 2.00 cores")

@@ -187,6 +187,9 @@ EQUIVALENT: dict[str, str] = {
     "nriplugin.qos.cpu_suppress.xǁCPUSuppressStrategyǁoff__mutmut_21": (
         "no policy in force as '' rather than None: neither is cfsQuota or cpuset, so the next round switches alike"
     ),
+    "nriplugin.qos.cpu_suppress.xǁCPUSuppressStrategyǁ_apply_quota__mutmut_13": (
+        "`new <= before`: the limiter writes only a value beyond the deadband of the one before, never the same"
+    ),
     "nriplugin.qos.history.xǁCountersǁadvance__mutmut_22": (
         "min() of no deltas defaults to 1, not 0: neither is below 0"
     ),
