@@ -256,13 +256,24 @@ def mutmut() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "mutmut"]
 
 
-def run_batch(modules: list[str], max_children: int) -> list[Score]:
+def not_killed(module: str) -> list[str]:
+    """A module's mutants that the last run did not kill (survived, no test, not checked)."""
+    s = read_score(module)
+    return s.survivors + s.no_tests + s.other
+
+
+def run_batch(modules: list[str], max_children: int, survivors: bool = False) -> list[Score]:
     """mutmut on modules' mutants (every one re-tested), then their results from the meta files.
     One run over several modules pays its start (listing and running the tests once) once, not
     per module; each module is given the run's time in proportion to its mutants."""
     t0 = time.monotonic()
     env = dict(os.environ, NRIPLUGIN_HYPOTHESIS_PROFILE="mutation")  # tests/conftest.py: fixed examples
-    cmd = [*mutmut(), "run", "--max-children", str(max_children), *(f"{dotted(m)}.*" for m in modules)]
+    # --survivors: only the mutants the last run left alive (tests were added; a killed mutant
+    # stays killed by the tests that killed it, so the score is the same as a full re-run's)
+    names = [n for m in modules for n in not_killed(m)] if survivors else [f"{dotted(m)}.*" for m in modules]
+    if not names:
+        return [read_score(m, measured().get(m, 0.0)) for m in modules]
+    cmd = [*mutmut(), "run", "--max-children", str(max_children), *names]
     with open(ROOT / "mutants" / "run.log", "a") as log:
         log.write(f"\n$ {' '.join(cmd)}\n")
         log.flush()
@@ -273,7 +284,7 @@ def run_batch(modules: list[str], max_children: int) -> list[Score]:
     scores = [read_score(m) for m in modules]
     total = sum(s.total for s in scores) or 1
     for s in scores:
-        s.seconds = seconds * s.total / total
+        s.seconds = seconds * s.total / total + (measured().get(s.module, 0.0) if survivors else 0.0)
         record_time(s.module, s.seconds)
     return scores
 
@@ -408,6 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help=f"exit 1 when a module is below {THRESHOLD:g} %%")
     ap.add_argument("--keep", action="store_true", help="reuse mutants/ from an earlier run")
     ap.add_argument("--batch", action="store_true", help="the modules in one mutmut run (its start paid once)")
+    ap.add_argument("--survivors", action="store_true", help="re-test only what the last run left alive (with --keep)")
     ap.add_argument("--report", action="store_true", help="run nothing: report every module run since the rebuild")
     ns = ap.parse_args(argv)
     known = configured_modules()
@@ -431,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     scores = []
     batches = [modules] if ns.batch else [[m] for m in modules]
     for batch in batches:
-        for s in run_batch(batch, ns.max_children):
+        for s in run_batch(batch, ns.max_children, ns.survivors):
             scores.append(s)
             print(f"{s.module}: {s.killed}/{s.counted} killed ({s.score:.1f} %) in {s.seconds:.0f} s", flush=True)
             for m in s.unexplained:
