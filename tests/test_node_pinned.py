@@ -465,3 +465,16 @@ def test_a_cpuset_limit_leaves_exclusive_containers_alone() -> None:
     s.d.set_cpuset_limit(QoSClass.BE, 1, "qos:s", "r")
     after = s.d.intent(s.be.id)
     assert before is not None and after is not None and after.files == before.files
+
+
+def test_a_container_value_the_runtime_did_not_ask_for_comes_back_from_the_kernel() -> None:
+    s = Scene(current=-1)
+    s.d.set_overlay(s.be.id, "qos:x", {"cpu.cfs_quota_us": 50000}, "r")
+    assert s.asked == [(s.be.id, "cpu.cfs_quota_us")]  # BE asked for no quota: the kernel's is kept
+    s.d.withdraw_overlay(s.be.id, "qos:x")
+    assert s.value(s.be.id, "cpu.cfs_quota_us") == -1
+    pod = pod_key(s.be_pod.id)
+    s.d.set_overlay(pod, "qos:x", {"cpu.cfs_quota_us": 50000}, "r")
+    assert s.asked[-1] == (pod, "cpu.cfs_quota_us")
+    s.d.withdraw_overlay(pod, "qos:x")
+    assert s.value(pod, "cpu.cfs_quota_us") == -1
