@@ -478,3 +478,11 @@ def test_a_container_value_the_runtime_did_not_ask_for_comes_back_from_the_kerne
     assert s.asked[-1] == (pod, "cpu.cfs_quota_us")
     s.d.withdraw_overlay(pod, "qos:x")
     assert s.value(pod, "cpu.cfs_quota_us") == -1
+
+
+def test_a_container_of_an_unseen_pod_with_a_bad_label_is_unmanaged() -> None:
+    s = Scene()
+    bad = make_pod(11, "BE")
+    bad.labels["koordinator.sh/qosClass"] = "NOPE"
+    assert s.d.intent_before_known(bad, make_container(11, bad)) is None
+    assert s.d.rejected_labels == 0  # reported when the model takes the pod in, not here
