@@ -238,3 +238,58 @@ def test_a_burst_late_in_the_clock_lasts_its_duration() -> None:
     b.step(200.0, "j", True, 1.5)
     c = b.step(201.0, "j", False, 1.5)
     assert c is not None and c.key == "j" and "no longer needed or idle gone" in c.why
+
+
+def test_before_any_round_no_extra_is_granted() -> None:
+    h = BurstHost()
+    s = CPUBurstStrategy(h)  # type: ignore[arg-type]
+    smp = NodeSample(t=0.0, interval=1.0, ncpu=4, cpu_busy_cores=1.0, load1=0.0)
+    r = Round(t=0.0, sample=smp, level=Level.LOW, cpu_score=0, memory_score=0, policy=Policy())
+    s.between_rounds(r)
+    assert r.burst_extra == 0.0 and s.extra == 0.0
+
+
+def test_no_cpus_ends_a_burst() -> None:
+    h = BurstHost()
+    h.at_limit("a")
+    s = CPUBurstStrategy(h)  # type: ignore[arg-type]
+    s.burst(0.0, cap(), CFG)
+    assert s.burster.bursting() == {"a": 1.5}
+    assert s.burst(1.0, Capacity(0.0, 0.0, 0.0, 0.0, 0.0, 0.0), CFG) == 0.0
+    assert s.burster.bursting() == {}
+
+
+def test_the_full_ratio_takes_the_policys_idle_share() -> None:
+    h = BurstHost()
+    h.at_limit("a")
+    s = CPUBurstStrategy(h)  # type: ignore[arg-type]
+    b = CFG.model_copy(update={"fullBurstNodeCPUIdle": 0.5})
+    assert s.burst(0.0, cap(non_be=2.4), b) == pytest.approx(0.6)  # idle 0.4: not above 0.5, x1.3
+
+
+def test_a_be_container_listed_first_does_not_end_the_walk() -> None:
+    h = BurstHost()
+    h.at_limit("be", qos=QoSClass.BE)
+    h.at_limit("ls")
+    s = CPUBurstStrategy(h)  # type: ignore[arg-type]
+    assert s.burst(0.0, cap(), CFG) == pytest.approx(1.0)
+    assert s.burster.bursting() == {"ls": 1.5}
+
+
+def test_one_burst_ending_gives_back_only_its_extra() -> None:
+    h = BurstHost()
+    h.at_limit("a")
+    h.at_limit("b")
+    s = CPUBurstStrategy(h)  # type: ignore[arg-type]
+    assert s.burst(0.0, cap(), CFG) == pytest.approx(2.0)  # headroom 3: both fit
+    h.at_limit("a", used=0.5)
+    assert s.burst(1.0, cap(), CFG) == pytest.approx(1.0)
+
+
+def test_a_grant_in_a_round_leaves_less_headroom_for_the_next_container() -> None:
+    h = BurstHost()
+    h.at_limit("a")
+    h.at_limit("b")
+    s = CPUBurstStrategy(h)  # type: ignore[arg-type]
+    assert s.burst(0.0, cap(reserved=2.0), CFG) == pytest.approx(1.0)  # headroom 1: one of them
+    assert list(s.burster.bursting()) == ["a"]

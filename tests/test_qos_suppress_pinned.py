@@ -14,7 +14,7 @@ from nriplugin.node.model import pod_key
 from nriplugin.node.overlays import group_key
 from nriplugin.policy.model import Policy
 from nriplugin.policy.qos import QoSClass
-from nriplugin.qos.cpu_suppress import SUPPRESS, CPUSuppressStrategy
+from nriplugin.qos.cpu_suppress import SUPPRESS, CPUSuppressStrategy, Limiter, be_target
 from nriplugin.qos.levels import Level
 from nriplugin.qos.sample import NodeSample
 from nriplugin.qos.strategy import Capacity, Decision, Round
@@ -286,3 +286,65 @@ def test_the_ceiling_and_the_groups_quota_carry_the_limit_and_its_reasons() -> N
     s.decide(round_at(1.0, Level.LOW, policy(), cap()))
     s.decide(round_at(2.0, Level.LOW, policy(), cap()))  # raising: 2.0
     assert h.desired._caps[QoSClass.BE] == (2.0, SUPPRESS, "BE's group is limited to 2.00 cores")
+
+
+def test_the_observer_gets_the_limit_in_cores_or_cpus() -> None:
+    h = Host()
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    s.decide(round_at(0.0, Level.CRITICAL, policy(), cap()))
+    assert h.observer.limits == [pytest.approx(0.6)]
+    h2 = Host(cpuset=True)
+    s2 = CPUSuppressStrategy(h2)  # type: ignore[arg-type]
+    s2.decide(round_at(0.0, Level.CRITICAL, policy(policy="cpuset"), cap()))
+    assert h2.observer.limits == [1.0]
+
+
+def test_every_group_is_named_in_the_decision() -> None:
+    h = Host(groups=[BE_GROUP, "kubepods.slice/kubepods-besteffort.slice"])
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    s.decide(round_at(0.0, Level.HIGH, policy(), cap()))
+    assert h.decisions[0].target == f"{BE_GROUP},kubepods.slice/kubepods-besteffort.slice"
+
+
+def test_the_logged_limit_is_rounded_to_a_thousandth(caplog: pytest.LogCaptureFixture) -> None:
+    h = Host()
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    with caplog.at_level(logging.INFO, "nriplugin.qos"):
+        s.decide(round_at(0.0, Level.LOW, policy(), cap(non_be=1.23456)))  # 4 x 65 % - 1.23456
+    rec = next(r for r in caplog.records if r.getMessage().startswith("BE limited to"))
+    assert rec.be_limit_cores == 1.365  # type: ignore[attr-defined]
+
+
+def test_a_one_percent_usage_budget_counts() -> None:
+    t = be_target(Capacity(100.0, 0.0, 0.0, 0.0, 0.0, 0.0), 1.0, "LOW", usage_threshold_percent=1)
+    assert t.cores == pytest.approx(1.0)
+
+
+def test_switching_back_from_cpuset_says_why() -> None:
+    h = Host(cpuset=True)
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    s.decide(round_at(0.0, Level.HIGH, policy(policy="cpuset"), cap()))
+    s.decide(round_at(1.0, Level.HIGH, policy(), cap()))
+    why = "the suppression policy is now cfsQuota: BE on the whole share pool again"
+    assert h.desired._cpusets[QoSClass.BE] == (None, SUPPRESS, why)
+    assert s.off(2.0, "off") is True  # the quota
+    assert s.off(3.0, "off") is False  # nothing left: the cpuset was lifted, not held
+
+
+def test_a_target_exactly_the_deadband_above_begins_no_hold() -> None:
+    lim = Limiter(deadband=0.25, relax_hold=1.0)
+    lim.step(0.0, 1.0)
+    assert lim.step(0.0, 1.25) is None
+    assert lim.step(0.5, 3.0) is None  # the hold begins here, not at 0
+    assert lim.step(1.49, 3.0) is None
+    assert lim.step(1.5, 3.0) == 3.0
+
+
+def test_a_raise_to_exactly_the_deadband_above_is_not_written() -> None:
+    lim = Limiter(deadband=0.25, relax_hold=1.0)
+    lim.step(0.0, 1.0)
+    assert lim.step(1.0, 3.0) is None
+    assert lim.step(1.5, 1.25, tighten_only=True) is None  # the lowest of the hold: 1.25
+    assert lim.step(2.0, 3.0) is None  # up to 1.25 is not more than the deadband: the hold restarts
+    assert lim.current == 1.0
+    assert lim.step(3.0, 3.0) == 3.0

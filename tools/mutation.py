@@ -52,6 +52,14 @@ _CACHE = "a cache of resolved directories (no effect on any result, only on how 
 _REBASE = "re-bases the running sums at another time: a slope is the same about any origin (only rounding moves)"
 _REBASED_EMPTY = "the origin when no point is kept: re-basing happens only as a point is added, so never"
 _ORIGIN = "the sums' origin before any point: the first point sets it before it is read"
+_NO_MODE = "no suppression policy in force as '' rather than None: neither is cfsQuota or cpuset, so the first round switches alike"
+_CPUSET_LIFTED = (
+    "lifts the cpuset limit on a switch to cpuset too: there is none then (it is lifted whenever cpuset stops)"
+)
+_QUOTA_LIFTED = (
+    "lifts the quota on a switch to cfsQuota too: none is held then (lifted on every switch away and on off)"
+)
+_ENDING = "the default of bursting.get for a burst that ends: only a bursting container's burst ends, so it is there"
 _LS_RSS = "_ls's RSS sum: its one caller, cpu_inputs, reads only usage and request"
 EQUIVALENT: dict[str, str] = {
     _CG + "x__read__mutmut_11": "reads 65537 bytes instead of 65536: every cgroup file is far smaller",
@@ -190,6 +198,20 @@ EQUIVALENT: dict[str, str] = {
     "nriplugin.qos.cpu_suppress.xǁCPUSuppressStrategyǁ_apply_quota__mutmut_13": (
         "`new <= before`: the limiter writes only a value beyond the deadband of the one before, never the same"
     ),
+    "nriplugin.qos.cpu_suppress.xǁCPUSuppressStrategyǁ__init____mutmut_4": _NO_MODE,
+    "nriplugin.qos.cpu_suppress.xǁCPUSuppressStrategyǁ_switch__mutmut_2": _CPUSET_LIFTED,
+    "nriplugin.qos.cpu_suppress.xǁCPUSuppressStrategyǁ_switch__mutmut_3": _CPUSET_LIFTED,
+    "nriplugin.qos.cpu_suppress.xǁCPUSuppressStrategyǁ_switch__mutmut_5": _QUOTA_LIFTED,
+    "nriplugin.qos.cpu_suppress.xǁCPUSuppressStrategyǁ_switch__mutmut_7": _QUOTA_LIFTED,
+    "nriplugin.qos.cpu_suppress.xǁCPUSuppressStrategyǁ_switch__mutmut_8": _QUOTA_LIFTED,
+    "nriplugin.qos.cpu_suppress.xǁCPUSuppressStrategyǁ_switch__mutmut_9": _QUOTA_LIFTED,
+    "nriplugin.qos.cpu_suppress.xǁLimiterǁreset__mutmut_2": (
+        "a reset limiter's 'last was a cut' False: its next step writes a first limit, which sets it anyway"
+    ),
+    "nriplugin.qos.cpu_suppress.xǁLimiterǁstep__mutmut_43": "'last was a cut' None, not False: both false",
+    "nriplugin.qos.cpu_burst.xǁCPUBurstStrategyǁburst__mutmut_93": _ENDING,
+    "nriplugin.qos.cpu_burst.xǁCPUBurstStrategyǁburst__mutmut_95": _ENDING,
+    "nriplugin.qos.cpu_burst.xǁCPUBurstStrategyǁburst__mutmut_96": _ENDING,
     "nriplugin.qos.history.xǁCountersǁadvance__mutmut_22": (
         "min() of no deltas defaults to 1, not 0: neither is below 0"
     ),
