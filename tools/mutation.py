@@ -52,7 +52,7 @@ _CACHE = "a cache of resolved directories (no effect on any result, only on how 
 _REBASE = "re-bases the running sums at another time: a slope is the same about any origin (only rounding moves)"
 _REBASED_EMPTY = "the origin when no point is kept: re-basing happens only as a point is added, so never"
 _ORIGIN = "the sums' origin before any point: the first point sets it before it is read"
-_NO_MODE = "no suppression policy in force as '' rather than None: neither is cfsQuota or cpuset, so the first round switches alike"
+_NO_MODE = "no policy in force as '' rather than None: neither is cfsQuota or cpuset, so a round switches alike"
 _CPUSET_LIFTED = (
     "lifts the cpuset limit on a switch to cpuset too: there is none then (it is lifted whenever cpuset stops)"
 )
