@@ -486,3 +486,92 @@ def test_a_container_of_an_unseen_pod_with_a_bad_label_is_unmanaged() -> None:
     bad.labels["koordinator.sh/qosClass"] = "NOPE"
     assert s.d.intent_before_known(bad, make_container(11, bad)) is None
     assert s.d.rejected_labels == 0  # reported when the model takes the pod in, not here
+
+
+def test_a_new_container_gets_its_class_ceiling_and_cpuset_limit_before_it_is_known() -> None:
+    s = Scene(cpuset=True)
+    s.d.set_cpuset_limit(QoSClass.BE, 1, "qos:s", "BE on 1 CPU")
+    early = s.d.intent_before_known(s.be_pod, make_container(6, s.be_pod))
+    assert early is not None and early.files[("cpuset.cpus", "")].owner == "qos:s"
+
+
+def test_a_pods_class_by_its_parent_is_capped() -> None:
+    s = Scene()
+    s.d.set_ceiling(QoSClass.BE, 0.5, "qos:s", "r")
+    assert s.d.class_capped(make_pod(12, None, parent="/kubepods/besteffort/pod12"))
+    assert not s.d.class_capped(make_pod(13, None, parent="/kubepods/burstable/pod13"))
+
+
+def test_the_ceiling_takes_the_default_period() -> None:
+    s = Scene()
+    _quota_overlay(s, 150000)
+    s.d.set_ceiling(QoSClass.BE, 1.0, "qos:s", "r")
+    assert s.value(s.be.id, "cpu.cfs_quota_us") == 100000
+
+
+def test_no_cpuset_limit_when_the_capabilities_do_not_name_cpuset() -> None:
+    s = Scene()
+    del s.d.caps.files["cpuset.cpus"]
+    s.d.set_cpuset_limit(QoSClass.BE, 1, "qos:s", "r")
+    assert s.value(s.be.id, "cpuset.cpus") is None
+
+
+def test_every_policy_change_is_a_new_epoch() -> None:
+    s = Scene()
+    for n in (1, 2, 3):
+        s.rules.set(Policy.model_validate({"qosManager": {"enable": n % 2 == 0}}), "test")
+        assert s.d.generation(s.be.id)[0] == n
+
+
+def test_a_features_value_is_not_read_from_the_kernel_but_a_second_owners_is() -> None:
+    """The first overlay on a resource a feature sets replaces the feature's value (it comes
+    back by itself); a second owner replaces the first owner's, which is read and remembered."""
+    s = Scene()
+    pod = pod_key(s.be_pod.id)  # cpuQOS sets the pod's shares
+    s.d.set_overlay(pod, "qos:a", {"cpu.shares": 8}, "r")
+    assert s.asked == []
+    s.d.set_overlay(pod, "qos:b", {"cpu.shares": 16}, "r")
+    assert s.asked == [(pod, "cpu.shares")]
+
+
+def test_the_pool_moving_tells_the_sharers_once() -> None:
+    s = Scene()
+    assert s.d._pool_moved() == []
+    s.d.cpus.generation += 1
+    assert s.d._pool_moved(skip=s.be.id) == [s.ls.id]
+    assert s.d._pool_moved() == []
+
+
+def test_a_pinned_container_leaving_moves_the_others_not_itself() -> None:
+    s = Scene()
+    s.d.cpus.exclusive[s.ls.id] = frozenset({0})
+    s.model.container_removed(s.ls.id)
+    assert s.told == [[s.be.id]]
+
+
+def test_a_container_of_a_pod_with_a_bad_label_leaves_quietly() -> None:
+    s = Scene()
+    bad = make_pod(3, "BE")
+    bad.labels["koordinator.sh/qosClass"] = "NOPE"
+    c = make_container(3, bad)
+    s.model.container_started(bad, c)
+    s.model.container_removed(c.id)
+    s.model.pod_removed(bad.id)
+    assert c.id not in s.model
+
+
+def test_a_removed_key_forgets_its_cached_intent() -> None:
+    s = Scene()
+    s.d.set_overlay(s.be.id, "qos:x", {"cpu.shares": 9}, "r")
+    assert s.value(s.be.id, "cpu.shares") == 9  # cached
+    s.model.container_removed(s.be.id)
+    s.model.container_started(s.be_pod, s.be)
+    assert s.value(s.be.id, "cpu.shares") == 2
+
+
+def test_a_skipped_feature_is_said_with_its_pod_and_reason(caplog: pytest.LogCaptureFixture) -> None:
+    s = Scene()
+    with caplog.at_level(logging.WARNING, "nriplugin.node.desired"):
+        s.d._invalid(s.be_pod, "blkio", "no such device")
+    assert caplog.records[-1].getMessage() == "pod default/pod-1: blkio skipped: no such device"
+    assert s.invalid == ["blkio"]

@@ -60,6 +60,9 @@ _QUOTA_LIFTED = (
     "lifts the quota on a switch to cfsQuota too: none is held then (lifted on every switch away and on off)"
 )
 _ENDING = "the default of bursting.get for a burst that ends: only a bursting container's burst ends, so it is there"
+_DS = "nriplugin.node.desired.xǁDesiredStateǁ"
+_BELOW_CEILING = "a quota of 0 or below is under any ceiling (at least 1000), so the next test leaves it too"
+_NO_KEY = "the default key skipped, 'XXXX' for '': no container's key is either"
 _LS_RSS = "_ls's RSS sum: its one caller, cpu_inputs, reads only usage and request"
 EQUIVALENT: dict[str, str] = {
     _CG + "x__read__mutmut_11": "reads 65537 bytes instead of 65536: every cgroup file is far smaller",
@@ -212,6 +215,19 @@ EQUIVALENT: dict[str, str] = {
     "nriplugin.qos.cpu_burst.xǁCPUBurstStrategyǁburst__mutmut_93": _ENDING,
     "nriplugin.qos.cpu_burst.xǁCPUBurstStrategyǁburst__mutmut_95": _ENDING,
     "nriplugin.qos.cpu_burst.xǁCPUBurstStrategyǁburst__mutmut_96": _ENDING,
+    _DS + "_ceiling__mutmut_6": _BELOW_CEILING,
+    _DS + "_ceiling__mutmut_10": _BELOW_CEILING,
+    _DS + "_ceiling__mutmut_11": _BELOW_CEILING,
+    _DS + "_ceiling__mutmut_20": "`period >= 0`: a period in an intent is at least 1000 (the range table)",
+    _DS + "_ceiling__mutmut_21": "`period > 1`: a period in an intent is at least 1000 (the range table)",
+    _DS + "_cpuset_limit__mutmut_5": "`get('cpuset.cpus', None)`: None is as false as the False it replaces",
+    _DS + "_cpuset_limit__mutmut_7": "`get('cpuset.cpus')`: its None is as false as the False it replaces",
+    _DS
+    + "removed__mutmut_8": "pop without a default from the class's members: a key with a class is always among them",
+    _DS
+    + "removed__mutmut_12": "pop without a default from the pods' classes: every pod the model adds is classified then",
+    _DS + "sharers__mutmut_1": _NO_KEY,
+    _DS + "_pool_moved__mutmut_1": _NO_KEY,
     "nriplugin.qos.history.xǁCountersǁadvance__mutmut_22": (
         "min() of no deltas defaults to 1, not 0: neither is below 0"
     ),
