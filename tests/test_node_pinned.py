@@ -575,3 +575,67 @@ def test_a_skipped_feature_is_said_with_its_pod_and_reason(caplog: pytest.LogCap
         s.d._invalid(s.be_pod, "blkio", "no such device")
     assert caplog.records[-1].getMessage() == "pod default/pod-1: blkio skipped: no such device"
     assert s.invalid == ["blkio"]
+
+
+def test_a_failing_feature_is_said_with_its_pod_and_reason(caplog: pytest.LogCaptureFixture) -> None:
+    s = Scene()
+    pod = make_pod(14, "LS")
+    pod.annotations["koordinator.sh/cpuBurst"] = '{"policy": "yes"}'
+    c = make_container(14, pod)
+    c.linux.resources.cpu.quota.value = 50000
+    with caplog.at_level(logging.WARNING, "nriplugin.node.desired"):
+        s.model.container_started(pod, c)
+        s.d.intent(c.id)
+    msg = next(r.getMessage() for r in caplog.records if "skipped" in r.getMessage())
+    assert msg.startswith("pod default/pod-14: cpuBurst skipped: ") and len(msg) > len(
+        "pod default/pod-14: cpuBurst skipped: "
+    )
+    assert s.invalid == ["cpuBurst"]
+
+
+def test_settings_carry_the_keys_own_generation() -> None:
+    s = Scene()
+    s.d.invalidate([s.be.id])
+    gen, settings = s.d.settings(s.be.id)
+    assert gen == s.d.generation(s.be.id) and gen[1] > 0
+    assert settings == s.d.intent(s.be.id).settings()  # type: ignore[union-attr]
+
+
+def test_a_gone_keys_generation_is_dropped_on_invalidate() -> None:
+    s = Scene()
+    s.d.invalidate([s.be.id])
+    s.model.container_removed(s.be.id)
+    s.d.invalidate([s.be.id])  # a late invalidation of a key that went
+    assert s.d.generation(s.be.id)[1] == 0
+    assert s.be.id not in s.d._gens
+
+
+def test_a_fail_closed_failure_leaves_the_files_and_says_why_at_debug(caplog: pytest.LogCaptureFixture) -> None:
+    closed = Policy.model_validate({"features": {"cpuBurst": {"failurePolicy": "fail-closed"}}})
+    s = Scene(policy=closed)
+    pod = make_pod(15, "LS")
+    pod.annotations["koordinator.sh/cpuBurst"] = '{"policy": "yes"}'
+    c = make_container(15, pod)
+    c.linux.resources.cpu.quota.value = 50000
+    s.model.container_started(pod, c)
+    with caplog.at_level(logging.DEBUG, "nriplugin.node.desired"):
+        gen, settings = s.d.settings(c.id)
+    assert settings == [] and gen == s.d.generation(c.id)
+    msg = caplog.records[-1].getMessage()
+    assert msg.startswith(f"no desired state for {c.id}: cpuBurst: ")
+
+
+def test_every_resource_of_an_overlay_is_considered_for_its_baseline() -> None:
+    s = Scene()
+    pod = pod_key(s.be_pod.id)
+    s.d.set_overlay(pod, "qos:a", {"cpu.shares": 8, "cpu.cfs_quota_us": 50000}, "r")
+    assert s.asked == [(pod, "cpu.cfs_quota_us")]  # the shares are the feature's; the quota is read
+
+
+def test_an_unmanaged_pods_container_has_no_settings() -> None:
+    s = Scene()
+    bad = make_pod(16, "BE")
+    bad.labels["koordinator.sh/qosClass"] = "NOPE"
+    c = make_container(16, bad)
+    s.model.container_started(bad, c)
+    assert s.d.settings(c.id)[1] == []

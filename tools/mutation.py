@@ -227,6 +227,10 @@ EQUIVALENT: dict[str, str] = {
     _DS
     + "removed__mutmut_12": "pop without a default from the pods' classes: every pod the model adds is classified then",
     _DS + "sharers__mutmut_1": _NO_KEY,
+    _DS + "invalidate__mutmut_7": "generations step by 2, not 1: they are only compared for a change",
+    _DS + "invalidate__mutmut_10": (
+        "an unknown key's generation is not dropped: a key leaves the model through removed(), which drops it"
+    ),
     _DS + "_pool_moved__mutmut_1": _NO_KEY,
     "nriplugin.qos.history.xǁCountersǁadvance__mutmut_22": (
         "min() of no deltas defaults to 1, not 0: neither is below 0"
