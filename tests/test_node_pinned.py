@@ -204,7 +204,8 @@ def test_no_baseline_when_the_kernel_value_is_unknown() -> None:
     g = group_key("kubepods/besteffort")
     s.d.set_overlay(g, "qos:s", {"cpu.cfs_quota_us": 50000}, "limit")
     s.d.withdraw_overlay(g, "qos:s")
-    assert s.value(g, "cpu.cfs_quota_us") is None
+    intent = s.d.intent(g)
+    assert intent is not None and ("cpu.cfs_quota_us", "") not in intent.files
 
 
 def test_a_refused_overlay_keeps_nothing() -> None:
@@ -532,6 +533,10 @@ def test_a_features_value_is_not_read_from_the_kernel_but_a_second_owners_is() -
     assert s.asked == []
     s.d.set_overlay(pod, "qos:b", {"cpu.shares": 16}, "r")
     assert s.asked == [(pod, "cpu.shares")]
+    s.d.withdraw_overlay(pod, "qos:a")
+    s.d.withdraw_overlay(pod, "qos:b")
+    assert s.setting(pod, "cpu.shares").owner == "cpuQOS"  # the feature's value wins over what was read
+    assert s.value(pod, "cpu.shares") == 2
 
 
 def test_the_pool_moving_tells_the_sharers_once() -> None:
