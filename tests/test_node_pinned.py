@@ -644,3 +644,13 @@ def test_an_unmanaged_pods_container_has_no_settings() -> None:
     c = make_container(16, bad)
     s.model.container_started(bad, c)
     assert s.d.settings(c.id)[1] == []
+
+
+def test_a_group_key_strips_only_slashes() -> None:
+    assert group_key("/kubepods/podX/") == "group:kubepods/podX"
+    assert group_key("X/pod") == "group:X/pod"
+
+
+def test_the_refusal_of_an_empty_overlay_says_exactly_why() -> None:
+    with pytest.raises(ValueError, match=r"^an overlay needs an owner and at least one value$"):
+        Overlays().set("k", "", {"cpu.shares": 2}, "r")
