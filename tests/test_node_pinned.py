@@ -654,3 +654,14 @@ def test_a_group_key_strips_only_slashes() -> None:
 def test_the_refusal_of_an_empty_overlay_says_exactly_why() -> None:
     with pytest.raises(ValueError, match=r"^an overlay needs an owner and at least one value$"):
         Overlays().set("k", "", {"cpu.shares": 2}, "r")
+
+
+def test_an_overlay_applies_to_an_unmanaged_container_too() -> None:
+    s = Scene()
+    bad = make_pod(17, "BE")
+    bad.labels["koordinator.sh/qosClass"] = "NOPE"
+    c = make_container(17, bad)
+    s.model.container_started(bad, c)
+    assert s.d.intent(c.id) is None
+    s.d.set_overlay(c.id, "qos:x", {"cpu.shares": 4}, "r")
+    assert s.value(c.id, "cpu.shares") == 4

@@ -62,7 +62,8 @@ _QUOTA_LIFTED = (
 _ENDING = "the default of bursting.get for a burst that ends: only a bursting container's burst ends, so it is there"
 _DS = "nriplugin.node.desired.xǁDesiredStateǁ"
 _BELOW_CEILING = "a quota of 0 or below is under any ceiling (at least 1000), so the next test leaves it too"
-_OWN_CLASS = "the class not handed to _context, which then decides it from the pod itself: the same class"
+_OWN_CLASS = "_context decides the class from the pod itself rather than take the one handed: the same class"
+_NO_NONE = "looks a class of None up where the original skips it: no class-wide table has a None key"
 _NO_KEY = "the default key skipped, 'XXXX' for '': no container's key is either"
 _LS_RSS = "_ls's RSS sum: its one caller, cpu_inputs, reads only usage and request"
 EQUIVALENT: dict[str, str] = {
@@ -228,6 +229,10 @@ EQUIVALENT: dict[str, str] = {
     _DS
     + "removed__mutmut_12": "pop without a default from the pods' classes: every pod the model adds is classified then",
     _DS + "sharers__mutmut_1": _NO_KEY,
+    _DS + "_context__mutmut_3": _OWN_CLASS,
+    _DS + "_compose__mutmut_62": _NO_NONE,
+    _DS + "_compose__mutmut_74": _NO_NONE,
+    _DS + "_class_stamp__mutmut_3": _NO_NONE,
     _DS + "_compose__mutmut_7": _OWN_CLASS,
     _DS + "_compose__mutmut_10": _OWN_CLASS,
     _DS + "invalidate__mutmut_7": "generations step by 2, not 1: they are only compared for a change",
