@@ -230,6 +230,10 @@ EQUIVALENT: dict[str, str] = {
     + "removed__mutmut_12": "pop without a default from the pods' classes: every pod the model adds is classified then",
     _DS + "sharers__mutmut_1": _NO_KEY,
     _DS + "_context__mutmut_3": _OWN_CLASS,
+    _DS + "added__mutmut_7": "a class's members kept as keys of a dict: its values ('' for None) are never read",
+    _DS + "added__mutmut_13": (
+        "a pod, or a container that is no candidate, goes on to cpuset.assign, which pins neither (it returns at once)"
+    ),
     _DS + "_compose__mutmut_62": _NO_NONE,
     _DS + "_compose__mutmut_74": _NO_NONE,
     _DS + "_class_stamp__mutmut_3": _NO_NONE,
