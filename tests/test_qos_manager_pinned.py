@@ -326,3 +326,33 @@ def test_without_pressure_files_ls_pods_are_not_watched(tmp_path: Path) -> None:
     node, _, _, _, _ = node_with_pods(tmp_path)
     pods = PodGroups(node.model, node.desired)
     assert pods.refresh() is True and pods.ls() == set() and pods.be() == [BE_GROUP]
+
+
+def test_a_rounds_time_includes_its_collection(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    _, _, mgr, s, _ = node_with_pods(tmp_path)
+    seen = Seen()
+    mgr.observer = seen
+    real = s.sample
+    s.sample = lambda be_groups=(): replace(real(be_groups), collect_seconds=0.5)  # type: ignore[method-assign]
+    mgr.round()
+    seconds, collect = seen.rounds[0]
+    assert collect == 0.5 and 0.5 <= seconds < 30
+
+
+def test_ls_pressure_refusals_are_said_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from nriplugin.kernel.psi_trigger import PressureWatch
+
+    _, _, mgr, _, _ = node_with_pods(tmp_path)
+    mgr.watch_ls_pressure()  # not started: nothing to follow
+    (tmp_path / "p1").write_text("")
+    mgr.pods.pressure_path = lambda g: str(tmp_path / "p1")
+    mgr.pods._dirty.update(k for k in mgr.model if k.startswith("pod:"))
+    mgr.ls_pressure = PressureWatch()
+    with caplog.at_level(logging.INFO, "nriplugin.qos"):
+        mgr.round()
+        mgr.watch_ls_pressure()
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("no PSI trigger on LS groups")]
+    assert len(said) == 1 and str(tmp_path / "p1") in said[0] and said[0].endswith("the fast path carries the reaction")
+    mgr.ls_pressure.close()
