@@ -409,9 +409,11 @@ def earlier_lines(text: str, modules: list[str]) -> dict[str, list[str]]:
 
 def _survivor_lines(s: Score) -> list[str]:
     lines = []
-    for m in s.survivors + s.no_tests + s.other:
+    for m in s.survivors + s.no_tests:
         why = EQUIVALENT.get(m, "**not explained**: a test is missing")
         lines.append(f"- `{s.module}` `{short(m)}`: {why}")
+    if s.other:  # a run stopped before it got to them (or mutmut could not tell)
+        lines.append(f"- `{s.module}`: {len(s.other)} mutants **not checked** (the run was stopped before them)")
     for fn, why in IMPORT_TIME.items():
         n = sum(1 for m in s.at_import if m.startswith(fn + "__mutmut_"))
         if n:
