@@ -6,6 +6,7 @@ tells its subscribers exactly which keys changed."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -665,3 +666,64 @@ def test_an_overlay_applies_to_an_unmanaged_container_too() -> None:
     assert s.d.intent(c.id) is None
     s.d.set_overlay(c.id, "qos:x", {"cpu.shares": 4}, "r")
     assert s.value(c.id, "cpu.shares") == 4
+
+
+def _pinning(tmp_path: Path, policy: Policy | None = None) -> tuple[DesiredState, NodeModel, list[str]]:
+    from dataclasses import replace as dc_replace
+
+    from tests.test_cpuset import topo
+
+    model = NodeModel()
+    invalid: list[str] = []
+    c = dc_replace(caps(**{"cpuset.cpus": True}), topology=topo(tmp_path, 4, 2, 1))  # 8 CPUs
+    on = policy or Policy.model_validate({"features": {"cpuset": {"enable": True}}})
+    d = DesiredState(model, RuleCache(on), c, on_invalid=invalid.append)
+    model.subscribe(d)
+    return d, model, invalid
+
+
+def _lsr(i: int, quota: int, status: str | None = None) -> tuple[object, object]:
+    pod = make_pod(i, "LSR")
+    if status is not None:
+        pod.annotations["scheduling.koordinator.sh/resource-status"] = status
+    ctr = make_container(i, pod)
+    ctr.linux.resources.cpu.quota.value = quota
+    ctr.linux.resources.cpu.period.value = 100000
+    return pod, ctr
+
+
+def test_a_cpuset_shortfall_is_said_once_with_the_container(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    d, model, invalid = _pinning(tmp_path)
+    pod, ctr = _lsr(1, 800000)  # 8 CPUs: one core must stay shared
+    with caplog.at_level(logging.WARNING, "nriplugin.node.desired"):
+        model.container_started(pod, ctr)  # type: ignore[arg-type]
+    assert invalid == ["cpuset_capacity"] and d.cpus.exclusive == {}
+    rec = caplog.records[-1]
+    assert rec.getMessage().startswith(
+        "default/pod-1/main: LSR container runs in the share pool: needs 4 whole core(s)"
+    )
+    assert rec.getMessage().endswith(
+        '(said once per shortfall; nriplugin_invalid_input_total{reason="cpuset_capacity"} counts each)'
+    )
+    assert rec.reason == "cpuset_capacity"  # type: ignore[attr-defined]
+
+
+def test_a_bad_scheduling_decision_is_said_with_its_reason(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    _, model, invalid = _pinning(tmp_path)
+    pod, ctr = _lsr(2, 200000, '{"cpuset": 5}')
+    with caplog.at_level(logging.WARNING, "nriplugin.node.desired"):
+        model.container_started(pod, ctr)  # type: ignore[arg-type]
+    assert invalid == ["cpuset"]
+    msg = caplog.records[-1].getMessage()
+    assert msg.startswith("pod default/pod-2: cpuset skipped: ") and "cpuset must be a cpu list string" in msg
+
+
+def test_nothing_is_pinned_while_the_cpuset_feature_is_off(tmp_path: Path) -> None:
+    off = Policy.model_validate({"features": {"cpuset": {"enable": False}}})
+    d, model, _ = _pinning(tmp_path, off)
+    pod, ctr = _lsr(3, 200000)
+    model.container_started(pod, ctr)  # type: ignore[arg-type]
+    assert d.cpus.exclusive == {}
+    d2, model2, _ = _pinning(tmp_path / "on")
+    model2.container_started(pod, ctr)  # type: ignore[arg-type]
+    assert len(d2.cpus.exclusive) == 1
