@@ -727,3 +727,36 @@ def test_nothing_is_pinned_while_the_cpuset_feature_is_off(tmp_path: Path) -> No
     d2, model2, _ = _pinning(tmp_path / "on")
     model2.container_started(pod, ctr)  # type: ignore[arg-type]
     assert len(d2.cpus.exclusive) == 1
+
+
+def test_the_allocator_and_overlays_handed_in_are_used() -> None:
+    from nriplugin.intent.cpus import CPUAllocator
+    from nriplugin.kernel.probe import Topology
+
+    alloc, ov = CPUAllocator(Topology()), Overlays()
+    d = DesiredState(NodeModel(), RuleCache(Policy()), caps(), cpus=alloc, overlays=ov)
+    assert d.cpus is alloc and d.overlays is ov
+
+
+def test_a_new_state_does_not_move_the_pool_at_its_first_container() -> None:
+    model = NodeModel()
+    d = DesiredState(model, RuleCache(Policy()), caps())
+    model.subscribe(d)
+    told: list[list[str]] = []
+    d.subscribe(told.append)
+    pod = make_pod(1, "BE")
+    model.container_started(pod, make_container(1, pod))
+    assert told == []
+
+
+def test_every_bad_label_is_counted_and_said_with_its_error(caplog: pytest.LogCaptureFixture) -> None:
+    s = Scene()
+    with caplog.at_level(logging.WARNING, "nriplugin.node.desired"):
+        for i in (20, 21):
+            bad = make_pod(i, "BE")
+            bad.labels["koordinator.sh/qosClass"] = "NOPE"
+            s.model.container_started(bad, make_container(i, bad))
+    assert s.d.rejected_labels == 2
+    msg = caplog.records[0].getMessage()
+    assert msg.startswith("pod default/pod-20: ") and msg.endswith("; leaving it untouched")
+    assert "NOPE" in msg

@@ -240,6 +240,7 @@ EQUIVALENT: dict[str, str] = {
     _DS + "_compose__mutmut_7": _OWN_CLASS,
     _DS + "_compose__mutmut_10": _OWN_CLASS,
     _DS + "invalidate__mutmut_7": "generations step by 2, not 1: they are only compared for a change",
+    _DS + "__init____mutmut_19": "generations start from 1, not 0: they are only compared for a change",
     _DS + "invalidate__mutmut_10": (
         "an unknown key's generation is not dropped: a key leaves the model through removed(), which drops it"
     ),
