@@ -760,3 +760,29 @@ def test_every_bad_label_is_counted_and_said_with_its_error(caplog: pytest.LogCa
     msg = caplog.records[0].getMessage()
     assert msg.startswith("pod default/pod-20: ") and msg.endswith("; leaving it untouched")
     assert "NOPE" in msg
+
+
+def test_a_failing_features_reason_is_said(caplog: pytest.LogCaptureFixture) -> None:
+    s = Scene()
+    pod = make_pod(22, "LS")
+    pod.annotations["koordinator.sh/cpuBurst"] = '{"policy": "yes"}'
+    c = make_container(22, pod)
+    c.linux.resources.cpu.quota.value = 50000
+    with caplog.at_level(logging.WARNING, "nriplugin.node.desired"):
+        s.model.container_started(pod, c)
+        s.d.intent(c.id)
+    msg = next(r.getMessage() for r in caplog.records if "skipped" in r.getMessage())
+    assert not msg.endswith(": None") and "policy" in msg
+
+
+def test_a_fail_closed_failure_keeps_no_baseline() -> None:
+    """An overlay on a container whose features fail closed: what it replaces is read, since
+    nothing is known of the features' values."""
+    closed = Policy.model_validate({"features": {"cpuBurst": {"failurePolicy": "fail-closed"}}})
+    s = Scene(policy=closed)
+    pod = make_pod(23, "LS")
+    pod.annotations["koordinator.sh/cpuBurst"] = '{"policy": "yes"}'
+    c = make_container(23, pod)
+    s.model.container_started(pod, c)
+    assert s.d.set_overlay(c.id, "qos:x", {"cpu.shares": 4}, "r")
+    assert s.asked == []  # the runtime asked for shares: that is what comes back

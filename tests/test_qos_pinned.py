@@ -726,3 +726,11 @@ def test_the_registry_names_every_missing_plugin() -> None:
 
     with pytest.raises(TypeError, match=r"no strategy registered for the policy's plugin\(s\): A, B, C$"):
         Registry(["A", "B", "C"]).strategies()
+
+
+def test_a_spread_exactly_at_the_rounding_bar_has_no_slope() -> None:
+    """The bar is inclusive: 4.47e-5 s apart gives a spread of exactly 1e-9."""
+    w = WindowSlope(1000.0)
+    w.add(0.0, 0.0)
+    w.add(4.4721359549995795e-05, 1.0)
+    assert w.per_minute() == 0.0
