@@ -429,10 +429,10 @@ def section(scores: list[Score], command: str, earlier: str = "") -> str:
         version = "(not installed)"
     lines = [
         "<!-- mutation:begin -->",
-        "## Mutation score of the pure modules (`tools/mutation.py`)",
+        "## Mutation score of the modules that decide (`tools/mutation.py`)",
         "",
         f"{command} — mutmut {version}, unit tests only (`[tool.mutmut]` in pyproject.toml: no",
-        "containerd, no Go peers, no test that runs a real process), one module at a time, on this",
+        "containerd, no Go peers, no test that runs a real process), one child process, on this",
         "2-core machine shared with other work. Score = killed / mutants: a survivor counts against",
         "it even where it is explained as equivalent below, and so does a mutant no test reaches.",
         "mutmut 3 mutates function bodies, not module-level tables: the `RESOURCES` range table and",
@@ -490,7 +490,10 @@ def main(argv: list[str] | None = None) -> int:
         for s in scores:
             print(f"{s.module}: {s.killed}/{s.counted} killed ({s.score:.1f} %)")
         if ns.write:
-            how = "`python tools/mutation.py --write` (run here as `--keep MODULE...` batches, then `--report --write`)"
+            how = (
+                "`python tools/mutation.py --write` (run here as `--keep [--batch] MODULE...` batches, "
+                "`--survivors` re-tests once tests were added, then `--report --write`)"
+            )
             replace_section(ROOT / "docs" / "mutation.md", "mutation", section(scores, how, DOC.read_text()))
         return 1 if ns.check and any(s.score < THRESHOLD for s in scores) else 0
     if not ns.keep:
