@@ -356,3 +356,63 @@ def test_ls_pressure_refusals_are_said_once(tmp_path: Path, caplog: pytest.LogCa
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("no PSI trigger on LS groups")]
     assert len(said) == 1 and str(tmp_path / "p1") in said[0] and said[0].endswith("the fast path carries the reaction")
     mgr.ls_pressure.close()
+
+
+def test_a_round_hands_its_time_and_scores_on(tmp_path: Path) -> None:
+    _, _, mgr, s, _ = node_with_pods(tmp_path)
+    rounds: list[Round] = []
+
+    class Recorder(Hook):
+        def cpu_round(self, r: Round) -> None:
+            rounds.append(r)
+
+    mgr.eviction = Recorder()
+    s.ls, s.be = 1.0, 1.0
+    s.advance(3.0)
+    mgr.round()
+    r = rounds[0]
+    assert (r.t, r.cpu_score, r.memory_score) == (3.0, mgr.cpu.score, mgr.memory.score)
+    assert r.cpu_score == pytest.approx(55.0)
+
+
+def test_a_falling_load_is_smoothed_across_rounds(tmp_path: Path) -> None:
+    _, _, mgr, s, _ = node_with_pods(tmp_path)
+    s.ls, s.be = 1.0, 1.0
+    mgr.round()
+    s.ls = 0.0
+    s.advance(1.0)
+    mgr.round()
+    assert mgr.cpu.score > 30.0  # 55 falling with a 5 s time constant, not the raw score at once
+
+
+def test_withdrawals_carry_their_time_and_reason(tmp_path: Path) -> None:
+    node, _, mgr, s, _ = node_with_pods(tmp_path)
+    mgr.round()
+    node.rules.set(Policy.model_validate({"qosManager": {"plugins": ["NodeQOSResource"]}}), "test")
+    s.advance(1.0)
+    mgr.round()
+    d = mgr.decisions[-1]
+    assert (d.t, d.value, d.why) == (s.t, "withdrawn", "CPUSuppress is off")
+    node.rules.set(Policy(), "test")
+    s.advance(1.0)
+    mgr.round()
+    node.rules.set(Policy.model_validate({"qosManager": {"enable": False}}), "test")
+    mgr.round()
+    d = mgr.decisions[-1]
+    assert d.why == "the QoS manager is disabled" and isinstance(d.t, float)
+
+
+def test_pod_groups_start_as_moved_and_a_be_pod_leaving_moves_them(tmp_path: Path) -> None:
+    from nriplugin.node.model import NodeModel
+    from nriplugin.qos.manager import PodGroups
+
+    node, _, _, _, _ = node_with_pods(tmp_path)
+    empty = PodGroups(NodeModel(), node.desired)
+    assert empty.refresh() is True  # the first round takes the groups in, whatever there is
+    pods = PodGroups(node.model, node.desired)
+    pods.refresh()
+    assert pods.moved() is False
+    from testkit.runtime_peer import make_pod
+
+    node.model.pod_removed(make_pod(1, "BE").id)
+    assert pods.moved() is True and pods.be() == []
