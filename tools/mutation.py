@@ -66,6 +66,7 @@ _OWN_CLASS = "_context decides the class from the pod itself rather than take th
 _NO_NONE = "looks a class of None up where the original skips it: no class-wide table has a None key"
 _NO_KEY = "the default key skipped, 'XXXX' for '': no container's key is either"
 _QM = "nriplugin.qos.manager.xǁQoSManagerǁ"
+_PG = "nriplugin.qos.manager.xǁPodGroupsǁ"
 _LS_RSS = "_ls's RSS sum: its one caller, cpu_inputs, reads only usage and request"
 EQUIVALENT: dict[str, str] = {
     _CG + "x__read__mutmut_11": "reads 65537 bytes instead of 65536: every cgroup file is far smaller",
@@ -246,12 +247,11 @@ EQUIVALENT: dict[str, str] = {
         "an unknown key's generation is not dropped: a key leaves the model through removed(), which drops it"
     ),
     _DS + "_pool_moved__mutmut_1": _NO_KEY,
-    _QM
-    + "fast_round__mutmut_2": "`not groups and last is None`: with no BE group the BE counter is None, so it returns all the same",
-    "nriplugin.qos.manager.xǁPodGroupsǁremoved__mutmut_2": (
-        "a removed pod left among the news: the model no longer has it, so the next refresh skips it"
+    _QM + "fast_round__mutmut_2": (
+        "`not groups and last is None`: with no BE group the BE counter is None, so it returns all the same"
     ),
-    "nriplugin.qos.manager.xǁPodGroupsǁrefresh_steps__mutmut_26": "a turn ends more often: the same pods taken in, in more turns",
+    _PG + "removed__mutmut_2": "a removed pod left among the news: the model no longer has it, so a refresh skips it",
+    _PG + "refresh_steps__mutmut_26": "a turn ends more often: the same pods taken in, in more turns",
     "nriplugin.qos.history.xǁCountersǁadvance__mutmut_22": (
         "min() of no deltas defaults to 1, not 0: neither is below 0"
     ),
