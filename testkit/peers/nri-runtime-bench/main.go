@@ -1,12 +1,13 @@
 // nri-runtime-bench drives NRI plugins through the official runtime-side library
-// (github.com/containerd/nri/pkg/adaptation v0.6.1, the code containerd 1.7 runs), so a plugin's
-// hook round trip is measured exactly as the runtime sees it, without runc or snapshot noise.
+// (github.com/containerd/nri/pkg/adaptation at the version it is built for: v0.6.1 is what
+// containerd 1.7 runs, v0.12 containerd 2.3's line), so a plugin's hook round trip is measured
+// exactly as the runtime sees it, without runc or snapshot noise.
 //
 // It listens on -socket, hands -sync-pods pods (one container each) to every plugin at Synchronize,
 // waits until a plugin has synchronized, warms up, pauses -settle (the plugin finishes taking a
 // large node in: its steady state is what is timed), then times -n
-// CreateContainer calls (BE and LS pods alternating) and prints one JSON line of figures.
-// (shared/peers' nri-runtime-bench with -settle added.)
+// CreateContainer calls (BE and LS pods alternating) and prints one JSON line of figures. With
+// -pod-updates it then sends that many UpdatePodSandbox events (runtimes of NRI v0.10 and later).
 package main
 
 import (
@@ -95,6 +96,7 @@ func main() {
 	wait := flag.Duration("wait", 20*time.Second, "how long to wait for a plugin to answer")
 	verbose := flag.Bool("v", false, "runtime library logs")
 	settle := flag.Duration("settle", 0, "pause after the warm-up, before the timed calls")
+	podUpdates := flag.Int("pod-updates", 0, "UpdatePodSandbox events to send after the timed calls")
 	flag.Parse()
 	if !*verbose {
 		logrus.SetLevel(logrus.WarnLevel)
@@ -150,7 +152,7 @@ func main() {
 	if ready && *settle > 0 {
 		time.Sleep(*settle)
 	}
-	out := map[string]interface{}{"ready": ready, "sync_pods": *syncPods, "sync_ms": float64(syncDur.Microseconds()) / 1000,
+	out := map[string]interface{}{"nri": nriVersion, "ready": ready, "sync_pods": *syncPods, "sync_ms": float64(syncDur.Microseconds()) / 1000,
 		"sync_error": syncErr, "sync_updates": syncUpdates}
 	if ready {
 		lat := []float64{}
@@ -179,6 +181,18 @@ func main() {
 		sort.Float64s(lat)
 		out["n"], out["errors"], out["be_adjusted"], out["ls_adjusted"] = *n, errs, beAdj, lsAdj
 		out["p50_us"], out["p90_us"], out["p99_us"], out["max_us"] = pct(lat, .5), pct(lat, .9), pct(lat, .99), pct(lat, 1)
+	}
+	if ready && *podUpdates > 0 {
+		sent, failed := 0, 0
+		for i := 0; i < *podUpdates; i++ {
+			ok, err := updatePod(ctx, r, pod(i, "BE"))
+			if err != nil {
+				failed++
+			} else if ok {
+				sent++
+			}
+		}
+		out["pod_updates"], out["pod_update_errors"] = sent, failed
 	}
 	b, _ := json.Marshal(out)
 	fmt.Println(strings.TrimSpace(string(b)))

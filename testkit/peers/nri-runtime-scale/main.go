@@ -1,8 +1,9 @@
 // nri-runtime-scale drives one NRI plugin through the official runtime-side library
-// (github.com/containerd/nri/pkg/adaptation v0.6.1, the code containerd 1.7 runs) on a node of
+// (github.com/containerd/nri/pkg/adaptation at the version it is built for: see build.sh) on a node of
 // many pods with realistic annotations, including the multi-KB
-// kubectl.kubernetes.io/last-applied-configuration that real pods carry. containerd 1.7 sends
-// Synchronize in one message, so a few thousand such pods make it larger than ttrpc's 4 MiB.
+// kubectl.kubernetes.io/last-applied-configuration that real pods carry. containerd 1.7 (NRI v0.6)
+// sends Synchronize in one message, so a few thousand such pods make it larger than ttrpc's 4 MiB;
+// NRI v0.8 and later split such a Synchronize into parts (SynchronizeRequest.more).
 //
 // It listens on -socket, hands -sync-pods pods (one container each) to the plugin at
 // Synchronize, counts the UpdateContainers the plugin pushes, warms up, then times -n
@@ -186,13 +187,13 @@ func main() {
 				firstErr = err.Error()
 			}
 		}
-		r.RemoveContainer(ctx, &adaptation.StateChangeEvent{Pod: p, Container: c})
-		r.RemovePodSandbox(ctx, &adaptation.StateChangeEvent{Pod: p})
+		removeContainer(ctx, r, p, c)
+		removePod(ctx, r, p)
 	}
 	if ready {
 		time.Sleep(*settle)
 	}
-	out := map[string]interface{}{"ready": ready, "sync_pods": *syncPods, "sync_bytes": syncBytes,
+	out := map[string]interface{}{"nri": nriVersion, "ready": ready, "sync_pods": *syncPods, "sync_bytes": syncBytes,
 		"sync_ms": float64(syncDur.Microseconds()) / 1000, "sync_error": syncErr, "sync_updates": syncUpdates,
 		"first_create_us": firstCreate, "first_create_error": firstErr}
 	if ready {
@@ -213,10 +214,10 @@ func main() {
 			} else if q == "BE" && resp.GetAdjust().GetLinux().GetResources().GetCpu().GetShares() != nil {
 				beAdj++
 			}
-			if err := r.RemoveContainer(ctx, &adaptation.StateChangeEvent{Pod: p, Container: c}); err != nil {
+			if err := removeContainer(ctx, r, p, c); err != nil {
 				errs++
 			}
-			if err := r.RemovePodSandbox(ctx, &adaptation.StateChangeEvent{Pod: p}); err != nil {
+			if err := removePod(ctx, r, p); err != nil {
 				errs++
 			}
 		}
