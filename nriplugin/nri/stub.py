@@ -339,6 +339,7 @@ class Stub:
         self.caps = RuntimeCaps()  # what the runtime supports: learnt at Configure
         self._sync_pods: list[Pod] = []
         self._sync_ctrs: list[Container] = []
+        self._sync_parts = 0
         self._refused = False  # this connection brought a message over the bound
         self._overflow: set[asyncio.Future[None]] = set()  # pushes of what did not fit in an answer
         self._methods = self._build_methods()
@@ -454,10 +455,13 @@ class Stub:
         the plugin is called once, with the whole node, at the last part."""
         self._sync_pods.extend(req.pods)
         self._sync_ctrs.extend(req.containers)
+        self._sync_parts += 1
         if req.more:
             return _SYNC_MORE
-        pods, ctrs = self._sync_pods, self._sync_ctrs
-        self._sync_pods, self._sync_ctrs = [], []
+        pods, ctrs, parts = self._sync_pods, self._sync_ctrs, self._sync_parts
+        self._sync_pods, self._sync_ctrs, self._sync_parts = [], [], 0
+        if parts > 1:
+            log.info("Synchronize came in %d parts: %d pods, %d containers taken in whole", parts, len(pods), len(ctrs))
         t0 = time.perf_counter()
         result = self.plugin.synchronize(pods, ctrs)
 
@@ -651,7 +655,7 @@ class Stub:
     async def connect_once(self) -> Trunk:
         """Connect and register; returns the trunk once the runtime accepted us."""
         self.ready.clear()
-        self._sync_pods, self._sync_ctrs = [], []
+        self._sync_pods, self._sync_ctrs, self._sync_parts = [], [], 0
         self.caps = RuntimeCaps()
         if self._held is not None:
             self._held.clear()  # requests of a previous connection must not be answered here

@@ -18,6 +18,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/nri/pkg/adaptation"
@@ -113,7 +114,13 @@ func main() {
 	syncErr := ""
 	syncUpdates := 0
 	synced := make(chan struct{}, 16)
+	var starting atomic.Bool // NRI v0.12's Start synchronizes the plugins it launched itself (none here)
+	starting.Store(true)
 	syncFn := func(ctx context.Context, cb adaptation.SyncCB) error {
+		if starting.Load() {
+			_, err := cb(ctx, nil, nil)
+			return err
+		}
 		defer func() { synced <- struct{}{} }()
 		t0 := time.Now()
 		u, err := cb(ctx, pods, ctrs)
@@ -124,7 +131,9 @@ func main() {
 		}
 		return err
 	}
-	updateFn := func(ctx context.Context, u []*adaptation.ContainerUpdate) ([]*adaptation.ContainerUpdate, error) { return nil, nil }
+	updateFn := func(ctx context.Context, u []*adaptation.ContainerUpdate) ([]*adaptation.ContainerUpdate, error) {
+		return nil, nil
+	}
 	dir, _ := os.MkdirTemp("", "nri-bench-plugins")
 	r, err := adaptation.New("nri-runtime-bench", "0.1", syncFn, updateFn, adaptation.WithSocketPath(*sock),
 		adaptation.WithPluginPath(dir), adaptation.WithPluginConfigPath(dir))
@@ -136,6 +145,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
+	starting.Store(false)
 	fmt.Fprintln(os.Stderr, "listening on", *sock)
 	ctx := context.Background()
 	ready := false

@@ -141,7 +141,13 @@ func main() {
 	var pushed, pushCalls int64
 	syncDur, syncErr, syncUpdates := time.Duration(0), "", 0
 	synced := make(chan struct{}, 16)
+	var starting atomic.Bool // NRI v0.12's Start synchronizes the plugins it launched itself (none here)
+	starting.Store(true)
 	syncFn := func(ctx context.Context, cb adaptation.SyncCB) error {
+		if starting.Load() {
+			_, err := cb(ctx, nil, nil)
+			return err
+		}
 		defer func() { synced <- struct{}{} }()
 		t0 := time.Now()
 		u, err := cb(ctx, pods, ctrs)
@@ -167,6 +173,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
+	starting.Store(false)
 	fmt.Fprintln(os.Stderr, "listening on", *sock)
 	ctx := context.Background()
 	ready := false
