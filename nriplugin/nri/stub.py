@@ -363,23 +363,6 @@ class Stub:
     def _build_methods(self) -> dict[str, _Method]:
         p = self.plugin
 
-        def state_change(req: api.StateChangeEvent) -> Any:
-            name = STATE_CHANGE_HANDLERS.get(req.event)
-            if name is None or not self.events & (1 << (req.event - 1)):
-                return None
-            handler = getattr(p, name)
-            if req.event == api.UPDATE_POD_SANDBOX:
-                return handler(req.pod, api.LinuxResources())  # StateChange carries no resources
-            if req.event in POD_EVENTS:
-                return handler(req.pod)
-            return handler(req.pod, req.container)
-
-        def notify(event: int, handler: Callable[..., Any], pod_only: bool) -> Callable[[Any], Any]:
-            bit = 1 << (event - 1)
-            if pod_only:
-                return lambda r: handler(r.pod) if self.events & bit else None
-            return lambda r: handler(r.pod, r.container) if self.events & bit else None
-
         def create_reply(result: Any) -> bytes:
             if result is None:
                 return b""
@@ -408,21 +391,43 @@ class Stub:
                 lambda res: _reply(api.StopContainerResponse, _as_updates(res), self._push_after),
                 "stop_container",
             ),
+        }
+        return methods | self._event_methods()
+
+    def _event_methods(self) -> dict[str, _Method]:
+        """The events that carry nothing back: over StateChange (every runtime before NRI v0.12,
+        and v0.12's fallback) and over v0.12's dedicated RPCs, to the same handlers. A handler
+        runs only for a subscribed event (the base class's would do nothing anyway)."""
+        p = self.plugin
+
+        def state_change(req: api.StateChangeEvent) -> Any:
+            name = STATE_CHANGE_HANDLERS.get(req.event)
+            if name is None or not self.events & (1 << (req.event - 1)):
+                return None
+            handler = getattr(p, name)
+            if req.event == api.UPDATE_POD_SANDBOX:
+                return handler(req.pod, api.LinuxResources())  # StateChange carries no resources
+            if req.event in POD_EVENTS:
+                return handler(req.pod)
+            return handler(req.pod, req.container)
+
+        def dedicated(event: int, handler: Callable[..., Any]) -> Callable[[Any], Any]:
+            bit = 1 << (event - 1)
+            if event in POD_EVENTS:
+                return lambda r: handler(r.pod) if self.events & bit else None
+            return lambda r: handler(r.pod, r.container) if self.events & bit else None
+
+        def update_pod(r: api.UpdatePodSandboxRequest) -> Any:
+            if self.events & (1 << (api.UPDATE_POD_SANDBOX - 1)):
+                return p.update_pod_sandbox(r.pod, r.linux_resources)
+            return None
+
+        methods = {
             "StateChange": _Method(api.StateChangeEvent, state_change, _empty, "state_change"),
-            "UpdatePodSandbox": _Method(
-                api.UpdatePodSandboxRequest,
-                lambda r: (
-                    p.update_pod_sandbox(r.pod, r.linux_resources)
-                    if self.events & (1 << (api.UPDATE_POD_SANDBOX - 1))
-                    else None
-                ),
-                _empty,
-                "update_pod_sandbox",
-            ),
+            "UpdatePodSandbox": _Method(api.UpdatePodSandboxRequest, update_pod, _empty, "update_pod_sandbox"),
         }
         for rpc, (request, name) in NOTIFY_RPCS.items():
-            ev = HANDLER_EVENTS[name]
-            methods[rpc] = _Method(request, notify(ev, getattr(p, name), ev in POD_EVENTS), _empty, name)
+            methods[rpc] = _Method(request, dedicated(HANDLER_EVENTS[name], getattr(p, name)), _empty, name)
         return methods
 
     def _configure(self, req: api.ConfigureRequest) -> Any:
