@@ -22,6 +22,6 @@ for f in "$src/$nri"/*.go; do [ -e "$f" ] && cp "$f" "$work/"; done
 mkdir -p "$(dirname "$out")"
 # -mod=readonly: go.sum is the lock; a missing entry is an error, not a silent update.
 (cd "$work" && GOTOOLCHAIN=local GOFLAGS="-buildvcs=false -mod=readonly" CGO_ENABLED=0 \
-  nice "$go" build -trimpath -o "$out.tmp" .)
-mv "$out.tmp" "$out"
+  nice "$go" build -trimpath -o "$out.tmp.$$" .)
+mv "$out.tmp.$$" "$out"  # whole or not at all, even with two builds at once
 echo "built $out ($peer, containerd/nri $nri)"
