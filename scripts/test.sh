@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: lint, type-check and the whole test suite (unit, interop with the official
-# Go NRI runtime library from ../shared/peers). Extra arguments go to pytest.
+# Go NRI runtime library at v0.6.1 and v0.12, built from testkit/peers with the machine's Go).
+# Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
