@@ -30,6 +30,9 @@ order reversed every other round):
   NRI socket, before the pods), its embedded default policy (the ``balanced`` profile);
 - ``latency-first``, ``throughput-first``: the same with a policy file that only names the
   profile;
+- two levers the agent's policy already has: ``agent+idle``, the default with
+  ``cpuPolicy: coreSched`` (BE's cgroups get ``cpu.idle`` 1: SCHED_IDLE), and ``idle-only``,
+  the same with the QoS manager off (BE as SCHED_IDLE and no quota: all the CPU LS leaves);
 - ``be-alone``: BE's reference throughput (above), no load.
 Each LS configuration is measured at two load levels, one after the other on the same pods: a
 moderate one and one near the knee, by default ``--load`` 0.35 and 0.7 of the node's CPUs at
@@ -147,8 +150,11 @@ def cpu_util(stat0: str, stat1: str) -> float:
 
 
 def counter_rate(c0: tuple[int, int], c1: tuple[int, int]) -> float:
-    """Ops per second between two ``(ops, unix ns)`` readings of a worker's counter."""
-    if c1[1] <= c0[1]:
+    """Ops per second between two ``(ops, unix ns)`` readings of a worker's counter; 0 when the
+    counter was not written between them (the worker stopped, e.g. evicted)."""
+    if c1 == c0:
+        return 0.0
+    if c1[1] <= c0[1] or c1[0] < c0[0]:
         raise ValueError(f"counter readings out of order: {c0} {c1}")
     return (c1[0] - c0[0]) / ((c1[1] - c0[1]) / 1e9)
 
@@ -200,16 +206,21 @@ class Config:
     name: str
     be: bool = True  # the BE pods run
     agent: bool = False  # the agent runs (started before the pods)
-    profile: str | None = None  # a policy file naming this profile; None: the embedded default
+    policy: str = ""  # a policy file's text (merged onto the embedded default); "": none
     load: bool = True  # the LS service gets requests
 
+
+IDLE = "resourceQOSStrategy:\n  policies:\n    cpuPolicy: coreSched\n"  # BE's cgroups get cpu.idle = 1
 
 CONFIGS = [
     Config("alone", be=False),
     Config("no-agent"),
     Config("agent", agent=True),
-    Config("latency-first", agent=True, profile="latency-first"),
-    Config("throughput-first", agent=True, profile="throughput-first"),
+    Config("latency-first", agent=True, policy="qosManager:\n  profile: latency-first\n"),
+    Config("throughput-first", agent=True, policy="qosManager:\n  profile: throughput-first\n"),
+    # levers (the agent's own policy knobs): BE as SCHED_IDLE with the default suppression, and alone
+    Config("agent+idle", agent=True, policy=IDLE),
+    Config("idle-only", agent=True, policy=IDLE + "qosManager:\n  enable: false\n"),
     Config("be-alone", load=False),
 ]
 
@@ -287,9 +298,9 @@ class Node:
         self.plugin: PluginProcess | None = None
         if cfg.agent:
             extra = []
-            if cfg.profile is not None:
+            if cfg.policy:
                 policy = self.out / "policy.yaml"
-                policy.write_text(f"qosManager:\n  profile: {cfg.profile}\n")
+                policy.write_text(cfg.policy)
                 extra = ["--policy", str(policy)]
             self.plugin = PluginProcess(b.rt.nri_socket, *runtime_args(b.rt), *extra)
             self.plugin.wait_ready()

@@ -74,8 +74,11 @@ def test_cpu_util_between_readings() -> None:
 
 def test_counter_rate() -> None:
     assert counter_rate((1000, 2_000_000_000), (4000, 3_500_000_000)) == pytest.approx(2000.0)
+    assert counter_rate((3213, 5), (3213, 5)) == 0.0  # never written again: the worker stopped
     with pytest.raises(ValueError):
         counter_rate((1, 5), (2, 5))
+    with pytest.raises(ValueError):
+        counter_rate((9, 5), (2, 6))
 
 
 def test_pooled_percentiles_over_all_rounds_and_be_share_of_reference() -> None:
