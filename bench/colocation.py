@@ -85,6 +85,7 @@ BE = {"koordinator.sh/qosClass": "BE"}
 LS = {"koordinator.sh/qosClass": "LS"}
 LS_SHARES = 1024  # the LS pod requests one core
 TIMEOUT_S = 5.0  # the load generator's per-request timeout
+MAX_SHARES = 262144  # cgroup v1's highest cpu.shares
 
 
 # pure parts: the open-loop schedule, percentiles, /proc/stat, counters -------------------------------
@@ -233,6 +234,7 @@ class Bench:
     port: int  # the LS service's, on the host network
     warmup: float
     window: float
+    isolate: bool = False  # see isolate()
     cpus: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))
 
     @property
@@ -258,6 +260,20 @@ def fresh_node(b: Bench) -> None:
         d = cpu_dir(b.rt, "cpu", *parts)
         d.mkdir(parents=True, exist_ok=True)
         (d / "cpu.shares").write_text(str(shares))
+    if b.isolate:
+        top = harness.CGROUP_FS / "cpu" / b.rt.cgroup_root
+        (top / "cpu.shares").write_text(str(MAX_SHARES))
+        for c in ("cpu", "cpuacct"):
+            (harness.CGROUP_FS / c / b.rt.cgroup_root / "bench").mkdir(exist_ok=True)
+
+
+def isolate(b: Bench, pid: int) -> None:
+    """With ``--isolate`` (for a shared machine): the node under test is our top cgroup, with
+    the highest weight against everything else on the host; the load generator and the agent
+    join it (``<top>/bench``, next to ``kubepods``), and node utilization is what that tree uses."""
+    if b.isolate:
+        for c in ("cpu", "cpuacct"):
+            (harness.CGROUP_FS / c / b.rt.cgroup_root / "bench" / "cgroup.procs").write_text(str(pid))
 
 
 def start_container(
@@ -303,6 +319,7 @@ class Node:
                 policy.write_text(cfg.policy)
                 extra = ["--policy", str(policy)]
             self.plugin = PluginProcess(b.rt.nri_socket, *runtime_args(b.rt), *extra)
+            isolate(b, self.plugin.proc.pid)
             self.plugin.wait_ready()
         ls = b.rt.run_pod("web", "Burstable", LS)
         serve = ["/bin/coloc", "serve", "-addr", f"127.0.0.1:{b.port}", "-iters", str(b.iters)]
@@ -310,11 +327,13 @@ class Node:
         self.ls_acct = harness.CGROUP_FS / "cpuacct" / ls.config.linux.cgroup_parent.lstrip("/")
         wait_http(b.url)
         self.be_ids: list[str] = []
+        self.be_pods: list[Path] = []  # their pod cgroups (cpu)
         if cfg.be:
             for name, cmd in (("cpu", ["-threads", "2"]), ("mem", ["-mib", "64"])):
                 pod = b.rt.run_pod(f"batch-{name}", "BestEffort", BE)
                 argv = ["/bin/coloc", name, *cmd, "-out", f"/out/{name}"]
                 self.be_ids.append(start_container(b.rt, pod, argv, 2, {self.out: "/out"}))
+                self.be_pods.append(harness.CGROUP_FS / "cpu" / pod.config.linux.cgroup_parent.lstrip("/"))
             deadline = time.monotonic() + 20
             while not all((self.out / n).exists() for n in ("cpu", "mem")):
                 if time.monotonic() > deadline:
@@ -341,8 +360,16 @@ class Node:
             "stat": Path("/proc/stat").read_text(),
             "ls_s": int((self.ls_acct / "cpuacct.usage").read_text()) / 1e9,
             "be_s": int(be_acct.read_text()) / 1e9 if be_acct.exists() else 0.0,
+            "tree_s": int((harness.CGROUP_FS / "cpuacct" / self.b.rt.cgroup_root / "cpuacct.usage").read_text()) / 1e9,
             "counters": self.counters(),
         }
+
+    def be_idle(self) -> str:
+        """``cpu.idle`` of the besteffort group and of BE's pod cgroups, e.g. ``0/1,1``: where
+        SCHED_IDLE applies (the kernel compares idleness between siblings)."""
+        group = cpu_dir(self.b.rt, "cpu", "besteffort", "cpu.idle")
+        pods = ",".join((p / "cpu.idle").read_text().strip() for p in self.be_pods if (p / "cpu.idle").exists())
+        return f"{group.read_text().strip() if group.exists() else '-'}/{pods or '-'}"
 
     def be_running(self) -> int:
         assert self.b.rt.cri is not None
@@ -384,8 +411,10 @@ def figures(node: Node, s0: dict[str, Any], s1: dict[str, Any], limits: list[flo
     c0, c1 = s0["counters"], s1["counters"]
     known = [x for x in limits if x is not None]
     plugin = node.plugin
+    host = cpu_util(s0["stat"], s1["stat"])
     return {
-        "node_cpu_util": cpu_util(s0["stat"], s1["stat"]),
+        "node_cpu_util": (s1["tree_s"] - s0["tree_s"]) / dt / node.b.cpus if node.b.isolate else host,
+        "host_cpu_util": host,
         "ls_cores": (s1["ls_s"] - s0["ls_s"]) / dt,
         "be_cores": (s1["be_s"] - s0["be_s"]) / dt,
         "be_ops_s": {n: counter_rate(c0[n], c1[n]) for n in c1},
@@ -393,6 +422,7 @@ def figures(node: Node, s0: dict[str, Any], s1: dict[str, Any], limits: list[flo
         "be_limit_unlimited_share": (len(limits) - len(known)) / len(limits) if limits else None,
         "evictions": plugin.metric_sum("nriplugin_qos_evictions_total") if plugin is not None else 0.0,
         "be_running": node.be_running(),
+        "be_cpu_idle": node.be_idle(),
     }
 
 
@@ -407,6 +437,7 @@ def measure(b: Bench, node: Node, rate: float | None) -> dict[str, Any]:
     cmd = [str(b.binary), "load", "-url", b.url, "-rate", f"{rate:g}", "-seconds", f"{b.warmup + b.window:g}"]
     proc = subprocess.Popen([*cmd, "-timeout", f"{TIMEOUT_S:g}s"], stdout=subprocess.PIPE, text=True)
     try:
+        isolate(b, proc.pid)
         assert proc.stdout is not None
         first = proc.stdout.readline()
         t0 = int(first.split()[1]) / 1e9
@@ -441,7 +472,10 @@ def calibrate_rates(b: Bench, fractions: list[float]) -> tuple[list[float], floa
         ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         ls0 = node.snapshot()["ls_s"]
         cmd = [str(b.binary), "load", "-url", b.url, "-rate", "200", "-seconds", "5"]
-        _, reqs = parse_load(subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        isolate(b, proc.pid)
+        out, _ = proc.communicate(timeout=60)
+        _, reqs = parse_load(out)
         ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         ls1 = node.snapshot()["ls_s"]
     finally:
@@ -473,7 +507,8 @@ def line(cfg: str, m: dict[str, Any]) -> str:
     return (
         f"{cfg:>16} @ {m['rate_rps'] or 0:>5.0f}/s: p50/p99/p99.9 {ps} ms, errors {m.get('errors', 0)}, "
         f"util {m['node_cpu_util']:.2f}, LS {m['ls_cores']:.2f} BE {m['be_cores']:.2f} cores (limit {lim}), "
-        f"BE ops/s {ops or '-'}, lag p99 {m.get('send_lag_p99_ms') or 0:.2f} ms"
+        f"BE ops/s {ops or '-'}, lag p99 {m.get('send_lag_p99_ms') or 0:.2f} ms, evictions {m['evictions']:.0f}, "
+        f"BE running {m['be_running']}, cpu.idle BE group/pods {m['be_cpu_idle']}"
     )
 
 
@@ -517,6 +552,7 @@ def pooled(rounds: list[dict[str, Any]], reference: dict[str, float]) -> dict[st
         "requests": sum(m.get("requests", 0) for m in rounds),
         "errors": sum(m.get("errors", 0) for m in rounds),
         "node_cpu_util": mean(rounds, "node_cpu_util"),
+        "host_cpu_util": mean(rounds, "host_cpu_util"),
         "be_throughput": statistics.fmean(shares) if shares else 0.0,
         "be_ops_s": ops,
         "ls_cores": mean(rounds, "ls_cores"),
@@ -525,6 +561,7 @@ def pooled(rounds: list[dict[str, Any]], reference: dict[str, float]) -> dict[st
         "send_lag_p99_ms": mean(rounds, "send_lag_p99_ms"),
         "evictions": sum(m["evictions"] for m in rounds),
         "be_running_min": min(m["be_running"] for m in rounds),
+        "be_cpu_idle": rounds[-1].get("be_cpu_idle"),
     }
 
 
@@ -651,6 +688,12 @@ def write_section(path: Path, s: dict[str, Any], command: str, plot: Path | None
     cfgs = s["configs"]
     knee = next((c["knee"]["rate_rps"] for c in cfgs.values() if "knee" in c), None)
     ref = ", ".join(f"{k} {v:.0f}" for k, v in s["be_alone"]["be_ops_s"].items())
+    iso = (
+        "\nRun with `--isolate`: the node under test (pods, load generator, agent) had the top CPU weight "
+        "against the rest of the host, and node CPU is what its cgroup tree used."
+        if s.get("isolate")
+        else ""
+    )
     png = f"\n![LS latency tails and utilization]({plot})\n" if plot is not None else ""
     section = f"""<!-- colocation:begin -->
 ## Colocation: LS tail latency, node utilization, BE progress (`bench/colocation.py`)
@@ -663,7 +706,7 @@ BE: a CPU-bound pod (2 threads) and a cache-thrashing pod (64 MiB), BestEffort, 
 Per request the node spends {s["cost_ms"]:.2f} ms of CPU (LS and the load generator, measured
 alone). {s["rounds"]} round(s), configurations alternating, each on a fresh node; per level
 {s["warmup"]:g} s of warm-up then a {s["seconds"]:g} s window; percentiles over every request of
-every round. BE throughput is the workers' mean ops/s as a share of BE alone on the node ({ref}).
+every round. BE throughput is the workers' mean ops/s as a share of BE alone on the node ({ref}).{iso}
 
 Moderate load, {cfgs["alone"]["rate_rps"]:.0f} requests/s:
 
@@ -692,6 +735,11 @@ def main() -> int:
     ap.add_argument("--rates", type=floats, help="LS requests/s per level, e.g. 300,600 (default: from --load)")
     ap.add_argument("--load", type=floats, default=[0.35, 0.7], help="levels as fractions of the node's CPUs")
     ap.add_argument("--work-us", type=int, default=1000, help="LS work per request, µs on this host")
+    ap.add_argument(
+        "--isolate",
+        action="store_true",
+        help="shared machine: the node under test gets the top CPU weight, utilization from its own cgroup tree",
+    )
     ap.add_argument("--configs", help="comma-separated subset of " + ",".join(c.name for c in CONFIGS))
     ap.add_argument("--plot", type=Path)
     ap.add_argument("--write", type=Path)
@@ -712,7 +760,7 @@ def main() -> int:
         rt.start()
         rt.import_images()
         import_image(rt, binary)
-        b = Bench(rt, binary, iters, free_port(), args.warmup, args.seconds)
+        b = Bench(rt, binary, iters, free_port(), args.warmup, args.seconds, args.isolate)
         rates, cost = calibrate_rates(b, args.load)
         rates = args.rates or rates
         print(f"LS work {iters} iterations ({args.work_us} µs), {cost * 1e3:.2f} ms CPU per request; rates {rates}")
