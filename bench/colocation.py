@@ -264,7 +264,7 @@ def fresh_node(b: Bench) -> None:
         top = harness.CGROUP_FS / "cpu" / b.rt.cgroup_root
         (top / "cpu.shares").write_text(str(MAX_SHARES))
         for c in ("cpu", "cpuacct"):
-            (harness.CGROUP_FS / c / b.rt.cgroup_root / "bench").mkdir(exist_ok=True)
+            (harness.CGROUP_FS / c / b.rt.cgroup_root / "bench").mkdir(parents=True, exist_ok=True)
 
 
 def isolate(b: Bench, pid: int) -> None:
@@ -423,7 +423,14 @@ def figures(node: Node, s0: dict[str, Any], s1: dict[str, Any], limits: list[flo
         "evictions": plugin.metric_sum("nriplugin_qos_evictions_total") if plugin is not None else 0.0,
         "be_running": node.be_running(),
         "be_cpu_idle": node.be_idle(),
+        "agent_log": agent_log(plugin) if plugin is not None else [],
     }
+
+
+def agent_log(plugin: PluginProcess, last: int = 6) -> list[str]:
+    """The agent's last BE-limit and eviction lines: why BE had what it had."""
+    keep = [ln[:400] for ln in plugin.logs().splitlines() if "BE limited to" in ln or "evict" in ln.lower()]
+    return keep[-last:]
 
 
 def measure(b: Bench, node: Node, rate: float | None) -> dict[str, Any]:
@@ -523,6 +530,8 @@ def run(b: Bench, configs: list[Config], rates: list[float], rounds: int) -> dic
                     raw[cfg.name].append([])
                 raw[cfg.name][i].append(m)
                 print(f"round {r + 1}/{rounds} {line(cfg.name, m)}", flush=True)
+                for ln in m["agent_log"] if i == len(ms) - 1 else ():
+                    print(f"    agent: {ln}", flush=True)
     return raw
 
 
@@ -671,6 +680,12 @@ def targets(configs: dict[str, Any]) -> str:
         a, alone, none = (configs[n].get(key) if key else configs[n] for n in ("agent", "alone", "no-agent"))
         if not (a and alone and none) or None in (a["ls_p99_ms"], alone["ls_p99_ms"], none["ls_p99_ms"]):
             continue
+        if alone["errors"]:
+            out.append(
+                f"- {label} load ({a['rate_rps']:.0f} requests/s): not judged: LS alone failed {alone['errors']} of "
+                f"{alone['requests']} requests, the level is beyond what the node serves"
+            )
+            continue
         r, util = a["ls_p99_ms"] / alone["ls_p99_ms"], a["node_cpu_util"] * 100
         out.append(
             f"- {label} load ({a['rate_rps']:.0f} requests/s): agent p99 {r:.2f}x LS alone (target <= 1.1x: "
@@ -727,7 +742,7 @@ def floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x]
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=60.0, help="measured window per configuration and level")
     ap.add_argument("--warmup", type=float, default=10.0)
@@ -744,7 +759,11 @@ def main() -> int:
     ap.add_argument("--plot", type=Path)
     ap.add_argument("--write", type=Path)
     ap.add_argument("--json", type=Path, help="also save the raw results (every latency) here")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
     if os.geteuid() != 0 or not (harness.CGROUP_FS / "cpu" / "cpu.cfs_quota_us").exists():
         print("needs root and cgroup v1 (containerd, cgroups)", file=sys.stderr)
         return 2
