@@ -655,8 +655,8 @@ def ms(v: float | None) -> str:
 def table(configs: dict[str, Any], knee: bool) -> str:
     rows = [
         "| configuration | LS p50 / p99 / p99.9, ms | p99 vs alone | errors | node CPU | LS / BE cores | "
-        "BE limit, cores | BE throughput (of BE alone) | evictions |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "BE limit, cores | BE throughput (of BE alone) | evictions | send lag p99, ms |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     alone = configs["alone"].get("knee") if knee else configs["alone"]
     for name, c in configs.items():
@@ -668,7 +668,8 @@ def table(configs: dict[str, Any], knee: bool) -> str:
             f"| {name} | {ms(m['ls_p50_ms'])} / {ms(m['ls_p99_ms'])} / {ms(m['ls_p999_ms'])} | "
             f"{ratio(m['ls_p99_ms'], alone['ls_p99_ms'] if alone else None)} | {m['errors']} of {m['requests']} | "
             f"{m['node_cpu_util'] * 100:.0f} % | {m['ls_cores']:.2f} / {m['be_cores']:.2f} | "
-            f"{lim if name not in ('alone',) else '-'} | {m['be_throughput'] * 100:.0f} % | {m['evictions']:.0f} |"
+            f"{lim if name not in ('alone',) else '-'} | {m['be_throughput'] * 100:.0f} % | {m['evictions']:.0f} | "
+            f"{ms(m['send_lag_p99_ms'])} |"
         )
     return "\n".join(rows)
 
@@ -721,7 +722,9 @@ BE: a CPU-bound pod (2 threads) and a cache-thrashing pod (64 MiB), BestEffort, 
 Per request the node spends {s["cost_ms"]:.2f} ms of CPU (LS and the load generator, measured
 alone). {s["rounds"]} round(s), configurations alternating, each on a fresh node; per level
 {s["warmup"]:g} s of warm-up then a {s["seconds"]:g} s window; percentiles over every request of
-every round. BE throughput is the workers' mean ops/s as a share of BE alone on the node ({ref}).{iso}
+every round. BE throughput is the workers' mean ops/s as a share of BE alone on the node ({ref}).
+Send lag is how late the generator itself sent (its p99, averaged over rounds): large values
+mean the host starved the generator, and the level's tail says more about the host than LS.{iso}
 
 Moderate load, {cfgs["alone"]["rate_rps"]:.0f} requests/s:
 
