@@ -33,6 +33,8 @@ order reversed every other round):
 - two levers the agent's policy already has: ``agent+idle``, the default with
   ``cpuPolicy: coreSched`` (BE's cgroups get ``cpu.idle`` 1: SCHED_IDLE), and ``idle-only``,
   the same with the QoS manager off (BE as SCHED_IDLE and no quota: all the CPU LS leaves);
+  and ``budget90``, the default with the usage budget at 90 % of the node instead of 65 % and
+  CPUEvict off (the budget caps node utilization at its threshold whenever BE fills the node);
 - ``be-alone``: BE's reference throughput (above), no load.
 Each LS configuration is measured at two load levels, one after the other on the same pods: a
 moderate one and one near the knee, by default ``--load`` 0.35 and 0.7 of the node's CPUs at
@@ -213,6 +215,12 @@ class Config:
 
 IDLE = "resourceQOSStrategy:\n  policies:\n    cpuPolicy: coreSched\n"  # BE's cgroups get cpu.idle = 1
 
+# a generous usage budget: BE may fill the node up to 90 % (not 65 %), and no CPUEvict (which on
+# cgroup v1 reads the node's PSI as LS's stall, BE's own waits included)
+BUDGET90 = (
+    "resourceUsedThresholdWithBE:\n  cpuSuppressThresholdPercent: 90\nqosManager:\n  cpuEvict:\n    enabled: false\n"
+)
+
 CONFIGS = [
     Config("alone", be=False),
     Config("no-agent"),
@@ -222,6 +230,7 @@ CONFIGS = [
     # levers (the agent's own policy knobs): BE as SCHED_IDLE with the default suppression, and alone
     Config("agent+idle", agent=True, policy=IDLE),
     Config("idle-only", agent=True, policy=IDLE + "qosManager:\n  enable: false\n"),
+    Config("budget90", agent=True, policy=BUDGET90),
     Config("be-alone", load=False),
 ]
 
