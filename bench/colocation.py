@@ -51,8 +51,14 @@ Prints one line per configuration and level as it goes and, last, one JSON line
 ``ls_p50_ms``, ``ls_p99_ms``, ``ls_p999_ms``, ``node_cpu_util`` (0-1), ``be_throughput`` at the
 moderate level, and the same under ``knee``. No figure is asserted.
 
+``--isolate`` is for a shared machine only (development): the node under test (the pods, the
+load generator and the agent, in our top cgroup) gets cgroup v1's highest CPU weight against the
+rest of the host, and node utilization is what that tree uses instead of /proc/stat. The agent
+still sees the whole host (its usage budget counts the other work as the system's).
+
 Usage (root, cgroup v1): .venv/bin/python -m bench.colocation [--seconds 60] [--rounds 2]
-       [--rates R1,R2 | --load 0.35,0.7] [--plot bench/colocation.png] [--write BENCHMARKS.md]
+       [--rates R1,R2 | --load 0.35,0.7] [--configs alone,no-agent,...] [--isolate]
+       [--plot bench/colocation.png] [--write BENCHMARKS.md]
 """
 
 from __future__ import annotations
