@@ -106,3 +106,83 @@ def oci_archive(busybox: Path, name: str, entrypoint: list[str], out: Path) -> P
         entries.append((i, content))
     out.write_bytes(_tar_bytes(entries))
     return out
+
+
+def files_layer(files: dict[str, Path]) -> bytes:
+    """A layer holding host files at the given paths in the image (executable, e.g. static
+    binaries built for a benchmark), with their parent folders."""
+    entries: list[tuple[tarfile.TarInfo, bytes | None]] = []
+    folders: set[str] = set()
+    for dest, src in sorted(files.items()):
+        parts = dest.strip("/").split("/")
+        for k in range(1, len(parts)):
+            d = "/".join(parts[:k])
+            if d not in folders:
+                folders.add(d)
+                entries.append(_dir(d))
+        data = src.read_bytes()
+        f = tarfile.TarInfo("/".join(parts))
+        f.size, f.mode = len(data), 0o755
+        entries.append((f, data))
+    return _tar_bytes(entries)
+
+
+def oci_archive_layers(layers: list[bytes], name: str, entrypoint: list[str], out: Path) -> Path:
+    """Like :func:`oci_archive`, with any layers (lowest first): e.g. busybox's and a
+    :func:`files_layer` on top, for ``ctr images import``."""
+    diff_ids = ["sha256:" + hashlib.sha256(layer).hexdigest() for layer in layers]
+    config = json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {"Entrypoint": entrypoint, "Env": ["PATH=/bin"], "WorkingDir": "/"},
+            "rootfs": {"type": "layers", "diff_ids": diff_ids},
+        },
+        sort_keys=True,
+    ).encode()
+    manifest = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": "sha256:" + hashlib.sha256(config).hexdigest(),
+                "size": len(config),
+            },
+            "layers": [
+                {"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": d, "size": len(layer)}
+                for d, layer in zip(diff_ids, layers, strict=True)
+            ],
+        },
+        sort_keys=True,
+    ).encode()
+    index = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.index.v1+json",
+            "manifests": [
+                {
+                    "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                    "digest": "sha256:" + hashlib.sha256(manifest).hexdigest(),
+                    "size": len(manifest),
+                    "platform": {"architecture": "amd64", "os": "linux"},
+                    "annotations": {
+                        "io.containerd.image.name": name,
+                        "org.opencontainers.image.ref.name": name.rsplit(":", 1)[1],
+                    },
+                }
+            ],
+        },
+        sort_keys=True,
+    ).encode()
+    entries: list[tuple[tarfile.TarInfo, bytes | None]] = [_dir("blobs"), _dir("blobs/sha256")]
+    for blob in dict.fromkeys([*layers, config, manifest]):  # a blob once, however often it is used
+        i = tarfile.TarInfo("blobs/sha256/" + hashlib.sha256(blob).hexdigest())
+        i.size, i.mode = len(blob), 0o644
+        entries.append((i, blob))
+    for fname, content in (("oci-layout", b'{"imageLayoutVersion":"1.0.0"}'), ("index.json", index)):
+        i = tarfile.TarInfo(fname)
+        i.size, i.mode = len(content), 0o644
+        entries.append((i, content))
+    out.write_bytes(_tar_bytes(entries))
+    return out
