@@ -48,64 +48,8 @@ def busybox_layer(busybox: Path) -> bytes:
 
 
 def oci_archive(busybox: Path, name: str, entrypoint: list[str], out: Path) -> Path:
-    layer = busybox_layer(busybox)
-    layer_digest = "sha256:" + hashlib.sha256(layer).hexdigest()
-    config = json.dumps(
-        {
-            "architecture": "amd64",
-            "os": "linux",
-            "config": {"Entrypoint": entrypoint, "Env": ["PATH=/bin"], "WorkingDir": "/"},
-            "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
-        },
-        sort_keys=True,
-    ).encode()
-    config_digest = "sha256:" + hashlib.sha256(config).hexdigest()
-    manifest = json.dumps(
-        {
-            "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "config": {
-                "mediaType": "application/vnd.oci.image.config.v1+json",
-                "digest": config_digest,
-                "size": len(config),
-            },
-            "layers": [
-                {"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer_digest, "size": len(layer)}
-            ],
-        },
-        sort_keys=True,
-    ).encode()
-    manifest_digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
-    index = json.dumps(
-        {
-            "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.index.v1+json",
-            "manifests": [
-                {
-                    "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                    "digest": manifest_digest,
-                    "size": len(manifest),
-                    "platform": {"architecture": "amd64", "os": "linux"},
-                    "annotations": {
-                        "io.containerd.image.name": name,
-                        "org.opencontainers.image.ref.name": name.rsplit(":", 1)[1],
-                    },
-                }
-            ],
-        },
-        sort_keys=True,
-    ).encode()
-    entries: list[tuple[tarfile.TarInfo, bytes | None]] = [_dir("blobs"), _dir("blobs/sha256")]
-    for blob in (layer, config, manifest):
-        i = tarfile.TarInfo("blobs/sha256/" + hashlib.sha256(blob).hexdigest())
-        i.size, i.mode = len(blob), 0o644
-        entries.append((i, blob))
-    for fname, content in (("oci-layout", b'{"imageLayoutVersion":"1.0.0"}'), ("index.json", index)):
-        i = tarfile.TarInfo(fname)
-        i.size, i.mode = len(content), 0o644
-        entries.append((i, content))
-    out.write_bytes(_tar_bytes(entries))
-    return out
+    """An image of busybox alone, as an OCI layout tar for ``ctr images import``."""
+    return oci_archive_layers([busybox_layer(busybox)], name, entrypoint, out)
 
 
 def files_layer(files: dict[str, Path]) -> bytes:
@@ -128,8 +72,8 @@ def files_layer(files: dict[str, Path]) -> bytes:
 
 
 def oci_archive_layers(layers: list[bytes], name: str, entrypoint: list[str], out: Path) -> Path:
-    """Like :func:`oci_archive`, with any layers (lowest first): e.g. busybox's and a
-    :func:`files_layer` on top, for ``ctr images import``."""
+    """An image of any layers (lowest first): e.g. busybox's and a :func:`files_layer` on top,
+    as an OCI layout tar for ``ctr images import``."""
     diff_ids = ["sha256:" + hashlib.sha256(layer).hexdigest() for layer in layers]
     config = json.dumps(
         {
