@@ -70,9 +70,7 @@ def test_be_groups_follow_either_driver() -> None:
     ]
 
 
-def test_lowering_and_raising_be_in_one_batch_is_never_refused(
-    be_group: str, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_lowering_and_raising_be_in_one_batch_is_never_refused(be_group: str, caplog: pytest.LogCaptureFixture) -> None:
     """The suppressor's calls in either order within one callback (overlay first, the kernel's
     wrong order for a cut): the batch lowers the container, then the pod, then the group, and
     raises them the other way round. No write is refused, nothing waits out a backoff."""
@@ -96,7 +94,7 @@ def test_lowering_and_raising_be_in_one_batch_is_never_refused(
                 node.desired.set_overlay(group, SUPPRESS, {"cpu.cfs_quota_us": int(cores * 100000)}, "test")
                 node.desired.set_ceiling(QoSClass.BE, cores, SUPPRESS, "test")
                 want = str(int(min(cores, 1.0) * 100000))
-                await until(lambda w=want: quota(rel) == w and quota(f"{be_group}/pod11") == w)  # type: ignore[misc]
+                await until(lambda w=want: quota(rel) == w and quota(f"{be_group}/pod11") == w)
                 assert quota(be_group) == str(int(cores * 100000))
             assert r.rejections == 0
             assert not [f for f in r.files.values() if f.refused]

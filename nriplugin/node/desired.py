@@ -365,7 +365,7 @@ class DesiredState:
         self._held[group.strip("/")] = None if cores is False else cores
         self._recap(qos)
 
-    def _read_held(self, group: str) -> float | None | Literal[False]:
+    def _read_held(self, group: str) -> float | Literal[False] | None:
         """The group's CFS bandwidth in cores (None: no limit; False: no such group)."""
         key = GROUP_PREFIX + group
         quota = self.current(key, "cpu.cfs_quota_us")

@@ -402,7 +402,8 @@ class Reconciler:
                 if not self._may_repair(path, s.resource, key):
                     continue
             wrong.append(s)
-        if rising is not None and any(s.resource == QUOTA for s in wrong) and self.writer.quota_rises(entry.group, want):
+        quota_moves = any(s.resource == QUOTA for s in wrong)
+        if rising is not None and quota_moves and self.writer.quota_rises(entry.group, want):
             rising.append(key)
             return 0
         writes = 0
