@@ -23,8 +23,7 @@ from testkit.plugin import PluginProcess, until
 from testkit.workloads import BE, LS, running
 
 BATCH = (
-    '{"containers":{"main":{"requests":{"kubernetes.io/batch-cpu":"500"},'
-    '"limits":{"kubernetes.io/batch-cpu":"1k"}}}}'
+    '{"containers":{"main":{"requests":{"kubernetes.io/batch-cpu":"500"},"limits":{"kubernetes.io/batch-cpu":"1k"}}}}'
 )
 # BE's limit from the LS request alone: one ratio at every level, no usage budget; raises after
 # half a second, so a test sees a few cuts and raises.
@@ -111,18 +110,9 @@ def test_be_pods_created_while_the_agent_restarts_under_the_cut_start(
     for restart in range(2):
         made: list[tuple[Pod, str]] = []
         errors: list[str] = []
-
-        def create(n: int, restart: int = restart, made: list[tuple[Pod, str]] = made) -> None:
-            for i in range(n):
-                try:
-                    made.append(be_pod(runtime, f"batch-{restart}-{i}"))
-                except Exception as exc:  # what kubelet would see: the pod fails to start
-                    errors.append(f"batch-{restart}-{i}: {exc}")
-                time.sleep(0.25)
-
         first.proc.kill()
         first.proc.wait()
-        maker = threading.Thread(target=create, args=(12,))
+        maker = threading.Thread(target=create_be_pods, args=(runtime, f"batch-{restart}", 12, made, errors))
         maker.start()
         time.sleep(0.3)
         first = plugin_factory(runtime, "--policy", str(policy), wait=False)
@@ -134,3 +124,13 @@ def test_be_pods_created_while_the_agent_restarts_under_the_cut_start(
         until(converged(runtime, pods, FLOOR), 15, f"restart {restart}: BE pods not converged under the cut")
         assert refused(first) == []
         assert "holds 0.10 cores" in first.logs()  # learned before its first answer
+
+
+def create_be_pods(rt: Containerd, prefix: str, n: int, made: list[tuple[Pod, str]], errors: list[str]) -> None:
+    """``n`` BE pods, one every 0.25 s; a pod that fails to start is what kubelet would see."""
+    for i in range(n):
+        try:
+            made.append(be_pod(rt, f"{prefix}-{i}"))
+        except Exception as exc:
+            errors.append(f"{prefix}-{i}: {exc}")
+        time.sleep(0.25)
