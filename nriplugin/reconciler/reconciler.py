@@ -402,12 +402,29 @@ class Reconciler:
                 if not self._may_repair(path, s.resource, key):
                     continue
             wrong.append(s)
-        quota_moves = any(s.resource == QUOTA for s in wrong)
+        quota_moves = applying and any(s.resource == QUOTA for s in wrong)
         if rising is not None and quota_moves and self.writer.quota_rises(entry.group, want):
             rising.append(key)
             return 0
-        writes = 0
-        for s, res in self.writer.apply(entry.group, wrong, key, period=period, force=True):
+        writes, written = self._write(entry.group, key, wrong, paths, period, applying, retrying, event_time)
+        if only is None and complete and written:
+            entry.applied = gen
+        return writes
+
+    def _write(
+        self,
+        group: str,
+        key: str,
+        wrong: list[Setting],
+        paths: dict[tuple[str, str], str],
+        period: int | None,
+        applying: bool,
+        retrying: bool,
+        event_time: float | None,
+    ) -> tuple[int, bool]:
+        """Write the settings that differ; returns the writes made and whether none was refused."""
+        writes, complete = 0, True
+        for s, res in self.writer.apply(group, wrong, key, period=period, force=True):
             if res.status == "written":
                 writes += 1
                 st = self.files.get(paths[s.key])
@@ -420,9 +437,7 @@ class Reconciler:
                 self.observer.write_error(res.errno)
                 self._refused(paths[s.key], key, s.resource, retrying)
                 complete = False
-        if only is None and complete:
-            entry.applied = gen
-        return writes
+        return writes, complete
 
     def _refused(self, path: str, key: str, resource: str, retrying: bool) -> None:
         """The kernel refused a write. Within a batch it is tried again after the rest;
