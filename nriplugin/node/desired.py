@@ -294,10 +294,19 @@ class DesiredState:
         for fn in self._listeners:
             fn(keys)
 
-    def set_overlay(self, key: str, owner: str, values: dict[str, int | str], reason: str) -> bool:
+    def set_overlay(
+        self,
+        key: str,
+        owner: str,
+        values: dict[str, int | str],
+        reason: str,
+        before: dict[str, int | str] | None = None,
+    ) -> bool:
         """Layer ``owner``'s decision over ``key``'s desired state; re-applies that key only.
         Where no feature sets a resource, the value it replaces is remembered and comes back
-        when the last overlay on it is withdrawn (for a container: what the runtime asked)."""
+        when the last overlay on it is withdrawn (for a container: what the runtime asked;
+        ``before``: what the owner knows it was, when the file may still hold a previous
+        agent's overlay)."""
         try:
             have = self.intent(key)
         except FeatureFailed:
@@ -311,7 +320,10 @@ class DesiredState:
             ):
                 continue
             asked = requested(r.container, resource) if r is not None else None
-            new[resource] = None if asked is not None else self.current(key, resource)
+            if before is not None and resource in before:
+                new[resource] = before[resource]
+            else:
+                new[resource] = None if asked is not None else self.current(key, resource)
         if not self.overlays.set(key, owner, values, reason):  # raises on a bad value: nothing kept
             return False
         if new:

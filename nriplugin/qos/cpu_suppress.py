@@ -263,7 +263,9 @@ class CPUSuppressStrategy(Strategy):
         for group in self.host.groups:
             desired.bound(QoSClass.BE, group)
             key = self.host.owner.own_group(group)
-            desired.set_overlay(key, SUPPRESS, values, why)
+            # kubelet sets no quota on its QoS-level groups: lifting BE's limit restores none,
+            # whatever a previous agent's cut the group held when this one started
+            desired.set_overlay(key, SUPPRESS, values, why, before={"cpu.cfs_quota_us": -1})
             self._applied.add(key)
 
     def _apply_cpuset(self, new: float, before: float | None, why: str) -> str | None:
