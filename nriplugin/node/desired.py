@@ -342,28 +342,24 @@ class DesiredState:
 
     def bound(self, qos: QoSClass, group: str) -> None:
         """``group`` is a QoS-level group above every pod of ``qos`` (BE's): what it holds
-        bounds them (see ``_held``); followed from now on through :meth:`group_written`."""
+        bounds them (see ``_held``), read now and followed from now on through
+        :meth:`group_written`."""
         group = group.strip("/")
-        if self._bounds.get(group) is not qos:
-            self._bounds[group] = qos
-            self._held.setdefault(group, None)
+        if self._bounds.get(group) is qos:
+            return
+        self._bounds[group] = qos
+        cores = self._read_held(group)
+        self._held[group] = None if cores is False else cores
+        self._recap(qos)
 
     def learn_held(self, qos: QoSClass, groups: Iterable[str]) -> dict[str, float]:
         """Read what the kernel holds on ``groups`` (those that exist), QoS-level groups above
         every pod of ``qos``, before the first hook is answered: a restarted agent caps new
         containers at what the previous one left. Returns the limited ones (cores)."""
-        found: dict[str, float] = {}
         for g in groups:
-            g = g.strip("/")
-            cores = self._read_held(g)
-            if cores is False:
-                continue
-            self.bound(qos, g)
-            self._held[g] = cores
-            if cores is not None:
-                found[g] = cores
-        self._recap(qos)
-        return found
+            if self._read_held(g.strip("/")) is not False:
+                self.bound(qos, g)
+        return {g: c for g, c in self._held.items() if c is not None and self._bounds.get(g) is qos}
 
     def group_written(self, group: str, resource: str) -> None:
         """The one writer wrote ``resource`` of ``group``: when it is a bounding group's CFS
