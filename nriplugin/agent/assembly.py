@@ -382,7 +382,8 @@ class Agent:
         from nriplugin.qos.collect import Collector
         from nriplugin.qos.manager import QoSManager
 
-        collector = Collector(node.model, node.desired, node.cgroups)
+        proc = Path(self.ns.proc_root)
+        collector = Collector(node.model, node.desired, node.cgroups, proc_root=proc)
         qos = QoSManager(
             node.model,
             node.desired,
@@ -391,6 +392,7 @@ class Agent:
             rules,
             observer=QoSMetrics(metrics),
             eviction=self.build_eviction(node, rules, metrics, collector),
+            psi_path=str(proc / "pressure" / "cpu"),
         )
         net = self.build_net(node, rules, metrics, loaded.invalid)
         server = await self.serve_http(metrics, stub, qos)

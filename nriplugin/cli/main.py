@@ -105,6 +105,12 @@ def run_node_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--policy", help="policy YAML (ours or a NodeSLO object); hot-reloaded; default: embedded")
     run.add_argument("--cgroup-root", default="/sys/fs/cgroup", help="cgroup mount (default %(default)s)")
     run.add_argument(
+        "--proc-root",
+        default="/proc",
+        help="the host's /proc, where the QoS manager reads node CPU, memory and pressure (default "
+        "%(default)s; a DaemonSet without hostPID mounts the host's elsewhere, e.g. /host/proc)",
+    )
+    run.add_argument(
         "--net-namespace",
         default=None,
         help="network namespace whose pod veths network QoS shapes (default: the agent's own; a "
