@@ -72,6 +72,12 @@ WEIGHT_MAPPINGS: dict[str, tuple[Callable[[int], int], Callable[[int], int]]] = 
 }
 
 
+# cgroup v2: a group with cpu.idle=1 runs at the minimum weight, reads its cpu.weight as 0 and
+# refuses (EINVAL) any weight written until cpu.idle is 0 again (which resets it to 100). The
+# default policy gives BE both cpu.idle=1 and shares: the weight is then in place, not drift.
+IDLE_WEIGHT = "0"
+
+
 class InvalidValue(ValueError):
     pass
 
@@ -357,8 +363,9 @@ class Cgroups:
         if resource in PAGE_ROUNDED:
             return isinstance(have, int) and have == value // 4096 * 4096
         if self.version is Version.V2 and resource == "cpu.shares":
-            # either runtime's conversion of the value is the value: not drift to "repair"
-            return text.strip() in {str(to(value)) for to, _ in WEIGHT_MAPPINGS.values()}
+            # either runtime's conversion of the value is the value: not drift to "repair";
+            # nor is an idle group's weight (see IDLE_WEIGHT)
+            return text.strip() in {IDLE_WEIGHT, *(str(to(value)) for to, _ in WEIGHT_MAPPINGS.values())}
         if self.version is Version.V2 and res.to_v2 is not None:
             return isinstance(have, int) and res.to_v2(have) == res.to_v2(value)
         return have == value
@@ -424,6 +431,8 @@ class Cgroups:
         except OSError as exc:
             # The kernel refused: either it lacks the feature or the value is out of its own
             # bounds. Re-probe the feature at the top of the hierarchy before deciding.
+            if exc.errno == errno.EINVAL and self._idle_weight(resource, path):
+                return Outcome("unchanged", exc.errno, f"{path.parent}: cpu.idle=1, the kernel keeps its weight")
             refused = exc.errno in (errno.EINVAL, errno.EPERM, errno.EACCES, errno.EOPNOTSUPP)
             if refused and not self.supported(resource):
                 self._mark_unsupported(resource, f"{exc.strerror} writing {path.name}")
@@ -432,6 +441,15 @@ class Cgroups:
         finally:
             os.close(fd)
         return Outcome("written")
+
+    def _idle_weight(self, resource: str, path: Path) -> bool:
+        """Is ``path`` the weight of an idle group (v2 refuses any weight written there)?"""
+        if self.version is not Version.V2 or resource != "cpu.shares":
+            return False
+        try:
+            return _read(path) == IDLE_WEIGHT
+        except OSError:
+            return False
 
     def supported(self, resource: str) -> bool:
         """Does the kernel have ``resource``'s file (probed at the top of its hierarchy)?"""
