@@ -8,6 +8,7 @@ once (the caller logs it), then skipped without touching the file again.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import math
 import os
@@ -200,6 +201,7 @@ class Cgroups:
         self._prefix = self._root.rstrip("/")  # "" for a root of "/": paths are joined to it
         self._real_bases: dict[str, str] = {}
         self._resolved: dict[str, str] = {}  # directory -> its real path
+        self._child_files: frozenset[str] | None = None  # v2 with no group yet: a probe group's files
         if self.version is None:
             self.version = detect_version(self.root)
 
@@ -460,7 +462,11 @@ class Cgroups:
             return False
         # v2 has no cpu.max/memory.max at the root: look one level down.
         probe = _first_child(self.root)
-        return probe is not None and (probe / res.v2).exists()
+        if probe is not None:
+            return (probe / res.v2).exists()
+        if self._child_files is None:
+            self._child_files = _probe_child(self.root)
+        return res.v2 in self._child_files
 
     def _mark_unsupported(self, resource: str, why: str) -> None:
         if resource not in self.unsupported:
@@ -484,6 +490,26 @@ def detect_version(root: Path) -> Version:
     if ctl.exists() and ctl.read_text().split():
         return Version.V2
     return Version.V1
+
+
+def _probe_child(root: Path) -> frozenset[str]:
+    """The files a new group gets on a v2 tree that has no group yet (a fresh node with the
+    cgroupfs driver: found on the real kernel, where the agent then took every v2 file for
+    missing): a transient group made under the root, listed and removed."""
+    probe = root / f"nriplugin-probe-{os.getpid()}"
+    try:
+        probe.mkdir()
+    except FileExistsError:
+        pass
+    except OSError:
+        return frozenset()
+    try:
+        return frozenset(p.name for p in probe.iterdir())
+    except OSError:
+        return frozenset()
+    finally:
+        with contextlib.suppress(OSError):
+            probe.rmdir()
 
 
 def _first_child(root: Path) -> Path | None:
