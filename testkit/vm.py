@@ -59,7 +59,7 @@ def build_kit() -> Path:
 class Guest:
     """One booted guest. Use as a context manager (or call :meth:`close`)."""
 
-    def __init__(self, kit: Path, *, cpus: int = 2, memory_mb: int = 2048, boot_timeout: float = 180.0) -> None:
+    def __init__(self, kit: Path, *, cpus: int = 2, memory_mb: int = 2048, boot_timeout: float = 600.0) -> None:
         self.kit = kit
         self.base = Path(tempfile.mkdtemp(prefix="nriplugin-vm-"))
         self.xchg = self.base / "xchg"
