@@ -75,15 +75,18 @@ async def _measure(mgr: QoSManager, rec: Reconciler, top: Path) -> tuple[float, 
     be_group = top / "kubepods/besteffort"
     ls_procs: list[subprocess.Popen[bytes]] = []
     try:
-        await asyncio.sleep(8.0)  # a few rounds: BE gets the idle node
-        before = be_quota(be_group)
+        t0 = time.monotonic()
+        await asyncio.sleep(5.0)  # a few rounds: BE gets the idle node
+        while (before := be_quota(be_group)) < 0.5:
+            assert time.monotonic() - t0 < 90, f"BE never got the idle node: {before:.2f} cores; {_last(mgr)}"
+            await asyncio.sleep(0.5)
         armed = sorted(
             [*([mgr.psi_path or ""] if mgr._trigger else []), *(mgr.ls_pressure.fds if mgr.ls_pressure else [])]
         )
         t0 = time.monotonic()
         ls_procs = spin(top / "kubepods/burstable/pod2/c", NCPU)
-        while be_quota(be_group) > before * 0.75:
-            assert time.monotonic() - t0 < 30, f"BE not cut within 30 s (limit {before:.2f} cores)"
+        while be_quota(be_group) > before * 0.5:
+            assert time.monotonic() - t0 < 30, f"BE not cut within 30 s from {before:.2f} cores; {_last(mgr)}"
             await asyncio.sleep(0.005)
         return time.monotonic() - t0, before, be_quota(be_group), armed
     finally:
@@ -92,6 +95,10 @@ async def _measure(mgr: QoSManager, rec: Reconciler, top: Path) -> tuple[float, 
             p.wait()
         mgr.stop()
         rec.stop()
+
+
+def _last(mgr: QoSManager) -> str:
+    return "the manager's last decisions: " + "; ".join(str(d) for d in list(mgr.decisions)[-5:])
 
 
 def test_be_is_cut_when_ls_spins_with_psi_triggers_and_with_the_fast_path_alone() -> None:
