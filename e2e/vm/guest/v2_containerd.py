@@ -132,3 +132,10 @@ def _scenario(runtime: harness.Containerd, plugin: PluginProcess, policy: Path) 
     time.sleep(3.0)
     assert plugin.metric_sum("nriplugin_repaired_total") == before, "repairs loop on an idle group"
     assert "rejected" not in plugin.logs(), plugin.logs()[-3000:]
+    policy.write_text(  # another reload while BE is idle: its memory protection still follows
+        "qosManager: {enable: false}\nresourceQOSStrategy: {policies: {cpuPolicy: coreSched},"
+        " beClass: {memoryQOS: {enable: true, lowLimitPercent: 60}}}\n"
+    )
+    settle({(d, "memory.low"): {str((256 << 20) * 60 // 100 // 4096 * 4096)}}, timeout=60)
+    logs = plugin.logs()
+    assert "rejected" not in logs and "UpdateContainers" not in logs and "could not update" not in logs, logs[-3000:]
