@@ -109,3 +109,12 @@ def test_what_is_in_force_is_said() -> None:
     assert doc["nri"].startswith("NRI v0.11.0")
     assert doc["bornWith"]["SCHED_IDLE for BE"].startswith("in force")
     assert describe_runtime(Policy(), None)["bornWith"]["SCHED_IDLE for BE"].startswith("not available")
+
+
+def test_the_plan_is_made_once_per_policy_and_runtime() -> None:
+    """The hook merges one template: the plan is not rebuilt per container (the hook must not
+    grow with anything), only when the policy or the runtime changes."""
+    policy, runtime = Policy(), RuntimeCaps(nri=(0, 12, 5), source="runtime")
+    first = born_with.plan_for(policy, runtime)
+    assert born_with.plan_for(policy, runtime) is first
+    assert born_with.plan_for(Policy(), runtime) is not first
