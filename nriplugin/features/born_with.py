@@ -15,8 +15,8 @@ instruction the container runs.
 
 Each is on for BE by default (``Policy.beProcess``), asked of the runtime only where its NRI
 carries it (:class:`RuntimeCaps`, learnt once at Configure): on an older runtime it is not
-asked for, and BE keeps today's protection (``cpu.shares`` 2 and the QoS manager's quota, or
-``cpu.idle`` where the kernel has it). LS, LSR and SYSTEM containers are never touched.
+asked for, and BE keeps today's protection (``cpu.shares`` 2, group identity or, under the
+coreSched policy, ``cpu.idle``, and the QoS manager's quota). LS, LSR and SYSTEM containers are never touched.
 
 The OCI runtime applies ``process.scheduler`` and ``process.ioPriority`` from runc 1.2 on; an
 older runc ignores them silently (``doctor`` cannot see the OCI runtime, the docs say so).
