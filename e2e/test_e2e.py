@@ -1,4 +1,5 @@
-"""End to end on a real containerd 1.7.24 with NRI, driven through CRI like kubelet."""
+"""End to end on a real containerd with NRI (the line NRIPLUGIN_RUNTIME picks), driven through
+CRI like kubelet."""
 
 from __future__ import annotations
 

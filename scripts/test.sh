@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: lint, type-check and the whole test suite (unit, interop with the official
-# Go NRI runtime library from ../shared/peers). Extra arguments go to pytest.
+# Go NRI runtime library from ../shared/peers, e2e on a private containerd: the newest line, or
+# NRIPLUGIN_RUNTIME=1.7|2.1|2.4). Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
