@@ -354,14 +354,16 @@ class Containerd:
                 tail = (self.base / "logs" / "containerd.log").read_text(errors="replace")[-2000:]
                 raise RuntimeError(f"containerd exited with {self.proc.returncode}; its log ends:\n{tail}")
             try:
-                self.cri.call("Version", msg("VersionRequest"), timeout=2)
+                answer = self.cri.call("Version", msg("VersionRequest"), timeout=2).runtime_version
                 # CRI answers Version before the image service is ready; wait for that too.
                 self.cri.call("ListImages", msg("ListImagesRequest"), timeout=2)
-                return
+                break
             except Exception:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
+        if self.runtime.version not in answer:  # what runs is what the tests think runs
+            raise RuntimeError(f"CRI says containerd {answer}, `containerd --version` {self.runtime.version}")
 
     def process_cgroup(self) -> Path:
         """This runtime's process cgroup: in the v1 pids hierarchy (no limit is set) or the v2
