@@ -11,7 +11,8 @@ out=$(realpath -m "${2:?output root}")
 go=${GO:-/usr/local/go/bin/go}
 [ -x "$go" ] || go=$(command -v go) || { echo "no Go toolchain (set GO=...)" >&2; exit 1; }
 cache=$(realpath -m "${NRIPLUGIN_CACHE:-$HOME/.cache/nriplugin}/go")
-export GOMODCACHE="$cache/mod" GOCACHE="$cache/build" GOFLAGS=-buildvcs=false GOTOOLCHAIN=local
+# -modcacherw: the module cache can be removed with rm -rf like the rest of the cache.
+export GOMODCACHE="$cache/mod" GOCACHE="$cache/build" GOFLAGS="-buildvcs=false -modcacherw" GOTOOLCHAIN=local
 export GOBIN="$out/usr/bin.partial" CGO_ENABLED=0
 mod=github.com/containerd/containerd/v2
 tags="no_btrfs no_devmapper no_zfs urfave_cli_no_docs"
