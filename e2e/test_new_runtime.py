@@ -11,7 +11,6 @@ An LS container keeps what CRI asked for on every line."""
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import os
 import platform
 import re
@@ -19,7 +18,7 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import pytest
 
@@ -62,11 +61,8 @@ def runc() -> Path:
 @pytest.fixture
 def new_runc_runtime(pkg_root: Path, runc: Path) -> Iterator[harness.Containerd]:
     """A private containerd whose runc is ``runc``; torn down with nothing left."""
-    if "runc" not in {f.name for f in dataclasses.fields(harness.Containerd)}:
-        missing("testkit/containerd.py's Containerd has no `runc` parameter (the OCI runtime binary)")
     base = Path(tempfile.mkdtemp(prefix="nriplugin-e2e-"))
-    with_runc: dict[str, Any] = {"runc": runc}  # checked above: a harness without it fails clearly
-    rt = harness.Containerd(pkg_root, base, **with_runc)
+    rt = harness.Containerd(pkg_root, base, runc=runc)
     try:
         rt.start()
         rt.import_images()

@@ -230,6 +230,7 @@ class Containerd:
     netns_paths: list[str] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
     cri: CRI | None = None
+    runc: Path | None = None  # the OCI runtime binary; default: the installed line's (bookworm's 1.1.5)
 
     @property
     def runtime(self) -> Runtime:
@@ -274,7 +275,7 @@ class Containerd:
                 base=self.base,
                 nri_disable=str(not self.nri).lower(),
                 pause=images.PAUSE,
-                runc=self.pkg_root / "usr" / "sbin" / "runc",
+                runc=self.runc or self.pkg_root / "usr" / "sbin" / "runc",
             )
         )
         return cfg

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from testkit import containerd as harness
 from testkit import vm
 
 
@@ -32,7 +33,16 @@ def vm_kit() -> Path:
 
 
 @pytest.fixture(scope="session")
-def guest(vm_kit: Path) -> Iterator[vm.Guest]:
+def guest_runtime() -> str:
+    """The containerd line the guest runs (NRIPLUGIN_RUNTIME, default the newest), installed
+    here first: the guest sees this machine's cache read-only and could not build it."""
+    line = harness.selected()
+    harness.install(line)
+    return line
+
+
+@pytest.fixture(scope="session")
+def guest(vm_kit: Path, guest_runtime: str) -> Iterator[vm.Guest]:
     try:
         g = vm.Guest(vm_kit)
     except vm.Unavailable as exc:

@@ -50,14 +50,15 @@ def test_a_guest_runs_scripts_and_leaves_nothing(vm_kit: Path) -> None:
 
 
 @pytest.fixture(scope="session")
-def guest_report(guest: vm.Guest) -> dict[str, tuple[str, str]]:
+def guest_report(guest: vm.Guest, guest_runtime: str) -> dict[str, tuple[str, str]]:
     """Runs every guest test in one pytest process in the guest: ``module::test`` -> (outcome,
     message), and the guest's whole output under "" (printed on the host with -s)."""
     root = HERE.parent.parent
     xml = guest.xchg / "guest-junit.xml"
     mods = " ".join(str(m.relative_to(root)) for m in GUEST_MODULES)
     r = guest.run(
-        f"cd {root} && NRIPLUGIN_IN_VM=1 PYTHONPATH={root} {root}/.venv/bin/python -m pytest -p no:cacheprovider"
+        f"cd {root} && NRIPLUGIN_IN_VM=1 NRIPLUGIN_RUNTIME={guest_runtime} PYTHONPATH={root}"
+        f" {root}/.venv/bin/python -m pytest -p no:cacheprovider"
         f" -o addopts= -v -s -rA --junitxml={xml} {mods}",
         timeout=1500,
     )
