@@ -1,9 +1,10 @@
 """Hook latency: nriplugin as users run it, against the official Go NRI stub plugin, as the
 runtime sees it.
 
-Both plugins are driven by `nri-runtime-bench` (testkit/peers: shared/peers' runtime side on the
-containerd/nri v0.6.1 adaptation library containerd 1.7 runs, with a pause added), which
-synchronizes a node of ``--sync-pods`` running containers, warms up, waits ``--settle`` seconds
+Both plugins are driven by `nri-runtime-bench` (testkit/peers: the runtime side on containerd/nri's
+adaptation library, at ``--nri``: v0.6.1, what containerd 1.7 runs, by default; v0.12.5, containerd
+2.3's line; the Go stub plugin is built at the same version), which synchronizes a node of
+``--sync-pods`` running containers, warms up, waits ``--settle`` seconds
 (a plugin finishes taking a large node in: the timed calls see its steady state), then times
 ``--calls`` CreateContainer calls (BE and LS alternating, realistic pods; each call's pod is new,
 so the node grows as the calls go).
@@ -25,8 +26,10 @@ With --containerd (root, the e2e harness's private containerd 1.7): CRI CreateCo
 latency with no plugin, the Go plugin and nriplugin, alternating; and pre-registered
 "process start -> registered" for both plugins. --plot draws the distributions to a PNG.
 
-Usage: .venv/bin/python -m bench.hook_latency [--rounds 4] [--calls 3000] [--sync-pods 300]
-       [--large 3000] [--containerd] [--write BENCHMARKS.md] [--plot bench/hook_latency.png]
+Usage: .venv/bin/python -m bench.hook_latency [--nri v0.6.1|v0.12.5] [--rounds 4] [--calls 3000]
+       [--sync-pods 300] [--large 3000] [--containerd] [--write BENCHMARKS.md] [--plot bench/hook_latency.png]
+(--write puts the figures of --nri v0.6.1 in the section `hook_latency`, of another version in
+`hook_latency_<version>`; a quick check: --rounds 1 --calls 300 --large 0 --settle 0)
 (--plot needs the bench extra: pip install -e '.[bench]')
 """
 
@@ -49,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import replace_section
-from testkit.go_peers import go_peer
+from testkit.go_peers import DEFAULT_NRI, NRI_VERSIONS, go_peer
 
 ROOT = Path(__file__).resolve().parent.parent
 WARMUP = 50  # CreateContainer calls nri-runtime-bench makes after Synchronize, before timing
@@ -230,6 +233,9 @@ def run_inprocess(bench: Path, calls: int, sync_pods: int, settle: float) -> tup
 
 def main() -> int:
     ap = argparse.ArgumentParser()
+    ap.add_argument(
+        "--nri", choices=NRI_VERSIONS, default=DEFAULT_NRI, help="the NRI version of the Go runtime and Go plugin"
+    )
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--calls", type=int, default=3000)
     ap.add_argument("--sync-pods", type=int, default=300)
@@ -244,14 +250,15 @@ def main() -> int:
     ap.add_argument("--cri-per-round", type=int, default=60)
     ap.add_argument("--start-reps", type=int, default=6)
     args = ap.parse_args()
-    bench = go_peer("nri-runtime-bench")
-    goplugin = go_peer("go-nri-refplugin")
+    bench = go_peer("nri-runtime-bench", args.nri)
+    goplugin = go_peer("go-nri-refplugin", args.nri)
     if bench is None or goplugin is None:
-        print("Go peers unavailable (need ../shared/peers)", file=sys.stderr)
+        print("Go peers unavailable (need Go at /usr/local/go/bin/go, or set GO)", file=sys.stderr)
         return 2
     nodes = [args.sync_pods] + ([args.large] if args.large else [])
     # The Go stub on NRI v0.6 takes no Synchronize over ttrpc's 4 MiB (a node of 3000 sends ~8 MiB
-    # whole): the larger node is nriplugin's alone, compared with its own figures on the small one.
+    # whole): the larger node is nriplugin's alone, compared with its own figures on the small one
+    # (on every NRI version, so that the figures compare across versions).
     configs = [("go", args.sync_pods), ("nriplugin", args.sync_pods), ("stub floor", args.sync_pods)]
     configs += [("nriplugin", n) for n in nodes[1:]]
     runs: dict[str, list[dict[str, Any]]] = {f"{name}@{n}": [] for name, n in configs}
@@ -280,6 +287,7 @@ def main() -> int:
     ratios = {small: {f: summary[f"nriplugin{small}"][f] / summary[f"go{small}"][f] for f in ("p50_us", "p99_us")}}
     out: dict[str, Any] = {
         "commit": commit(),
+        "nri": args.nri,
         "rounds": args.rounds,
         "settle": args.settle,
         "calls": args.calls,
@@ -434,11 +442,15 @@ def write_section(path: Path, out: dict[str, Any], command: str) -> None:
         f"{s[k]['p99_us'] - v['p99_us']:+.0f} µs |"
         for k, v in h.items()
     )
-    section = f"""<!-- hook_latency:begin -->
-## Hook latency: nriplugin vs the official Go stub (`bench/hook_latency.py`)
+    nri = out["nri"]
+    key = "hook_latency" if nri == DEFAULT_NRI else f"hook_latency_{nri}"
+    line = "what containerd 1.7 runs" if nri == DEFAULT_NRI else "the Go stub built at the same version"
+    image = "![latency distributions](bench/hook_latency.png)\n" if nri == DEFAULT_NRI else ""
+    section = f"""<!-- {key}:begin -->
+## Hook latency: nriplugin vs the official Go stub, NRI {nri} (`bench/hook_latency.py`)
 
 Command: `.venv/bin/{command}` ({host}), commit `{out["commit"]}`. The runtime side is
-`nri-runtime-bench` (containerd/nri v0.6.1 `pkg/adaptation`, what containerd 1.7 runs). It
+`nri-runtime-bench` (containerd/nri {nri} `pkg/adaptation`, {line}). It
 synchronizes a node of running containers, warms up, waits {out["settle"]:g} s (a plugin finishes taking
 a large node in), then times {out["calls"]} CreateContainer calls
 (BE/LS alternating, realistic pods, each of a new pod: the node grows by as many). nriplugin runs
@@ -478,10 +490,9 @@ in and their NRI updates are pushed with UpdateContainers. In the in-process run
 the runtime had the answer after {p["sync_answer_ms"]:.1f} ms, and taking the {small} containers in
 took {p["sync_take_in_ms"]:.1f} ms more, after the answer, outside the runtime's lock.
 {containerd_part(out)}
-![latency distributions](bench/hook_latency.png)
-<!-- hook_latency:end -->
+{image}<!-- {key}:end -->
 """
-    replace_section(path, "hook_latency", section)
+    replace_section(path, key, section)
 
 
 if __name__ == "__main__":

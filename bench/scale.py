@@ -293,7 +293,7 @@ def main() -> int:
     bench = go_peer("nri-runtime-scale")
     goplugin = go_peer("go-nri-refplugin")
     if bench is None or goplugin is None:
-        print("Go peers unavailable (need ../shared/peers)", file=sys.stderr)
+        print("Go peers unavailable (need Go at /usr/local/go/bin/go, or set GO)", file=sys.stderr)
         return 2
     rows = []
     for n in [int(x) for x in args.sizes.split(",")]:

@@ -1,4 +1,8 @@
-"""Fixtures for the end-to-end tests: a private containerd 1.7 with NRI, and nriplugin."""
+"""Fixtures for the end-to-end tests: a private containerd with NRI, and nriplugin.
+
+The runtime line is one switch for the whole suite: ``--runtime 1.7|2.1|2.4`` or
+``NRIPLUGIN_RUNTIME`` (the option wins and is passed on to everything the tests start); the
+newest by default. ``runtime_line`` says what it is, for tests whose runtimes differ."""
 
 from __future__ import annotations
 
@@ -18,6 +22,25 @@ T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--runtime",
+        choices=harness.RUNTIMES,
+        default=None,
+        help=f"containerd line for the e2e tests (default: $NRIPLUGIN_RUNTIME, else {harness.NEWEST})",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    line = config.getoption("--runtime", default=None)
+    if line:
+        os.environ["NRIPLUGIN_RUNTIME"] = line
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"e2e runtime: containerd {harness.selected()} (NRIPLUGIN_RUNTIME / --runtime)"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "/e2e/" in str(item.fspath):
@@ -29,6 +52,12 @@ def pkg_root() -> Path:
     if os.geteuid() != 0:
         pytest.skip("end-to-end tests need root (containerd, cgroups)")
     return harness.install()
+
+
+@pytest.fixture(scope="session")
+def runtime_line(pkg_root: Path) -> harness.Runtime:
+    """The installed containerd: its version and the behaviour of its line."""
+    return harness.runtime_of(pkg_root)
 
 
 @pytest.fixture

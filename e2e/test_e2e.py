@@ -1,4 +1,5 @@
-"""End to end on a real containerd 1.7.24 with NRI, driven through CRI like kubelet."""
+"""End to end on a real containerd with NRI (the line NRIPLUGIN_RUNTIME picks), driven through
+CRI like kubelet."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from nriplugin.kernel.cpulist import parse_cpulist
 from nriplugin.node.hooks import QoSPlugin
 from nriplugin.nri import api_pb2 as api
 from nriplugin.nri.stub import HookPolicy, Plugin, Stub, StubOptions
-from testkit.containerd import Containerd, read_cgroup
+from testkit.containerd import Containerd, Runtime, read_cgroup
 from testkit.cri import msg
 from testkit.plugin import PluginProcess, alive, children, free_port, runtime_args, scrape
 
@@ -295,10 +296,13 @@ def test_reconciler_repairs_drift_and_converges_after_plugin_restart(
     assert plugin.metric("nriplugin_repair_latency_seconds_count") >= 1
 
 
-def test_preregistered_plugin_converges_from_the_runtime_alone(runtime_factory: Callable[..., Containerd]) -> None:
-    """A pre-registered plugin gets no Synchronize on containerd 1.7: what existed before it
-    (containers born without it, values changed while it was down) converges from CRI's
-    inventory alone, after containerd restarts and after containerd is SIGKILLed."""
+def test_preregistered_plugin_converges_from_the_runtime_alone(
+    runtime_factory: Callable[..., Containerd], runtime_line: Runtime
+) -> None:
+    """What existed before a pre-registered plugin (containers born without it, values changed
+    while it was down) converges, after containerd restarts and after it is SIGKILLed. On
+    containerd 1.7 (NRI v0.6) the plugin gets no Synchronize: CRI's inventory alone adopts
+    them. On 2.x (NRI >= v0.7) it gets a Synchronize, so the inventory adopts nothing."""
     rt = runtime_factory(start=False)
     rt.start()
     rt.import_images()
@@ -316,7 +320,7 @@ def test_preregistered_plugin_converges_from_the_runtime_alone(runtime_factory: 
     args = ["--metrics-address", f"127.0.0.1:{port}", *runtime_args(rt), "--resync-seconds", "3600"]
     install(str(rt.plugin_dir), "nriplugin", "05", args)
     rt.stop()
-    rt.start()  # containerd starts the plugin; no Synchronize follows
+    rt.start()  # containerd starts the plugin (a Synchronize follows on 2.x only)
     # the pod's own cgroup gets the sum of both containers' batch requests (2 x 500m)
     want = {(cpu, "cpu.shares"): "512", (cpu, "cpu.cfs_quota_us"): "100000", (cpu.parent, "cpu.shares"): "1024"}
     if (lcpu / "cpu.cfs_burst_us").exists():
@@ -326,7 +330,13 @@ def test_preregistered_plugin_converges_from_the_runtime_alone(runtime_factory: 
     rt.cri.call("StartContainer", msg("StartContainerRequest", container_id=waiting))
     later = rt.container_cgroup(be, waiting)
     _converge({(later, "cpu.shares"): "512", (later, "cpu.cfs_quota_us"): "100000"})
-    assert scrape(port, 'nriplugin_inventory_containers_total{change="adopted"}') == 3
+    syncs = scrape(port, "nriplugin_synchronize_duration_seconds_count")
+    adopted = scrape(port, 'nriplugin_inventory_containers_total{change="adopted"}')
+    if runtime_line.syncs_preregistered:
+        assert (syncs, adopted) == (1, 0)
+        assert scrape(port, 'nriplugin_synchronize_objects{kind="containers"}') == 3
+    else:
+        assert (syncs, adopted) == (0, 3)
     # containerd crashes (its plugin goes with it); someone changes a value meanwhile.
     assert rt.proc is not None
     plugins = children(rt.proc.pid)

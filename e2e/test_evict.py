@@ -8,13 +8,19 @@ default policy and no API server (so through the runtime: CRI StopContainer/Stop
   quiet BE pod keep running.
 - CPU: an LS pod asking for half a core spins four threads next to a BE pod spinning two: a
   sustained EMERGENCY with LS starved. CPUEvict evicts the spinning BE pod and nothing else.
+- A failing evictor: the agent's CRI socket unreachable, the growing pod's eviction fails; no
+  other pod is evicted in its place, and each failed attempt (one per back-off, not per pod)
+  is counted and logged once.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -66,6 +72,30 @@ def test_a_growing_be_pod_is_evicted_before_the_pods_root_runs_out(
     assert "MemoryEvict" in plugin.logs() and "leaky" in plugin.logs()
 
 
+def test_a_failing_runtime_eviction_evicts_no_one_else(
+    runtime: Containerd, plugin_factory: Callable[..., PluginProcess], tmp_path: Path
+) -> None:
+    limit_pods_root(runtime)
+    plugin = plugin_factory(runtime, "--cri-socket", str(tmp_path / "nobody-serves.sock"))  # the last one counts
+    _, pods = memory_scene(runtime)
+    failures = 'nriplugin_qos_eviction_failures_total{backend="runtime",outcome="error"}'
+    until(lambda: plugin.metric(failures) >= 3, 90, "no three failed evictions counted")
+    runtime.remove_pod(pods["grower"][0])  # before it reaches the limit: this test's own doing
+    time.sleep(1)
+    before = plugin.metric(failures)
+    lines = [json.loads(ln) for ln in plugin.logs().splitlines() if "nobody else is evicted" in ln]
+    after = plugin.metric(failures)
+    assert before <= len(lines) <= after  # one line per failed attempt
+    assert all("default/leaky" in ln["msg"] and ln["failures"] == i for i, ln in enumerate(lines, 1))
+    times = [datetime.fromisoformat(ln["ts"].replace("Z", "+00:00")).timestamp() for ln in lines]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert all(g >= 0.9 for g in gaps), gaps  # backed off: at most one attempt a round, doubling
+    assert gaps[1] >= 1.8
+    assert running(runtime, pods["ls"][1]) and running(runtime, pods["quiet"][1])
+    assert plugin.metric_sum("nriplugin_qos_evictions_total") == 0
+    assert "evicting default/quiet" not in plugin.logs()
+
+
 def test_dry_run_evicts_nothing(runtime: Containerd, plugin_factory: Callable[..., PluginProcess]) -> None:
     limit_pods_root(runtime, GiB // 4)  # reached in a few seconds
     plugin = plugin_factory(runtime, "--evict-dry-run")
@@ -93,3 +123,4 @@ def test_sustained_emergency_with_ls_starved_evicts_be_work_only(
     assert running(runtime, ls_c) and running(runtime, quiet_c)
     assert plugin.metric('nriplugin_qos_evictions_total{dry_run="false",reason="emergency",strategy="CPUEvict"}') == 1
     assert plugin.metric_sum("nriplugin_qos_evictions_total") == 1
+    assert "Invalid argument" not in plugin.logs()  # BE cut to its floor, nothing refused

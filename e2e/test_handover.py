@@ -1,4 +1,4 @@
-"""One agent per runtime, on a real containerd 1.7.24: a second agent stands by and takes
+"""One agent per runtime, on the private containerd (every runtime line): a second agent stands by and takes
 over on SIGTERM; a pre-registered launcher and a socket-mode agent share a runtime; a killed
 pre-registered agent is restarted; start-up errors stop the agent before it registers."""
 
@@ -17,7 +17,7 @@ from typing import Any
 
 from nriplugin.agent.lock import lock_path, read_holder
 from nriplugin.cli.main import install
-from testkit.containerd import Containerd, read_cgroup
+from testkit.containerd import Containerd, Runtime, read_cgroup
 from testkit.plugin import ROOT, PluginProcess, alive, children, free_port, runtime_args, scrape
 
 BE = {"koordinator.sh/qosClass": "BE"}
@@ -188,38 +188,68 @@ def _descendants(pids: list[int]) -> list[int]:
     return out
 
 
-def test_killed_preregistered_agent_is_restarted(runtime_factory: Callable[..., Containerd], tmp_path: Path) -> None:
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _holder(rt: Containerd) -> int:
+    """The pid of the agent that holds the runtime now (0: none)."""
+    holder = read_holder(lock_path(rt.nri_socket))
+    return holder.pid if holder is not None and alive(holder.pid) else 0
+
+
+def _adjusted_again(rt: Containerd, tag: str) -> list[tuple[Any, str]]:
+    """Make BE pods until one is adjusted (an agent serves again); all of them."""
+    t0 = time.monotonic()
+    made: list[tuple[Any, str]] = []
+    while True:
+        pod, cid = be_pod(rt, f"{tag}-{len(made)}")
+        made.append((pod, cid))
+        if shares(rt, pod, cid) == 2:
+            print(f"{tag}: a new BE pod was adjusted again {time.monotonic() - t0:.2f} s after SIGKILL")
+            return made
+        assert time.monotonic() - t0 < 10, f"{tag}: no agent adjusted new BE pods within 10 s"
+        time.sleep(0.1)
+
+
+def test_killed_preregistered_agent_is_restarted(
+    runtime_factory: Callable[..., Containerd], runtime_line: Runtime, tmp_path: Path
+) -> None:
+    """The launched supervisor hands a crashed agent's restart to a successor supervisor.
+    containerd 2.x kills the launched process once its plugin's connection closed (1.7 leaves
+    it): the successor and the restarted agent live on either way, and a second crash is
+    restarted too. (The runtime's processes are in its cgroup: teardown kills them by pid.)"""
     rt = runtime_factory(start=False)
     port = free_port()
     log = _launcher(rt, port, tmp_path)
     rt.start()
     rt.import_images()
     sup, agent = _supervised(rt)
-    pids = [sup, agent]
-    try:
-        pod, cid = be_pod(rt, "before")
-        assert shares(rt, pod, cid) == 2
-        os.kill(agent, signal.SIGKILL)
-        t0 = time.monotonic()
-        made: list[tuple[Any, str]] = []
-        while True:
-            pod, cid = be_pod(rt, f"after-{len(made)}")
-            made.append((pod, cid))
-            if shares(rt, pod, cid) == 2:
-                break
-            assert time.monotonic() - t0 < 10, "no agent adjusted new BE pods within 10 s"
-            time.sleep(0.1)
-        print(f"a new BE pod was adjusted again {time.monotonic() - t0:.2f} s after SIGKILL")
-        pids += children(sup)
-        # Pods born while no agent ran converge too (Synchronize of the restarted agent).
-        wait_for(lambda: all(shares(rt, p, c) == 2 for p, c in made), 10, "the gap's pods to converge")
-        assert scrape(port, 'nriplugin_agent_gap_seconds_count{cause="crash"}') == 1
-        gap = scrape(port, 'nriplugin_agent_gap_seconds_sum{cause="crash"}')
-        print(f"time without an agent, reported by the restarted agent: {gap:.2f} s")
-        assert 0 < gap < 10
-        assert "was killed by SIGKILL" in log.read_text()
-    finally:
-        _end(pids + [p for p in _descendants(pids) if p not in pids])
+    pod, cid = be_pod(rt, "before")
+    assert shares(rt, pod, cid) == 2
+    os.kill(agent, signal.SIGKILL)
+    made = _adjusted_again(rt, "first crash")
+    # Pods born while no agent ran converge too (Synchronize of the restarted agent).
+    wait_for(lambda: all(shares(rt, p, c) == 2 for p, c in made), 10, "the gap's pods to converge")
+    assert scrape(port, 'nriplugin_agent_gap_seconds_count{cause="crash"}') == 1
+    gap = scrape(port, 'nriplugin_agent_gap_seconds_sum{cause="crash"}')
+    print(f"time without an agent, reported by the restarted agent: {gap:.2f} s")
+    assert 0 < gap < 10
+    assert "was killed by SIGKILL" in log.read_text()
+    restarted = _holder(rt)
+    assert restarted not in (0, agent)
+    successor = _parent(restarted)
+    assert successor != sup and "supervise" in Path(f"/proc/{successor}/cmdline").read_text()
+    if runtime_line.kills_closed_plugins:
+        wait_for(lambda: not alive(sup), 10, "containerd 2.x to kill the launched supervisor")
+    else:
+        assert alive(sup) and _parent(successor) == sup  # containerd 1.7 leaves its plugin be
+    # A second crash: the successor restarts the agent again.
+    os.kill(restarted, signal.SIGKILL)
+    _adjusted_again(rt, "second crash")
+    wait_for(lambda: _holder(rt) not in (0, restarted), 10, "a third agent to hold the runtime")
+    assert _parent(_holder(rt)) == successor
+    assert set(rt.processes()) >= {successor, _holder(rt)}
 
 
 def test_startup_errors_are_one_line_before_registering(runtime: Containerd, tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """The QoS manager on the private containerd and this machine's real cgroup v1 tree, with the
 embedded default policy: BE gets the idle CPU, is cut within a second when LS needs its core,
-and gets the CPU back when LS goes idle."""
+and gets the CPU back when LS goes idle; the kernel refuses none of the agent's writes on the
+way (``e2e/test_be_limits.py`` holds that without needing a quiet node)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,13 @@ def node_busy(seconds: float = 1.0) -> float:
     return (b1 - b0) / max(1, t1 - t0) * (os.cpu_count() or 1)
 
 
+def assert_nothing_refused(plugin: PluginProcess) -> None:
+    """The kernel refused none of the agent's writes (cgroup v1: a child's CFS quota above its
+    parent's, a parent's below a child's): the one writer orders them."""
+    refused = [ln for ln in plugin.logs().splitlines() if "Invalid argument" in ln]
+    assert refused == [], refused
+
+
 def require_quiet_node() -> None:
     """The usage budget counts every non-BE process on the node (as it should on a real node):
     with other work using a core, BE rightly gets less than these figures. Skip, saying so."""
@@ -89,6 +97,7 @@ def test_be_yields_to_ls_and_gets_the_idle_cpu_back(
     until(lambda: quota_cores(be_parent) >= 0.6, 15, "BE did not get the idle CPU back")
     assert usage(be_acct, 2.0) >= 0.6
     assert plugin.metric_sum("nriplugin_qos_cpu_suppress_total") >= 3  # limited, cut, given back
+    assert_nothing_refused(plugin)
 
 
 def cpu_count(group: Path) -> int:
@@ -133,3 +142,4 @@ def test_the_cpuset_policy_squeezes_be_onto_one_cpu(
         spinner.wait()
     until(lambda: cpu_count(be_cpuset) == 2, 15, "BE did not get both CPUs back")
     assert usage(be_acct, 2.0) >= 1.2
+    assert_nothing_refused(plugin)

@@ -1,4 +1,10 @@
-"""A private containerd 1.7 with NRI, brought up and torn down by tests and the demo.
+"""A private containerd with NRI, brought up and torn down by tests and the demo.
+
+One switch picks the runtime line for everything that uses this harness: ``NRIPLUGIN_RUNTIME``
+(or the e2e suite's ``--runtime``) = ``1.7`` (Debian's containerd 1.7.24, NRI v0.6.1), ``2.1``
+(Debian's 2.1.x, NRI v0.8) or ``2.4`` (upstream 2.4.2 built from the Go module proxy, NRI
+v0.12), the newest by default. :class:`Runtime` is the one place the harness asks the runtime
+what it is (``containerd --version``) and what follows from that for tests.
 
 Everything lives under one base folder (root, state, sockets, NRI plugin dir, runc root, logs)
 and one top-level cgroup per controller (``/nriplugin-e2e-<pid>-<n>``), so teardown removes
@@ -16,10 +22,12 @@ ip_forward back as it was (the bridge plugin turns it on) once no other claim ne
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -39,12 +47,70 @@ CNI_CACHE = Path("/var/lib/cni/results")  # libcni's default cache (containerd 1
 POD_NETWORK, NODE_NETWORK = 0, 2  # runtime.v1.NamespaceMode
 
 
-def install() -> Path:
-    """Run testkit/install.sh (cached) and return the unpacked package root."""
-    r = subprocess.run(["bash", str(ROOT / "testkit" / "install.sh")], capture_output=True, text=True, timeout=900)
+RUNTIMES = ("1.7", "2.1", "2.4")
+NEWEST = RUNTIMES[-1]
+
+
+def selected() -> str:
+    """The runtime line chosen by ``NRIPLUGIN_RUNTIME`` (default: the newest)."""
+    line = os.environ.get("NRIPLUGIN_RUNTIME", "") or NEWEST
+    if line not in RUNTIMES:
+        raise ValueError(f"NRIPLUGIN_RUNTIME={line!r}: expected one of {', '.join(RUNTIMES)}")
+    return line
+
+
+def install(line: str | None = None) -> Path:
+    """Run testkit/install.sh for ``line`` (default: :func:`selected`; cached) and return the
+    unpacked package root."""
+    line = line or selected()
+    r = subprocess.run(
+        ["bash", str(ROOT / "testkit" / "install.sh"), line], capture_output=True, text=True, timeout=3600
+    )
     if r.returncode != 0:
-        raise RuntimeError(f"testkit/install.sh failed:\n{r.stderr[-3000:]}")
+        raise RuntimeError(f"testkit/install.sh {line} failed:\n{r.stderr[-3000:]}")
     return Path(r.stdout.strip().splitlines()[-1])
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What an installed containerd is, asked once (``containerd --version``), and the
+    behaviour of its line that tests assert (documented by containerd/nri per version)."""
+
+    version: str  # e.g. "1.7.24", "2.1.9", "2.4.2"
+
+    @classmethod
+    def of(cls, pkg_root: Path) -> Runtime:
+        out = subprocess.run(
+            [str(pkg_root / "usr" / "bin" / "containerd"), "--version"], capture_output=True, text=True, timeout=30
+        ).stdout
+        m = re.search(r"\sv?(\d+\.\d+\.\d+)", out)
+        if m is None:
+            raise RuntimeError(f"cannot tell containerd's version from {out!r}")
+        return cls(m.group(1))
+
+    @property
+    def major_minor(self) -> tuple[int, int]:
+        major, minor = self.version.split(".")[:2]
+        return int(major), int(minor)
+
+    @property
+    def line(self) -> str:
+        return "{}.{}".format(*self.major_minor)
+
+    @property
+    def syncs_preregistered(self) -> bool:
+        """containerd 1.7 (NRI v0.6) sends a pre-registered plugin no Synchronize; 2.x does."""
+        return self.major_minor >= (2, 0)
+
+    @property
+    def kills_closed_plugins(self) -> bool:
+        """NRI >= v0.7 (containerd 2.x) kills a plugin it launched once its connection closes;
+        1.7 leaves the process alone."""
+        return self.major_minor >= (2, 0)
+
+    @property
+    def config_version(self) -> int:
+        return 3 if self.major_minor >= (2, 0) else 2
 
 
 CONFIG = """\
@@ -95,6 +161,62 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 """
 
 
+# containerd 2.x reads version 2 by migrating it (and logs that it did); it gets its own
+# version 3 layout: the CRI plugin split into images, runtime and the gRPC server.
+CONFIG_V3 = """\
+version = 3
+root = "{base}/root"
+state = "{base}/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+                    "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs",
+                    "io.containerd.snapshotter.v1.erofs", "io.containerd.differ.v1.erofs",
+                    "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+
+[grpc]
+  address = "{base}/containerd.sock"
+
+[ttrpc]
+  address = "{base}/containerd.sock.ttrpc"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{base}/opt"
+
+[plugins."io.containerd.nri.v1.nri"]
+  disable = {nri_disable}
+  disable_connections = false
+  plugin_config_path = "{base}/nri/conf.d"
+  plugin_path = "{base}/nri/plugins"
+  plugin_registration_timeout = "5s"
+  plugin_request_timeout = "2s"
+  socket_path = "{base}/nri/nri.sock"
+
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "{pause}"
+
+[plugins."io.containerd.cri.v1.runtime"]
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  enable_selinux = false
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["{base}/cni/bin"]
+    conf_dir = "{base}/cni/conf"
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+        BinaryName = "{runc}"
+        Root = "{base}/runc"
+        SystemdCgroup = false
+
+[plugins."io.containerd.grpc.v1.cri"]
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+"""
+
+
 @dataclass
 class Containerd:
     pkg_root: Path
@@ -108,6 +230,12 @@ class Containerd:
     netns_paths: list[str] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
     cri: CRI | None = None
+    runc: Path | None = None  # the OCI runtime binary; default: the installed line's (bookworm's 1.1.5)
+
+    @property
+    def runtime(self) -> Runtime:
+        """What this containerd is (asked once per package root)."""
+        return runtime_of(self.pkg_root)
 
     @property
     def address(self) -> str:
@@ -141,12 +269,13 @@ class Containerd:
         if self.cni:
             self.setup_cni()
         cfg = self.base / "config.toml"
+        template = CONFIG_V3 if self.runtime.config_version == 3 else CONFIG
         cfg.write_text(
-            CONFIG.format(
+            template.format(
                 base=self.base,
                 nri_disable=str(not self.nri).lower(),
                 pause=images.PAUSE,
-                runc=self.pkg_root / "usr" / "sbin" / "runc",
+                runc=self.runc or self.pkg_root / "usr" / "sbin" / "runc",
             )
         )
         return cfg
@@ -207,8 +336,12 @@ class Containerd:
     def start(self, timeout: float = 60.0) -> None:
         cfg = self.write_config()
         log = open(self.base / "logs" / "containerd.log", "ab")  # noqa: SIM115 - lives as long as the process
+        procs = self.process_cgroup() / "cgroup.procs"
+        # containerd joins its own cgroup before it starts: whatever it launches (plugins, the
+        # supervisors' successors, shims) stays in there whoever its parent is later.
+        join = 'echo $$ > "$0" && exec "$@"'
         self.proc = subprocess.Popen(
-            [str(self.bin_dir / "containerd"), "--config", str(cfg)],
+            ["sh", "-c", join, str(procs), str(self.bin_dir / "containerd"), "--config", str(cfg)],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=self.env(),
@@ -222,14 +355,46 @@ class Containerd:
                 tail = (self.base / "logs" / "containerd.log").read_text(errors="replace")[-2000:]
                 raise RuntimeError(f"containerd exited with {self.proc.returncode}; its log ends:\n{tail}")
             try:
-                self.cri.call("Version", msg("VersionRequest"), timeout=2)
+                answer = self.cri.call("Version", msg("VersionRequest"), timeout=2).runtime_version
                 # CRI answers Version before the image service is ready; wait for that too.
                 self.cri.call("ListImages", msg("ListImagesRequest"), timeout=2)
-                return
+                break
             except Exception:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
+        if self.runtime.version not in answer:  # what runs is what the tests think runs
+            raise RuntimeError(f"CRI says containerd {answer}, `containerd --version` {self.runtime.version}")
+
+    def process_cgroup(self) -> Path:
+        """This runtime's process cgroup: in the v1 pids hierarchy (no limit is set) or the v2
+        tree, under our top-level cgroup; made if needed."""
+        for tree in (CGROUP_FS / "pids", CGROUP_FS / "unified", CGROUP_FS):
+            if (tree / "cgroup.procs").exists():
+                d = tree / self.cgroup_root / "runtime"
+                d.mkdir(parents=True, exist_ok=True)
+                return d
+        raise RuntimeError(f"no pids or cgroup v2 hierarchy under {CGROUP_FS}")
+
+    def processes(self) -> list[int]:
+        """Every process the runtime started and still running (containerd, its plugins and
+        what they started, shims), by their cgroup."""
+        for tree in (CGROUP_FS / "pids", CGROUP_FS / "unified", CGROUP_FS):
+            procs = tree / self.cgroup_root / "runtime" / "cgroup.procs"
+            if procs.exists():
+                return [int(p) for p in procs.read_text().split()]
+        return []
+
+    def kill_processes(self, timeout: float = 10.0) -> None:
+        """SIGKILL, by pid, every process left in the runtime's cgroup, until none is left."""
+        deadline = time.monotonic() + timeout
+        while pids := self.processes():
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"processes left in {self.cgroup_root}/runtime: {pids}")
+            time.sleep(0.05)
 
     def ctr(self, *args: str) -> str:
         r = subprocess.run(
@@ -300,6 +465,7 @@ class Containerd:
             with contextlib.suppress(ValueError, OSError):
                 os.kill(int(pidfile.read_text().strip()), signal.SIGKILL)
         time.sleep(0.2)
+        self.kill_processes()
         unmount_under(self.base)
         self.teardown_cni()
         remove_cgroups(self.cgroup_root)
@@ -363,6 +529,11 @@ class Containerd:
     def container_cgroup(self, pod: Pod, cid: str, controller: str = "cpu") -> Path:
         parent: str = pod.config.linux.cgroup_parent
         return CGROUP_FS / controller / parent.lstrip("/") / cid
+
+
+@functools.cache
+def runtime_of(pkg_root: Path) -> Runtime:
+    return Runtime.of(pkg_root)
 
 
 @dataclass

@@ -23,6 +23,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -230,11 +231,46 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+async def first_decisions(port: int, rounds: int = 3, timeout: float = 30.0) -> None:
+    """Until the QoS manager has made its first decisions (``rounds`` rounds, as its metrics
+    say): BE's limit, set in its first rounds, changes what a BE event costs, so every node
+    must be measured after them, however long a larger node takes to start."""
+    url = f"http://127.0.0.1:{port}/metrics"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read().decode())
+        for line in text.splitlines():
+            if (
+                line.startswith("nriplugin_qos_decision_latency_milliseconds_count")
+                and float(line.split()[-1]) >= rounds
+            ):
+                return
+        await asyncio.sleep(0.1)
+    raise TimeoutError(f"the QoS manager made no {rounds} rounds in {timeout:.0f} s")
+
+
+def quiet_proc(path: Path) -> Path:
+    """A /proc of an idle 2-CPU node that never changes: the QoS manager's state (levels, BE's
+    limit) must not depend on what else the machine running the tests is doing, or the same
+    event would cost different work in two runs."""
+    path.mkdir(parents=True)
+    (path / "stat").write_text(
+        "cpu  1000 0 1000 100000 0 0 0 0 0 0\ncpu0 500 0 500 50000 0 0 0 0 0 0\ncpu1 500 0 500 50000 0 0 0 0 0 0\n"
+    )
+    (path / "loadavg").write_text("0.10 0.10 0.10 1/100 1\n")
+    (path / "meminfo").write_text(
+        "MemTotal:       25165824 kB\nMemFree:        20971520 kB\nMemAvailable:   20971520 kB\n"
+    )
+    (path / "vmstat").write_text("pgscan_kswapd 0\npgscan_direct 0\n")
+    return path
+
+
 @contextlib.asynccontextmanager
 async def running_agent(tmp: Path, known: int, *extra: str) -> AsyncIterator[Running]:
     """``nriplugin run`` with its defaults (QoS manager, reconciler, network QoS, metrics on)
-    on a cgroup v1 tree laid out like the kernel's, connected to a runtime that synchronizes
-    ``known`` running containers (their cgroups exist for the first 60). Stopped on exit."""
+    on a cgroup v1 tree laid out like the kernel's and a still /proc (:func:`quiet_proc`),
+    connected to a runtime that synchronizes ``known`` running containers (their cgroups exist
+    for the first 60). Stopped on exit."""
     from nriplugin.agent.assembly import Agent
     from nriplugin.cli.main import build_parser
 
@@ -245,21 +281,23 @@ async def running_agent(tmp: Path, known: int, *extra: str) -> AsyncIterator[Run
     for p, c in list(zip(pods, ctrs, strict=True))[:60]:
         v1_group(root, p.linux.cgroup_parent.strip("/"))
         v1_group(root, c.linux.cgroups_path.strip("/"))
+    proc = quiet_proc(tmp / "proc")
     sock = str(tmp / "nri.sock")
     peer = RuntimePeer(pods, ctrs)
     runtime = RuntimeThread(peer)
     runtime.submit(peer.listen(sock)).result(10)
     ns = build_parser().parse_args(
         [
-            *("run", "--socket", sock, "--cgroup-root", str(root), "--cri-socket", ""),
-            *("--metrics-address", f"127.0.0.1:{free_port()}", *extra),
+            *("run", "--socket", sock, "--cgroup-root", str(root), "--proc-root", str(proc), "--cri-socket", ""),
+            *("--metrics-address", f"127.0.0.1:{(port := free_port())}", *extra),
         ]
     )
     agent = Agent(ns)
     task = loop.create_task(agent.run())
     try:
         session = await asyncio.wrap_future(runtime.submit(peer.next_session(timeout=60)))
-        await asyncio.sleep(0.3)  # start-up work (the first rounds, the full pass) done
+        await asyncio.sleep(0.3)  # start-up work (the full pass) done
+        await first_decisions(port)
         yield Running(loop, runtime, session, agent)
     finally:
         agent.on_signal()

@@ -48,34 +48,58 @@ def busybox_layer(busybox: Path) -> bytes:
 
 
 def oci_archive(busybox: Path, name: str, entrypoint: list[str], out: Path) -> Path:
-    layer = busybox_layer(busybox)
-    layer_digest = "sha256:" + hashlib.sha256(layer).hexdigest()
+    """An image of busybox alone, as an OCI layout tar for ``ctr images import``."""
+    return oci_archive_layers([busybox_layer(busybox)], name, entrypoint, out)
+
+
+def files_layer(files: dict[str, Path]) -> bytes:
+    """A layer holding host files at the given paths in the image (executable, e.g. static
+    binaries built for a benchmark), with their parent folders."""
+    entries: list[tuple[tarfile.TarInfo, bytes | None]] = []
+    folders: set[str] = set()
+    for dest, src in sorted(files.items()):
+        parts = dest.strip("/").split("/")
+        for k in range(1, len(parts)):
+            d = "/".join(parts[:k])
+            if d not in folders:
+                folders.add(d)
+                entries.append(_dir(d))
+        data = src.read_bytes()
+        f = tarfile.TarInfo("/".join(parts))
+        f.size, f.mode = len(data), 0o755
+        entries.append((f, data))
+    return _tar_bytes(entries)
+
+
+def oci_archive_layers(layers: list[bytes], name: str, entrypoint: list[str], out: Path) -> Path:
+    """An image of any layers (lowest first): e.g. busybox's and a :func:`files_layer` on top,
+    as an OCI layout tar for ``ctr images import``."""
+    diff_ids = ["sha256:" + hashlib.sha256(layer).hexdigest() for layer in layers]
     config = json.dumps(
         {
             "architecture": "amd64",
             "os": "linux",
             "config": {"Entrypoint": entrypoint, "Env": ["PATH=/bin"], "WorkingDir": "/"},
-            "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+            "rootfs": {"type": "layers", "diff_ids": diff_ids},
         },
         sort_keys=True,
     ).encode()
-    config_digest = "sha256:" + hashlib.sha256(config).hexdigest()
     manifest = json.dumps(
         {
             "schemaVersion": 2,
             "mediaType": "application/vnd.oci.image.manifest.v1+json",
             "config": {
                 "mediaType": "application/vnd.oci.image.config.v1+json",
-                "digest": config_digest,
+                "digest": "sha256:" + hashlib.sha256(config).hexdigest(),
                 "size": len(config),
             },
             "layers": [
-                {"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer_digest, "size": len(layer)}
+                {"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": d, "size": len(layer)}
+                for d, layer in zip(diff_ids, layers, strict=True)
             ],
         },
         sort_keys=True,
     ).encode()
-    manifest_digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
     index = json.dumps(
         {
             "schemaVersion": 2,
@@ -83,7 +107,7 @@ def oci_archive(busybox: Path, name: str, entrypoint: list[str], out: Path) -> P
             "manifests": [
                 {
                     "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                    "digest": manifest_digest,
+                    "digest": "sha256:" + hashlib.sha256(manifest).hexdigest(),
                     "size": len(manifest),
                     "platform": {"architecture": "amd64", "os": "linux"},
                     "annotations": {
@@ -96,7 +120,7 @@ def oci_archive(busybox: Path, name: str, entrypoint: list[str], out: Path) -> P
         sort_keys=True,
     ).encode()
     entries: list[tuple[tarfile.TarInfo, bytes | None]] = [_dir("blobs"), _dir("blobs/sha256")]
-    for blob in (layer, config, manifest):
+    for blob in dict.fromkeys([*layers, config, manifest]):  # a blob once, however often it is used
         i = tarfile.TarInfo("blobs/sha256/" + hashlib.sha256(blob).hexdigest())
         i.size, i.mode = len(blob), 0o644
         entries.append((i, blob))

@@ -2,9 +2,12 @@
 
 It speaks the protocol over real sockets (a listening unix socket, or one end of a
 socketpair handed to the plugin as an inherited fd) using the same sans-IO codecs from the
-other side, and behaves like containerd's NRI adaptation: the plugin calls RegisterPlugin,
-the runtime answers, calls Configure, then Synchronize, then sends events; the plugin may
-call UpdateContainers at any time.
+other side, and behaves like containerd's NRI adaptation at a chosen NRI version (``nri``):
+the plugin calls RegisterPlugin, the runtime answers, calls Configure (v0.12: with its NRI
+version; an event it does not know in the subscription is refused), then Synchronize (split
+with ``more`` when ``sync_chunk`` is set: v0.8 and later), then sends events (v0.12: the
+dedicated RPC, falling back to StateChange when the plugin answers UNIMPLEMENTED); the plugin
+may call UpdateContainers at any time.
 """
 
 from __future__ import annotations
@@ -21,6 +24,29 @@ from nriplugin.nri import ttrpc
 from nriplugin.nri.connection import NriConnection
 from nriplugin.nri.errors import ProtocolError
 from nriplugin.nri.stub import PLUGIN_SERVICE, RUNTIME_SERVICE
+
+# NRI v0.12's dedicated RPC per event (the ones testkit drives through ``notify``).
+DEDICATED: dict[int, tuple[str, type[Any]]] = {
+    api.RUN_POD_SANDBOX: ("RunPodSandbox", api.RunPodSandboxRequest),
+    api.STOP_POD_SANDBOX: ("StopPodSandbox", api.StopPodSandboxRequest),
+    api.REMOVE_POD_SANDBOX: ("RemovePodSandbox", api.RemovePodSandboxRequest),
+    api.POST_CREATE_CONTAINER: ("PostCreateContainer", api.PostCreateContainerRequest),
+    api.START_CONTAINER: ("StartContainer", api.StartContainerRequest),
+    api.POST_START_CONTAINER: ("PostStartContainer", api.PostStartContainerRequest),
+    api.POST_UPDATE_CONTAINER: ("PostUpdateContainer", api.PostUpdateContainerRequest),
+    api.REMOVE_CONTAINER: ("RemoveContainer", api.RemoveContainerRequest),
+    api.POST_UPDATE_POD_SANDBOX: ("PostUpdatePodSandbox", api.PostUpdatePodSandboxRequest),
+}
+
+
+def nri_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in version.lstrip("v").split("."))
+
+
+def known_events(version: str) -> int:
+    """The event mask a runtime of NRI ``version`` accepts: events 1-11, and 12-14 from v0.10."""
+    last = api.VALIDATE_CONTAINER_ADJUSTMENT if nri_tuple(version) >= (0, 10) else api.REMOVE_CONTAINER
+    return (1 << last) - 1
 
 
 class PeerCallError(Exception):
@@ -47,11 +73,14 @@ class PluginSession:
     sync_error: str = ""
     calls: dict[int, asyncio.Future[ttrpc.Response]] = field(default_factory=dict)
     protocol_error: Exception | None = None
+    plugin_nri: str = ""  # the NRI version the plugin said at registration
+    sync_parts: int = 0  # Synchronize requests sent (more than one: split)
+    fallbacks: list[str] = field(default_factory=list)  # dedicated RPCs answered UNIMPLEMENTED
 
-    async def call(self, method: str, msg: bytes, timeout: float | None = None, raw_suffix: bytes = b"") -> bytes:
+    async def call(self, method: str, msg: bytes, timeout: float | None = None) -> bytes:
         timeout = self.peer.request_timeout if timeout is None else timeout
         assert self.transport is not None
-        sid, data = self.conn.call(PLUGIN_SERVICE, method, msg + raw_suffix, int(timeout * 1e9))
+        sid, data = self.conn.call(PLUGIN_SERVICE, method, msg, int(timeout * 1e9))
         fut: asyncio.Future[ttrpc.Response] = asyncio.get_running_loop().create_future()
         self.calls[sid] = fut
         self.transport.write(data)
@@ -80,6 +109,27 @@ class PluginSession:
         if ctr is not None:
             evt.container.CopyFrom(ctr)
         await self.call("StateChange", evt.SerializeToString())
+
+    async def notify(self, event: api.Event, pod: api.PodSandbox, ctr: api.Container | None = None) -> None:
+        """An event that carries nothing back, as the runtime sends it: NRI v0.12 calls the
+        dedicated RPC and falls back to StateChange on UNIMPLEMENTED; older ones StateChange."""
+        rpc = DEDICATED.get(event)
+        if rpc is not None and nri_tuple(self.peer.nri) >= (0, 12):
+            name, cls = rpc
+            req = cls(pod=pod) if ctr is None else cls(pod=pod, container=ctr)
+            try:
+                await self.call(name, req.SerializeToString())
+                return
+            except PeerCallError as exc:
+                if exc.code != ttrpc.Code.UNIMPLEMENTED:
+                    raise
+                self.fallbacks.append(name)
+        await self.state_change(event, pod, ctr)
+
+    async def update_pod_sandbox(self, pod: api.PodSandbox, res: api.LinuxResources) -> None:
+        """NRI v0.10+: a dedicated RPC from the start (no StateChange fallback)."""
+        req = api.UpdatePodSandboxRequest(pod=pod, linux_resources=res)
+        await self.call("UpdatePodSandbox", req.SerializeToString())
 
     def subscribed(self, event: int) -> bool:
         return bool(self.events & (1 << (event - 1)))
@@ -132,13 +182,20 @@ class RuntimePeer:
         request_timeout: float = 2.0,
         sync_chunk: int = 0,
         synchronize: bool = True,
+        nri: str = "v0.6.1",
+        runtime: tuple[str, str] = ("runtime-peer", "v0.0.1"),
     ) -> None:
         self.pods = pods or []
         self.containers = containers or []
         self.request_timeout = request_timeout
-        self.sync_chunk = sync_chunk  # >0: split Synchronize with `more`, as newer runtimes do
+        self.sync_chunk = sync_chunk  # >0: split Synchronize with `more`, as NRI v0.8+ does
+        if sync_chunk and nri_tuple(nri) < (0, 8):
+            raise ValueError(f"NRI {nri} does not split Synchronize")
+        self.nri = nri
+        self.runtime = runtime  # name and version said in Configure
         self.do_synchronize = synchronize
-        self.sessions: list[PluginSession] = []
+        self.sessions: list[PluginSession] = []  # configured (and synchronized) ones
+        self.all_sessions: list[PluginSession] = []  # every connection, refused ones too
         self.updates: list[api.UpdateContainersRequest] = []
         self.fail_updates: set[str] = set()
         self.update_delay = 0.0
@@ -164,7 +221,7 @@ class RuntimePeer:
             if not req.plugin_name or len(req.plugin_idx) != 2 or not req.plugin_idx.isdigit():
                 s.transport.write(s.conn.respond(ev.stream_id, code=ttrpc.Code.INVALID_ARGUMENT, message="bad id"))
                 return
-            s.name, s.idx = req.plugin_name, req.plugin_idx
+            s.name, s.idx, s.plugin_nri = req.plugin_name, req.plugin_idx, req.NRI_version
             s.transport.write(s.conn.respond(ev.stream_id, api.Empty().SerializeToString()))
             self.spawn(self._configure_and_sync(s))
         elif r.method == "UpdateContainers":
@@ -180,9 +237,15 @@ class RuntimePeer:
 
     async def _configure_and_sync(self, s: PluginSession) -> None:
         try:
-            cfg = api.ConfigureRequest(config="", runtime_name="runtime-peer", runtime_version="v0.0.1")
+            cfg = api.ConfigureRequest(config="", runtime_name=self.runtime[0], runtime_version=self.runtime[1])
+            if nri_tuple(self.nri) >= (0, 8):
+                cfg.request_timeout = int(self.request_timeout * 1000)
+                cfg.registration_timeout = 5000
+            if nri_tuple(self.nri) >= (0, 12):
+                cfg.NRI_version = self.nri
+            # Fields a runtime of this version does not know never reach the plugin.
             rpl = api.ConfigureResponse.FromString(await s.call("Configure", cfg.SerializeToString()))
-            valid = (1 << (api.LAST - 1)) - 1
+            valid = known_events(self.nri)
             if rpl.events & ~valid:
                 raise PeerCallError(3, f"invalid plugin events 0x{rpl.events & ~valid:x}")
             s.events = rpl.events or valid
@@ -198,27 +261,24 @@ class RuntimePeer:
 
     async def _synchronize(self, s: PluginSession) -> None:
         pods, ctrs = self.pods, self.containers
-        if not self.sync_chunk:
-            req = api.SynchronizeRequest(pods=pods, containers=ctrs)
-            rpl = api.SynchronizeResponse.FromString(await s.call("Synchronize", req.SerializeToString()))
-            s.sync_updates = list(rpl.update)
-            return
-        n = self.sync_chunk
+        n = self.sync_chunk or max(len(pods), len(ctrs), 1)
         chunks = [(pods[i : i + n], ctrs[i : i + n]) for i in range(0, max(len(pods), len(ctrs)) or 1, n)]
         for i, (p, c) in enumerate(chunks):
             more = i < len(chunks) - 1
-            req = api.SynchronizeRequest(pods=p, containers=c)
-            raw = await s.call("Synchronize", req.SerializeToString(), raw_suffix=b"\x18\x01" if more else b"")
-            rpl = api.SynchronizeResponse.FromString(raw)
-            echoed = any(f.field_number == 2 and f.data for f in _unknown(rpl))
-            if more and not echoed:
-                raise PeerCallError(9, "plugin did not echo `more`")
+            req = api.SynchronizeRequest(pods=p, containers=c, more=more)
+            rpl = api.SynchronizeResponse.FromString(await s.call("Synchronize", req.SerializeToString()))
+            s.sync_parts += 1
+            # As containerd/nri's adaptation: a part must be answered with `more` echoed and nothing else.
+            if more and (rpl.update or not rpl.more):
+                raise PeerCallError(9, "plugin does not handle split sync requests")
             s.sync_updates += list(rpl.update)
 
     # listening ------------------------------------------------------------------------------
 
     def _factory(self) -> _Proto:
-        return _Proto(PluginSession(self))
+        s = PluginSession(self)
+        self.all_sessions.append(s)
+        return _Proto(s)
 
     async def listen(self, path: str) -> None:
         self.server = await asyncio.get_running_loop().create_unix_server(self._factory, path)
@@ -236,15 +296,8 @@ class RuntimePeer:
             with contextlib.suppress(Exception):
                 await self.server.wait_closed()
             self.server = None
-        for s in self.sessions:
+        for s in self.all_sessions:
             s.close()
-
-
-def _unknown(msg: Any) -> list[Any]:
-    from google.protobuf.unknown_fields import UnknownFieldSet
-
-    fields = UnknownFieldSet(msg)
-    return [fields[i] for i in range(len(fields))]
 
 
 def make_pod(i: int, qos: str | None = "BE", parent: str | None = None) -> api.PodSandbox:

@@ -219,6 +219,29 @@ def test_explain_and_doctor(tmp_path: Path) -> None:
     doc = json.loads(r.stdout)
     assert doc["cgroup"]["version"] in (1, 2) and "cpuBurst" in doc["features"]
     assert doc["cpu"]["online"]
+    assert all("not available" in line for line in doc["nri"]["bornWith"].values())  # v0.6.1 assumed
+
+
+def test_doctor_says_what_be_is_born_with_on_the_runtime_named() -> None:
+    """``--runtime-nri``: what BE containers get on that runtime; a wrong version is one line."""
+
+    def doctor(*args: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "nriplugin", "doctor", "--format", "json", "--agent", "127.0.0.1:1", *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+
+    r = doctor("--runtime-nri", "v0.12.5")
+    assert r.returncode == 0, r.stderr
+    born = json.loads(r.stdout)["nri"]["bornWith"]
+    assert len(born) == 3 and all(line.startswith("in force") for line in born.values()), born
+    r = doctor("--runtime-nri", "v0.10.0")
+    born = json.loads(r.stdout)["nri"]["bornWith"]
+    assert {k: v.startswith("in force") for k, v in born.items()} == {
+        "SCHED_IDLE for BE": False,  # NRI v0.11
+        "IO priority idle for BE": True,
+        "oom_score_adj 1000 for BE": True,
+    }, born
+    r = doctor("--runtime-nri", "junk")
+    assert r.returncode == 2 and "not an NRI version" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_bad_policy_by_hand_is_a_startup_error(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ dry run, pending credit)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -104,11 +105,14 @@ def test_cpu_ranking_is_priority_then_usage_then_newest_and_never_ls() -> None:
     assert [c.name for c in ranked] == ["be-4", "be-3", "be-2", "be-1"]
 
 
-def test_a_quiet_be_pod_is_not_a_cpu_victim() -> None:
+def test_a_quiet_or_small_be_pod_is_not_a_cpu_victim() -> None:
+    """A pod that frees next to nothing of the 8.1-core release is never a victim: idle (under
+    a millicore), or under 5 % of the release (0.4 cores: 4.9 %)."""
     facts, _ = cpu_case()
-    pods = [be(1, cpu_cores=0.0002), be(2, cpu_cores=0.005)]  # idle vs starved but working
+    pods = [be(1, cpu_cores=0.0002), be(2, cpu_cores=0.4), be(3, cpu_cores=0.41)]
     plan = CpuEvict(CpuConfig(sustain=0.0)).decide(facts, pods)
-    assert plan is not None and [c.name for c in plan.victims] == ["be-2"]
+    assert plan is not None and [c.name for c in plan.victims] == ["be-3"]
+    assert CpuEvict(CpuConfig(sustain=0.0)).decide(facts, pods[:2]) is None
 
 
 def test_koordinator_be_satisfaction_variant() -> None:
@@ -282,6 +286,73 @@ def test_rate_limit_and_dry_run() -> None:
     dry = Evictor(runtime=runtime, dry_run=True)
     done = asyncio.run(dry.execute(cpu_plan([be(9, cpu_cores=1.0)], 0.5), {}))
     assert [c.name for c in done] == ["be-9"] and len(runtime.calls) == 2 and not dry.pending
+
+
+def memory_plan(pods: list[Candidate], amount: int) -> Plan:
+    return Plan("MemoryEvict", Release(amount, "threshold", "t"), pods, "bytes")
+
+
+def test_a_failing_backend_is_backed_off_not_replaced_by_the_next_pod(caplog: pytest.LogCaptureFixture) -> None:
+    """CRI unreachable: the best victim's eviction fails; nobody else is evicted in its place,
+    the failure is counted and logged once for the plan, and no plan is made until the
+    back-off (1 s, doubling) ends; then the same pod is tried again, and a success resets it."""
+
+    @dataclass
+    class Failing(Scripted):
+        down: bool = True
+
+        async def evict(self, ns: str, name: str, uid: str, grace_seconds: int, reason: str, message: str) -> Outcome:
+            self.calls.append((name, grace_seconds))
+            if self.down:
+                raise ConnectionError("connect: no such file or directory")
+            return Outcome.EVICTED
+
+    @dataclass
+    class Counts:
+        failed: list[tuple[str, str]] = field(default_factory=list)
+        done: list[str] = field(default_factory=list)
+
+        def evicted(self, strategy: str, reason: str, dry_run: bool) -> None:
+            self.done.append(strategy)
+
+        def eviction_failed(self, backend: str, outcome: str) -> None:
+            self.failed.append((backend, outcome))
+
+    counts = Counts()
+    clock, runtime = Clock(), Failing()
+    ev = Evictor(runtime=runtime, clock=clock, observer=counts)
+    pods = [be(1, freeable_bytes=400 * MiB), be(2, freeable_bytes=200 * MiB), be(3, freeable_bytes=100 * MiB)]
+    caplog.set_level(logging.INFO, "nriplugin.qos.evict")
+    assert asyncio.run(ev.execute(memory_plan(pods, 500 * MiB), {})) == []
+    assert runtime.calls == [("be-1", 5)] and counts.failed == [("runtime", "error")]
+    failed = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
+    assert len(failed) == 1 and "nobody else is evicted" in failed[0] and "no such file" in failed[0]
+    assert ev.busy("MemoryEvict") and ev.busy("CPUEvict")  # backing off: no plans
+    clock.t = 1.0
+    assert not ev.busy("MemoryEvict")
+    asyncio.run(ev.execute(memory_plan(pods, 500 * MiB), {}))
+    assert [n for n, _ in runtime.calls] == ["be-1", "be-1"] and ev.failures == 2
+    clock.t = 2.5
+    assert ev.busy("MemoryEvict")  # 2 s after the second failure
+    clock.t, runtime.down = 3.0, False
+    done = asyncio.run(ev.execute(memory_plan(pods, 500 * MiB), {}))
+    assert [c.name for c in done] == ["be-1", "be-2"] and ev.failures == 0 and len(counts.failed) == 2
+    assert counts.done == ["MemoryEvict", "MemoryEvict"]
+    assert not ev.busy("MemoryEvict")
+
+
+def test_a_pod_that_frees_next_to_nothing_is_never_a_victim() -> None:
+    """MemoryEvict never plans a quiet pod that frees about 0 MiB, and the evictor skips a
+    victim under 5 % of the release even when a plan lists it."""
+    facts = MemoryFacts(0, GiB, int(0.75 * GiB))  # release 1.3 x 7 % of 1 GiB = 93 MiB
+    quiet = be(1, freeable_bytes=200 * 1024)
+    small = be(2, freeable_bytes=4 * MiB)
+    assert MemoryEvict().decide(facts, [quiet, small]) is None
+    plan = MemoryEvict().decide(facts, [quiet, small, be(3, freeable_bytes=300 * MiB)])
+    assert plan is not None and [c.name for c in plan.victims] == ["be-3"]
+    runtime = Scripted()
+    asyncio.run(Evictor(runtime=runtime).execute(memory_plan([quiet, small], 100 * MiB), {}))
+    assert runtime.calls == []
 
 
 def test_pending_releases_are_credited_until_the_victim_is_gone() -> None:

@@ -156,6 +156,22 @@ def test_disabling_the_manager_gives_be_its_cpu_back(tmp_path: Path) -> None:
     assert not node.desired.overlays.targets(SUPPRESS)
 
 
+def test_a_restarted_agent_takes_over_the_cut_and_gives_back_no_limit(tmp_path: Path) -> None:
+    """BE's group holds a previous agent's cut (0.1 cores) when this one starts: BE's pods are
+    capped at it before any round; disabling the manager later restores no limit (kubelet's),
+    not the cut the group held at start."""
+    node, _, mgr, _, quota = node_with_pods(tmp_path)
+    quota.write_text("10000")
+    assert node.desired.learn_held(QoSClass.BE, ["kubepods/besteffort"]) == {BE_GROUP: 0.1}
+    assert node.desired.capped(make_container(1, make_pod(1, "BE")).id)
+    mgr.round()  # LS idle: one core, the group first, then its children
+    assert quota.read_text() == "100000"
+    node.rules.set(Policy.model_validate({"qosManager": {"enable": False}}), "test")
+    mgr.round()
+    assert quota.read_text() == "-1"
+    assert not node.desired.capped(make_container(1, make_pod(1, "BE")).id)
+
+
 def test_ls_at_its_limit_bursts_first_and_be_gets_what_is_left(tmp_path: Path) -> None:
     node, _, mgr, s, quota = node_with_pods(tmp_path)
     ls_key = make_container(2, make_pod(2, "LS")).id

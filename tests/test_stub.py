@@ -14,6 +14,7 @@ import pytest
 
 from nriplugin.nri import api_pb2 as api
 from nriplugin.nri import ttrpc
+from nriplugin.nri.runtime import VENDORED, RuntimeCaps
 from nriplugin.nri.stub import HookPolicy, Plugin, Stub, StubOptions, event_mask
 from nriplugin.nri.transport import PollClock
 from testkit.runtime_peer import PeerCallError, RuntimePeer, make_container, make_pod
@@ -210,16 +211,38 @@ def test_unknown_service_and_method_are_unimplemented(tmp_path: Path) -> None:
     run(main, tmp_path)
 
 
-def test_split_synchronize_echoes_more(tmp_path: Path) -> None:
+def test_split_synchronize_echoes_more_and_takes_the_node_in_whole(tmp_path: Path) -> None:
+    """NRI v0.8+ splits a large Synchronize: each part but the last is answered with ``more``
+    echoed and no updates (the runtime checks both), the plugin is called once with the whole
+    node, its updates go with the last answer, and hooks work after it."""
+
     async def main(tmp: Path) -> None:
         pods = [make_pod(i) for i in range(25)]
-        peer = RuntimePeer(pods, [make_container(i, p) for i, p in enumerate(pods)], sync_chunk=10)
+        ctrs = [make_container(i, p) for i, p in enumerate(pods)]
+        peer = RuntimePeer(pods, ctrs, sync_chunk=10, nri="v0.12.5")
         plugin = SharesPlugin()
         stub, task = await started(peer, plugin, tmp)
         s = await peer.next_session()
-        assert s.sync_error == ""
-        assert plugin.synced == (25, 25)  # one call with everything, after the last chunk
+        assert s.sync_error == "" and s.sync_parts == 3
+        assert plugin.synced == (25, 25)  # one call with everything, after the last part
+        assert [u.container_id for u in s.sync_updates] == [ctrs[0].id]
+        be = make_pod(30, "BE")
+        assert (await s.create_container(be, make_container(30, be))).adjust.linux.resources.cpu.shares.value == 2
         await stopped(stub, task, peer)
+
+    run(main, tmp_path)
+
+
+def test_a_split_synchronize_restarts_with_a_new_connection(tmp_path: Path) -> None:
+    """Parts of a Synchronize that a dropped connection left unfinished are not carried over."""
+
+    async def main(tmp: Path) -> None:
+        stub = Stub(SharesPlugin(), StubOptions(socket_path=str(tmp / "none.sock")))
+        stub._synchronize(api.SynchronizeRequest(pods=[make_pod(1)], more=True))
+        assert len(stub._sync_pods) == 1
+        with pytest.raises(OSError):
+            await stub.connect_once()
+        assert stub._sync_pods == [] and stub.caps == RuntimeCaps()
 
     run(main, tmp_path)
 
@@ -590,5 +613,130 @@ def test_a_message_over_the_bound_is_refused_counted_and_not_retried_in_a_loop(t
         t0 = time.monotonic()
         await stopped(stub, task, peer)  # the long wait ends at once on stop()
         assert time.monotonic() - t0 < 1
+
+    run(main, tmp_path)
+
+
+class PodPlugin(SharesPlugin):
+    """Handles the pod-update events of NRI v0.10+ besides the v0.6 ones; records caps."""
+
+    caps: RuntimeCaps | None = None
+
+    def runtime_caps(self, caps: RuntimeCaps) -> None:
+        self.caps = caps
+
+    def update_pod_sandbox(self, pod: api.PodSandbox, resources: api.LinuxResources) -> None:
+        self.seen.append(("update_pod", f"{pod.id[-2:]}:{resources.cpu.shares.value}"))
+
+    def post_update_pod_sandbox(self, pod: api.PodSandbox) -> None:
+        self.seen.append(("post_update_pod", pod.id[-2:]))
+
+    def start_container(self, pod: api.PodSandbox, container: api.Container) -> None:
+        self.seen.append(("start", container.id[-2:]))
+
+
+def bit(*events: int) -> int:
+    return sum(1 << (e - 1) for e in events)
+
+
+V06_EVENTS = bit(api.RUN_POD_SANDBOX, api.CREATE_CONTAINER, api.START_CONTAINER, api.REMOVE_CONTAINER)
+POD_UPDATE = bit(api.UPDATE_POD_SANDBOX, api.POST_UPDATE_POD_SANDBOX)
+
+
+@pytest.mark.parametrize(
+    ("nri", "subscribed", "source"),
+    [("v0.6.1", V06_EVENTS, "assumed"), ("v0.12.5", V06_EVENTS | POD_UPDATE, "runtime")],
+)
+def test_subscription_is_cut_to_the_events_the_runtime_knows(
+    tmp_path: Path, nri: str, subscribed: int, source: str
+) -> None:
+    """A runtime refuses events it does not know at registration: a v0.6 runtime is offered the
+    v0.6 events only, a v0.12 runtime (which says its version in Configure) all handled ones."""
+
+    async def main(tmp: Path) -> None:
+        peer = RuntimePeer(nri=nri)
+        plugin = PodPlugin()
+        stub, task = await started(peer, plugin, tmp)
+        s = await peer.next_session()
+        assert s.sync_error == "" and s.events == subscribed
+        assert s.plugin_nri == VENDORED  # ours, said at registration
+        assert plugin.caps is stub.caps and (stub.caps.nri_version, stub.caps.source) == (nri, source)
+        await stopped(stub, task, peer)
+
+    run(main, tmp_path)
+
+
+def test_a_plugin_of_events_the_runtime_does_not_know_fails_configure(tmp_path: Path) -> None:
+    """Zero would mean "all events" to the runtime: Configure fails with a reason instead."""
+
+    class OnlyPodUpdates(Plugin):
+        def update_pod_sandbox(self, pod: api.PodSandbox, resources: api.LinuxResources) -> None: ...
+
+    async def main(tmp: Path) -> None:
+        peer = RuntimePeer(nri="v0.6.1")
+        stub, task = await started(peer, OnlyPodUpdates(), tmp)
+        for _ in range(100):
+            if any(ses.sync_error for ses in peer.all_sessions):
+                break
+            await asyncio.sleep(0.02)
+        assert any("knows none of the events" in ses.sync_error for ses in peer.all_sessions)
+        await stopped(stub, task, peer)
+
+    run(main, tmp_path)
+
+
+def test_v012_dedicated_rpcs_are_served(tmp_path: Path) -> None:
+    """A v0.12 runtime calls one RPC per event and falls back to StateChange only on
+    UNIMPLEMENTED: every dedicated RPC is answered (none falls back), events the plugin did
+    not subscribe to are answered empty, and methods it does not know are UNIMPLEMENTED."""
+
+    async def main(tmp: Path) -> None:
+        peer = RuntimePeer(nri="v0.12.5")
+        plugin = PodPlugin()
+        stub, task = await started(peer, plugin, tmp)
+        s = await peer.next_session()
+        pod, ctr = make_pod(7, "BE"), make_container(7, make_pod(7, "BE"))
+        await s.notify(api.RUN_POD_SANDBOX, pod)
+        await s.notify(api.START_CONTAINER, pod, ctr)
+        res = api.LinuxResources()
+        res.cpu.shares.value = 512
+        await s.update_pod_sandbox(pod, res)
+        await s.notify(api.POST_UPDATE_POD_SANDBOX, pod)
+        await s.notify(api.REMOVE_CONTAINER, pod, ctr)
+        for ev in (api.STOP_POD_SANDBOX, api.POST_START_CONTAINER):  # not subscribed
+            await s.notify(ev, pod, None if ev == api.STOP_POD_SANDBOX else ctr)
+        assert s.fallbacks == []
+        assert plugin.seen == [
+            ("run", pod.id),
+            ("start", ctr.id[-2:]),
+            ("update_pod", "07:512"),
+            ("post_update_pod", "07"),
+            ("remove", ctr.id),
+        ]
+        with pytest.raises(PeerCallError) as e:
+            await s.call("ValidateContainerAdjustment", api.ValidateContainerAdjustmentRequest().SerializeToString())
+        assert e.value.code == ttrpc.Code.UNIMPLEMENTED
+        await stopped(stub, task, peer)
+
+    run(main, tmp_path)
+
+
+def test_pod_update_over_state_change_from_a_v010_runtime(tmp_path: Path) -> None:
+    """Runtimes before v0.12 do not say their NRI version: containerd's is inferred from its
+    own (2.2.0 vendors v0.10, which knows the pod-update events), and events without a
+    dedicated RPC there come over StateChange."""
+
+    async def main(tmp: Path) -> None:
+        peer = RuntimePeer(nri="v0.10.0", runtime=("containerd", "v2.2.0"))
+        plugin = PodPlugin()
+        stub, task = await started(peer, plugin, tmp)
+        s = await peer.next_session()
+        assert s.events == V06_EVENTS | POD_UPDATE
+        assert (stub.caps.nri_version, stub.caps.source) == ("v0.10.0", "inferred")
+        pod = make_pod(8)
+        await s.notify(api.POST_UPDATE_POD_SANDBOX, pod)
+        await s.state_change(api.UPDATE_POD_SANDBOX, pod)
+        assert plugin.seen == [("post_update_pod", "08"), ("update_pod", "08:0")]
+        await stopped(stub, task, peer)
 
     run(main, tmp_path)

@@ -15,8 +15,8 @@ from nriplugin.agent.supervise import Supervisor, how_it_ended
 FAKE = """#!/bin/sh
 n=$(cat "$DIR/count" 2>/dev/null || echo 0); n=$((n + 1)); echo $n > "$DIR/count"
 fd=no; [ -n "$NRI_PLUGIN_SOCKET" ] && [ -e /proc/self/fd/$NRI_PLUGIN_SOCKET ] && fd=yes
-printf '{"argv": "%s", "since": "%s", "cause": "%s", "fd": "%s"}\\n' "$*" "$NRIPLUGIN_GAP_SINCE" \
-    "$NRIPLUGIN_GAP_CAUSE" "$fd" >> "$DIR/runs"
+printf '{"argv": "%s", "since": "%s", "cause": "%s", "fd": "%s", "successor": "%s"}\\n' "$*" \
+    "$NRIPLUGIN_GAP_SINCE" "$NRIPLUGIN_GAP_CAUSE" "$fd" "$NRIPLUGIN_SUPERVISE_SUCCESSOR" >> "$DIR/runs"
 how=$(sed -n "${n}p" "$DIR/plan")
 case "$how" in kill) kill -9 $$ ;; *) exit "$how" ;; esac
 """
@@ -48,13 +48,25 @@ def test_crash_is_restarted_on_the_socket_and_told_when(tmp_path: Path) -> None:
     first, second = runs
     assert first["fd"] == "yes" and first["since"] == ""
     assert first["argv"] == "-m nriplugin run --socket /run/x/nri.sock"
-    # restarted in socket mode, under the launcher's name, not waiting behind another agent
+    # handed to a successor supervisor (containerd 2.x kills the launched process once its
+    # connection closed), which restarts the agent in socket mode, under the launcher's name,
+    # not waiting behind another agent
     assert second["fd"] == "no" and second["cause"] == "crash" and float(second["since"]) > 0
-    assert second["argv"].endswith("--name qos --idx 05 --if-held exit")
+    assert second["successor"] == "1"
+    assert second["argv"] == "-m nriplugin supervise --socket /run/x/nri.sock --idx 05 --name qos --if-held exit"
     # the supervisor closed its copy: with the agent gone, the connection is closed
     ours.settimeout(5)
     assert ours.recv(1) == b""
     ours.close()
+
+
+def test_a_successor_restarts_its_agent_itself(tmp_path: Path) -> None:
+    env = {"NRIPLUGIN_SUPERVISE_SUCCESSOR": "1", "NRIPLUGIN_GAP_SINCE": "1.5", "NRIPLUGIN_GAP_CAUSE": "crash"}
+    rc, runs = supervise(tmp_path, ["kill", "0"], env)
+    assert rc == 0
+    first, second = runs
+    assert first["argv"] == second["argv"] == "-m nriplugin run --socket /run/x/nri.sock"
+    assert first["since"] == "1.5" and float(second["since"]) > 1.5 and second["cause"] == "crash"
 
 
 def test_runtime_gone_or_startup_error_is_not_restarted(tmp_path: Path) -> None:

@@ -6,7 +6,10 @@ Gives ``nri/api_pb2.py`` (the NRI wire types) and ``cri/api_pb2.py`` (kubelet's 
 take inventory when no NRI Synchronize comes). CRI's proto imports gogo's options file by its
 Go path (``github.com/...``), which is no Python package name: its module is written next to
 CRI's as ``cri/gogo_pb2.py`` and the one import line is rewritten to match. The descriptors
-keep their upstream file names, so protobuf's pool resolves the dependency as usual.
+keep their upstream file names, so protobuf's pool resolves the dependency as usual. NRI's
+``Field`` enum (v0.10+) has a value named ``None``, which protoc writes into the stub file as
+``None: ...``, not valid Python: those lines are commented out (the value stays reachable at run
+time as ``api.Field.Value("None")``).
 
 The output is byte-for-byte reproducible for a given grpcio-tools version (pinned in
 pyproject.toml's test extra); tests/test_protos.py regenerates into a temporary folder and
@@ -15,6 +18,7 @@ fails if the committed modules differ.
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -32,6 +36,7 @@ GENERATED = [
     "cri/gogo_pb2.pyi",
 ]
 GOGO_MODULE = "github.com.gogo.protobuf.gogoproto"
+NONE_NAME = re.compile(r"^(\s*)None: ", re.MULTILINE)  # an enum value named None (not Python)
 
 
 def generate(out: Path) -> None:
@@ -54,6 +59,8 @@ def generate(out: Path) -> None:
             raise SystemExit(f"unexpected generated import in {api}")
         api.write_text(text.replace(old, "from nriplugin.cri import gogo_pb2"))
     shutil.rmtree(out / "github")
+    stub = out / "nri" / "api_pb2.pyi"
+    stub.write_text(NONE_NAME.sub(r"\1# None: ", stub.read_text()))
 
 
 if __name__ == "__main__":

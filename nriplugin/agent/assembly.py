@@ -337,6 +337,7 @@ class Agent:
 
         invalid = Invalid()
         self.node = node = Node.create(rules, cgroups=Cgroups(Path(self.ns.cgroup_root)), on_invalid=invalid)
+        self.learn_limits(node)
         plugin = QoSPlugin(node, push=stubs.serving.update_containers)
         stubs.serving.replace_plugin(plugin)
         if stubs.runner is not None:
@@ -344,6 +345,23 @@ class Agent:
             first: list[asyncio.Future[Any]] = [stubs.runner, asyncio.ensure_future(stubs.serving.ready.wait())]
             await asyncio.wait(first, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
         return Loaded(rules, node, plugin, invalid)
+
+    def learn_limits(self, node: Node) -> None:
+        """What the kernel holds on BE's groups, before the real plugin answers its first
+        hook, on every start: a previous agent's cut stays written (``serve``), and a BE
+        container answered above it would fail to start (runc's write of its quota is refused)."""
+        from nriplugin.policy.qos import QoSClass
+        from nriplugin.qos.cpu_suppress import be_groups
+
+        held = node.desired.learn_held(QoSClass.BE, be_groups(self.ns.pods_root or DEFAULT_PODS_ROOTS))
+        for group, cores in held.items():
+            log.info(
+                "BE's group %s holds %.2f cores (left by the previous agent): BE pods are capped at it until "
+                "the QoS manager decides",
+                group,
+                cores,
+                extra={"group": group, "be_limit_cores": round(cores, 3)},
+            )
 
     async def build_parts(self, stubs: Stubs, loaded: Loaded) -> Parts:
         """The metrics (taking over what the stub and the node saw before they existed), and
@@ -364,7 +382,8 @@ class Agent:
         from nriplugin.qos.collect import Collector
         from nriplugin.qos.manager import QoSManager
 
-        collector = Collector(node.model, node.desired, node.cgroups)
+        proc = Path(self.ns.proc_root)
+        collector = Collector(node.model, node.desired, node.cgroups, proc_root=proc)
         qos = QoSManager(
             node.model,
             node.desired,
@@ -373,6 +392,7 @@ class Agent:
             rules,
             observer=QoSMetrics(metrics),
             eviction=self.build_eviction(node, rules, metrics, collector),
+            psi_path=str(proc / "pressure" / "cpu"),
         )
         net = self.build_net(node, rules, metrics, loaded.invalid)
         server = await self.serve_http(metrics, stub, qos)

@@ -14,6 +14,14 @@ agent ended:
   meanwhile, there is nothing to do), after a short backoff when crashes repeat, and tells
   the new agent when the old one died so it can log and count the time without an agent.
 
+containerd 2.x (NRI >= v0.7) SIGKILLs a plugin process it launched once that plugin's
+connection has closed, i.e. this supervisor, right after its agent crashed. So the launched
+supervisor does not restart the agent itself: it hands supervision to a successor
+(``nriplugin supervise`` as its child, marked by ``NRIPLUGIN_SUPERVISE_SUCCESSOR``) and waits
+for it. The runtime's kill then ends only the waiter; the successor and its agent go on,
+and the successor restarts the agent again if it crashes again. containerd 1.7 leaves the
+waiter alone, and it ends when the successor does.
+
 Deliberately small and free of the agent's imports: it must start fast (the runtime's 5 s
 registration clock runs while it does) and must not crash itself.
 """
@@ -32,6 +40,7 @@ log = logging.getLogger("nriplugin.agent.supervise")
 
 ENV_SOCKET, ENV_NAME, ENV_IDX = "NRI_PLUGIN_SOCKET", "NRI_PLUGIN_NAME", "NRI_PLUGIN_IDX"
 ENV_GAP_SINCE, ENV_GAP_CAUSE = "NRIPLUGIN_GAP_SINCE", "NRIPLUGIN_GAP_CAUSE"  # read by cli.run
+ENV_SUCCESSOR = "NRIPLUGIN_SUPERVISE_SUCCESSOR"  # set for a supervisor the runtime did not launch
 BACKOFF_FIRST, BACKOFF_MAX = 0.5, 10.0
 STABLE_AFTER = 30.0  # an agent that ran this long crashed "once": restart it at once
 
@@ -76,12 +85,16 @@ class Supervisor:
         env = dict(os.environ)
         raw = env.get(ENV_SOCKET, "")
         fds = (int(raw),) if raw.isdigit() else ()
+        successor = env.get(ENV_SUCCESSOR) == "1"
+        self.restarts = 1 if successor else 0  # a successor starts after a crash: keep backing off
         self._start(env, [], fds)
         for fd in fds:
             os.close(fd)  # the agent holds the only copy: its death closes the connection
-        # Restarts serve on the socket under the launcher's own name and index.
-        name_idx = ["--name", env[ENV_NAME]] if env.get(ENV_NAME) else []
-        name_idx += ["--idx", env[ENV_IDX]] if env.get(ENV_IDX) else []
+        # Restarts serve on the socket under the launcher's own name and index (a successor
+        # has them in its arguments already).
+        again = [] if successor else ["--if-held", "exit"]
+        again = (["--name", env[ENV_NAME]] if env.get(ENV_NAME) else []) + again
+        again = (["--idx", env[ENV_IDX]] if env.get(ENV_IDX) else []) + again
         restart_env = {k: v for k, v in env.items() if k not in (ENV_SOCKET, ENV_NAME, ENV_IDX)}
         delay = 0.0
         while True:
@@ -114,7 +127,17 @@ class Supervisor:
                 return 0
             self.restarts += 1
             gap_env = {**restart_env, ENV_GAP_SINCE: repr(died), ENV_GAP_CAUSE: "crash"}
-            self._start(gap_env, [*name_idx, "--if-held", "exit"])
+            if successor:
+                self._start(gap_env, again)
+                continue
+            return self._hand_over(gap_env, again)
+
+    def _hand_over(self, env: dict[str, str], extra: list[str]) -> int:
+        """Start the successor supervisor (which starts the agent at once) and wait for it."""
+        cmd = [*agent_command(self.python), "supervise", *self.args, *extra]
+        self.child = subprocess.Popen(cmd, env={**env, ENV_SUCCESSOR: "1"})
+        rc = self.child.wait()
+        return 0 if self.stopping else rc
 
 
 def log_format(args: list[str]) -> str:

@@ -12,14 +12,16 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from nriplugin.features import FeatureFailed
+from nriplugin.features import FeatureFailed, born_with
 from nriplugin.kernel.cgroup import RESOURCES, Cgroups
 from nriplugin.kernel.cpulist import format_cpulist
 from nriplugin.kernel.probe import Capabilities
 from nriplugin.node.assembly import Node
 from nriplugin.node.hooks import NRI_FIELDS
 from nriplugin.nri import api_pb2 as api
+from nriplugin.nri.runtime import RuntimeCaps, parse_version
 from nriplugin.policy.cache import RuleCache, describe
+from nriplugin.policy.model import Policy
 
 
 class _M(BaseModel):
@@ -85,8 +87,24 @@ def to_nri(d: Description) -> tuple[api.PodSandbox, list[api.Container]]:
     return p, out
 
 
-def explain(d: Description, rules: RuleCache, cgroups: Cgroups) -> dict[str, Any]:
-    """The pod as the hooks would see it: into a node model of its own, the same desired state."""
+def describe_runtime(policy: Policy, runtime_nri: str | None) -> dict[str, Any]:
+    """Which process attributes BE is born with on a runtime of NRI ``runtime_nri`` (e.g.
+    "v0.12.5"; None: not known here, the oldest supported, v0.6.1, is assumed — the running
+    agent logs what it learnt at Configure)."""
+    if runtime_nri is None:
+        runtime = RuntimeCaps()
+    else:
+        v = parse_version(runtime_nri)
+        if v is None:
+            raise ValueError(f"not an NRI version: {runtime_nri[:40]!r} (e.g. v0.12.5)")
+        runtime = RuntimeCaps(nri=v, source="runtime")
+    how = "as given" if runtime_nri is not None else "assumed: the runtime is not asked here"
+    return {"nri": f"NRI {runtime.nri_version} ({how})", "bornWith": born_with.plan(policy, runtime).lines()}
+
+
+def explain(d: Description, rules: RuleCache, cgroups: Cgroups, runtime_nri: str | None = None) -> dict[str, Any]:
+    """The pod as the hooks would see it: into a node model of its own, the same desired state;
+    for a BE pod, what its containers are born with on a runtime of NRI ``runtime_nri``."""
     failures: list[str] = []
     node = Node.create(rules, cgroups=cgroups, on_invalid=failures.append)
     pod, ctrs = to_nri(d)
@@ -140,6 +158,8 @@ def explain(d: Description, rules: RuleCache, cgroups: Cgroups) -> dict[str, Any
         report["refused"] = f"a fail-closed feature failed, the container would be refused: {exc}"
     if failures:
         report["skippedFeatures"] = sorted(set(failures))
+    if qos is not None and qos.value == "BE":
+        report["runtime"] = describe_runtime(rules.policy, runtime_nri)
     return report
 
 
@@ -157,7 +177,9 @@ FEATURE_NEEDS: dict[str, tuple[str, list[str]]] = {
 }
 
 
-def doctor(caps: Capabilities, cg: Cgroups, nri_socket: str) -> dict[str, Any]:
+def doctor(
+    caps: Capabilities, cg: Cgroups, nri_socket: str, policy: Policy | None = None, runtime_nri: str | None = None
+) -> dict[str, Any]:
     t = caps.topology
     numa = sorted(set(t.numa.values()))
     features = {}
@@ -196,7 +218,12 @@ def doctor(caps: Capabilities, cg: Cgroups, nri_socket: str) -> dict[str, Any]:
         },
         "psi": caps.psi,
         "coreScheduling": caps.core_sched,
-        "nri": {"socket": nri_socket, "present": os.path.exists(nri_socket), "lock": runtime_lock(nri_socket)},
+        "nri": {
+            "socket": nri_socket,
+            "present": os.path.exists(nri_socket),
+            "lock": runtime_lock(nri_socket),
+            **describe_runtime(policy or Policy(), runtime_nri),
+        },
         "inotify": inotify_usage(),  # the reconciler's watches: one per managed cgroup directory
         "features": features,
         "network": network(),

@@ -105,6 +105,12 @@ def run_node_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--policy", help="policy YAML (ours or a NodeSLO object); hot-reloaded; default: embedded")
     run.add_argument("--cgroup-root", default="/sys/fs/cgroup", help="cgroup mount (default %(default)s)")
     run.add_argument(
+        "--proc-root",
+        default="/proc",
+        help="the host's /proc, where the QoS manager reads node CPU, memory and pressure (default "
+        "%(default)s; a DaemonSet without hostPID mounts the host's elsewhere, e.g. /host/proc)",
+    )
+    run.add_argument(
         "--net-namespace",
         default=None,
         help="network namespace whose pod veths network QoS shapes (default: the agent's own; a "
@@ -173,15 +179,28 @@ def add_explain(sub: Subcommands) -> None:
     ex.add_argument("--policy", help="policy file (default: embedded)")
     ex.add_argument("--cgroup-root", default="/sys/fs/cgroup")
     ex.add_argument("--format", choices=("yaml", "json"), default="yaml")
+    ex.add_argument(
+        "--runtime-nri",
+        metavar="VERSION",
+        help="the runtime's NRI version (e.g. v0.12.5; `nriplugin run` logs it at Configure) for what BE "
+        "containers are born with; default: assumed v0.6.1",
+    )
 
 
 def add_doctor(sub: Subcommands) -> None:
     """``doctor``: the node's capabilities and the running agent's state."""
     doc = sub.add_parser("doctor", help="this node's capability matrix and which features can work here")
     doc.add_argument("--cgroup-root", default="/sys/fs/cgroup")
+    doc.add_argument("--policy", help="policy file for what the features would do here (default: embedded)")
     doc.add_argument("--socket", default="/var/run/nri/nri.sock")
     doc.add_argument("--agent", default="127.0.0.1:9310", help="running agent's metrics address (default %(default)s)")
     doc.add_argument("--format", choices=("yaml", "json"), default="yaml")
+    doc.add_argument(
+        "--runtime-nri",
+        metavar="VERSION",
+        help="the runtime's NRI version (e.g. v0.12.5; `nriplugin run` logs it at Configure) for what BE "
+        "containers are born with; default: assumed v0.6.1",
+    )
 
 
 def add_top(sub: Subcommands) -> None:
@@ -423,7 +442,9 @@ def show_explain(ns: argparse.Namespace) -> int:
         from nriplugin.kernel.cgroup import Cgroups
 
         rules = explain.load_rules(ns.policy)
-        return explain.explain(explain.load_description(Path(ns.description)), rules, Cgroups(Path(ns.cgroup_root)))
+        return explain.explain(
+            explain.load_description(Path(ns.description)), rules, Cgroups(Path(ns.cgroup_root)), ns.runtime_nri
+        )
 
     return report(ns, build)
 
@@ -435,7 +456,8 @@ def show_doctor(ns: argparse.Namespace) -> int:
         from nriplugin.kernel.probe import probe
 
         cg = Cgroups(Path(ns.cgroup_root))
-        out = explain.doctor(probe(cg.root), cg, ns.socket)
+        policy = explain.load_rules(ns.policy).policy
+        out = explain.doctor(probe(cg.root), cg, ns.socket, policy=policy, runtime_nri=ns.runtime_nri)
         out["agent"] = explain.agent_state(ns.agent)
         return out
 

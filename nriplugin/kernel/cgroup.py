@@ -8,6 +8,7 @@ once (the caller logs it), then skipped without touching the file again.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import math
 import os
@@ -70,6 +71,12 @@ WEIGHT_MAPPINGS: dict[str, tuple[Callable[[int], int], Callable[[int], int]]] = 
     "linear": (shares_to_weight, weight_to_shares),
     "log": (shares_to_weight_log, weight_to_shares_log),
 }
+
+
+# cgroup v2: a group with cpu.idle=1 runs at the minimum weight, reads its cpu.weight as 0 and
+# refuses (EINVAL) any weight written until cpu.idle is 0 again (which resets it to 100). The
+# default policy gives BE both cpu.idle=1 and shares: the weight is then in place, not drift.
+IDLE_WEIGHT = "0"
 
 
 class InvalidValue(ValueError):
@@ -194,6 +201,7 @@ class Cgroups:
         self._prefix = self._root.rstrip("/")  # "" for a root of "/": paths are joined to it
         self._real_bases: dict[str, str] = {}
         self._resolved: dict[str, str] = {}  # directory -> its real path
+        self._child_files: frozenset[str] | None = None  # v2 with no group yet: a probe group's files
         if self.version is None:
             self.version = detect_version(self.root)
 
@@ -357,8 +365,9 @@ class Cgroups:
         if resource in PAGE_ROUNDED:
             return isinstance(have, int) and have == value // 4096 * 4096
         if self.version is Version.V2 and resource == "cpu.shares":
-            # either runtime's conversion of the value is the value: not drift to "repair"
-            return text.strip() in {str(to(value)) for to, _ in WEIGHT_MAPPINGS.values()}
+            # either runtime's conversion of the value is the value: not drift to "repair";
+            # nor is an idle group's weight (see IDLE_WEIGHT)
+            return text.strip() in {IDLE_WEIGHT, *(str(to(value)) for to, _ in WEIGHT_MAPPINGS.values())}
         if self.version is Version.V2 and res.to_v2 is not None:
             return isinstance(have, int) and res.to_v2(have) == res.to_v2(value)
         return have == value
@@ -424,6 +433,8 @@ class Cgroups:
         except OSError as exc:
             # The kernel refused: either it lacks the feature or the value is out of its own
             # bounds. Re-probe the feature at the top of the hierarchy before deciding.
+            if exc.errno == errno.EINVAL and self._idle_weight(resource, path):
+                return Outcome("unchanged", exc.errno, f"{path.parent}: cpu.idle=1, the kernel keeps its weight")
             refused = exc.errno in (errno.EINVAL, errno.EPERM, errno.EACCES, errno.EOPNOTSUPP)
             if refused and not self.supported(resource):
                 self._mark_unsupported(resource, f"{exc.strerror} writing {path.name}")
@@ -432,6 +443,15 @@ class Cgroups:
         finally:
             os.close(fd)
         return Outcome("written")
+
+    def _idle_weight(self, resource: str, path: Path) -> bool:
+        """Is ``path`` the weight of an idle group (v2 refuses any weight written there)?"""
+        if self.version is not Version.V2 or resource != "cpu.shares":
+            return False
+        try:
+            return _read(path) == IDLE_WEIGHT
+        except OSError:
+            return False
 
     def supported(self, resource: str) -> bool:
         """Does the kernel have ``resource``'s file (probed at the top of its hierarchy)?"""
@@ -442,7 +462,11 @@ class Cgroups:
             return False
         # v2 has no cpu.max/memory.max at the root: look one level down.
         probe = _first_child(self.root)
-        return probe is not None and (probe / res.v2).exists()
+        if probe is not None:
+            return (probe / res.v2).exists()
+        if self._child_files is None:
+            self._child_files = _probe_child(self.root)
+        return res.v2 in self._child_files
 
     def _mark_unsupported(self, resource: str, why: str) -> None:
         if resource not in self.unsupported:
@@ -466,6 +490,26 @@ def detect_version(root: Path) -> Version:
     if ctl.exists() and ctl.read_text().split():
         return Version.V2
     return Version.V1
+
+
+def _probe_child(root: Path) -> frozenset[str]:
+    """The files a new group gets on a v2 tree that has no group yet (a fresh node with the
+    cgroupfs driver: found on the real kernel, where the agent then took every v2 file for
+    missing): a transient group made under the root, listed and removed."""
+    probe = root / f"nriplugin-probe-{os.getpid()}"
+    try:
+        probe.mkdir()
+    except FileExistsError:
+        pass
+    except OSError:
+        return frozenset()
+    try:
+        return frozenset(p.name for p in probe.iterdir())
+    except OSError:
+        return frozenset()
+    finally:
+        with contextlib.suppress(OSError):
+            probe.rmdir()
 
 
 def _first_child(root: Path) -> Path | None:

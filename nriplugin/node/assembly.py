@@ -125,6 +125,7 @@ class Node:
             ResctrlFS(resctrl_root, caps.resctrl) if caps.resctrl.mounted else None,
             coresched or (CoreSched() if caps.core_sched else None),
             on_invalid=on_invalid,
+            on_written=desired.group_written,
         )
         model.subscribe(desired)  # first: CPUs are assigned before anyone computes values
         model.subscribe(TaskGroups(model, desired, writer))

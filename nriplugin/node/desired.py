@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from typing import Literal
 
 from nriplugin.features import Context, FeatureFailed, Intent, InvalidInput, Setting, cpuset, desired_state
 from nriplugin.intent.core import cap_burst, requested
@@ -63,6 +64,14 @@ class DesiredState:
         # child's quota above its parent's, so a limit on a QoS-level group (BE's) is also a
         # ceiling for every pod and container of the class, new ones at birth included.
         self._caps: dict[QoSClass, tuple[float, str, str]] = {}
+        # What the kernel holds on the QoS-level groups that bound a class (group path -> cores,
+        # None: no limit), learned at start-up and kept as the one writer writes them: a child
+        # above what its parent holds *now* is refused, so the ceiling in force is the lower
+        # of the one decided and the one held (a raise reaches the children once the parent
+        # holds it; a restarted agent caps new containers at the previous agent's cut).
+        self._held: dict[str, float | None] = {}
+        self._bounds: dict[str, QoSClass] = {}
+        self._in_force: dict[QoSClass, tuple[float, str, str]] = {}
         # Class-wide cpuset limits (the cpuset suppression policy): the class's containers run on
         # ``ncpus`` CPUs of the share pool (None: the whole pool again, kept so that a lifted
         # limit is written back), owner and reason.
@@ -182,7 +191,7 @@ class DesiredState:
                 for resource, value in d.values:
                     intent.files[(resource, "")] = Setting(resource, value, d.reason, owner=d.owner)
             cap_burst(intent.files)
-        cap = self._caps.get(qos) if qos is not None else None
+        cap = self._in_force.get(qos) if qos is not None else None
         if cap is not None and intent is not None:
             intent = self._ceiling(intent, *cap)
         limit = self._cpusets.get(qos) if qos is not None else None
@@ -197,10 +206,10 @@ class DesiredState:
 
     def class_capped(self, pod: api.PodSandbox) -> bool:
         """Whether a class-wide CFS ceiling applies to the pod's class now (see :meth:`capped`)."""
-        if not self._caps:
+        if not self._in_force:
             return False
         try:
-            return qos_class(pod.labels, pod.linux.cgroup_parent) in self._caps
+            return qos_class(pod.labels, pod.linux.cgroup_parent) in self._in_force
         except InvalidQoSLabel:
             return False
 
@@ -285,10 +294,19 @@ class DesiredState:
         for fn in self._listeners:
             fn(keys)
 
-    def set_overlay(self, key: str, owner: str, values: dict[str, int | str], reason: str) -> bool:
+    def set_overlay(
+        self,
+        key: str,
+        owner: str,
+        values: dict[str, int | str],
+        reason: str,
+        before: dict[str, int | str] | None = None,
+    ) -> bool:
         """Layer ``owner``'s decision over ``key``'s desired state; re-applies that key only.
         Where no feature sets a resource, the value it replaces is remembered and comes back
-        when the last overlay on it is withdrawn (for a container: what the runtime asked)."""
+        when the last overlay on it is withdrawn (for a container: what the runtime asked;
+        ``before``: what the owner knows it was, when the file may still hold a previous
+        agent's overlay)."""
         try:
             have = self.intent(key)
         except FeatureFailed:
@@ -302,7 +320,10 @@ class DesiredState:
             ):
                 continue
             asked = requested(r.container, resource) if r is not None else None
-            new[resource] = None if asked is not None else self.current(key, resource)
+            if before is not None and resource in before:
+                new[resource] = before[resource]
+            else:
+                new[resource] = None if asked is not None else self.current(key, resource)
         if not self.overlays.set(key, owner, values, reason):  # raises on a bad value: nothing kept
             return False
         if new:
@@ -311,10 +332,74 @@ class DesiredState:
         return True
 
     def set_ceiling(self, qos: QoSClass, cores: float, owner: str, reason: str) -> None:
-        """A CFS-bandwidth ceiling for every pod and container of ``qos`` (see ``_caps``)."""
+        """A CFS-bandwidth ceiling for every pod and container of ``qos`` (see ``_caps``); in
+        force at once when it is lower than what the class's groups hold, once they hold it
+        when higher."""
         if self._caps.get(qos) == (cores, owner, reason):
             return
         self._caps[qos] = (cores, owner, reason)
+        self._recap(qos)
+
+    def bound(self, qos: QoSClass, group: str) -> None:
+        """``group`` is a QoS-level group above every pod of ``qos`` (BE's): what it holds
+        bounds them (see ``_held``), read now and followed from now on through
+        :meth:`group_written`."""
+        group = group.strip("/")
+        if self._bounds.get(group) is qos:
+            return
+        self._bounds[group] = qos
+        cores = self._read_held(group)
+        self._held[group] = None if cores is False else cores
+        self._recap(qos)
+
+    def learn_held(self, qos: QoSClass, groups: Iterable[str]) -> dict[str, float]:
+        """Read what the kernel holds on ``groups`` (those that exist), QoS-level groups above
+        every pod of ``qos``, before the first hook is answered: a restarted agent caps new
+        containers at what the previous one left. Returns the limited ones (cores)."""
+        for g in groups:
+            if self._read_held(g.strip("/")) is not False:
+                self.bound(qos, g)
+        return {g: c for g, c in self._held.items() if c is not None and self._bounds.get(g) is qos}
+
+    def group_written(self, group: str, resource: str) -> None:
+        """The one writer wrote ``resource`` of ``group``: when it is a bounding group's CFS
+        bandwidth, what it holds now moves the ceiling in force."""
+        if resource not in ("cpu.cfs_quota_us", "cpu.cfs_period_us"):
+            return
+        qos = self._bounds.get(group.strip("/"))
+        if qos is None:
+            return
+        cores = self._read_held(group.strip("/"))
+        self._held[group.strip("/")] = None if cores is False else cores
+        self._recap(qos)
+
+    def _read_held(self, group: str) -> float | Literal[False] | None:
+        """The group's CFS bandwidth in cores (None: no limit; False: no such group)."""
+        key = GROUP_PREFIX + group
+        quota = self.current(key, "cpu.cfs_quota_us")
+        if not isinstance(quota, int):
+            return False
+        if quota < 0:
+            return None
+        period = self.current(key, "cpu.cfs_period_us")
+        return quota / (period if isinstance(period, int) and period > 0 else 100_000)
+
+    def _recap(self, qos: QoSClass) -> None:
+        """The ceiling in force for ``qos``: the lower of the one decided and what its groups
+        hold; the class's keys are recomputed when it moves."""
+        want = self._caps.get(qos)
+        held = [c for g, c in self._held.items() if c is not None and self._bounds.get(g) is qos]
+        low = min(held, default=None)
+        now = want
+        if low is not None and (want is None or low < want[0] - 1e-5):  # 1 us a period: the same quota
+            owner = want[1] if want is not None else "kernel"
+            now = (low, owner, f"its QoS-level group holds {low:.2f} cores")
+        if self._in_force.get(qos) == now:
+            return
+        if now is None:
+            self._in_force.pop(qos, None)
+        else:
+            self._in_force[qos] = now
         self._class_changed(qos)
 
     def set_cpuset_limit(self, qos: QoSClass, ncpus: int | None, owner: str, reason: str) -> None:
@@ -328,11 +413,13 @@ class DesiredState:
 
     def capped(self, key: str) -> bool:
         """Whether a class-wide CFS ceiling applies to ``key`` now (its class is suppressed)."""
-        return bool(self._caps) and self.qos_of(key) in self._caps
+        return bool(self._in_force) and self.qos_of(key) in self._in_force
 
     def withdraw_ceiling(self, qos: QoSClass) -> None:
+        """No decided ceiling any more; what the class's groups hold still bounds it until
+        they are raised."""
         if self._caps.pop(qos, None) is not None:
-            self._class_changed(qos)
+            self._recap(qos)
 
     def _overlaid(self, key: str, resource: str) -> bool:
         return any(resource in dict(d.values) for d in self.overlays.of(key))

@@ -10,14 +10,16 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from nriplugin.features import FeatureFailed, Intent
+from nriplugin.features import FeatureFailed, Intent, born_with
 from nriplugin.intent.core import requested
 from nriplugin.kernel.cgroup import RESOURCES, Cgroups, Version
 from nriplugin.kernel.cpulist import format_cpulist
 from nriplugin.node.assembly import Node
 from nriplugin.node.turns import Turn
 from nriplugin.nri import api_pb2 as api
+from nriplugin.nri.runtime import RuntimeCaps
 from nriplugin.nri.stub import Plugin
+from nriplugin.policy.qos import InvalidQoSLabel, QoSClass, qos_class
 
 log = logging.getLogger("nriplugin.node.hooks")
 
@@ -76,6 +78,13 @@ class QoSPlugin(Plugin):
         # Containers answered, not yet in the model: taken in right after the answer, and by
         # every hook before it looks at the model (so the order of events is the model's).
         self._created: list[tuple[api.PodSandbox, api.Container]] = []
+        self.runtime = RuntimeCaps()  # what the runtime's NRI carries: learnt at Configure
+
+    def runtime_caps(self, caps: RuntimeCaps) -> None:
+        """Decided once per connection: which process attributes BE is born with."""
+        self.runtime = caps
+        for name, why in born_with.plan_for(self.desired.rules.policy, caps).lines().items():
+            log.info("%s: %s", name, why)
 
     def _take_in_created(self) -> None:
         created, self._created = self._created, []
@@ -139,9 +148,7 @@ class QoSPlugin(Plugin):
                 asyncio.get_running_loop().call_soon(self._take_in_created)
             except RuntimeError:  # no loop (tests, explain): now
                 self._take_in_created()
-        if intent is None:
-            return None
-        return self._adjustment(intent, self.desired.class_capped(pod))
+        return self._adjustment(intent, self.desired.class_capped(pod), pod)
 
     def _create_pinned(
         self, pod: api.PodSandbox, container: api.Container
@@ -153,19 +160,24 @@ class QoSPlugin(Plugin):
         except FeatureFailed as exc:
             self.model.container_removed(container.id)  # refused: it will never exist
             raise RuntimeError(f"refusing {pod.namespace}/{pod.name}/{container.name}: {exc}") from exc
-        if intent is None:
-            return None
-        adj = self._adjustment(intent, self.desired.capped(container.id))
+        adj = self._adjustment(intent, self.desired.capped(container.id), pod)
         if adj is not None and self.desired.cpus.generation != generation:  # cores left the share pool
             return adj, self._pool_updates(skip=container.id)
         return adj
 
-    def _adjustment(self, intent: Intent, capped: bool) -> api.ContainerAdjustment | None:
-        if self._quota_late(intent, capped):
-            intent = intent.copy()
-            intent.files.pop(("cpu.cfs_quota_us", ""), None)
+    def _adjustment(self, intent: Intent | None, capped: bool, pod: api.PodSandbox) -> api.ContainerAdjustment | None:
+        """The cgroup values NRI carries, and for BE the process attributes the runtime's NRI
+        carries (``born_with``: one template merged, whatever the node's size)."""
         adj = api.ContainerAdjustment()
-        return adj if to_resources(intent, self.cgroups, adj.linux.resources) else None
+        some = False
+        if intent is not None:
+            if self._quota_late(intent, capped):
+                intent = intent.copy()
+                intent.files.pop(("cpu.cfs_quota_us", ""), None)
+            some = to_resources(intent, self.cgroups, adj.linux.resources)
+        if _is_be(pod):
+            some = born_with.plan_for(self.desired.rules.policy, self.runtime).apply(adj) or some
+        return adj if some else None
 
     def start_container(self, pod: api.PodSandbox, container: api.Container) -> None:
         """cgroup v1: values NRI cannot carry (burst, identity, idle) go to the files now: the
@@ -356,6 +368,14 @@ class QoSPlugin(Plugin):
         if to_resources(intent, self.cgroups, u.linux.resources) and not _covers(c.linux.resources, u.linux.resources):
             return u
         return None
+
+
+def _is_be(pod: api.PodSandbox) -> bool:
+    """A bad QoS label is not BE (the desired state reports it once and leaves the pod alone)."""
+    try:
+        return qos_class(pod.labels, pod.linux.cgroup_parent) is QoSClass.BE
+    except InvalidQoSLabel:
+        return False
 
 
 def _covers(have: api.LinuxResources, want: api.LinuxResources) -> bool:

@@ -6,7 +6,12 @@ The ordering rules live here and nowhere else:
 - burst is never above the quota (``intent.core.cap_burst``, applied to the desired state
   itself, so what is compared is what is written);
 - quota and burst are written in the order the kernel accepts: it checks the burst against
-  the quota in force, so a rising quota goes first and a falling one after the burst.
+  the quota in force, so a rising quota goes first and a falling one after the burst;
+- across groups (a batch of keys, :func:`children_first` and :meth:`Writer.quota_rises`):
+  cgroup v1 refuses a parent's CFS bandwidth below a child's and a child's above its
+  parent's, so a batch writes the groups whose bandwidth falls deepest first and those whose
+  bandwidth rises afterwards, parents first. Whatever the final state, no write in between is
+  refused, so the kernel never says ``Invalid argument`` to a value the agent meant.
 """
 
 from __future__ import annotations
@@ -24,6 +29,20 @@ from nriplugin.policy.model import Policy
 log = logging.getLogger("nriplugin.node.writer")
 
 
+def depth(group: str) -> int:
+    """How deep a cgroup is (its path's components)."""
+    return group.strip("/").count("/")
+
+
+def children_first(keys: Iterable[str], group_of: Callable[[str], str]) -> list[str]:
+    """``keys`` ordered deepest group first (ties by key, so the order is stable)."""
+    return sorted(keys, key=lambda k: (-depth(group_of(k)), k))
+
+
+def parents_first(keys: Iterable[str], group_of: Callable[[str], str]) -> list[str]:
+    return sorted(keys, key=lambda k: (depth(group_of(k)), k))
+
+
 def period_of(settings: Iterable[Setting]) -> int | None:
     for s in settings:
         if s.resource == PERIOD and isinstance(s.value, int):
@@ -39,8 +58,12 @@ class Writer:
         resctrl_fs: ResctrlFS | None = None,
         coresched: CoreSched | None = None,
         on_invalid: Callable[[str], None] = lambda reason: None,
+        on_written: Callable[[str, str], None] | None = None,
     ) -> None:
         self.cgroups = cgroups
+        # (group, resource) after each value the kernel took: the desired state follows what
+        # the groups that bound a class hold (``DesiredState.group_written``).
+        self.on_written = on_written
         self.policy = policy
         self.resctrl = resctrl_fs
         self.coresched = coresched
@@ -56,6 +79,30 @@ class Writer:
         rising = quota.value == -1 or (isinstance(current, int) and current != -1 and quota.value >= current)
         out = [s for s in out if s.resource not in (QUOTA, BURST)]
         return [quota, burst, *out] if rising else [burst, quota, *out]
+
+    def quota_rises(self, group: str, settings: Iterable[Setting]) -> bool:
+        """Would writing ``settings`` raise ``group``'s CFS bandwidth (quota per period) above
+        what the kernel holds now? Lifting a limit (-1) is a rise; any value under no limit is
+        not. Reads the group's quota (and period) only when ``settings`` set a quota."""
+        settings = list(settings)
+        quota = next((s.value for s in settings if s.resource == QUOTA), None)
+        if not isinstance(quota, int):
+            return False
+        try:
+            cur = self.cgroups.read(group, QUOTA)
+        except (OSError, ValueError):
+            return False
+        if not isinstance(cur, int) or cur < 0 or cur >= 2**62:
+            return False  # no limit now: nothing is above it
+        if quota < 0:
+            return True
+        try:
+            cur_period = self.cgroups.read(group, PERIOD)
+        except (OSError, ValueError):
+            cur_period = None
+        have = cur_period if isinstance(cur_period, int) and cur_period > 0 else 100_000
+        want = period_of(settings) or have
+        return quota * have > cur * want
 
     def apply(
         self, group: str, settings: Iterable[Setting], who: str, *, period: int | None = None, force: bool = False
@@ -73,7 +120,9 @@ class Writer:
                 self.on_invalid("write_refused")
                 log.warning("%s: not writing %s: %s", who, s.label, exc)
                 continue
-            if res.status == "missing":  # gone already, or not created yet: the reconciler's job
+            if res.status == "written" and self.on_written is not None:
+                self.on_written(group, s.resource)
+            elif res.status == "missing":  # gone already, or not created yet: the reconciler's job
                 log.debug("%s: %s: %s", who, s.label, res.detail)
             elif res.status == "rejected":
                 log.warning(

@@ -1,6 +1,8 @@
 """The plugin stub: a :class:`Plugin` implements only the handlers it needs; :class:`Stub`
-registers it with the runtime, derives the event subscription from those handlers, dispatches
-requests, enforces each hook's time budget and failure policy, and reconnects forever.
+registers it with the runtime, derives the event subscription from those handlers (only the
+events the runtime knows: see :mod:`nriplugin.nri.runtime`), dispatches requests (a dedicated
+RPC per event from NRI v0.12 runtimes, ``StateChange`` from older ones), enforces each hook's
+time budget and failure policy, and reconnects forever.
 
 Handlers may be plain functions (the fast path: answered straight from the socket callback)
 or coroutines (run as a task under ``asyncio.wait_for`` with the hook's budget). A plain
@@ -10,7 +12,8 @@ answer is still sent.
 Sizes: the runtime accepts messages of at most ttrpc's 4 MiB, so an answer that would be
 larger (updates for thousands of containers) carries what fits and the rest follows in
 UpdateContainers calls right after it; the runtime may send more than 4 MiB (containerd 1.7's
-Synchronize is one message), accepted up to ``StubOptions.max_message``. A request over that
+Synchronize is one message; NRI v0.8 and later split it, and the parts are taken in whole
+before the plugin sees any), accepted up to ``StubOptions.max_message``. A request over that
 bound is refused unread and the stub then stays away from the runtime for
 ``refused_retry`` seconds (the agent serves reconciler-only meanwhile) rather than
 re-registering into the same message again and again.
@@ -35,6 +38,7 @@ from google.protobuf.message import Message as PbMessage
 
 from nriplugin.nri import api_pb2 as api
 from nriplugin.nri import ttrpc
+from nriplugin.nri.runtime import VENDORED, RuntimeCaps, from_configure
 from nriplugin.nri.transport import CallError, Trunk, open_trunk
 from nriplugin.obs.quiet import Quiet
 
@@ -48,8 +52,8 @@ DEADLINE_SHARE = 0.8  # of the runtime's per-request deadline that a hook may us
 SEND_LIMIT = ttrpc.MAX_MESSAGE - 1024  # an answer's or a call's payload (room for the ttrpc envelope)
 ENV_SOCKET, ENV_NAME, ENV_IDX = "NRI_PLUGIN_SOCKET", "NRI_PLUGIN_NAME", "NRI_PLUGIN_IDX"
 
-# Every event of the vendored protocol (NRI v0.6.1), bit (event - 1) of the mask. The
-# runtime rejects bits it does not know, so nothing outside this set is ever subscribed.
+# Every event of the vendored protocol, bit (event - 1) of the mask. A runtime rejects bits it
+# does not know: the subscription sent is further cut to RuntimeCaps.events at Configure.
 VALID_EVENTS = (1 << (api.LAST - 1)) - 1
 
 # handler name -> event it subscribes to
@@ -65,8 +69,26 @@ HANDLER_EVENTS: dict[str, int] = {
     "post_update_container": api.POST_UPDATE_CONTAINER,
     "stop_container": api.STOP_CONTAINER,
     "remove_container": api.REMOVE_CONTAINER,
+    "update_pod_sandbox": api.UPDATE_POD_SANDBOX,
+    "post_update_pod_sandbox": api.POST_UPDATE_POD_SANDBOX,
 }
 STATE_CHANGE_HANDLERS = {ev: name for name, ev in HANDLER_EVENTS.items()}
+POD_EVENTS = frozenset(
+    {api.RUN_POD_SANDBOX, api.STOP_POD_SANDBOX, api.REMOVE_POD_SANDBOX, api.POST_UPDATE_POD_SANDBOX}
+)  # events about a pod alone: the handler takes (pod)
+# NRI v0.12's dedicated RPCs for the events that carry nothing back (request type, handler);
+# CreateContainer, UpdateContainer, StopContainer and UpdatePodSandbox are served on their own.
+NOTIFY_RPCS: dict[str, tuple[type[PbMessage], str]] = {
+    "RunPodSandbox": (api.RunPodSandboxRequest, "run_pod_sandbox"),
+    "StopPodSandbox": (api.StopPodSandboxRequest, "stop_pod_sandbox"),
+    "RemovePodSandbox": (api.RemovePodSandboxRequest, "remove_pod_sandbox"),
+    "PostUpdatePodSandbox": (api.PostUpdatePodSandboxRequest, "post_update_pod_sandbox"),
+    "PostCreateContainer": (api.PostCreateContainerRequest, "post_create_container"),
+    "StartContainer": (api.StartContainerRequest, "start_container"),
+    "PostStartContainer": (api.PostStartContainerRequest, "post_start_container"),
+    "PostUpdateContainer": (api.PostUpdateContainerRequest, "post_update_container"),
+    "RemoveContainer": (api.RemoveContainerRequest, "remove_container"),
+}
 
 Pod = api.PodSandbox
 Container = api.Container
@@ -78,8 +100,12 @@ class Plugin:
 
     ``create_container`` returns a ``ContainerAdjustment``, or ``(adjustment, updates)``, or
     None. ``update_container`` and ``stop_container`` may return updates to other containers.
-    ``synchronize`` may return updates for existing containers.
+    ``synchronize`` may return updates for existing containers. ``update_pod_sandbox`` and
+    ``post_update_pod_sandbox`` are subscribed only on runtimes that know them (NRI v0.10+).
     """
+
+    def runtime_caps(self, caps: RuntimeCaps) -> None:
+        """What the runtime supports, told once per connection before :meth:`configure`."""
 
     def configure(self, config: str, runtime_name: str, runtime_version: str) -> Any:
         return None
@@ -101,6 +127,8 @@ class Plugin:
     def post_update_container(self, pod: Pod, container: Container) -> Any: ...
     def stop_container(self, pod: Pod, container: Container) -> Any: ...
     def remove_container(self, pod: Pod, container: Container) -> Any: ...
+    def update_pod_sandbox(self, pod: Pod, resources: api.LinuxResources) -> Any: ...
+    def post_update_pod_sandbox(self, pod: Pod) -> Any: ...
 
 
 def handled_events(plugin: Plugin) -> list[str]:
@@ -190,6 +218,8 @@ class _Method:
     encode: Callable[[Any], bytes]  # handler result -> response payload
     event: str  # metrics/policy key
 
+
+_SYNC_MORE = api.SynchronizeResponse(more=True).SerializeToString()
 
 # Results that are answered synchronously, checked before the slower awaitable test.
 _SYNC_RESULTS = (type(None), bytes, list, tuple, PbMessage)
@@ -306,8 +336,10 @@ class Stub:
         self._stopping = False
         self._stopped = asyncio.Event()  # wakes run() from a wait between connections
         self._tasks: set[asyncio.Future[None]] = set()  # hooks in flight (kept referenced)
+        self.caps = RuntimeCaps()  # what the runtime supports: learnt at Configure
         self._sync_pods: list[Pod] = []
         self._sync_ctrs: list[Container] = []
+        self._sync_parts = 0
         self._refused = False  # this connection brought a message over the bound
         self._overflow: set[asyncio.Future[None]] = set()  # pushes of what did not fit in an answer
         self._methods = self._build_methods()
@@ -331,22 +363,13 @@ class Stub:
     def _build_methods(self) -> dict[str, _Method]:
         p = self.plugin
 
-        def state_change(req: api.StateChangeEvent) -> Any:
-            name = STATE_CHANGE_HANDLERS.get(req.event)
-            if name is None or not self.events & (1 << (req.event - 1)):
-                return None
-            handler = getattr(p, name)
-            if req.event in (api.RUN_POD_SANDBOX, api.STOP_POD_SANDBOX, api.REMOVE_POD_SANDBOX):
-                return handler(req.pod)
-            return handler(req.pod, req.container)
-
         def create_reply(result: Any) -> bytes:
             if result is None:
                 return b""
             adjust, updates = result if isinstance(result, tuple) else (result, None)
             return _reply(api.CreateContainerResponse, _as_updates(updates), self._push_after, adjust=adjust)
 
-        return {
+        methods = {
             "Configure": _Method(api.ConfigureRequest, self._configure, _identity, "configure"),
             "Synchronize": _Method(api.SynchronizeRequest, self._synchronize, _identity, "synchronize"),
             "Shutdown": _Method(api.Empty, lambda r: p.shutdown(), _empty, "shutdown"),
@@ -368,31 +391,82 @@ class Stub:
                 lambda res: _reply(api.StopContainerResponse, _as_updates(res), self._push_after),
                 "stop_container",
             ),
-            "StateChange": _Method(api.StateChangeEvent, state_change, _empty, "state_change"),
         }
+        return methods | self._event_methods()
+
+    def _event_methods(self) -> dict[str, _Method]:
+        """The events that carry nothing back: over StateChange (every runtime before NRI v0.12,
+        and v0.12's fallback) and over v0.12's dedicated RPCs, to the same handlers. A handler
+        runs only for a subscribed event (the base class's would do nothing anyway)."""
+        p = self.plugin
+
+        def state_change(req: api.StateChangeEvent) -> Any:
+            name = STATE_CHANGE_HANDLERS.get(req.event)
+            if name is None or not self.events & (1 << (req.event - 1)):
+                return None
+            handler = getattr(p, name)
+            if req.event == api.UPDATE_POD_SANDBOX:
+                return handler(req.pod, api.LinuxResources())  # StateChange carries no resources
+            if req.event in POD_EVENTS:
+                return handler(req.pod)
+            return handler(req.pod, req.container)
+
+        def dedicated(event: int, handler: Callable[..., Any]) -> Callable[[Any], Any]:
+            bit = 1 << (event - 1)
+            if event in POD_EVENTS:
+                return lambda r: handler(r.pod) if self.events & bit else None
+            return lambda r: handler(r.pod, r.container) if self.events & bit else None
+
+        def update_pod(r: api.UpdatePodSandboxRequest) -> Any:
+            if self.events & (1 << (api.UPDATE_POD_SANDBOX - 1)):
+                return p.update_pod_sandbox(r.pod, r.linux_resources)
+            return None
+
+        methods = {
+            "StateChange": _Method(api.StateChangeEvent, state_change, _empty, "state_change"),
+            "UpdatePodSandbox": _Method(api.UpdatePodSandboxRequest, update_pod, _empty, "update_pod_sandbox"),
+        }
+        for rpc, (request, name) in NOTIFY_RPCS.items():
+            methods[rpc] = _Method(request, dedicated(HANDLER_EVENTS[name], getattr(p, name)), _empty, name)
+        return methods
 
     def _configure(self, req: api.ConfigureRequest) -> Any:
         self.runtime = (req.runtime_name, req.runtime_version)
+        self.caps = caps = from_configure(req)
+        events = self.events & caps.events
+        if not events:  # zero would mean "every event" to the runtime
+            raise ValueError(f"{caps.describe()} knows none of the events {type(self.plugin).__name__} handles")
+        log.info(
+            "configured by %s; subscribed to %s",
+            caps.describe(),
+            ", ".join(n for n, ev in HANDLER_EVENTS.items() if events & (1 << (ev - 1))),
+            extra={"nri_version": caps.nri_version, "nri_version_source": caps.source, "events": events},
+        )
+        self.plugin.runtime_caps(caps)
         result = self.plugin.configure(req.config, req.runtime_name, req.runtime_version)
 
         def finish(_res: Any) -> bytes:
             if self.opts.fd is not None:
                 self.ready.set()  # pre-registered plugins get no Synchronize on containerd 1.7
-            return api.ConfigureResponse(events=self.events).SerializeToString()
+            return api.ConfigureResponse(events=events).SerializeToString()
 
         if inspect.isawaitable(result):
             return _then(result, finish)
         return finish(result)
 
     def _synchronize(self, req: api.SynchronizeRequest) -> Any:
-        """Collect split Synchronize requests (newer runtimes set ``more``) and call once."""
-        more = _unknown_bool(req, 3)
+        """Collect a split Synchronize (NRI v0.8+ sets ``more`` on all parts but the last):
+        each part is answered with ``more`` echoed and nothing else, as the runtime requires;
+        the plugin is called once, with the whole node, at the last part."""
         self._sync_pods.extend(req.pods)
         self._sync_ctrs.extend(req.containers)
-        if more:
-            return b"\x10\x01"  # SynchronizeResponse.more = true (field 2 of newer protocol)
-        pods, ctrs = self._sync_pods, self._sync_ctrs
-        self._sync_pods, self._sync_ctrs = [], []
+        self._sync_parts += 1
+        if req.more:
+            return _SYNC_MORE
+        pods, ctrs, parts = self._sync_pods, self._sync_ctrs, self._sync_parts
+        self._sync_pods, self._sync_ctrs, self._sync_parts = [], [], 0
+        if parts > 1:
+            log.info("Synchronize came in %d parts: %d pods, %d containers taken in whole", parts, len(pods), len(ctrs))
         t0 = time.perf_counter()
         result = self.plugin.synchronize(pods, ctrs)
 
@@ -586,7 +660,8 @@ class Stub:
     async def connect_once(self) -> Trunk:
         """Connect and register; returns the trunk once the runtime accepted us."""
         self.ready.clear()
-        self._sync_pods, self._sync_ctrs = [], []
+        self._sync_pods, self._sync_ctrs, self._sync_parts = [], [], 0
+        self.caps = RuntimeCaps()
         if self._held is not None:
             self._held.clear()  # requests of a previous connection must not be answered here
         self.observer.connection_state("connecting")
@@ -601,7 +676,7 @@ class Stub:
         )
         self.trunk = trunk
         self.connections += 1
-        req = api.RegisterPluginRequest(plugin_name=self.opts.name, plugin_idx=self.opts.idx)
+        req = api.RegisterPluginRequest(plugin_name=self.opts.name, plugin_idx=self.opts.idx, NRI_version=VENDORED)
         try:
             await trunk.call(RUNTIME_SERVICE, "RegisterPlugin", req.SerializeToString(), REGISTRATION_TIMEOUT)
         except BaseException:
@@ -675,11 +750,3 @@ async def _await(aw: Awaitable[Any]) -> Any:
 
 async def _then(aw: Awaitable[Any], fn: Callable[[Any], bytes]) -> bytes:
     return fn(await aw)
-
-
-def _unknown_bool(msg: PbMessage, number: int) -> bool:
-    """Read a bool field the vendored proto does not know (e.g. ``more`` of newer NRI)."""
-    from google.protobuf.unknown_fields import UnknownFieldSet
-
-    fields = UnknownFieldSet(msg)
-    return any(fields[i].field_number == number and fields[i].data for i in range(len(fields)))

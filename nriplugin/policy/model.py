@@ -461,6 +461,18 @@ class Features(_M):
     blkio: FeatureSwitch = FeatureSwitch()
 
 
+class BEProcess(_M):
+    """What a BE container's process is born with, through the runtime's NRI, where the
+    runtime carries it (``nriplugin/features/born_with.py``): ``SCHED_IDLE`` (NRI v0.11+), IO
+    priority idle class (v0.10+), ``oom_score_adj`` (v0.8+; null: leave the kubelet's). Each
+    is on by default; set it false (null) to turn it off. LS, LSR and SYSTEM are never touched."""
+
+    schedIdle: bool = True
+    ioPriorityIdle: bool = True
+    # 0-1000: a BE process is never shielded from the OOM killer (lowering needs privilege too)
+    oomScoreAdj: Annotated[int, Field(ge=0, le=1000)] | None = 1000
+
+
 class Policy(_M):
     """The whole node policy. ``Policy()`` is the embedded default."""
 
@@ -475,6 +487,7 @@ class Policy(_M):
     resourceUsedThresholdWithBE: ResourceThresholdStrategy = ResourceThresholdStrategy()
     qosManager: QoSManager = QoSManager()
     systemStrategy: SystemStrategy = SystemStrategy()
+    beProcess: BEProcess = BEProcess()
 
     def cpu_suppress_policy(self) -> Literal["cfsQuota", "cpuset"]:
         """``qosManager.cpuSuppress.policy`` if set, else the NodeSLO's ``cpuSuppressPolicy``."""

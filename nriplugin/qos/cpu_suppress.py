@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from nriplugin.policy.model import QoSManager as ManagerConfig
@@ -70,6 +71,19 @@ def be_target(
     if cores < floor:
         return Target(floor, f"{why}; floor {floor:g} (BE is never starved to zero)")
     return Target(cores, why)
+
+
+def be_groups(pods_roots: Iterable[str]) -> list[str]:
+    """kubelet's besteffort group under each pods root, as either cgroup driver names it."""
+    out = []
+    for root in pods_roots:
+        r = root.strip("/")
+        name = r.rpartition("/")[2]
+        if name.endswith(".slice"):
+            out.append(f"{r}/{name.removesuffix('.slice')}-besteffort.slice")
+        else:
+            out.append(f"{r}/besteffort")
+    return out
 
 
 def quota_us(cores: float) -> int:
@@ -216,7 +230,7 @@ class CPUSuppressStrategy(Strategy):
         if mode == "cpuset":
             written = self._apply_cpuset(new, before, target.why)
         else:
-            self._apply_quota(new, before, target.why, r.policy.beMinCPUShares)
+            self._apply_quota(new, target.why, r.policy.beMinCPUShares)
             written = f"{new:.2f} cores"
         if written is None:
             return
@@ -231,7 +245,7 @@ class CPUSuppressStrategy(Strategy):
             extra={"be_limit_cores": round(new, 3), "level": r.level.name, "policy": mode},
         )
 
-    def _apply_quota(self, new: float, before: float | None, why: str, shares: int) -> None:
+    def _apply_quota(self, new: float, why: str, shares: int) -> None:
         """cfsQuota: BE's QoS-level group gets the quota (and the lowest weight)."""
         values: dict[str, int | str] = {
             "cpu.cfs_quota_us": quota_us(new),
@@ -241,18 +255,18 @@ class CPUSuppressStrategy(Strategy):
             "cpu.shares": shares,
         }
         # cgroup v1 refuses a child's quota above its parent's: BE's pods and containers get
-        # the limit as a ceiling (new ones at birth too) - lowered before the group when it
-        # falls, after it when it rises (the reconciler also retries a batch's refusals).
+        # the limit as a ceiling (new ones at birth too). The desired state keeps it in force
+        # no higher than what the group holds (a raise reaches the children once the group
+        # has it), and the one writer lowers children before the group.
         desired = self.host.desired
-        lowering = before is None or new < before
-        if lowering:
-            desired.set_ceiling(QoSClass.BE, new, SUPPRESS, f"BE's group is limited to {new:.2f} cores")
+        desired.set_ceiling(QoSClass.BE, new, SUPPRESS, f"BE's group is limited to {new:.2f} cores")
         for group in self.host.groups:
+            desired.bound(QoSClass.BE, group)
             key = self.host.owner.own_group(group)
-            desired.set_overlay(key, SUPPRESS, values, why)
+            # kubelet sets no quota on its QoS-level groups: lifting BE's limit restores none,
+            # whatever a previous agent's cut the group held when this one started
+            desired.set_overlay(key, SUPPRESS, values, why, before={"cpu.cfs_quota_us": -1})
             self._applied.add(key)
-        if not lowering:
-            desired.set_ceiling(QoSClass.BE, new, SUPPRESS, f"BE's group is limited to {new:.2f} cores")
 
     def _apply_cpuset(self, new: float, before: float | None, why: str) -> str | None:
         """cpuset: BE's containers on whole CPUs of the share pool (SMT siblings together),

@@ -31,13 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from nriplugin.intent.core import Setting
+from nriplugin.intent.core import QUOTA, Setting
 from nriplugin.kernel.cgroup import RESOURCES, Cgroups, InvalidValue
 from nriplugin.kernel.inotify import IN_CREATE, IN_DELETE, IN_IGNORED, IN_ISDIR, IN_MODIFY, IN_Q_OVERFLOW, Inotify
 from nriplugin.node.model import NodeModel, State
 from nriplugin.node.overlays import group_key
 from nriplugin.node.turns import Turn
-from nriplugin.node.writer import Writer, period_of
+from nriplugin.node.writer import Writer, children_first, parents_first, period_of
 from nriplugin.obs.quiet import Quiet
 
 log = logging.getLogger("nriplugin.reconciler")
@@ -124,6 +124,8 @@ class Reconciler:
         self._to_apply: set[str] = set()  # keys whose desired state changed, applied soon
         self._batch: collections.deque[str] = collections.deque()  # the batch being applied, in turns
         self._batch_refused: list[str] = []  # its keys the kernel refused: tried again after the rest
+        self._held_rises: list[str] = []  # its keys whose quota rises: after the first sweep
+        self._rising: collections.deque[str] = collections.deque()  # the second sweep, parents first
         self._applying = False  # an _apply_pending is scheduled
         self._passes: set[asyncio.Task[int]] = set()  # chunked full passes running
         self.rejections = 0  # writes the kernel refused
@@ -206,7 +208,7 @@ class Reconciler:
     @property
     def busy(self) -> bool:
         """News or changed keys still queued (taken a turn at a time, soon)."""
-        return bool(self._events or self._to_apply or self._batch)
+        return bool(self._events or self._to_apply or self._batch or self._rising)
 
     def own_group(self, path: str) -> str:
         """Own a QoS-level cgroup (e.g. the BE parent): tracked, watched and repaired like a
@@ -305,21 +307,30 @@ class Reconciler:
         loop.call_soon(self._apply_pending)
 
     def _apply_pending(self) -> None:
-        """Apply a batch until it stops making progress: the kernel checks some values against
-        other groups' (cgroup v1 refuses a child's CFS quota above its parent's), so lowering
-        a parent may need its children first and raising it the other way round; what was
-        refused is tried again after the rest of the batch. On the loop, a turn at a time."""
+        """Apply a batch in the order the kernel accepts (``node/writer.py``): cgroup v1 refuses
+        a child's CFS quota above its parent's, so keys go deepest first, and a key whose quota
+        rises waits for a second sweep, parents first. What was still refused (someone else
+        moved a value meanwhile) is tried again after the rest of the batch. On the loop, a
+        turn at a time."""
         self._applying = False
         in_turns = self._loop_running()
-        if not self._batch:
-            self._batch = collections.deque(sorted(self._to_apply))
+        if not self._batch and not self._rising:
+            self._batch = collections.deque(children_first(self._to_apply, self._group_of))
             self._to_apply = set()
         turn = Turn()
-        while self._batch:
-            key = self._batch.popleft()
-            if self._refused_in(key):
-                self._batch_refused.append(key)
-            if in_turns and self._batch and turn.over():
+        while self._batch or self._rising:
+            if self._batch:
+                key = self._batch.popleft()
+                if self._refused_in(key, self._held_rises):
+                    self._batch_refused.append(key)
+                if not self._batch:  # the first sweep is done: the rises, parents first
+                    self._rising = collections.deque(parents_first(self._held_rises, self._group_of))
+                    self._held_rises = []
+            else:
+                key = self._rising.popleft()
+                if self._refused_in(key):
+                    self._batch_refused.append(key)
+            if in_turns and (self._batch or self._rising) and turn.over():
                 self._applying = True
                 asyncio.get_running_loop().call_soon(self._apply_pending)
                 return
@@ -333,15 +344,28 @@ class Reconciler:
             else:
                 self._apply_pending()
 
-    def _refused_in(self, key: str) -> bool:
+    def _group_of(self, key: str) -> str:
+        entry = self.entries.get(key)
+        return "" if entry is None else entry.group
+
+    def _refused_in(self, key: str, rising: list[str] | None = None) -> bool:
         before = self.rejections
-        self.check(key, retrying=True)
+        self.check(key, retrying=True, rising=rising)
         return self.rejections > before
 
-    def check(self, key: str, only: str | None = None, event_time: float | None = None, retrying: bool = False) -> int:
+    def check(
+        self,
+        key: str,
+        only: str | None = None,
+        event_time: float | None = None,
+        retrying: bool = False,
+        rising: list[str] | None = None,
+    ) -> int:
         """Compare one entry's files with its desired values and write what differs; returns
         the writes made. A difference from a desired state already applied is drift (counted,
-        subject to fight detection); one from a new desired state is applied quietly."""
+        subject to fight detection); one from a new desired state is applied quietly.
+        ``rising`` (a batch's first sweep): a key whose CFS quota would rise writes nothing
+        now and is added to it, for the sweep that raises parents first."""
         entry = self.entries.get(key)
         if entry is None or entry.pending:
             return 0
@@ -378,8 +402,29 @@ class Reconciler:
                 if not self._may_repair(path, s.resource, key):
                     continue
             wrong.append(s)
-        writes = 0
-        for s, res in self.writer.apply(entry.group, wrong, key, period=period, force=True):
+        quota_moves = applying and any(s.resource == QUOTA for s in wrong)
+        if rising is not None and quota_moves and self.writer.quota_rises(entry.group, want):
+            rising.append(key)
+            return 0
+        writes, written = self._write(entry.group, key, wrong, paths, period, applying, retrying, event_time)
+        if only is None and complete and written:
+            entry.applied = gen
+        return writes
+
+    def _write(
+        self,
+        group: str,
+        key: str,
+        wrong: list[Setting],
+        paths: dict[tuple[str, str], str],
+        period: int | None,
+        applying: bool,
+        retrying: bool,
+        event_time: float | None,
+    ) -> tuple[int, bool]:
+        """Write the settings that differ; returns the writes made and whether none was refused."""
+        writes, complete = 0, True
+        for s, res in self.writer.apply(group, wrong, key, period=period, force=True):
             if res.status == "written":
                 writes += 1
                 st = self.files.get(paths[s.key])
@@ -392,9 +437,7 @@ class Reconciler:
                 self.observer.write_error(res.errno)
                 self._refused(paths[s.key], key, s.resource, retrying)
                 complete = False
-        if only is None and complete:
-            entry.applied = gen
-        return writes
+        return writes, complete
 
     def _refused(self, path: str, key: str, resource: str, retrying: bool) -> None:
         """The kernel refused a write. Within a batch it is tried again after the rest;

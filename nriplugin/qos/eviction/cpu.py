@@ -25,9 +25,10 @@ limit/request)`` counted in the victims' requests.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from nriplugin.qos.eviction.victims import Candidates, Plan, Release, listed, rank_cpu
+from nriplugin.qos.eviction.victims import Candidate, Candidates, Plan, Release, listed, rank_cpu
 
 RELEASE_FACTOR = 1.2  # 20 % over the shortage: one eviction, not a second round of them
 MIN_CORES = 0.001  # a pod using less than a millicore is idle: evicting it frees nothing
@@ -140,12 +141,17 @@ class CpuEvict:
         if self.last_evicted is not None and f.t - self.last_evicted < cfg.cooldown:
             return None
         if rel is not None:
-            victims = [c for c in rank_cpu(listed(cands)) if c.cpu_cores >= MIN_CORES]
-            return Plan("CPUEvict", rel, victims, "cores") if victims else None
+            return self._plan(rel, [c for c in listed(cands) if c.cpu_cores >= MIN_CORES], "cores")
         if sat is not None:
-            victims = [c for c in rank_cpu(listed(cands)) if c.cpu_request_cores > 0]
-            return Plan("CPUEvict", sat, victims, "request") if victims else None
+            return self._plan(sat, listed(cands), "request")
         return None
+
+    @staticmethod
+    def _plan(rel: Release, cands: Iterable[Candidate], unit: str) -> Plan | None:
+        """The ranked victims that each free a meaningful share of the release, or None."""
+        plan = Plan("CPUEvict", rel, [], unit)
+        victims = [c for c in rank_cpu(cands) if plan.meaningful(c)]
+        return Plan("CPUEvict", rel, victims, unit) if victims else None
 
     def _satisfaction(self, f: CpuFacts) -> Release | None:
         cfg = self.cfg

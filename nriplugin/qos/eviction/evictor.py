@@ -14,7 +14,13 @@ is why the Eviction API comes first there (koordinator#1757: koordlet kills thro
 
 The evictor:
 - takes a plan's ranked victims in order until what they free covers the release, skipping a
-  pod the backend refuses (a PDB: retried after ``retry_after``) or that is already gone;
+  pod the backend refuses (a PDB: retried after ``retry_after``) or that is already gone, and
+  a pod that frees less than a meaningful share of the release (``Plan.meaningful``);
+- when the backend fails (the runtime's CRI unreachable, the API server down), stops: the
+  next pod would fail the same way, or be evicted in the place of the one that should go. It
+  backs off (``BACKOFF_MIN`` doubling to ``BACKOFF_MAX``; a success resets it), during which
+  no strategy plans an eviction, then tries the best victim again. Each failed attempt is one
+  log line and one count (``nriplugin_qos_eviction_failures_total``), whatever the plan's size;
 - never evicts the same pod twice within ``repeat_after`` (2 minutes), and never more than
   ``max_per_minute`` pods a minute over all strategies (a global token bucket);
 - keeps what each victim is expected to free as *pending* until it is gone, for the
@@ -41,6 +47,8 @@ from nriplugin.qos.eviction.victims import Candidate, Plan
 
 log = logging.getLogger("nriplugin.qos.evict")
 
+BACKOFF_MIN, BACKOFF_MAX = 1.0, 60.0  # seconds after a failed eviction: a round, doubling to a minute
+
 
 class Outcome(enum.StrEnum):
     EVICTED = "evicted"
@@ -64,6 +72,14 @@ def outcome(answer: object) -> Outcome:
         return Outcome(str(getattr(v, "value", v)))
     except ValueError:
         return Outcome.ERROR
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A backend's outcome with what went wrong (the evictor logs it, once)."""
+
+    result: Outcome
+    detail: str = ""
 
 
 class Priorities(Protocol):
@@ -96,7 +112,9 @@ class RuntimeBackend:
         self.cri = cri
         self.timeout = timeout
 
-    async def evict(self, ns: str, name: str, uid: str, grace_seconds: int, reason: str, message: str) -> Outcome:
+    async def evict(
+        self, ns: str, name: str, uid: str, grace_seconds: int, reason: str, message: str
+    ) -> Outcome | Answer:
         a = self.api
         try:
             pods = (await self.cri.call("ListPodSandbox", a.ListPodSandboxRequest(), timeout=self.timeout)).items
@@ -119,9 +137,8 @@ class RuntimeBackend:
                 stops = [a.StopContainerRequest(container_id=c, timeout=grace_seconds) for c in running]
                 await asyncio.gather(*(self.cri.call("StopContainer", r, wait) for r in stops))
                 await self.cri.call("StopPodSandbox", a.StopPodSandboxRequest(pod_sandbox_id=sandbox), self.timeout)
-        except Exception as exc:  # grpc errors, a closed channel: the caller tries the next pod
-            log.warning("runtime eviction of %s/%s failed: %s", ns, name, exc)
-            return Outcome.ERROR
+        except Exception as exc:  # grpc errors, a closed channel: the evictor backs off
+            return Answer(Outcome.ERROR, " ".join(str(exc).split())[:300] or type(exc).__name__)
         return Outcome.EVICTED
 
 
@@ -160,12 +177,18 @@ class Evictor:
     _last: dict[str, float] = field(default_factory=dict)  # uid -> when it was evicted
     _blocked: dict[str, float] = field(default_factory=dict)  # uid -> when it may be tried again
     _busy: set[str] = field(default_factory=set)  # strategies with a plan under way
+    failures: int = 0  # failed attempts in a row (the backend's); 0 after a success
+    _retry_at: float = 0.0  # no eviction is planned before (backing off after a failure)
     _tasks: set[asyncio.Task[list[Candidate]]] = field(default_factory=set)
     pending: dict[str, Pending] = field(default_factory=dict)
     history: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=50))
 
     def busy(self, strategy: str) -> bool:
-        return strategy in self._busy
+        """A plan of ``strategy`` under way, or backing off after a failed eviction."""
+        return strategy in self._busy or self.backing_off()
+
+    def backing_off(self) -> bool:
+        return self.failures > 0 and self.clock() < self._retry_at
 
     def eligible(self, c: Candidate) -> bool:
         """Not evicted within ``repeat_after``, not refused within ``retry_after``, not pending."""
@@ -188,7 +211,8 @@ class Evictor:
         return True
 
     async def execute(self, plan: Plan, groups: dict[str, str]) -> list[Candidate]:
-        """Evict ``plan``'s victims in order until they cover its release; returns the evicted."""
+        """Evict ``plan``'s victims in order until they cover its release; returns the evicted.
+        A backend failure ends the plan (see the module's docstring)."""
         self._busy.add(plan.strategy)
         done: list[Candidate] = []
         try:
@@ -197,7 +221,7 @@ class Evictor:
             for c in plan.victims:
                 if freed >= rel.amount:
                     break
-                if not self.eligible(c):
+                if not self.eligible(c) or not plan.meaningful(c):
                     continue
                 if not self._take_token():
                     log.warning(
@@ -208,28 +232,18 @@ class Evictor:
                         extra={"strategy": plan.strategy, "victim": c.who},
                     )
                     break
-                outcome, backend = await self._evict(plan, c)
-                if outcome is Outcome.EVICTED:
-                    share = plan.share(c)
-                    freed += share
+                answer, backend = await self._evict(plan, c)
+                result = outcome(answer)
+                if result is Outcome.EVICTED:
+                    freed += self._evicted(plan, c, groups, backend)
                     done.append(c)
-                    now = self.clock()
-                    self._last[c.uid] = now
-                    if not self.dry_run:
-                        held = float(c.freeable_bytes) if plan.unit == "bytes" else share
-                        self.pending[c.uid] = Pending(
-                            c.uid, c.who, plan.strategy, held, plan.unit, now, groups.get(c.uid), held
-                        )
-                    self.observer.evicted(plan.strategy, rel.trigger, self.dry_run)
-                    self.history.append(
-                        {"t": now, "strategy": plan.strategy, "trigger": rel.trigger, "victim": c.who, "via": backend}
-                    )
-                    if self.on_evicted is not None:
-                        self.on_evicted(plan, c)
                     continue
                 self._untake_token()
-                self.observer.eviction_failed(backend, outcome.value)
-                if outcome is Outcome.BLOCKED:
+                self.observer.eviction_failed(backend, result.value)
+                if result is Outcome.ERROR:
+                    self._failed(plan, c, backend, answer)
+                    return done
+                if result is Outcome.BLOCKED:
                     self._blocked[c.uid] = self.clock() + self.retry_after
                     log.info("%s: %s refused (disruption budget); trying the next", plan.strategy, c.who)
             if freed < rel.amount:
@@ -244,7 +258,42 @@ class Evictor:
             self._busy.discard(plan.strategy)
         return done
 
-    async def _evict(self, plan: Plan, c: Candidate) -> tuple[Outcome, str]:
+    def _evicted(self, plan: Plan, c: Candidate, groups: dict[str, str], backend: str) -> float:
+        """Book an eviction; returns what it counts towards the release."""
+        share = plan.share(c)
+        now = self.clock()
+        self._last[c.uid] = now
+        self.failures = 0
+        if not self.dry_run:
+            held = float(c.freeable_bytes) if plan.unit == "bytes" else share
+            self.pending[c.uid] = Pending(c.uid, c.who, plan.strategy, held, plan.unit, now, groups.get(c.uid), held)
+        self.observer.evicted(plan.strategy, plan.release.trigger, self.dry_run)
+        self.history.append(
+            {"t": now, "strategy": plan.strategy, "trigger": plan.release.trigger, "victim": c.who, "via": backend}
+        )
+        if self.on_evicted is not None:
+            self.on_evicted(plan, c)
+        return share
+
+    def _failed(self, plan: Plan, c: Candidate, backend: str, answer: object) -> None:
+        """The backend failed: no other pod goes in ``c``'s place; back off, then retry."""
+        self.failures += 1
+        wait = min(BACKOFF_MAX, BACKOFF_MIN * 2 ** (self.failures - 1))
+        self._retry_at = self.clock() + wait
+        detail = getattr(answer, "detail", "") or str(answer)
+        log.warning(
+            "%s: evicting %s via %s failed (%s); nobody else is evicted in its place; trying again in %.0f s "
+            "(failure %d in a row)",
+            plan.strategy,
+            c.who,
+            backend,
+            detail,
+            wait,
+            self.failures,
+            extra={"strategy": plan.strategy, "victim": c.who, "via": backend, "failures": self.failures},
+        )
+
+    async def _evict(self, plan: Plan, c: Candidate) -> tuple[object, str]:
         rel = plan.release
         cluster = self.cluster_of() if self.cluster_of is not None else self.cluster
         urgent = plan.urgent or cluster is None
@@ -268,11 +317,12 @@ class Evictor:
             log.warning("dry run: would evict %s via %s: %s", c.who, via, message, extra=extra)
             return Outcome.EVICTED, via
         if backend is None:
-            log.error("%s: no eviction backend; %s stays", plan.strategy, c.who, extra=extra)
-            return Outcome.ERROR, "none"
+            return Answer(Outcome.ERROR, "no eviction backend"), "none"
         log.warning("evicting %s via %s (grace %d s): %s", c.who, via, grace, message, extra=extra)
-        out = outcome(await backend.evict(c.namespace, c.name, c.uid, grace, rel.trigger, message))
-        return out, via
+        try:
+            return await backend.evict(c.namespace, c.name, c.uid, grace, rel.trigger, message), via
+        except Exception as exc:  # a backend that raises has failed like one that says so
+            return Answer(Outcome.ERROR, f"{type(exc).__name__}: {exc}"), via
 
     def _take_token(self) -> bool:
         now = self.clock()

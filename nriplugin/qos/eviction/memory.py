@@ -24,7 +24,9 @@ next round evict again for the same bytes (koordinator#3137).
 
 **Whom**: BE pods only; leaking pods first (growth over 5 MB/min), then the largest by what
 eviction frees (anonymous memory, not page cache); a victim also counts what it would have
-grown by within the horizon, since evicting it stops the growth.
+grown by within the horizon, since evicting it stops the growth. A pod that frees less than
+5 % of the release (``victims.MIN_SHARE``) is never a victim: a quiet pod that frees about
+0 MiB relieves nothing.
 """
 
 from __future__ import annotations
@@ -162,7 +164,7 @@ class MemoryEvict:
             horizon=cfg.horizon if eta is not None and eta <= cfg.horizon else 0.0,
             urgent=eta is not None and eta <= cfg.urgent,
         )
-        victims = [c for c in ranked if plan.share(c) > 0]
+        victims = [c for c in ranked if plan.meaningful(c)]  # none that frees next to nothing
         if rel.trigger == "oom_risk":
             # Below the threshold, only the pods that grow are the risk: evicting a steady one
             # would not change where the growth leads.

@@ -23,6 +23,9 @@ from nriplugin.policy.qos import QoSClass
 
 PRIORITY_LABEL = "koordinator.sh/priority"
 LEAK_BYTES_PER_MIN = 5 * 1024 * 1024  # a pod growing faster than 5 MB/min leaks
+# A victim frees at least this share of a plan's release: evicting a pod that frees (next to)
+# nothing of what is needed disrupts it and relieves no one.
+MIN_SHARE = 0.05
 NEVER = frozenset({QoSClass.LSE, QoSClass.LSR, QoSClass.LS, QoSClass.SYSTEM})
 
 
@@ -69,9 +72,14 @@ class Plan:
             return c.freeable_bytes + max(0.0, c.growth_bytes_per_min) / 60 * self.horizon
         return c.cpu_request_cores if self.unit == "request" else c.cpu_cores
 
+    def meaningful(self, c: Candidate) -> bool:
+        """Whether evicting ``c`` frees a meaningful share of the release (``MIN_SHARE``)."""
+        share = self.share(c)
+        return share > 0 and share >= MIN_SHARE * self.release.amount
+
     def chosen(self) -> list[Candidate]:
         """The victims if every eviction succeeds."""
-        return pick(self.victims, self.release.amount, self.share)
+        return pick([c for c in self.victims if self.meaningful(c)], self.release.amount, self.share)
 
 
 def evictable(c: Candidate) -> bool:

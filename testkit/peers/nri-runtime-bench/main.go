@@ -1,12 +1,13 @@
 // nri-runtime-bench drives NRI plugins through the official runtime-side library
-// (github.com/containerd/nri/pkg/adaptation v0.6.1, the code containerd 1.7 runs), so a plugin's
-// hook round trip is measured exactly as the runtime sees it, without runc or snapshot noise.
+// (github.com/containerd/nri/pkg/adaptation at the version it is built for: v0.6.1 is what
+// containerd 1.7 runs, v0.12 containerd 2.3's line), so a plugin's hook round trip is measured
+// exactly as the runtime sees it, without runc or snapshot noise.
 //
 // It listens on -socket, hands -sync-pods pods (one container each) to every plugin at Synchronize,
 // waits until a plugin has synchronized, warms up, pauses -settle (the plugin finishes taking a
 // large node in: its steady state is what is timed), then times -n
-// CreateContainer calls (BE and LS pods alternating) and prints one JSON line of figures.
-// (shared/peers' nri-runtime-bench with -settle added.)
+// CreateContainer calls (BE and LS pods alternating) and prints one JSON line of figures. With
+// -pod-updates it then sends that many UpdatePodSandbox events (runtimes of NRI v0.10 and later).
 package main
 
 import (
@@ -17,6 +18,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/nri/pkg/adaptation"
@@ -95,6 +97,7 @@ func main() {
 	wait := flag.Duration("wait", 20*time.Second, "how long to wait for a plugin to answer")
 	verbose := flag.Bool("v", false, "runtime library logs")
 	settle := flag.Duration("settle", 0, "pause after the warm-up, before the timed calls")
+	podUpdates := flag.Int("pod-updates", 0, "UpdatePodSandbox events to send after the timed calls")
 	flag.Parse()
 	if !*verbose {
 		logrus.SetLevel(logrus.WarnLevel)
@@ -111,7 +114,13 @@ func main() {
 	syncErr := ""
 	syncUpdates := 0
 	synced := make(chan struct{}, 16)
+	var starting atomic.Bool // NRI v0.12's Start synchronizes the plugins it launched itself (none here)
+	starting.Store(true)
 	syncFn := func(ctx context.Context, cb adaptation.SyncCB) error {
+		if starting.Load() {
+			_, err := cb(ctx, nil, nil)
+			return err
+		}
 		defer func() { synced <- struct{}{} }()
 		t0 := time.Now()
 		u, err := cb(ctx, pods, ctrs)
@@ -122,7 +131,9 @@ func main() {
 		}
 		return err
 	}
-	updateFn := func(ctx context.Context, u []*adaptation.ContainerUpdate) ([]*adaptation.ContainerUpdate, error) { return nil, nil }
+	updateFn := func(ctx context.Context, u []*adaptation.ContainerUpdate) ([]*adaptation.ContainerUpdate, error) {
+		return nil, nil
+	}
 	dir, _ := os.MkdirTemp("", "nri-bench-plugins")
 	r, err := adaptation.New("nri-runtime-bench", "0.1", syncFn, updateFn, adaptation.WithSocketPath(*sock),
 		adaptation.WithPluginPath(dir), adaptation.WithPluginConfigPath(dir))
@@ -134,6 +145,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
+	starting.Store(false)
 	fmt.Fprintln(os.Stderr, "listening on", *sock)
 	ctx := context.Background()
 	ready := false
@@ -150,7 +162,7 @@ func main() {
 	if ready && *settle > 0 {
 		time.Sleep(*settle)
 	}
-	out := map[string]interface{}{"ready": ready, "sync_pods": *syncPods, "sync_ms": float64(syncDur.Microseconds()) / 1000,
+	out := map[string]interface{}{"nri": nriVersion, "ready": ready, "sync_pods": *syncPods, "sync_ms": float64(syncDur.Microseconds()) / 1000,
 		"sync_error": syncErr, "sync_updates": syncUpdates}
 	if ready {
 		lat := []float64{}
@@ -179,6 +191,18 @@ func main() {
 		sort.Float64s(lat)
 		out["n"], out["errors"], out["be_adjusted"], out["ls_adjusted"] = *n, errs, beAdj, lsAdj
 		out["p50_us"], out["p90_us"], out["p99_us"], out["max_us"] = pct(lat, .5), pct(lat, .9), pct(lat, .99), pct(lat, 1)
+	}
+	if ready && *podUpdates > 0 {
+		sent, failed := 0, 0
+		for i := 0; i < *podUpdates; i++ {
+			ok, err := updatePod(ctx, r, pod(i, "BE"))
+			if err != nil {
+				failed++
+			} else if ok {
+				sent++
+			}
+		}
+		out["pod_updates"], out["pod_update_errors"] = sent, failed
 	}
 	b, _ := json.Marshal(out)
 	fmt.Println(strings.TrimSpace(string(b)))

@@ -1,8 +1,9 @@
 // nri-runtime-scale drives one NRI plugin through the official runtime-side library
-// (github.com/containerd/nri/pkg/adaptation v0.6.1, the code containerd 1.7 runs) on a node of
+// (github.com/containerd/nri/pkg/adaptation at the version it is built for: see build.sh) on a node of
 // many pods with realistic annotations, including the multi-KB
-// kubectl.kubernetes.io/last-applied-configuration that real pods carry. containerd 1.7 sends
-// Synchronize in one message, so a few thousand such pods make it larger than ttrpc's 4 MiB.
+// kubectl.kubernetes.io/last-applied-configuration that real pods carry. containerd 1.7 (NRI v0.6)
+// sends Synchronize in one message, so a few thousand such pods make it larger than ttrpc's 4 MiB;
+// NRI v0.8 and later split such a Synchronize into parts (SynchronizeRequest.more).
 //
 // It listens on -socket, hands -sync-pods pods (one container each) to the plugin at
 // Synchronize, counts the UpdateContainers the plugin pushes, warms up, then times -n
@@ -140,7 +141,13 @@ func main() {
 	var pushed, pushCalls int64
 	syncDur, syncErr, syncUpdates := time.Duration(0), "", 0
 	synced := make(chan struct{}, 16)
+	var starting atomic.Bool // NRI v0.12's Start synchronizes the plugins it launched itself (none here)
+	starting.Store(true)
 	syncFn := func(ctx context.Context, cb adaptation.SyncCB) error {
+		if starting.Load() {
+			_, err := cb(ctx, nil, nil)
+			return err
+		}
 		defer func() { synced <- struct{}{} }()
 		t0 := time.Now()
 		u, err := cb(ctx, pods, ctrs)
@@ -166,6 +173,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
+	starting.Store(false)
 	fmt.Fprintln(os.Stderr, "listening on", *sock)
 	ctx := context.Background()
 	ready := false
@@ -186,13 +194,13 @@ func main() {
 				firstErr = err.Error()
 			}
 		}
-		r.RemoveContainer(ctx, &adaptation.StateChangeEvent{Pod: p, Container: c})
-		r.RemovePodSandbox(ctx, &adaptation.StateChangeEvent{Pod: p})
+		removeContainer(ctx, r, p, c)
+		removePod(ctx, r, p)
 	}
 	if ready {
 		time.Sleep(*settle)
 	}
-	out := map[string]interface{}{"ready": ready, "sync_pods": *syncPods, "sync_bytes": syncBytes,
+	out := map[string]interface{}{"nri": nriVersion, "ready": ready, "sync_pods": *syncPods, "sync_bytes": syncBytes,
 		"sync_ms": float64(syncDur.Microseconds()) / 1000, "sync_error": syncErr, "sync_updates": syncUpdates,
 		"first_create_us": firstCreate, "first_create_error": firstErr}
 	if ready {
@@ -213,10 +221,10 @@ func main() {
 			} else if q == "BE" && resp.GetAdjust().GetLinux().GetResources().GetCpu().GetShares() != nil {
 				beAdj++
 			}
-			if err := r.RemoveContainer(ctx, &adaptation.StateChangeEvent{Pod: p, Container: c}); err != nil {
+			if err := removeContainer(ctx, r, p, c); err != nil {
 				errs++
 			}
-			if err := r.RemovePodSandbox(ctx, &adaptation.StateChangeEvent{Pod: p}); err != nil {
+			if err := removePod(ctx, r, p); err != nil {
 				errs++
 			}
 		}

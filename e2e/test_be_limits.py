@@ -1,0 +1,136 @@
+"""BE's group quota and its children on the private containerd and this machine's real cgroup v1
+tree, where the kernel refuses a child's CFS quota above its parent's and a parent's below a
+child's. A policy makes BE's limit follow one thing only, the LS request (the node's own noise
+plays no part): an LS pod asking for both cores cuts BE to its 0.1-core floor, its removal gives
+BE one core. BE pods carry a 1-core batch-cpu limit, so their pod and container groups have
+quotas of their own under BE's group.
+
+- Cut and raised, over and over: the agent never meets ``Invalid argument`` (the one writer
+  orders its writes) and every group converges.
+- Under the cut, the agent SIGKILLed and restarted while BE pods are created: each starts (the
+  new agent learns the cut before its first answer) and converges.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from testkit.containerd import CGROUP_FS, Containerd, Pod
+from testkit.plugin import PluginProcess, until
+from testkit.workloads import BE, LS, running
+
+BATCH = (
+    '{"containers":{"main":{"requests":{"kubernetes.io/batch-cpu":"500"},"limits":{"kubernetes.io/batch-cpu":"1k"}}}}'
+)
+# BE's limit from the LS request alone: one ratio at every level, no usage budget; raises after
+# half a second, so a test sees a few cuts and raises.
+POLICY = """\
+resourceUsedThresholdWithBE:
+  enable: false
+qosManager:
+  cpuSuppress:
+    raiseDelay: 0.5
+    maxWritesPerMinute: 60
+    suppressRatio: {low: 0.5, medium: 0.5, high: 0.5, critical: 0.5, emergency: 0.5}
+"""
+FLOOR, RAISED = "10000", "100000"
+
+
+def quota(path: Path) -> str:
+    return (path / "cpu.cfs_quota_us").read_text().strip()
+
+
+def be_group(rt: Containerd) -> Path:
+    return CGROUP_FS / "cpu" / rt.cgroup_root / "kubepods" / "besteffort"
+
+
+def be_pod(rt: Containerd, name: str) -> tuple[Pod, str]:
+    pod = rt.run_pod(name, "BestEffort", BE, {"node.koordinator.sh/extended-resource-spec": BATCH})
+    return pod, rt.create_container(pod, "main")
+
+
+def ls_pod(rt: Containerd, name: str) -> Pod:
+    """An LS pod asking for both cores: BE's budget is its floor."""
+    pod = rt.run_pod(name, "Burstable", LS)
+    rt.create_container(pod, "main", cpu_shares=2048)
+    return pod
+
+
+def converged(rt: Containerd, pods: list[tuple[Pod, str]], want: str) -> Callable[[], bool]:
+    """BE's group and every BE pod's and container's quota at ``want``."""
+
+    def check() -> bool:
+        groups = [be_group(rt)]
+        for pod, cid in pods:
+            groups += [CGROUP_FS / "cpu" / pod.config.linux.cgroup_parent.lstrip("/"), rt.container_cgroup(pod, cid)]
+        return all(quota(g) == want for g in groups)
+
+    return check
+
+
+def refused(plugin: PluginProcess) -> list[str]:
+    return [ln for ln in plugin.logs().splitlines() if "Invalid argument" in ln]
+
+
+def test_be_cut_and_raised_over_and_over_is_never_refused(
+    runtime: Containerd, plugin_factory: Callable[..., PluginProcess], tmp_path: Path
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    plugin = plugin_factory(runtime, "--policy", str(policy))
+    pods = [be_pod(runtime, f"batch-{i}") for i in range(3)]
+    until(converged(runtime, pods, RAISED), 15, "BE not limited to one core with no LS request")
+    for i in range(3):
+        ls = ls_pod(runtime, f"web-{i}")
+        took = until(converged(runtime, pods, FLOOR), 10, f"cut {i}: BE's groups not at the floor")
+        print(f"cut {i} converged in {took:.2f} s")
+        runtime.remove_pod(ls)
+        took = until(converged(runtime, pods, RAISED), 15, f"raise {i}: BE's groups not at one core")
+        print(f"raise {i} converged in {took:.2f} s")
+    assert all(running(runtime, cid) for _, cid in pods)
+    assert plugin.metric_sum("nriplugin_qos_cpu_suppress_total") >= 6
+    assert refused(plugin) == []
+
+
+def test_be_pods_created_while_the_agent_restarts_under_the_cut_start(
+    runtime: Containerd, plugin_factory: Callable[..., PluginProcess], tmp_path: Path
+) -> None:
+    """BE cut to its floor; the agent SIGKILLed and a new one started while BE pods with a
+    1-core batch limit are created, before, during and after its registration: every pod
+    starts, and each converges under the cut (its pod and container groups at the floor)."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    first = plugin_factory(runtime, "--policy", str(policy))
+    ls_pod(runtime, "web")
+    pods = [be_pod(runtime, "batch-0")]
+    until(converged(runtime, pods, FLOOR), 15, "BE not cut to its floor")
+    for restart in range(2):
+        made: list[tuple[Pod, str]] = []
+        errors: list[str] = []
+        first.proc.kill()
+        first.proc.wait()
+        maker = threading.Thread(target=create_be_pods, args=(runtime, f"batch-{restart}", 12, made, errors))
+        maker.start()
+        time.sleep(0.3)
+        first = plugin_factory(runtime, "--policy", str(policy), wait=False)
+        first.wait_ready()
+        maker.join()
+        assert errors == [], errors
+        assert all(running(runtime, cid) for _, cid in made)
+        pods += made
+        until(converged(runtime, pods, FLOOR), 15, f"restart {restart}: BE pods not converged under the cut")
+        assert refused(first) == []
+        assert "holds 0.10 cores" in first.logs()  # learned before its first answer
+
+
+def create_be_pods(rt: Containerd, prefix: str, n: int, made: list[tuple[Pod, str]], errors: list[str]) -> None:
+    """``n`` BE pods, one every 0.25 s; a pod that fails to start is what kubelet would see."""
+    for i in range(n):
+        try:
+            made.append(be_pod(rt, f"{prefix}-{i}"))
+        except Exception as exc:
+            errors.append(f"{prefix}-{i}: {exc}")
+        time.sleep(0.25)

@@ -1,0 +1,124 @@
+"""What a BE container is born with through the runtime's NRI, on a real containerd and a runc
+new enough to apply it (1.2+ sets ``process.scheduler`` and ``process.ioPriority``; the
+harness's Debian runc 1.1.5 ignores them, so this test runs on runc built by
+``testkit/build_runc.sh``).
+
+Each runtime line is held to what its NRI carries (docs/nri-versions.md): containerd 2.4 (NRI
+v0.12) gives a BE container SCHED_IDLE (policy 5), IO priority class idle and the policy's
+``oom_score_adj``; 2.1 (NRI v0.8) the ``oom_score_adj`` only; 1.7 (NRI v0.6.1) none of them.
+An LS container keeps what CRI asked for on every line."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import re
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+from testkit import containerd as harness
+from testkit.plugin import PluginProcess, until
+
+ROOT = Path(__file__).resolve().parent.parent
+BE = {"koordinator.sh/qosClass": "BE"}
+LS = {"koordinator.sh/qosClass": "LS"}
+SCHED_OTHER, SCHED_IDLE = 0, 5
+IOPRIO_CLASS_NONE, IOPRIO_CLASS_IDLE = 0, 3
+IOPRIO_WHO_PROCESS = 1
+SYS_IOPRIO_GET = {"x86_64": 252, "aarch64": 31}
+# What each line's NRI carries for BE (scheduler v0.11, IO priority v0.10, oom_score_adj v0.8).
+CARRIES = {(1, 7): (False, False, False), (2, 1): (False, False, True), (2, 4): (True, True, True)}
+
+
+class Born(NamedTuple):
+    policy: int  # sched_getscheduler
+    io_class: int  # ioprio_get's class (IOPRIO_CLASS_*)
+    oom_score_adj: int
+
+
+def missing(why: str) -> None:
+    """A prerequisite this machine lacks: a failure in CI (NRIPLUGIN_REQUIRE_PEERS=1), else a skip."""
+    if os.environ.get("NRIPLUGIN_REQUIRE_PEERS") == "1":
+        pytest.fail(why)
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def runc() -> Path:
+    """runc from the Go module proxy (cached); needs Go and gcc."""
+    r = subprocess.run(["bash", str(ROOT / "testkit" / "build_runc.sh")], capture_output=True, text=True, timeout=1200)
+    if r.returncode != 0:
+        missing(f"testkit/build_runc.sh failed: {r.stderr.strip()[-500:]}")
+    return Path(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def new_runc_runtime(pkg_root: Path, runc: Path) -> Iterator[harness.Containerd]:
+    """A private containerd whose runc is ``runc``; torn down with nothing left."""
+    base = Path(tempfile.mkdtemp(prefix="nriplugin-e2e-"))
+    rt = harness.Containerd(pkg_root, base, runc=runc)
+    try:
+        rt.start()
+        rt.import_images()
+        yield rt
+    finally:
+        rt.teardown()
+    assert not harness.cgroup_dirs(rt.cgroup_root), f"cgroups left: {harness.cgroup_dirs(rt.cgroup_root)}"
+
+
+def containerd_version(rt: harness.Containerd) -> tuple[str, tuple[int, int]]:
+    """The runtime's version and line, as ``containerd --version`` says."""
+    out = subprocess.run(
+        [str(rt.pkg_root / "usr" / "bin" / "containerd"), "--version"], capture_output=True, text=True, timeout=30
+    ).stdout
+    m = re.search(r"\sv?((\d+)\.(\d+)\.\d+)", out)
+    if m is None:
+        pytest.fail(f"cannot tell containerd's version from {out!r}")
+    return m[1], (int(m[2]), int(m[3]))
+
+
+def ioprio_class(pid: int) -> int:
+    nr = SYS_IOPRIO_GET.get(platform.machine())
+    if nr is None:
+        pytest.fail(f"no ioprio_get syscall number known for {platform.machine()}")
+    libc = ctypes.CDLL(None, use_errno=True)
+    prio = libc.syscall(nr, IOPRIO_WHO_PROCESS, pid)
+    if prio < 0:
+        raise OSError(ctypes.get_errno(), f"ioprio_get({pid})")
+    return int(prio) >> 13  # IOPRIO_CLASS_SHIFT
+
+
+def born(rt: harness.Containerd, pod: harness.Pod, cid: str) -> Born:
+    """The container's first process as the kernel sees it."""
+    procs = rt.container_cgroup(pod, cid, "cpu") / "cgroup.procs"
+    until(lambda: procs.read_text().split(), 10, f"no process in {procs}")
+    pid = int(procs.read_text().split()[0])
+    return Born(os.sched_getscheduler(pid), ioprio_class(pid), int(Path(f"/proc/{pid}/oom_score_adj").read_text()))
+
+
+def test_be_is_born_idle_ls_untouched(
+    new_runc_runtime: harness.Containerd, plugin_factory: Callable[..., PluginProcess]
+) -> None:
+    rt = new_runc_runtime
+    version, line = containerd_version(rt)
+    if line not in CARRIES:
+        pytest.fail(f"containerd {version}: no expectation for this line (add it to CARRIES)")
+    sched, io, oom = CARRIES[line]
+    plugin_factory(rt)
+    be = rt.run_pod("batch", "BestEffort", BE)
+    ls = rt.run_pod("web", "Burstable", LS)
+    be_born = born(rt, be, rt.create_container(be, "main", cpu_shares=2))
+    ls_born = born(rt, ls, rt.create_container(ls, "main", cpu_shares=512))
+    assert be_born == Born(
+        SCHED_IDLE if sched else SCHED_OTHER,
+        IOPRIO_CLASS_IDLE if io else IOPRIO_CLASS_NONE,
+        1000 if oom else ls_born.oom_score_adj,  # the policy's default; else what CRI asked (as LS)
+    ), f"containerd {version}"
+    assert ls_born.policy == SCHED_OTHER and ls_born.io_class == IOPRIO_CLASS_NONE
+    assert ls_born.oom_score_adj != 1000

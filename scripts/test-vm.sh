@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The cgroup v2 lane: builds (once, cached under ~/.cache/nriplugin/vm) a guest kit from Debian's
+# packages, boots Debian's stock kernel under qemu with cgroup v2, and runs the tests marked
+# `vm` there (e2e/vm/). Needs root; installs qemu-system-x86 and cpio when missing. Extra
+# arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+bash testkit/vm/build-kit.sh >/dev/null
+set +e
+.venv/bin/python -m pytest -m vm e2e/vm "$@"
+rc=$?
+set -e
+if [ "$rc" -eq 5 ]; then
+  echo "pytest collected no tests: failing" >&2
+  exit 1
+fi
+exit "$rc"
