@@ -1,4 +1,4 @@
-"""The kept mutation score: run mutmut on the pure modules, one module at a time, and write the
+"""The kept mutation score: run mutmut on the modules that decide, one module at a time, and write the
 score of each to docs/mutation.md (section ``mutation``).
 
 Usage (from the checkout, with the test extra installed):
@@ -49,6 +49,25 @@ _ST = "nriplugin.kernel.stats."
 _PERIOD = "the period only serves the exact-text shortcut; the quota is then compared decoded"
 _SLOW = "takes the slow path (os.path.realpath of the whole path) more often: the same result"
 _CACHE = "a cache of resolved directories (no effect on any result, only on how often paths are resolved)"
+_REBASE = "re-bases the running sums at another time: a slope is the same about any origin (only rounding moves)"
+_REBASED_EMPTY = "the origin when no point is kept: re-basing happens only as a point is added, so never"
+_ORIGIN = "the sums' origin before any point: the first point sets it before it is read"
+_NO_MODE = "no policy in force as '' rather than None: neither is cfsQuota or cpuset, so a round switches alike"
+_CPUSET_LIFTED = (
+    "lifts the cpuset limit on a switch to cpuset too: there is none then (it is lifted whenever cpuset stops)"
+)
+_QUOTA_LIFTED = (
+    "lifts the quota on a switch to cfsQuota too: none is held then (lifted on every switch away and on off)"
+)
+_ENDING = "the default of bursting.get for a burst that ends: only a bursting container's burst ends, so it is there"
+_DS = "nriplugin.node.desired.xǁDesiredStateǁ"
+_BELOW_CEILING = "a quota of 0 or below is under any ceiling (at least 1000), so the next test leaves it too"
+_OWN_CLASS = "_context decides the class from the pod itself rather than take the one handed: the same class"
+_NO_NONE = "looks a class of None up where the original skips it: no class-wide table has a None key"
+_NO_KEY = "the default key skipped, 'XXXX' for '': no container's key is either"
+_QM = "nriplugin.qos.manager.xǁQoSManagerǁ"
+_PG = "nriplugin.qos.manager.xǁPodGroupsǁ"
+_LS_RSS = "_ls's RSS sum: its one caller, cpu_inputs, reads only usage and request"
 EQUIVALENT: dict[str, str] = {
     _CG + "x__read__mutmut_11": "reads 65537 bytes instead of 65536: every cgroup file is far smaller",
     _CG + "xǁCgroupsǁ_dir__mutmut_2": f"never reads the cache: {_CACHE}",
@@ -161,6 +180,87 @@ EQUIVALENT: dict[str, str] = {
     "nriplugin.netqos.desired.x_parse_total_bandwidth__mutmut_9": (
         "`MAX_RATE / 10**6` is 1000000.0: an int compares with it exactly as with 1000000"
     ),
+    # qos/ (the QoS manager's decisions)
+    "nriplugin.qos.scores.x__ls__mutmut_4": _LS_RSS,
+    "nriplugin.qos.scores.x__ls__mutmut_11": _LS_RSS,
+    "nriplugin.qos.scores.x__ls__mutmut_12": _LS_RSS,
+    "nriplugin.qos.scores.x_cpu_pressure__mutmut_4": "`ncpu >= 0`: a count of 0 is taken as 0 either way",
+    "nriplugin.qos.scores.x_memory_pressure__mutmut_104": (
+        "the sum capped at 101: the four terms are capped at 35 + 25 + 20 + 20 = 100 already"
+    ),
+    "nriplugin.qos.trends.xǁWindowSlopeǁadd__mutmut_6": _REBASE,
+    "nriplugin.qos.trends.xǁWindowSlopeǁadd__mutmut_7": _REBASE,
+    "nriplugin.qos.trends.xǁWindowSlopeǁadd__mutmut_8": _REBASE,
+    "nriplugin.qos.trends.xǁWindowSlopeǁadd__mutmut_9": _REBASE,
+    "nriplugin.qos.trends.xǁWindowSlopeǁ__init____mutmut_3": _ORIGIN,
+    "nriplugin.qos.trends.xǁWindowSlopeǁ__init____mutmut_4": _ORIGIN,
+    "nriplugin.qos.trends.xǁWindowSlopeǁ_rebase__mutmut_3": _REBASED_EMPTY,
+    "nriplugin.qos.trends.xǁWindowSlopeǁ_rebase__mutmut_6": _REBASED_EMPTY,
+    "nriplugin.qos.cpu_burst.xǁBursterǁstep__mutmut_24": (
+        "an ended burst's ratio 2.0, not 1.0: only bursting containers' ratios are read, and a new burst sets its own"
+    ),
+    "nriplugin.qos.cpu_suppress.xǁCPUSuppressStrategyǁoff__mutmut_21": (
+        "no policy in force as '' rather than None: neither is cfsQuota or cpuset, so the next round switches alike"
+    ),
+    "nriplugin.qos.cpu_suppress.xǁCPUSuppressStrategyǁ_apply_quota__mutmut_13": (
+        "`new <= before`: the limiter writes only a value beyond the deadband of the one before, never the same"
+    ),
+    "nriplugin.qos.cpu_suppress.xǁCPUSuppressStrategyǁ__init____mutmut_4": _NO_MODE,
+    "nriplugin.qos.cpu_suppress.xǁCPUSuppressStrategyǁ_switch__mutmut_2": _CPUSET_LIFTED,
+    "nriplugin.qos.cpu_suppress.xǁCPUSuppressStrategyǁ_switch__mutmut_3": _CPUSET_LIFTED,
+    "nriplugin.qos.cpu_suppress.xǁCPUSuppressStrategyǁ_switch__mutmut_5": _QUOTA_LIFTED,
+    "nriplugin.qos.cpu_suppress.xǁCPUSuppressStrategyǁ_switch__mutmut_7": _QUOTA_LIFTED,
+    "nriplugin.qos.cpu_suppress.xǁCPUSuppressStrategyǁ_switch__mutmut_8": _QUOTA_LIFTED,
+    "nriplugin.qos.cpu_suppress.xǁCPUSuppressStrategyǁ_switch__mutmut_9": _QUOTA_LIFTED,
+    "nriplugin.qos.cpu_suppress.xǁLimiterǁreset__mutmut_2": (
+        "a reset limiter's 'last was a cut' False: its next step writes a first limit, which sets it anyway"
+    ),
+    "nriplugin.qos.cpu_suppress.xǁLimiterǁstep__mutmut_43": "'last was a cut' None, not False: both false",
+    "nriplugin.qos.cpu_burst.xǁCPUBurstStrategyǁburst__mutmut_93": _ENDING,
+    "nriplugin.qos.cpu_burst.xǁCPUBurstStrategyǁburst__mutmut_95": _ENDING,
+    "nriplugin.qos.cpu_burst.xǁCPUBurstStrategyǁburst__mutmut_96": _ENDING,
+    _DS + "_ceiling__mutmut_6": _BELOW_CEILING,
+    _DS + "_ceiling__mutmut_10": _BELOW_CEILING,
+    _DS + "_ceiling__mutmut_11": _BELOW_CEILING,
+    _DS + "_ceiling__mutmut_20": "`period >= 0`: a period in an intent is at least 1000 (the range table)",
+    _DS + "_ceiling__mutmut_21": "`period > 1`: a period in an intent is at least 1000 (the range table)",
+    _DS + "_cpuset_limit__mutmut_5": "`get('cpuset.cpus', None)`: None is as false as the False it replaces",
+    _DS + "_cpuset_limit__mutmut_7": "`get('cpuset.cpus')`: its None is as false as the False it replaces",
+    _DS
+    + "removed__mutmut_8": "pop without a default from the class's members: a key with a class is always among them",
+    _DS
+    + "removed__mutmut_12": "pop without a default from the pods' classes: every pod the model adds is classified then",
+    _DS + "sharers__mutmut_1": _NO_KEY,
+    _DS + "_context__mutmut_3": _OWN_CLASS,
+    _DS + "added__mutmut_7": "a class's members kept as keys of a dict: its values ('' for None) are never read",
+    _DS + "added__mutmut_13": (
+        "a pod, or a container that is no candidate, goes on to cpuset.assign, which pins neither (it returns at once)"
+    ),
+    _DS + "_compose__mutmut_62": _NO_NONE,
+    _DS + "_compose__mutmut_74": _NO_NONE,
+    _DS + "_class_stamp__mutmut_3": _NO_NONE,
+    _DS + "_compose__mutmut_7": _OWN_CLASS,
+    _DS + "_compose__mutmut_10": _OWN_CLASS,
+    _DS + "invalidate__mutmut_7": "generations step by 2, not 1: they are only compared for a change",
+    _DS + "__init____mutmut_19": "generations start from 1, not 0: they are only compared for a change",
+    _DS + "invalidate__mutmut_10": (
+        "an unknown key's generation is not dropped: a key leaves the model through removed(), which drops it"
+    ),
+    _DS + "_pool_moved__mutmut_1": _NO_KEY,
+    _QM + "fast_round__mutmut_2": (
+        "`not groups and last is None`: with no BE group the BE counter is None, so it returns all the same"
+    ),
+    _PG + "removed__mutmut_2": "a removed pod left among the news: the model no longer has it, so a refresh skips it",
+    _PG + "refresh_steps__mutmut_26": "a turn ends more often: the same pods taken in, in more turns",
+    "nriplugin.qos.history.xǁCountersǁadvance__mutmut_22": (
+        "min() of no deltas defaults to 1, not 0: neither is below 0"
+    ),
+    "nriplugin.qos.levels.xǁAssessorǁ_next_level__mutmut_4": (
+        "`plain > level`: at plain == level the other branch gives max(level, min(level, >= level)): the same"
+    ),
+    "nriplugin.qos.levels.xǁAssessorǁupdate__mutmut_15": (
+        "`raw > score`: at raw == score the fall gives raw + 0 x e^(-dt/fallTime), raw all the same"
+    ),
 }
 
 
@@ -218,22 +318,40 @@ def mutmut() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "mutmut"]
 
 
-def run_module(module: str, max_children: int) -> Score:
-    """mutmut on one module's mutants (every one re-tested), then its results from the meta file."""
+def not_killed(module: str) -> list[str]:
+    """A module's mutants that the last run did not kill (survived, no test, not checked)."""
+    s = read_score(module)
+    return s.survivors + s.no_tests + s.other
+
+
+def run_batch(modules: list[str], max_children: int, survivors: bool = False) -> list[Score]:
+    """mutmut on modules' mutants (every one re-tested), then their results from the meta files.
+    One run over several modules pays its start (listing and running the tests once) once, not
+    per module; each module is given the run's time in proportion to its mutants."""
     t0 = time.monotonic()
     env = dict(os.environ, NRIPLUGIN_HYPOTHESIS_PROFILE="mutation")  # tests/conftest.py: fixed examples
-    cmd = [*mutmut(), "run", "--max-children", str(max_children), f"{dotted(module)}.*"]
+    # --survivors: only the mutants the last run left alive (tests were added; a killed mutant
+    # stays killed by the tests that killed it, so the score is the same as a full re-run's)
+    names = [n for m in modules for n in not_killed(m)] if survivors else [f"{dotted(m)}.*" for m in modules]
+    if not names:
+        return [read_score(m, measured().get(m, 0.0)) for m in modules]
+    cmd = [*mutmut(), "run", "--max-children", str(max_children), *names]
     with open(ROOT / "mutants" / "run.log", "a") as log:
         log.write(f"\n$ {' '.join(cmd)}\n")
         log.flush()
         rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
     if rc != 0:
-        raise SystemExit(f"mutmut failed on {module} (exit {rc}); see mutants/run.log")
+        raise SystemExit(f"mutmut failed on {', '.join(modules)} (exit {rc}); see mutants/run.log")
     seconds = time.monotonic() - t0
-    record_time(module, seconds)
-    return read_score(module, seconds)
+    scores = [read_score(m) for m in modules]
+    total = sum(s.total for s in scores) or 1
+    for s in scores:
+        s.seconds = seconds * s.total / total + (measured().get(s.module, 0.0) if survivors else 0.0)
+        record_time(s.module, s.seconds)
+    return scores
 
 
+DOC = ROOT / "docs" / "mutation.md"
 TIMES = ROOT / "mutants" / "mutation-times.json"  # seconds per module, for --report
 
 
@@ -278,46 +396,81 @@ def short(name: str) -> str:
     return f"{func} #{n}" if n else func
 
 
-def section(scores: list[Score], command: str) -> str:
+def earlier_lines(text: str, modules: list[str]) -> dict[str, list[str]]:
+    """Per module of ``modules``, its table row and survivor lines in an earlier section
+    (``text``): a batch that re-measures some modules keeps what was measured of the others."""
+    out: dict[str, list[str]] = {m: [] for m in modules}
+    for ln in text.splitlines():
+        for m in modules:
+            if ln.startswith((f"| `{m}` |", f"- `{m}` `")):
+                out[m].append(ln)
+    for fn in IMPORT_TIME:  # an uncounted function's line goes with its module
+        owner = next((m for m in modules if fn.startswith(dotted(m) + ".")), None)
+        if owner is not None:
+            out[owner] += [
+                ln
+                for ln in text.splitlines()
+                if ln.startswith("- not counted: ") and f"`{short(fn + '__mutmut_')}`" in ln
+            ]
+    return out
+
+
+def _survivor_lines(s: Score) -> list[str]:
+    lines = []
+    for m in s.survivors + s.no_tests:
+        why = EQUIVALENT.get(m, "**not explained**: a test is missing")
+        lines.append(f"- `{s.module}` `{short(m)}`: {why}")
+    if s.other:  # a run stopped before it got to them (or mutmut could not tell)
+        lines.append(f"- `{s.module}`: {len(s.other)} mutants **not checked** (the run was stopped before them)")
+    for fn, why in IMPORT_TIME.items():
+        n = sum(1 for m in s.at_import if m.startswith(fn + "__mutmut_"))
+        if n:
+            lines.append(f"- not counted: {n} mutants of `{short(fn + '__mutmut_')}`, which {why}")
+    return lines
+
+
+def section(scores: list[Score], command: str, earlier: str = "") -> str:
     try:
         version = metadata.version("mutmut")
     except metadata.PackageNotFoundError:  # reporting only (tests): mutmut runs need it installed
         version = "(not installed)"
     lines = [
         "<!-- mutation:begin -->",
-        "## Mutation score of the pure modules (`tools/mutation.py`)",
+        "## Mutation score of the modules that decide (`tools/mutation.py`)",
         "",
         f"{command} — mutmut {version}, unit tests only (`[tool.mutmut]` in pyproject.toml: no",
-        "containerd, no Go peers), one module at a time, on this 2-core machine shared with other",
-        "work. Score = killed / mutants: a survivor counts against it even where it is explained as",
-        "equivalent below, and so does a mutant no test reaches. mutmut 3 mutates function bodies,",
-        "not module-level tables: the `RESOURCES` range table and the protocol constants are pinned",
-        "by reference tables instead (`tests/*_reference.py`). Mutants of a function that runs only",
-        "at import cannot be switched on by mutmut: they are listed apart and not counted.",
+        "containerd, no Go peers, no test that runs a real process), one child process, on this",
+        "2-core machine shared with other work. Score = killed / mutants: a survivor counts against",
+        "it even where it is explained as equivalent below, and so does a mutant no test reaches.",
+        "mutmut 3 mutates function bodies, not module-level tables: the `RESOURCES` range table and",
+        "the protocol constants are pinned by reference tables instead (`tests/*_reference.py`).",
+        "Mutants of a function that runs only at import cannot be switched on by mutmut: they are",
+        "listed apart and not counted.",
         f"Run as {'root: the tests on the real cgroup tree ran too' if os.geteuid() == 0 else 'an unprivileged user'}.",
         "",
         "| module | mutants | killed | survived (equivalent) | no test | at import | score | time |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for s in scores:
+    measured = {s.module: s for s in scores}
+    order = [*configured_modules(), *(m for m in measured if m not in configured_modules())]
+    kept = earlier_lines(earlier, [m for m in order if m not in measured])
+    listed: list[str] = []
+    for module in order:
+        s = measured.get(module)
+        if s is None:
+            lines += [ln for ln in kept[module] if ln.startswith("|")]
+            listed += [ln for ln in kept[module] if not ln.startswith("|")]
+            continue
         eq = sum(1 for m in s.survivors if m in EQUIVALENT)
         lines.append(
             f"| `{s.module}` | {s.total} | {s.killed} | {len(s.survivors)} ({eq}) | {len(s.no_tests)} | "
             f"{len(s.at_import)} | {s.score:.1f} % | {s.seconds:.0f} s |"
         )
+        listed += _survivor_lines(s)
+    if any(kept.values()):
+        lines += ["", "Rows of modules this batch did not re-run are kept from the run before."]
     lines += ["", "Surviving mutants (`mutmut show NAME` prints the diff):", ""]
-    any_listed = False
-    for s in scores:
-        for m in s.survivors + s.no_tests + s.other:
-            any_listed = True
-            why = EQUIVALENT.get(m, "**not explained**: a test is missing")
-            lines.append(f"- `{s.module}` `{short(m)}`: {why}")
-    if not any_listed:
-        lines.append("- none")
-    for fn, why in IMPORT_TIME.items():
-        n = sum(1 for s in scores for m in s.at_import if m.startswith(fn + "__mutmut_"))
-        if n:
-            lines.append(f"- not counted: {n} mutants of `{short(fn + '__mutmut_')}`, which {why}")
+    lines += listed or ["- none"]
     lines += ["<!-- mutation:end -->", ""]
     return "\n".join(lines)
 
@@ -329,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write", action="store_true", help="write the section into docs/mutation.md")
     ap.add_argument("--check", action="store_true", help=f"exit 1 when a module is below {THRESHOLD:g} %%")
     ap.add_argument("--keep", action="store_true", help="reuse mutants/ from an earlier run")
+    ap.add_argument("--batch", action="store_true", help="the modules in one mutmut run (its start paid once)")
+    ap.add_argument("--survivors", action="store_true", help="re-test only what the last run left alive (with --keep)")
     ap.add_argument("--report", action="store_true", help="run nothing: report every module run since the rebuild")
     ns = ap.parse_args(argv)
     known = configured_modules()
@@ -342,22 +497,26 @@ def main(argv: list[str] | None = None) -> int:
         for s in scores:
             print(f"{s.module}: {s.killed}/{s.counted} killed ({s.score:.1f} %)")
         if ns.write:
-            how = "`python tools/mutation.py --write` (run here as `--keep MODULE...` batches, then `--report --write`)"
-            replace_section(ROOT / "docs" / "mutation.md", "mutation", section(scores, how))
+            how = (
+                "`python tools/mutation.py --write` (run here as `--keep [--batch] MODULE...` batches, "
+                "`--survivors` re-tests once tests were added, then `--report --write`)"
+            )
+            replace_section(ROOT / "docs" / "mutation.md", "mutation", section(scores, how, DOC.read_text()))
         return 1 if ns.check and any(s.score < THRESHOLD for s in scores) else 0
     if not ns.keep:
         shutil.rmtree(ROOT / "mutants", ignore_errors=True)
     (ROOT / "mutants").mkdir(exist_ok=True)
     command = "`python tools/mutation.py --write" + (" " + " ".join(ns.modules) if ns.modules else "") + "`"
     scores = []
-    for module in modules:
-        s = run_module(module, ns.max_children)
-        scores.append(s)
-        print(f"{module}: {s.killed}/{s.counted} killed ({s.score:.1f} %) in {s.seconds:.0f} s", flush=True)
-        for m in s.unexplained:
-            print(f"  unexplained survivor: {m}", flush=True)
+    batches = [modules] if ns.batch else [[m] for m in modules]
+    for batch in batches:
+        for s in run_batch(batch, ns.max_children, ns.survivors):
+            scores.append(s)
+            print(f"{s.module}: {s.killed}/{s.counted} killed ({s.score:.1f} %) in {s.seconds:.0f} s", flush=True)
+            for m in s.unexplained:
+                print(f"  unexplained survivor: {m}", flush=True)
         if ns.write:  # after every module: a long run that is stopped keeps what it measured
-            replace_section(ROOT / "docs" / "mutation.md", "mutation", section(scores, command))
+            replace_section(ROOT / "docs" / "mutation.md", "mutation", section(scores, command, DOC.read_text()))
     low = [s.module for s in scores if s.score < THRESHOLD]
     if low:
         print(f"below {THRESHOLD:g} %: {', '.join(low)}", file=sys.stderr)

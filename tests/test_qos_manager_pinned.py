@@ -1,0 +1,418 @@
+"""The QoS manager's loop and rounds pinned: a full round at once and then every syncPeriod, fast
+rounds in between, a wake-up brings the next full round forward, a failing round does not end
+the loop; the fast path decides only on a jump of non-BE usage; a strategy that needs the
+node's capacity stands down (said once) without NodeQOSResource; the policy's pressure
+settings apply at the next round."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from nriplugin.policy.model import PLUGINS, Policy
+from nriplugin.qos.levels import Level, Thresholds
+from nriplugin.qos.manager import FAST_JUMP, FAST_PERIOD, HISTORY
+from nriplugin.qos.sample import NodeSample
+from nriplugin.qos.strategy import Round
+from tests.test_qos_manager import BE_GROUP, Script, node_with_pods
+
+
+@dataclass
+class Hook:
+    """The eviction machinery as the manager drives it."""
+
+    calls: list[str] = field(default_factory=list)
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.calls.append("start")
+
+    def stop(self) -> None:
+        self.calls.append("stop")
+
+    def cpu_round(self, r: Round) -> None:
+        self.calls.append("cpu")
+
+    def memory_round(self, r: Round) -> None:
+        self.calls.append("memory")
+
+
+@dataclass
+class Seen:
+    rounds: list[tuple[float, float]] = field(default_factory=list)
+    scored: list[tuple[float, str, float, str]] = field(default_factory=list)
+    limits: list[float] = field(default_factory=list)
+
+    def round_done(self, seconds: float, collect_seconds: float) -> None:
+        self.rounds.append((seconds, collect_seconds))
+
+    def scores(self, cpu: float, cpu_level: str, memory: float, memory_level: str) -> None:
+        self.scored.append((cpu, cpu_level, memory, memory_level))
+
+    def be_limit(self, cores: float) -> None:
+        self.limits.append(cores)
+
+    def suppressed(self, reason: str) -> None:
+        pass
+
+    def burst(self, granted: bool) -> None:
+        pass
+
+
+def test_constants() -> None:
+    assert (FAST_PERIOD, FAST_JUMP, HISTORY) == (0.05, 0.15, 300.0)
+
+
+def test_a_new_manager_starts_low_with_the_policys_assessors(tmp_path: Path) -> None:
+    p = Policy.model_validate({"qosManager": {"cpuPressure": {"hysteresis": 7}, "memoryPressure": {"fallTime": 9}}})
+    _, _, mgr, _, _ = node_with_pods(tmp_path, p)
+    assert (mgr.level, mgr.ratio, mgr.last, mgr.groups) == (Level.LOW, 1.0, None, [])
+    assert mgr.cpu.hysteresis == 7 and mgr.memory.fall_time == 9
+    assert mgr.memory.thresholds == Thresholds(50, 70, 80, 90)
+    assert mgr.trends.rss.window == HISTORY
+    assert mgr.decisions.maxlen == 50
+    assert [s.name for s in mgr.strategies] == list(PLUGINS)
+    assert mgr.limiter is mgr.strategies[3].limiter  # type: ignore[attr-defined]
+    assert mgr.burster is mgr.strategies[2].burster  # type: ignore[attr-defined]
+
+
+def test_a_round_assesses_reports_and_sets_the_ratio(tmp_path: Path) -> None:
+    _, _, mgr, s, _ = node_with_pods(tmp_path)
+    seen = Seen()
+    mgr.observer = seen
+    s.ls, s.be = 1.0, 1.0  # LS at its request on 2 CPUs: node 20, ls 30, load 5 (BE out) = 55
+    mgr.round()
+    assert mgr.last is not None and mgr.groups == [BE_GROUP]
+    assert mgr.level is Level.MEDIUM and mgr.ratio == 0.8
+    cpu, cpu_level, mem, mem_level = seen.scored[-1]
+    assert cpu == pytest.approx(55.0) and cpu_level == "MEDIUM"
+    assert mem == pytest.approx(0.35 * 25) and mem_level == "LOW"
+    assert len(seen.rounds) == 1 and seen.rounds[0][1] == 0.0 and seen.rounds[0][0] >= 0
+
+
+def test_a_reload_applies_the_new_pressure_settings_at_the_next_round(tmp_path: Path) -> None:
+    node, _, mgr, s, _ = node_with_pods(tmp_path)
+    s.ls, s.be = 1.0, 1.0
+    mgr.round()
+    assert mgr.level is Level.MEDIUM
+    p = Policy.model_validate({"qosManager": {"cpuPressure": {"low": 10, "medium": 20, "high": 50, "critical": 95}}})
+    node.rules.set(p, "test")
+    s.advance(1.0)
+    mgr.round()
+    assert (mgr.level, mgr.ratio) == (Level.CRITICAL, 0.3)  # 55 is past the new high boundary, 50
+    assert mgr.cpu.thresholds == Thresholds(10, 20, 50, 95)
+
+
+def test_the_fast_path_decides_only_on_a_jump(tmp_path: Path) -> None:
+    _, _, mgr, s, quota = node_with_pods(tmp_path)
+    mgr.fast_round()  # no round yet: nothing read
+    assert s.fast_reads == []
+    mgr.round()
+    assert quota.read_text() == "100000"
+    s.advance(0.1)
+    mgr.fast_round()  # the baseline of BE's counter
+    assert len(s.fast_reads) == 1
+    writes = mgr.limiter.writes
+    s.ls = 0.125  # non-BE up by 0.125 core: less than FAST_JUMP
+    s.advance(0.1)
+    mgr.fast_round()
+    assert mgr.limiter.writes == writes
+    s.ls = 1.25  # a jump: the usage budget cuts BE at once, 2 x 65 % - 1.25 = 0.05 -> floor 0.1
+    s.advance(0.1)
+    mgr.fast_round()
+    assert quota.read_text() == "10000"
+    s.advance(0.1)
+    mgr.fast_round()  # no change since the last decision: nothing to do
+    assert mgr.limiter.writes == writes + 1
+
+
+def test_the_fast_path_waits_for_be_groups_and_a_readable_counter(tmp_path: Path) -> None:
+    _, _, mgr, s, _ = node_with_pods(tmp_path)
+    mgr.round()
+    mgr.groups = []
+    s.advance(0.1)
+    mgr.fast_round()
+    assert s.fast_reads == []  # no BE group: nothing to read
+    mgr.groups = [BE_GROUP, "kubepods.slice/kubepods-besteffort.slice"]
+    readings = iter([1.0, 2.0, None, 3.0, 4.0])
+    s.group_cpu_seconds = lambda group: next(readings)  # type: ignore[method-assign]
+    s.advance(0.1)
+    mgr.fast_round()  # 1 + 2: a baseline
+    s.ls = 1.5
+    s.advance(0.1)
+    mgr.fast_round()  # one group unreadable: no rate, no decision
+    assert mgr.limiter.writes == 1
+
+
+def test_a_disabled_manager_does_nothing_between_rounds(tmp_path: Path) -> None:
+    node, _, mgr, s, _ = node_with_pods(tmp_path)
+    mgr.round()
+    node.rules.set(Policy.model_validate({"qosManager": {"enable": False}}), "test")
+    s.advance(0.1)
+    mgr.fast_round()
+    assert s.fast_reads == []
+
+
+def test_without_node_qos_resource_the_capacity_strategies_stand_down_said_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    plugins = [p for p in PLUGINS if p != "NodeQOSResource"]
+    node, _, mgr, s, quota = node_with_pods(tmp_path)
+    mgr.round()
+    assert quota.read_text() == "100000"
+    node.rules.set(Policy.model_validate({"qosManager": {"plugins": plugins}}), "test")
+    with caplog.at_level(logging.INFO, "nriplugin.qos"):
+        for _ in range(3):
+            s.advance(1.0)
+            mgr.round()
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("NodeQOSResource is off")]
+    assert said == ["NodeQOSResource is off: without the node's capacity CPUBurst, CPUSuppress, CPUEvict do not run"]
+    assert quota.read_text() == "-1"  # CPUSuppress withdrew its limit
+    assert "QoS overlays withdrawn (CPUSuppress): CPUSuppress needs the node's capacity" in caplog.text
+    node.rules.set(Policy(), "test")  # back, then off again: said again
+    s.advance(1.0)
+    mgr.round()
+    node.rules.set(Policy.model_validate({"qosManager": {"plugins": plugins}}), "test")
+    with caplog.at_level(logging.INFO, "nriplugin.qos"):
+        s.advance(1.0)
+        mgr.round()
+    again = [r for r in caplog.records if r.getMessage().startswith("NodeQOSResource is off")]
+    assert len(again) == 2
+
+
+def test_a_plugin_left_out_is_off_and_its_overlays_withdrawn(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    node, _, mgr, s, quota = node_with_pods(tmp_path)
+    mgr.round()
+    node.rules.set(Policy.model_validate({"qosManager": {"plugins": ["NodeQOSResource"]}}), "test")
+    with caplog.at_level(logging.INFO, "nriplugin.qos"):
+        s.advance(1.0)
+        mgr.round()
+    assert quota.read_text() == "-1"
+    assert "QoS overlays withdrawn (CPUSuppress): CPUSuppress is off" in caplog.text
+
+
+def test_eviction_is_driven_each_round(tmp_path: Path) -> None:
+    _, _, mgr, _, _ = node_with_pods(tmp_path)
+    hook = Hook()
+    mgr.eviction = hook
+    mgr.round()
+    assert hook.calls == ["cpu", "memory"]
+
+
+def test_withdraw_all_goes_last_strategy_first(tmp_path: Path) -> None:
+    _, _, mgr, _, _ = node_with_pods(tmp_path)
+    order: list[str] = []
+
+    def recorder(name: str) -> Callable[[float, str], bool]:
+        def off(t: float, why: str) -> bool:
+            order.append(name)
+            return False
+
+        return off
+
+    for strat in mgr.strategies:
+        strat.off = recorder(strat.name)  # type: ignore[method-assign,assignment]
+    mgr.withdraw_all("off")
+    assert order == list(reversed(PLUGINS))
+
+
+def test_the_loop(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A full round at once, fast rounds meanwhile; a wake-up brings one forward; a failing
+    round is logged and the loop goes on; stop ends it and stops the eviction machinery."""
+    p = Policy.model_validate({"qosManager": {"syncPeriod": 60}})
+    _, _, mgr, s, _ = node_with_pods(tmp_path, p)
+    mgr.psi_path = str(tmp_path / "no-psi")
+    hook = Hook()
+    mgr.eviction = hook
+
+    async def until(cond: object, limit: float = 3.0) -> None:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + limit
+        while not cond() and loop.time() < end:  # type: ignore[operator]
+            await asyncio.sleep(0.01)
+
+    mgr.round()  # a round that fails fails here, not as a loop that waits for it
+    s.rounds = 0
+    hook.calls.clear()
+
+    async def main() -> None:
+        mgr.start(asyncio.get_running_loop())
+        try:
+            assert hook.calls == ["start"]
+            await until(lambda: len(s.fast_reads) >= 3)
+            assert s.rounds == 1 and len(s.fast_reads) >= 3  # fast rounds, no second full one
+            mgr._wake.set()
+            await until(lambda: s.rounds == 2)
+            reads = len(s.fast_reads)
+            await until(lambda: len(s.fast_reads) >= reads + 2)
+            assert s.rounds == 2  # the wake-up was taken once
+            real = s.sample
+            failed: list[int] = []
+
+            def fail(be_groups: object = ()) -> NodeSample:
+                failed.append(1)
+                raise RuntimeError("boom")
+
+            s.sample = fail  # type: ignore[method-assign]
+            mgr._wake.set()
+            await until(lambda: bool(failed))
+            s.sample = real  # type: ignore[method-assign]
+            mgr._wake.set()
+            await until(lambda: s.rounds == 3)
+            assert s.rounds == 3  # the loop went on
+        finally:
+            mgr.stop()
+        assert mgr._task is not None
+        await asyncio.sleep(0)
+        assert mgr._task.done()
+        assert hook.calls[-1] == "stop" and mgr.ls_pressure is None and mgr._trigger is None
+
+    with caplog.at_level(logging.INFO, "nriplugin.qos"):
+        asyncio.run(main())
+    assert "QoS round failed; trying again next round" in caplog.text
+    assert "no PSI trigger (" in caplog.text and "the 50 ms fast path carries the reaction" in caplog.text
+
+
+def test_stop_before_start_is_harmless(tmp_path: Path) -> None:
+    _, _, mgr, _, _ = node_with_pods(tmp_path)
+    mgr.stop()
+    assert mgr.ls_pressure is None
+
+
+def test_the_sync_period_is_the_policys(tmp_path: Path) -> None:
+    p = Policy.model_validate({"qosManager": {"syncPeriod": 2.5}})
+    _, _, mgr, _, _ = node_with_pods(tmp_path, p)
+    assert mgr._sync_period() == 2.5
+
+
+def test_a_script_is_a_collector() -> None:
+    assert Script().pressure_path("g") is None
+
+
+def test_pod_groups_follow_pods_as_they_come_and_go(tmp_path: Path) -> None:
+    from nriplugin.qos.manager import PodGroups
+    from testkit.runtime_peer import make_pod
+
+    node, _, _, _, _ = node_with_pods(tmp_path)
+    pods = PodGroups(node.model, node.desired, lambda g: f"/psi/{g}")
+    assert pods.refresh() is True  # the pods already known are taken in
+    assert pods.be() == [BE_GROUP] and pods.ls() == {"/psi/kubepods/burstable/pod2"}
+    assert pods.moved() is False and pods.refresh() is False
+    node.model.pod_seen(make_pod(5, "BE", parent="/kubepods/besteffort/pod5"))  # a new pod, same group
+    assert pods.refresh() is True
+    assert pods.be() == [BE_GROUP]
+    node.model.pod_seen(make_pod(6, "BE", parent="/kubepods/burstable/pod6"))  # not kubelet's BE group
+    node.model.pod_seen(make_pod(7, None, parent="/kubepods/besteffort/pod7"))  # BE by its parent
+    node.model.pod_seen(make_pod(8, "SYSTEM", parent="/system/pod8"))
+    assert pods.refresh() is True and pods.be() == [BE_GROUP]
+    node.model.pod_removed(make_pod(8, "SYSTEM").id)  # neither BE's group nor LS's
+    assert pods.moved() is False
+    node.model.pod_removed(make_pod(2, "LS").id)
+    assert pods.moved() is True and pods.ls() == set()
+    pods.removed("not-a-pod")
+    assert pods.moved() is False
+    node.model.pod_seen(make_pod(9, "LS", parent="/kubepods/burstable/pod9"))
+    assert asyncio.run(pods.refresh_async()) is True
+    assert pods.ls() == {"/psi/kubepods/burstable/pod9"}
+
+
+def test_without_pressure_files_ls_pods_are_not_watched(tmp_path: Path) -> None:
+    from nriplugin.qos.manager import PodGroups
+
+    node, _, _, _, _ = node_with_pods(tmp_path)
+    pods = PodGroups(node.model, node.desired)
+    assert pods.refresh() is True and pods.ls() == set() and pods.be() == [BE_GROUP]
+
+
+def test_a_rounds_time_includes_its_collection(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    _, _, mgr, s, _ = node_with_pods(tmp_path)
+    seen = Seen()
+    mgr.observer = seen
+    real = s.sample
+    s.sample = lambda be_groups=(): replace(real(be_groups), collect_seconds=0.5)  # type: ignore[method-assign]
+    mgr.round()
+    seconds, collect = seen.rounds[0]
+    assert collect == 0.5 and 0.5 <= seconds < 30
+
+
+def test_ls_pressure_refusals_are_said_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from nriplugin.kernel.psi_trigger import PressureWatch
+
+    _, _, mgr, _, _ = node_with_pods(tmp_path)
+    mgr.watch_ls_pressure()  # not started: nothing to follow
+    (tmp_path / "p1").write_text("")
+    mgr.pods.pressure_path = lambda g: str(tmp_path / "p1")
+    mgr.pods._dirty.update(k for k in mgr.model if k.startswith("pod:"))
+    mgr.ls_pressure = PressureWatch()
+    with caplog.at_level(logging.INFO, "nriplugin.qos"):
+        mgr.round()
+        mgr.watch_ls_pressure()
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("no PSI trigger on LS groups")]
+    assert len(said) == 1 and str(tmp_path / "p1") in said[0] and said[0].endswith("the fast path carries the reaction")
+    mgr.ls_pressure.close()
+
+
+def test_a_round_hands_its_time_and_scores_on(tmp_path: Path) -> None:
+    _, _, mgr, s, _ = node_with_pods(tmp_path)
+    rounds: list[Round] = []
+
+    class Recorder(Hook):
+        def cpu_round(self, r: Round) -> None:
+            rounds.append(r)
+
+    mgr.eviction = Recorder()
+    s.ls, s.be = 1.0, 1.0
+    s.advance(3.0)
+    mgr.round()
+    r = rounds[0]
+    assert (r.t, r.cpu_score, r.memory_score) == (3.0, mgr.cpu.score, mgr.memory.score)
+    assert r.cpu_score == pytest.approx(55.0)
+
+
+def test_a_falling_load_is_smoothed_across_rounds(tmp_path: Path) -> None:
+    _, _, mgr, s, _ = node_with_pods(tmp_path)
+    s.ls, s.be = 1.0, 1.0
+    mgr.round()
+    s.ls = 0.0
+    s.advance(1.0)
+    mgr.round()
+    assert mgr.cpu.score > 30.0  # 55 falling with a 5 s time constant, not the raw score at once
+
+
+def test_withdrawals_carry_their_time_and_reason(tmp_path: Path) -> None:
+    node, _, mgr, s, _ = node_with_pods(tmp_path)
+    mgr.round()
+    node.rules.set(Policy.model_validate({"qosManager": {"plugins": ["NodeQOSResource"]}}), "test")
+    s.advance(1.0)
+    mgr.round()
+    d = mgr.decisions[-1]
+    assert (d.t, d.value, d.why) == (s.t, "withdrawn", "CPUSuppress is off")
+    node.rules.set(Policy(), "test")
+    s.advance(1.0)
+    mgr.round()
+    node.rules.set(Policy.model_validate({"qosManager": {"enable": False}}), "test")
+    mgr.round()
+    d = mgr.decisions[-1]
+    assert d.why == "the QoS manager is disabled" and isinstance(d.t, float)
+
+
+def test_pod_groups_start_as_moved_and_a_be_pod_leaving_moves_them(tmp_path: Path) -> None:
+    from nriplugin.node.model import NodeModel
+    from nriplugin.qos.manager import PodGroups
+
+    node, _, _, _, _ = node_with_pods(tmp_path)
+    empty = PodGroups(NodeModel(), node.desired)
+    assert empty.refresh() is True  # the first round takes the groups in, whatever there is
+    pods = PodGroups(node.model, node.desired)
+    pods.refresh()
+    assert pods.moved() is False
+    from testkit.runtime_peer import make_pod
+
+    node.model.pod_removed(make_pod(1, "BE").id)
+    assert pods.moved() is True and pods.be() == []

@@ -1,0 +1,354 @@
+"""CPUSuppress as a strategy, on the real desired state: what it writes (quota, period, the lowest
+shares), in which order on cgroup v1 (the class ceiling before the group when lowering, after it
+when raising), the cpuset policy's whole-CPU steps, switching policy and turning it off."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+
+import pytest
+
+from nriplugin.node.model import pod_key
+from nriplugin.node.overlays import group_key
+from nriplugin.policy.model import Policy
+from nriplugin.policy.qos import QoSClass
+from nriplugin.qos.cpu_suppress import SUPPRESS, CPUSuppressStrategy, Limiter, be_target
+from nriplugin.qos.levels import Level
+from nriplugin.qos.sample import NodeSample
+from nriplugin.qos.strategy import Capacity, Decision, Round
+from tests.test_node_pinned import Scene
+
+BE_GROUP = "kubepods/besteffort"
+
+
+@dataclass
+class Observed:
+    limits: list[float] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+
+    def round_done(self, seconds: float, collect_seconds: float) -> None:
+        pass
+
+    def scores(self, cpu: float, cpu_level: str, memory: float, memory_level: str) -> None:
+        pass
+
+    def be_limit(self, cores: float) -> None:
+        self.limits.append(cores)
+
+    def suppressed(self, reason: str) -> None:
+        self.reasons.append(reason)
+
+    def burst(self, granted: bool) -> None:
+        pass
+
+
+class Host:
+    """What CPUSuppress uses of its manager, with the real desired state of a :class:`Scene`."""
+
+    def __init__(self, groups: list[str] | None = None, cpuset: bool = False) -> None:
+        self.scene = Scene(cpuset=cpuset)
+        self.model = self.scene.model
+        self.desired = self.scene.d
+        self.observer = Observed()
+        self.decisions: deque[Decision] = deque()
+        self.groups = [BE_GROUP] if groups is None else groups
+        self.owner = self
+        self.collector = None
+        self.eviction = None
+
+    def own_group(self, path: str) -> str:
+        return group_key(path)
+
+
+def policy(**suppress: object) -> Policy:
+    return Policy.model_validate(
+        {"qosManager": {"cpuSuppress": {"deadbandCores": 0.1, "raiseDelay": 1.0, **suppress}}, "beMinCPUShares": 3}
+    )
+
+
+def cap(non_be: float = 0.0, measured: bool = True) -> Capacity:
+    return Capacity(4.0, 0.0, 2.0, ls_usage=0.0, be_usage=0.0, non_be_usage=non_be, be_measured=measured)
+
+
+def round_at(t: float, level: Level, p: Policy, capacity: Capacity | None = None) -> Round:
+    s = NodeSample(t=t, interval=1.0, ncpu=4, cpu_busy_cores=0.0, load1=0.0)
+    return Round(t=t, sample=s, level=level, cpu_score=0, memory_score=0, policy=p, capacity=capacity)
+
+
+def test_no_capacity_no_decision() -> None:
+    h = Host()
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    r = round_at(0.0, Level.HIGH, policy())
+    s.decide(r)
+    assert (r.be_limit, r.be_target) == (None, None) and h.scene.told == []
+
+
+def test_no_groups_nothing_written() -> None:
+    h = Host(groups=[])
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    r = round_at(0.0, Level.HIGH, policy(), cap())
+    s.decide(r)
+    assert r.be_limit is None and r.be_target == pytest.approx(1.0)
+    assert s.limiter.current is None and h.decisions == deque()
+
+
+def test_the_usage_budget_waits_until_be_is_measured() -> None:
+    """(4 - 2) x 1.0 = 2 at LOW; 4 x 65 % - 1.6 = 1.0 by usage: not applied until BE's group was
+    read twice, though the target (for CPUEvict) already has it."""
+    h = Host()
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    r = round_at(0.0, Level.LOW, policy(), cap(non_be=1.6, measured=False))
+    s.decide(r)
+    assert r.be_limit == pytest.approx(2.0) and r.be_target == pytest.approx(1.0)
+    r = round_at(1.0, Level.LOW, policy(), cap(non_be=1.6))
+    s.decide(r)
+    assert r.be_limit == pytest.approx(1.0)
+
+
+def test_a_cut_writes_the_ceiling_first_and_the_group_its_quota() -> None:
+    h = Host()
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    r = round_at(5.0, Level.HIGH, policy(), cap())
+    s.decide(r)  # (4 - 2) x 0.5 = 1 core
+    g = group_key(BE_GROUP)
+    be_keys = [pod_key(h.scene.be_pod.id), h.scene.be.id]
+    assert h.scene.told == [be_keys, [g]]  # lowering: the children's ceiling before the group
+    intent = h.desired.intent(g)
+    assert intent is not None
+    assert (intent.get("cpu.cfs_quota_us"), intent.get("cpu.cfs_period_us"), intent.get("cpu.shares")) == (
+        100000,
+        100000,
+        3,
+    )
+    assert intent.files[("cpu.cfs_quota_us", "")].owner == SUPPRESS
+    assert h.desired.capped(h.scene.be.id)
+    assert (h.observer.limits, h.observer.reasons) == ([1.0], ["HIGH"])
+    why = "HIGH: (4 total - 2.00 LS request - 0 reserved) x 0.5"
+    assert list(h.decisions) == [Decision(5.0, SUPPRESS, BE_GROUP, "1.00 cores", why)]
+    assert r.be_limit == 1.0 and r.be_target == 1.0
+
+
+def test_a_raise_moves_the_ceiling_and_the_groups_quota() -> None:
+    """The ceiling is decided first either way; the one writer orders the files (children
+    lowered before the group, raised after it)."""
+    h = Host()
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    s.decide(round_at(0.0, Level.CRITICAL, policy(), cap()))  # 0.6
+    h.scene.told.clear()
+    s.decide(round_at(1.0, Level.LOW, policy(), cap()))  # 2.0: held
+    assert h.scene.told == []
+    s.decide(round_at(2.0, Level.LOW, policy(), cap()))
+    g = group_key(BE_GROUP)
+    assert [g] in h.scene.told
+    intent = h.desired.intent(g)
+    assert intent is not None and intent.get("cpu.cfs_quota_us") == 200000
+    assert h.desired._caps[QoSClass.BE][0] == 2.0
+    assert [d.value for d in h.decisions] == ["0.60 cores", "2.00 cores"]
+
+
+def test_between_rounds_only_cuts() -> None:
+    h = Host()
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    p = policy()
+    s.decide(round_at(0.0, Level.MEDIUM, p, cap()))  # 1.6
+    r = round_at(0.1, Level.MEDIUM, p, cap(non_be=2.5))  # usage: 2.6 - 2.5 = 0.1
+    s.between_rounds(r)
+    assert s.limiter.current == pytest.approx(0.1)
+    s.between_rounds(round_at(5.0, Level.MEDIUM, p, cap()))
+    assert s.limiter.current == pytest.approx(0.1)  # the fast path never raises
+    s.between_rounds(round_at(6.0, Level.MEDIUM, p, None))
+    assert s.limiter.current == pytest.approx(0.1)
+
+
+def test_the_cpuset_policy_writes_whole_cpus_only_when_the_count_changes() -> None:
+    h = Host(cpuset=True)
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    p = policy(policy="cpuset")
+    s.decide(round_at(0.0, Level.HIGH, p, cap()))  # 1.0 core -> 1 CPU
+    assert h.observer.limits == [1.0]
+    assert [d.value for d in h.decisions] == ["1 CPU(s)"]
+    assert h.decisions[0].why.endswith("x 0.5")
+    intent = h.desired.intent(h.scene.be.id)
+    assert intent is not None and intent.files[("cpuset.cpus", "")].owner == SUPPRESS
+    assert h.desired.intent(group_key(BE_GROUP)) is not None
+    assert h.desired.overlays.targets() == []  # no quota
+    s.decide(round_at(1.0, Level.CRITICAL, p, cap()))  # 0.6: still one CPU, not written
+    assert s.limiter.current == pytest.approx(0.6) and len(h.decisions) == 1
+    s.decide(round_at(2.0, Level.MEDIUM, p, cap()))  # 1.6: held
+    s.decide(round_at(3.0, Level.MEDIUM, p, cap()))
+    assert [d.value for d in h.decisions] == ["1 CPU(s)", "2 CPU(s)"]
+    assert h.observer.limits == [1.0, 2.0]
+
+
+def test_switching_policy_lifts_what_the_other_set() -> None:
+    h = Host(cpuset=True)
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    s.decide(round_at(0.0, Level.HIGH, policy(), cap()))
+    g = group_key(BE_GROUP)
+    assert h.desired.overlays.targets() == [g] and h.desired.capped(h.scene.be.id)
+    s.decide(round_at(1.0, Level.HIGH, policy(policy="cpuset"), cap()))
+    # the decided ceiling goes (what BE's group still holds bounds it until the group rises)
+    assert h.desired.overlays.targets() == [] and QoSClass.BE not in h.desired._caps
+    assert s.limiter.writes == 2 and len(h.decisions) == 2  # reset: the cpuset limit written at once
+    pool = h.desired.cpus.share_pool()
+    s.decide(round_at(2.0, Level.HIGH, policy(), cap()))  # back: the whole pool again
+    intent = h.desired.intent(h.scene.be.id)
+    assert intent is not None
+    from nriplugin.kernel.cpulist import format_cpulist
+
+    assert intent.get("cpuset.cpus") == format_cpulist(pool)
+    assert h.desired.overlays.targets() == [g]
+
+
+def test_off_withdraws_once_and_says_so() -> None:
+    h = Host()
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    assert s.off(0.0, "nothing held") is False and h.decisions == deque()
+    s.decide(round_at(1.0, Level.HIGH, policy(), cap()))
+    assert s.off(2.0, "the manager is off") is True
+    assert h.desired.overlays.targets() == [] and QoSClass.BE not in h.desired._caps
+    assert h.decisions[-1] == Decision(2.0, SUPPRESS, "all", "withdrawn", "the manager is off")
+    assert s.limiter.current is None
+    assert s.off(3.0, "again") is False
+    s.decide(round_at(4.0, Level.HIGH, policy(), cap()))  # on again: written at once
+    assert s.limiter.current == 1.0 and h.desired.overlays.targets() == [group_key(BE_GROUP)]
+
+
+def test_off_lifts_a_cpuset_limit() -> None:
+    h = Host(cpuset=True)
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    s.decide(round_at(0.0, Level.HIGH, policy(policy="cpuset"), cap()))
+    assert s.off(1.0, "off") is True
+    assert h.desired._cpusets[QoSClass.BE][0] is None
+    assert h.decisions[-1].value == "withdrawn"
+
+
+def test_the_limiter_takes_the_policys_deadband_delay_and_write_cap() -> None:
+    h = Host()
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    p = policy(deadbandCores=0.3, raiseDelay=1.5, maxWritesPerMinute=1)
+    s.decide(round_at(0.0, Level.HIGH, p, cap()))  # 1.0
+    assert (s.limiter.deadband, s.limiter.relax_hold, s.limiter.max_relax_per_minute) == (0.3, 1.5, 1)
+    s.decide(round_at(1.0, Level.CRITICAL, p, cap()))  # 0.6: 0.4 below, more than the deadband
+    assert s.limiter.current == pytest.approx(0.6)
+    s.decide(round_at(2.0, Level.LOW, p, cap()))  # 2.0: held 1.5 s
+    s.decide(round_at(3.49, Level.LOW, p, cap()))
+    assert s.limiter.current == pytest.approx(0.6)
+    s.decide(round_at(3.5, Level.LOW, p, cap()))
+    assert s.limiter.current == pytest.approx(2.0)  # the one reversal of the minute
+    s.decide(round_at(4.0, Level.CRITICAL, p, cap()))
+    for t in (5.0, 8.0, 12.0):
+        s.decide(round_at(t, Level.LOW, p, cap()))
+    assert s.limiter.current == pytest.approx(0.6)  # a second reversal within the minute waits
+    s.decide(round_at(63.5, Level.LOW, p, cap()))
+    assert s.limiter.current == pytest.approx(2.0)
+    lower = Capacity(4.0, 0.0, 2.2, ls_usage=0.0, be_usage=0.0, non_be_usage=0.0)
+    s.decide(round_at(64.0, Level.LOW, p, lower))  # 1.8: 0.2 below, within the policy's 0.3
+    assert s.limiter.current == pytest.approx(2.0)
+
+
+def test_a_write_is_logged_with_its_figures(caplog: pytest.LogCaptureFixture) -> None:
+    h = Host()
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    with caplog.at_level(logging.INFO, "nriplugin.qos"):
+        s.decide(round_at(0.0, Level.CRITICAL, policy(), cap()))  # 2 x 0.3 = 0.6
+    rec = next(r for r in caplog.records if r.getMessage().startswith("BE limited to"))
+    assert rec.getMessage() == "BE limited to 0.60 cores: CRITICAL: (4 total - 2.00 LS request - 0 reserved) x 0.3"
+    assert (rec.be_limit_cores, rec.level, rec.policy) == (0.6, "CRITICAL", "cfsQuota")  # type: ignore[attr-defined]
+
+
+def test_the_fast_path_never_begins_a_raise() -> None:
+    h = Host()
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    p = policy()
+    s.decide(round_at(0.0, Level.CRITICAL, p, cap()))  # 0.6
+    for t in (1.0, 2.0, 3.0, 5.0):
+        s.between_rounds(round_at(t, Level.LOW, p, cap()))  # 2.0 wanted, held past raiseDelay
+    assert s.limiter.current == pytest.approx(0.6)
+
+
+def test_the_cpuset_limits_reasons() -> None:
+    h = Host(cpuset=True)
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    s.decide(round_at(0.0, Level.HIGH, policy(policy="cpuset"), cap()))
+    why = "HIGH: (4 total - 2.00 LS request - 0 reserved) x 0.5; BE on 1 CPU(s) of the share pool"
+    assert h.desired._cpusets[QoSClass.BE] == (1, SUPPRESS, why)
+    s.off(1.0, "the manager is off")
+    assert h.desired._cpusets[QoSClass.BE] == (None, SUPPRESS, "the manager is off: BE on the whole share pool again")
+
+
+def test_the_ceiling_and_the_groups_quota_carry_the_limit_and_its_reasons() -> None:
+    h = Host()
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    s.decide(round_at(0.0, Level.HIGH, policy(), cap()))  # lowering: 1.0
+    assert h.desired._caps[QoSClass.BE] == (1.0, SUPPRESS, "BE's group is limited to 1.00 cores")
+    intent = h.desired.intent(group_key(BE_GROUP))
+    assert intent is not None
+    assert intent.files[("cpu.cfs_quota_us", "")].why == "HIGH: (4 total - 2.00 LS request - 0 reserved) x 0.5"
+    s.decide(round_at(1.0, Level.LOW, policy(), cap()))
+    s.decide(round_at(2.0, Level.LOW, policy(), cap()))  # raising: 2.0
+    assert h.desired._caps[QoSClass.BE] == (2.0, SUPPRESS, "BE's group is limited to 2.00 cores")
+
+
+def test_the_observer_gets_the_limit_in_cores_or_cpus() -> None:
+    h = Host()
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    s.decide(round_at(0.0, Level.CRITICAL, policy(), cap()))
+    assert h.observer.limits == [pytest.approx(0.6)]
+    h2 = Host(cpuset=True)
+    s2 = CPUSuppressStrategy(h2)  # type: ignore[arg-type]
+    s2.decide(round_at(0.0, Level.CRITICAL, policy(policy="cpuset"), cap()))
+    assert h2.observer.limits == [1.0]
+
+
+def test_every_group_is_named_in_the_decision() -> None:
+    h = Host(groups=[BE_GROUP, "kubepods.slice/kubepods-besteffort.slice"])
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    s.decide(round_at(0.0, Level.HIGH, policy(), cap()))
+    assert h.decisions[0].target == f"{BE_GROUP},kubepods.slice/kubepods-besteffort.slice"
+
+
+def test_the_logged_limit_is_rounded_to_a_thousandth(caplog: pytest.LogCaptureFixture) -> None:
+    h = Host()
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    with caplog.at_level(logging.INFO, "nriplugin.qos"):
+        s.decide(round_at(0.0, Level.LOW, policy(), cap(non_be=1.23456)))  # 4 x 65 % - 1.23456
+    rec = next(r for r in caplog.records if r.getMessage().startswith("BE limited to"))
+    assert rec.be_limit_cores == 1.365  # type: ignore[attr-defined]
+
+
+def test_a_one_percent_usage_budget_counts() -> None:
+    t = be_target(Capacity(100.0, 0.0, 0.0, 0.0, 0.0, 0.0), 1.0, "LOW", usage_threshold_percent=1)
+    assert t.cores == pytest.approx(1.0)
+
+
+def test_switching_back_from_cpuset_says_why() -> None:
+    h = Host(cpuset=True)
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    s.decide(round_at(0.0, Level.HIGH, policy(policy="cpuset"), cap()))
+    s.decide(round_at(1.0, Level.HIGH, policy(), cap()))
+    why = "the suppression policy is now cfsQuota: BE on the whole share pool again"
+    assert h.desired._cpusets[QoSClass.BE] == (None, SUPPRESS, why)
+    assert s.off(2.0, "off") is True  # the quota
+    assert s.off(3.0, "off") is False  # nothing left: the cpuset was lifted, not held
+
+
+def test_a_target_exactly_the_deadband_above_begins_no_hold() -> None:
+    lim = Limiter(deadband=0.25, relax_hold=1.0)
+    lim.step(0.0, 1.0)
+    assert lim.step(0.0, 1.25) is None
+    assert lim.step(0.5, 3.0) is None  # the hold begins here, not at 0
+    assert lim.step(1.49, 3.0) is None
+    assert lim.step(1.5, 3.0) == 3.0
+
+
+def test_a_raise_to_exactly_the_deadband_above_is_not_written() -> None:
+    lim = Limiter(deadband=0.25, relax_hold=1.0)
+    lim.step(0.0, 1.0)
+    assert lim.step(1.0, 3.0) is None
+    assert lim.step(1.5, 1.25, tighten_only=True) is None  # the lowest of the hold: 1.25
+    assert lim.step(2.0, 3.0) is None  # up to 1.25 is not more than the deadband: the hold restarts
+    assert lim.current == 1.0
+    assert lim.step(3.0, 3.0) == 3.0
