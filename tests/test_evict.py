@@ -106,13 +106,23 @@ def test_cpu_ranking_is_priority_then_usage_then_newest_and_never_ls() -> None:
 
 
 def test_a_quiet_or_small_be_pod_is_not_a_cpu_victim() -> None:
-    """A pod that frees next to nothing of the 8.1-core release is never a victim: idle (under
-    a millicore), or under 5 % of the release (0.4 cores: 4.9 %)."""
+    """A pod that frees next to nothing is never a victim: idle (under a millicore), or under
+    5 % of the 8.1-core release (0.41 cores: 5.1 %, 0.4: 4.9 %) while another covers that."""
     facts, _ = cpu_case()
-    pods = [be(1, cpu_cores=0.0002), be(2, cpu_cores=0.4), be(3, cpu_cores=0.41)]
+    pods = [be(1, cpu_cores=0.0002), be(2, cpu_cores=0.4), be(3, cpu_cores=0.41), be(4, cpu_cores=1.0)]
     plan = CpuEvict(CpuConfig(sustain=0.0)).decide(facts, pods)
-    assert plan is not None and [c.name for c in plan.victims] == ["be-3"]
-    assert CpuEvict(CpuConfig(sustain=0.0)).decide(facts, pods[:2]) is None
+    assert plan is not None and [c.name for c in plan.victims] == ["be-4", "be-3"]
+
+
+def test_when_no_be_pod_covers_a_share_of_the_release_the_one_that_frees_most_still_goes() -> None:
+    """BE cut to its floor cannot cover 5 % of the release: the pods that free most are still
+    victims (LS starves, BE takes what it can), but one that frees next to nothing beside
+    them (under 5 % of the best) is not."""
+    facts, _ = cpu_case()
+    pods = [be(1, cpu_cores=0.0002), be(2, cpu_cores=0.004), be(3, cpu_cores=0.1), be(4, cpu_cores=0.09)]
+    plan = CpuEvict(CpuConfig(sustain=0.0)).decide(facts, pods)
+    assert plan is not None and [c.name for c in plan.victims] == ["be-3", "be-4"]
+    assert plan.chosen() == plan.victims[:2]
 
 
 def test_koordinator_be_satisfaction_variant() -> None:

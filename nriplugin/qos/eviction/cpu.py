@@ -149,8 +149,8 @@ class CpuEvict:
     @staticmethod
     def _plan(rel: Release, cands: Iterable[Candidate], unit: str) -> Plan | None:
         """The ranked victims that each free a meaningful share of the release, or None."""
-        plan = Plan("CPUEvict", rel, [], unit)
-        victims = [c for c in rank_cpu(cands) if plan.meaningful(c)]
+        plan = Plan("CPUEvict", rel, rank_cpu(cands), unit)
+        victims = [c for c in plan.victims if plan.meaningful(c)]
         return Plan("CPUEvict", rel, victims, unit) if victims else None
 
     def _satisfaction(self, f: CpuFacts) -> Release | None:

@@ -23,8 +23,9 @@ from nriplugin.policy.qos import QoSClass
 
 PRIORITY_LABEL = "koordinator.sh/priority"
 LEAK_BYTES_PER_MIN = 5 * 1024 * 1024  # a pod growing faster than 5 MB/min leaks
-# A victim frees at least this share of a plan's release: evicting a pod that frees (next to)
-# nothing of what is needed disrupts it and relieves no one.
+# A victim frees at least this share of a plan's release (or of the best candidate's share,
+# when none can cover that): evicting a pod that frees (next to) nothing of what is needed
+# disrupts it and relieves no one.
 MIN_SHARE = 0.05
 NEVER = frozenset({QoSClass.LSE, QoSClass.LSR, QoSClass.LS, QoSClass.SYSTEM})
 
@@ -73,9 +74,18 @@ class Plan:
         return c.cpu_request_cores if self.unit == "request" else c.cpu_cores
 
     def meaningful(self, c: Candidate) -> bool:
-        """Whether evicting ``c`` frees a meaningful share of the release (``MIN_SHARE``)."""
+        """Whether evicting ``c`` frees a meaningful share (``MIN_SHARE``) of the release. For
+        CPU, when no candidate can cover that much (BE already cut to its floor while LS
+        starves), the share is of what the best of them frees: the pods that free most still
+        go, one that frees next to nothing beside them does not. Memory has no such fallback:
+        a few MiB do not keep the kernel's OOM killer away."""
         share = self.share(c)
-        return share > 0 and share >= MIN_SHARE * self.release.amount
+        bar = MIN_SHARE * self.release.amount
+        if self.unit != "bytes":
+            best = max((self.share(v) for v in self.victims), default=share)
+            if max(best, share) < bar:
+                bar = MIN_SHARE * max(best, share)
+        return share > 0 and share >= bar
 
     def chosen(self) -> list[Candidate]:
         """The victims if every eviction succeeds."""
