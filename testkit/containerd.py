@@ -113,14 +113,8 @@ class Runtime:
         return 3 if self.major_minor >= (2, 0) else 2
 
 
-CONFIG = """\
-version = 2
-root = "{base}/root"
-state = "{base}/state"
-disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
-                    "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs",
-                    "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
-
+# What every line's config says alike: the sockets, the opt folder and NRI.
+_SERVICES = """\
 [grpc]
   address = "{base}/containerd.sock"
 
@@ -138,7 +132,20 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   plugin_registration_timeout = "5s"
   plugin_request_timeout = "2s"
   socket_path = "{base}/nri/nri.sock"
+"""
 
+CONFIG = (
+    """\
+version = 2
+root = "{base}/root"
+state = "{base}/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+                    "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs",
+                    "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+
+"""
+    + _SERVICES
+    + """
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{pause}"
   restrict_oom_score_adj = true
@@ -159,11 +166,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         Root = "{base}/runc"
         SystemdCgroup = false
 """
+)
 
 
 # containerd 2.x reads version 2 by migrating it (and logs that it did); it gets its own
 # version 3 layout: the CRI plugin split into images, runtime and the gRPC server.
-CONFIG_V3 = """\
+CONFIG_V3 = (
+    """\
 version = 3
 root = "{base}/root"
 state = "{base}/state"
@@ -172,24 +181,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                     "io.containerd.snapshotter.v1.erofs", "io.containerd.differ.v1.erofs",
                     "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
 
-[grpc]
-  address = "{base}/containerd.sock"
-
-[ttrpc]
-  address = "{base}/containerd.sock.ttrpc"
-
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{base}/opt"
-
-[plugins."io.containerd.nri.v1.nri"]
-  disable = {nri_disable}
-  disable_connections = false
-  plugin_config_path = "{base}/nri/conf.d"
-  plugin_path = "{base}/nri/plugins"
-  plugin_registration_timeout = "5s"
-  plugin_request_timeout = "2s"
-  socket_path = "{base}/nri/nri.sock"
-
+"""
+    + _SERVICES
+    + """
 [plugins."io.containerd.cri.v1.images"]
   snapshotter = "overlayfs"
   [plugins."io.containerd.cri.v1.images".pinned_images]
@@ -215,6 +209,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
 """
+)
 
 
 @dataclass
