@@ -330,3 +330,12 @@ def test_a_fresh_decoder_holds_nothing() -> None:
     dec = ttrpc.MessageDecoder()
     assert (dec.buffered, dec.skipping) == (0, 0)
     assert dec.feed(b"") == [] and (dec.buffered, dec.skipping) == (0, 0)
+
+
+@pytest.mark.parametrize("size", [0, 1, 127, 128, 300, 16383, 16384, 1 << 21])
+def test_an_ok_response_encoded_by_hand_is_what_protobuf_encodes(size: int) -> None:
+    """The usual answer skips protobuf: its bytes must be protobuf's, at every varint length."""
+    payload = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    m = ttrpc.ResponsePb(payload=payload)
+    assert ttrpc.encode_response(ttrpc.Response(payload)) == m.SerializeToString()
+    assert ttrpc.decode_response(ttrpc.encode_response(ttrpc.Response(payload))).payload == payload

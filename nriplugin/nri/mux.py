@@ -67,6 +67,11 @@ class Demultiplexer:
 
     def stream(self, data: bytes | memoryview) -> list[tuple[int, memoryview]]:
         """The payload bytes in ``data``, per conn, in order (a frame may come in pieces)."""
+        if not self._left and not self._head and len(data) > HEADER_LEN:
+            # The usual read: one whole frame (the runtime sends a request as one write).
+            conn_id, length = HEADER.unpack_from(data)
+            if length + HEADER_LEN == len(data) and conn_id in self.known and length <= self.max_frame:
+                return [(conn_id, memoryview(data)[HEADER_LEN:])]
         return [(c, piece) for c, piece, _end in self._pieces(data) if piece]
 
     def feed(self, data: bytes) -> list[tuple[int, bytes]]:

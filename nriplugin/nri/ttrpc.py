@@ -124,6 +124,11 @@ class MessageDecoder:
     def feed(self, data: bytes | bytearray | memoryview) -> list[Message | TooLarge]:
         if self._error is not None:
             raise self._error
+        if self._body is None and not self._head and not self._skip and len(data) >= HEADER_LEN:
+            # The usual chunk: exactly one whole message.
+            length, sid, mtype, flags = HEADER.unpack_from(data)
+            if length + HEADER_LEN == len(data) and mtype in (1, 2, 3) and length <= self.max_message:
+                return [Message(sid, mtype, flags, bytes(data[HEADER_LEN:]))]
         view = memoryview(data)
         out: list[Message | TooLarge] = []
         pos, end = 0, len(view)
@@ -228,6 +233,15 @@ def _envelope_classes() -> tuple[Any, Any, Any]:
 RequestPb, ResponsePb, KeyValuePb = _envelope_classes()
 
 
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
 def encode_request(req: Request) -> bytes:
     m = RequestPb(service=req.service, method=req.method, payload=req.payload, timeout_nano=req.timeout_nano)
     for k, v in req.metadata:
@@ -248,6 +262,9 @@ def decode_request(data: bytes | bytearray) -> Request:
 
 
 def encode_response(resp: Response) -> bytes:
+    if not resp.code and not resp.message:  # the usual answer: the payload field alone, by hand
+        n = len(resp.payload)
+        return b"\x12" + _varint(n) + resp.payload if n else b""
     m = ResponsePb(payload=resp.payload)
     if resp.code or resp.message:
         m.status.code = resp.code
