@@ -20,6 +20,10 @@ log = logging.getLogger("nriplugin.features")
 # Every feature in evaluation order; fails here, at import, unless each of the policy's
 # switches has its registered feature.
 PIPELINE: tuple[Feature, ...] = REGISTRY.pipeline()
+# The pod annotations and labels some feature reads (each declares its own): with the class, the
+# container's name and resources, and the node's state, all a new container's values depend on.
+POD_ANNOTATIONS: tuple[str, ...] = tuple(sorted({a for f in PIPELINE for a in f.annotations}))
+POD_LABELS: tuple[str, ...] = tuple(sorted({a for f in PIPELINE for a in f.labels}))
 
 
 class FeatureFailed(Exception):
@@ -73,6 +77,8 @@ def desired_state(ctx: Context) -> Outcome:
 
 __all__ = [
     "PIPELINE",
+    "POD_ANNOTATIONS",
+    "POD_LABELS",
     "Context",
     "Feature",
     "FeatureFailed",

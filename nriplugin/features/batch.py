@@ -94,7 +94,8 @@ def pod_batch(ctx: Context) -> Limits | None:
     return req, lim
 
 
-@feature("batchResource", order=10)  # first: cpuQOS and cpuBurst read the shares and quota it sets
+# first: cpuQOS and cpuBurst read the shares and quota it sets
+@feature("batchResource", order=10, annotations=(ANNOTATION,))
 def desired(ctx: Context, intent: Intent) -> None:
     if ctx.qos != "BE":
         return

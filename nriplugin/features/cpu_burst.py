@@ -11,7 +11,7 @@ ANNOTATION = "koordinator.sh/cpuBurst"
 POLICIES = ("none", "cpuBurstOnly", "cfsQuotaBurstOnly", "auto")
 
 
-@feature("cpuBurst", order=30)  # after batchResource: the burst follows the quota batch set
+@feature("cpuBurst", order=30, annotations=(ANNOTATION,))  # after batchResource: the burst follows the quota batch set
 def desired(ctx: Context, intent: Intent) -> None:
     if ctx.qos not in ("LSE", "LSR", "LS") or ctx.container is None or not ctx.has("cpu.cfs_burst_us"):
         return

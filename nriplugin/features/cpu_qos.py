@@ -11,7 +11,8 @@ from nriplugin.features.registry import feature
 from nriplugin.intent.core import Context, Intent
 
 
-@feature("cpuQOS", order=20)  # after batchResource: BE gets the lowest shares only where batch set none
+# after batchResource: BE gets the lowest shares only where batch set none
+@feature("cpuQOS", order=20, labels=(core_sched.GROUP_LABEL,))
 def desired(ctx: Context, intent: Intent) -> None:
     cfg = ctx.policy.class_qos(ctx.qos).cpuQOS
     if not cfg.enable:

@@ -85,7 +85,8 @@ def assign(ctx: Context) -> str | None:
         return str(exc)
 
 
-@feature("cpuset", order=40)  # reads only the CPU allocator's assignment
+# reads only the CPU allocator's assignment
+@feature("cpuset", order=40, annotations=(RESOURCE_STATUS,), labels=(QOS_LABEL,))
 def desired(ctx: Context, intent: Intent) -> None:
     """Reads the assignment (see :func:`assign`); allocates nothing."""
     alloc = ctx.cpus

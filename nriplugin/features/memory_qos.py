@@ -34,7 +34,8 @@ def _request(ctx: Context) -> tuple[int | None, int | None, str]:
     return None, limit, ""
 
 
-@feature("memoryQOS", order=50)  # reads batch-memory from the annotation itself, not batch's values
+# reads batch-memory from the annotation itself, not batch's values
+@feature("memoryQOS", order=50, annotations=(batch.ANNOTATION,))
 def desired(ctx: Context, intent: Intent) -> None:
     cfg = ctx.policy.class_qos(ctx.qos).memoryQOS
     if not cfg.enable or ctx.container is None:

@@ -6,6 +6,11 @@ The order is a dependency, not a preference: a later feature reads the values ea
 set. batchResource sizes BE's shares and quota from ``batch-cpu`` before cpuQOS gives BE the
 lowest shares where batch left none; cpuBurst sizes the burst from the quota batch set.
 
+Each declares the pod annotations and labels it reads (besides the QoS class, the container's
+name and its requested resources): those, with the node's state, are all a new container's
+values depend on, so CreateContainer answers containers of one shape from one computation
+(``node/hooks.py``), and a test fails if a feature reads one it did not declare.
+
 The names are the policy's (the fields of ``policy.model.Features``): a name the policy does
 not have, or a second registration of one, fails at the registering module's import, and
 :meth:`Registry.pipeline` fails unless every switch the policy has registered a function.
@@ -27,6 +32,8 @@ class Feature:
     name: str  # the policy's switch, ``features.<name>``
     order: int  # lower runs first
     desired: Desired
+    annotations: tuple[str, ...] = ()  # the pod annotations it reads
+    labels: tuple[str, ...] = ()  # the pod labels it reads
 
 
 class Registry:
@@ -36,8 +43,11 @@ class Registry:
         self.switches = tuple(switches)
         self._by_name: dict[str, Feature] = {}
 
-    def feature(self, name: str, order: int) -> Callable[[Desired], Desired]:
-        """A decorator registering ``desired`` as the feature ``name``, run at ``order``."""
+    def feature(
+        self, name: str, order: int, annotations: tuple[str, ...] = (), labels: tuple[str, ...] = ()
+    ) -> Callable[[Desired], Desired]:
+        """A decorator registering ``desired`` as the feature ``name``, run at ``order``, reading
+        the pod ``annotations`` and ``labels`` named."""
 
         def register(desired: Desired) -> Desired:
             if name not in self.switches:
@@ -47,7 +57,7 @@ class Registry:
             taken = [f.name for f in self._by_name.values() if f.order == order]
             if taken:
                 raise TypeError(f"feature {name!r}: order {order} is {taken[0]}'s already (the order must be explicit)")
-            self._by_name[name] = Feature(name, order, desired)
+            self._by_name[name] = Feature(name, order, desired, annotations, labels)
             return desired
 
         return register

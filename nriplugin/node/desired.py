@@ -17,7 +17,17 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Literal
 
-from nriplugin.features import Context, FeatureFailed, Intent, InvalidInput, Setting, cpuset, desired_state
+from nriplugin.features import (
+    POD_ANNOTATIONS,
+    POD_LABELS,
+    Context,
+    FeatureFailed,
+    Intent,
+    InvalidInput,
+    Setting,
+    cpuset,
+    desired_state,
+)
 from nriplugin.intent.core import cap_burst, requested
 from nriplugin.intent.cpus import CPUAllocator
 from nriplugin.kernel.cpulist import format_cpulist
@@ -167,6 +177,31 @@ class DesiredState:
             except InvalidQoSLabel:
                 return None
         return self._compose(container.id, pod, container, qos)
+
+    def birth_key(self, pod: api.PodSandbox, container: api.Container) -> tuple[object, ...] | None:
+        """Everything :meth:`intent_before_known`'s values for ``container`` depend on, as one
+        hashable key: the class, the pod annotations and labels the features declare, the
+        container's name and resources, and the stamps of the node's state (policy epoch,
+        the class's generation — its ceiling and cpuset limit —, the share pool's). Containers
+        with equal keys get equal values, whatever their pod's name, uid or other metadata.
+        None: nothing to share (a bad label, or state of its own already, an overlay)."""
+        try:
+            qos = self._classes[pod.id] if pod.id in self._classes else qos_class(pod.labels, pod.linux.cgroup_parent)
+        except InvalidQoSLabel:
+            return None
+        cid = container.id
+        if qos is None or cid in self.overlays or cid in self._baselines:
+            return None
+        return (
+            qos,
+            self._epoch,
+            self._class_gens.get(qos, 0),
+            self.cpus.generation,
+            tuple(map(pod.annotations.get, POD_ANNOTATIONS)),
+            tuple(map(pod.labels.get, POD_LABELS)),
+            container.name,
+            container.linux.resources.SerializeToString(deterministic=True),
+        )
 
     def _compose(
         self, key: str, pod: api.PodSandbox | None, container: api.Container | None, qos: QoSClass | None

@@ -62,6 +62,9 @@ def to_resources(intent: Intent, cg: Cgroups, out: api.LinuxResources) -> bool:
     return bool(intent.files) or bool(intent.rdt_class)
 
 
+MAX_SHAPES = 256  # CreateContainer answers kept (a node runs a few dozen workload shapes)
+
+
 class QoSPlugin(Plugin):
     def __init__(
         self,
@@ -79,10 +82,15 @@ class QoSPlugin(Plugin):
         # every hook before it looks at the model (so the order of events is the model's).
         self._created: list[tuple[api.PodSandbox, api.Container]] = []
         self.runtime = RuntimeCaps()  # what the runtime's NRI carries: learnt at Configure
+        # CreateContainer's answer by the container's shape (DesiredState.birth_key): the pods
+        # of one workload come in bursts and get the same values, computed once; the key
+        # carries the node's state, so a decision since then makes a new key.
+        self._births: dict[tuple[object, ...], api.ContainerAdjustment | None] = {}
 
     def runtime_caps(self, caps: RuntimeCaps) -> None:
         """Decided once per connection: which process attributes BE is born with."""
         self.runtime = caps
+        self._births.clear()
         for name, why in born_with.plan_for(self.desired.rules.policy, caps).lines().items():
             log.info("%s: %s", name, why)
 
@@ -138,17 +146,26 @@ class QoSPlugin(Plugin):
         self._take_in_created()
         if self.desired.pins(pod):
             return self._create_pinned(pod, container)
-        try:
-            intent = self.desired.intent_before_known(pod, container)
-        except FeatureFailed as exc:
-            raise RuntimeError(f"refusing {pod.namespace}/{pod.name}/{container.name}: {exc}") from exc
+        key = self.desired.birth_key(pod, container)
+        if key is not None and key in self._births:
+            adj = self._births[key]
+        else:
+            try:
+                intent = self.desired.intent_before_known(pod, container)
+            except FeatureFailed as exc:
+                raise RuntimeError(f"refusing {pod.namespace}/{pod.name}/{container.name}: {exc}") from exc
+            adj = self._adjustment(intent, self.desired.class_capped(pod), pod)
+            if key is not None:
+                if len(self._births) >= MAX_SHAPES:  # old stamps: unreachable anyway
+                    self._births.clear()
+                self._births[key] = adj
         self._created.append((pod, container))
         if len(self._created) == 1:
             try:
                 asyncio.get_running_loop().call_soon(self._take_in_created)
             except RuntimeError:  # no loop (tests, explain): now
                 self._take_in_created()
-        return self._adjustment(intent, self.desired.class_capped(pod), pod)
+        return adj
 
     def _create_pinned(
         self, pod: api.PodSandbox, container: api.Container

@@ -67,6 +67,10 @@ class Overlays:
         """The object is gone: its decisions go with it."""
         self._by_key.pop(key, None)
 
+    def __contains__(self, key: object) -> bool:
+        """Whether any decision stands on ``key``."""
+        return bool(self._by_key.get(key))  # type: ignore[call-overload]
+
     def of(self, key: str) -> list[Decision]:
         return list(self._by_key.get(key, {}).values())
 
