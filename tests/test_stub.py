@@ -170,9 +170,12 @@ def test_a_hooks_time_includes_its_wait_behind_other_work_on_the_loop(tmp_path: 
         s = await peer.next_session()
         await asyncio.wait_for(stub.ready.wait(), 1)
         be = make_pod(10, "BE")
-        asyncio.get_running_loop().call_soon(time.sleep, 0.05)  # other work holds the loop
         t0 = time.perf_counter()
-        await s.create_container(be, make_container(10, be))
+        sent = asyncio.ensure_future(s.create_container(be, make_container(10, be)))
+        # other work holds the loop right after the request's bytes went out (the runtime side
+        # runs first: a callback queued before the bytes arrive, as the loop's own would)
+        asyncio.get_running_loop().call_soon(time.sleep, 0.05)
+        await sent
         took = time.perf_counter() - t0
         await stopped(stub, task, peer)
         assert took >= 0.05 and len(waits) == 1
