@@ -190,7 +190,7 @@ def run_inprocess(bench: Path, calls: int, sync_pods: int, settle: float) -> tup
     handled: list[float] = []
     original = transport.Trunk.data_received
 
-    def timed(self: transport.Trunk, data: bytes) -> None:
+    def timed(self: transport.Trunk, data: bytes | memoryview) -> None:
         t0 = time.perf_counter_ns()
         original(self, data)
         handled.append((time.perf_counter_ns() - t0) / 1000)

@@ -36,7 +36,7 @@ class NriConnection:
         sends messages of any size, as containerd 1.7's ttrpc does (up to a mux frame)."""
         return cls(mux.RUNTIME_SERVICE_CONN, mux.PLUGIN_SERVICE_CONN, mux.encode_frame, send_limit=mux.MAX_FRAME)
 
-    def receive_data(self, data: bytes) -> list[ttrpc.Event]:
+    def receive_data(self, data: bytes | memoryview) -> list[ttrpc.Event]:
         """Feed trunk bytes; returns requests to serve and responses to our calls.
 
         Raises :class:`~nriplugin.nri.errors.ProtocolError` on a corrupt stream.

@@ -87,7 +87,14 @@ class IOFirstLoop(asyncio.SelectorEventLoop):
             ready.rotate(len(ready) - queued)
 
 
-class Trunk(asyncio.Protocol):
+READ_BUFFER = 256 * 1024  # one read's most (asyncio's own read size)
+
+
+class Trunk(asyncio.BufferedProtocol):
+    """The trunk's end in this process. A buffered protocol: every read goes into one buffer
+    allocated once (a plain protocol gets a fresh 256 KiB bytes object per read, and allocating
+    it cost more than the read itself: 17 us of the 20 us a hook request's read took)."""
+
     def __init__(
         self,
         conn: NriConnection,
@@ -107,13 +114,21 @@ class Trunk(asyncio.Protocol):
         self._arrival = arrival
         self._answered = 0.0  # when the last answer went out: the next request came after it
         self.arrived = 0.0  # perf_counter time the request being handled could first be read
+        self._buffer = memoryview(bytearray(READ_BUFFER))
 
-    # asyncio.Protocol ---------------------------------------------------------------------
+    # asyncio.BufferedProtocol -------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's are not asyncio.Transport
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(self._buffer[:nbytes])
+
+    def data_received(self, data: bytes | memoryview) -> None:
+        """Bytes read from the trunk (a view of the read buffer: nothing here keeps it)."""
         self.arrived = max(self._arrival(), self._answered)
         try:
             events = self.conn.receive_data(data)
