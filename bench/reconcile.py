@@ -149,7 +149,7 @@ def write_section(path: Path, x: dict[str, Any], command: str) -> None:
     take_in = f"{x['take_in_ms']:.0f} ms wall, {x['take_in_cpu_ms']:.0f} ms CPU"
     taking = (
         f"taking {x['containers']} containers and their pods in (born wrong: tracked, watched, every value "
-        "converged, in 0.5 ms turns between which hooks are answered; a full pass after it repaired "
+        "converged, in 0.25 ms turns between which hooks are answered; a full pass after it repaired "
         f"{x['first_pass_repairs']})"
     )
     section = f"""<!-- reconcile:begin -->

@@ -265,7 +265,7 @@ CreateContainer p99 relative to {rows[0]["n"]} pods: {ratios}. Targets: Synchron
 with 2000 containers under 150 MiB. The Go stub cannot take a Synchronize over ttrpc's 4 MiB
 (its ttrpc discards the message and never answers: the runtime's "context deadline exceeded").
 The QoS round column is the QoS manager's once-a-second round (the collector reads every
-container's counters in 0.5 ms turns, between which hooks are answered); the reconciler's work
+container's counters in 0.25 ms turns, between which hooks are answered); the reconciler's work
 runs in such turns too.
 `nriplugin doctor` shows the node's inotify headroom (watches in use against
 `fs.inotify.max_user_watches`, and who holds them).

@@ -73,7 +73,7 @@ class IOFirstLoop(asyncio.SelectorEventLoop):
     """An event loop that runs what a poll found ready (a hook's request) before the callbacks
     queued earlier.
 
-    Node-sized jobs give the loop back between turns of 0.5 ms (``await asyncio.sleep(0)``),
+    Node-sized jobs give the loop back between turns of 0.25 ms (``await asyncio.sleep(0)``),
     which queues the job's next turn before the loop polls; asyncio would then run that turn
     before the I/O the poll found, so a request that arrived during one turn waited for that
     turn and the next. Here it waits for at most the turn in progress. The order among the
