@@ -169,14 +169,19 @@ class DesiredState:
         answers with it before the model takes the container in (right after the answer) —
         the same :meth:`intent` gives once it is known. Not cached. A pod whose label cannot
         be used is unmanaged (None); the model reports it when it takes the pod in."""
-        if pod.id in self._classes:
-            qos = self._classes[pod.id]
-        else:
-            try:
-                qos = qos_class(pod.labels, pod.linux.cgroup_parent)
-            except InvalidQoSLabel:
-                return None
+        try:
+            qos = self._class_before_known(pod)
+        except InvalidQoSLabel:
+            return None
         return self._compose(container.id, pod, container, qos)
+
+    def _class_before_known(self, pod: api.PodSandbox) -> QoSClass | None:
+        """The class the model decided for the pod, or for a pod it does not know yet the
+        label's (raises InvalidQoSLabel, not reported here: the model reports it when it
+        takes the pod in)."""
+        if pod.id in self._classes:
+            return self._classes[pod.id]
+        return qos_class(pod.labels, pod.linux.cgroup_parent)
 
     def birth_key(self, pod: api.PodSandbox, container: api.Container) -> tuple[object, ...] | None:
         """Everything :meth:`intent_before_known`'s values for ``container`` depend on, as one
@@ -186,7 +191,7 @@ class DesiredState:
         with equal keys get equal values, whatever their pod's name, uid or other metadata.
         None: nothing to share (a bad label, or state of its own already, an overlay)."""
         try:
-            qos = self._classes[pod.id] if pod.id in self._classes else qos_class(pod.labels, pod.linux.cgroup_parent)
+            qos = self._class_before_known(pod)
         except InvalidQoSLabel:
             return None
         cid = container.id
