@@ -10,12 +10,4 @@ shift
 bash scripts/setup.sh
 [ "$#" -gt 0 ] || set -- e2e/test_e2e.py e2e/test_handover.py e2e/test_qos.py e2e/test_evict.py e2e/test_be_limits.py e2e/test_new_runtime.py
 export NRIPLUGIN_RUNTIME=$runtime
-set +e
-.venv/bin/python -m pytest "$@"
-rc=$?
-set -e
-if [ "$rc" -eq 5 ]; then
-  echo "pytest collected no tests: failing" >&2
-  exit 1
-fi
-exit "$rc"
+exec bash scripts/pytest.sh "$@"

@@ -7,12 +7,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash testkit/vm/build-kit.sh >/dev/null
-set +e
-.venv/bin/python -m pytest -m vm e2e/vm "$@"
-rc=$?
-set -e
-if [ "$rc" -eq 5 ]; then
-  echo "pytest collected no tests: failing" >&2
-  exit 1
-fi
-exit "$rc"
+exec bash scripts/pytest.sh -m vm e2e/vm "$@"

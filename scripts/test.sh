@@ -9,12 +9,4 @@ bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy nriplugin tests tools bench e2e testkit
-set +e
-.venv/bin/python -m pytest "$@"
-rc=$?
-set -e
-if [ "$rc" -eq 5 ]; then
-  echo "pytest collected no tests: failing" >&2
-  exit 1
-fi
-exit "$rc"
+exec bash scripts/pytest.sh "$@"
