@@ -30,7 +30,7 @@ from nriplugin.policy.cache import RuleCache
 from nriplugin.policy.model import Policy
 from nriplugin.policy.qos import QOS_LABEL, QoSClass
 from testkit.hook_work import realistic_pod
-from testkit.kernel_tree import v1_tree
+from testkit.kernel_tree import v1_tree, v2_tree
 
 EVERY_FILE = {
     "cpu.shares": True,
@@ -49,8 +49,8 @@ POLICY = {
 }
 
 
-def caps() -> Capabilities:
-    return Capabilities(Version.V1, ["cpu", "cpuset", "memory"], dict(EVERY_FILE), Resctrl(), True, False, Topology())
+def caps(version: Version = Version.V1) -> Capabilities:
+    return Capabilities(version, ["cpu", "cpuset", "memory"], dict(EVERY_FILE), Resctrl(), True, False, Topology())
 
 
 class RecordingMap:
@@ -123,15 +123,17 @@ def test_the_declarations_name_what_the_features_read() -> None:
     assert by["memoryQOS"].annotations == (BATCH,)  # it reads batch-memory itself
 
 
-def plugin(tmp_path: Path) -> QoSPlugin:
-    root = v1_tree(tmp_path / "cg", ["kubepods", "kubepods/besteffort", "kubepods/burstable"])
-    return QoSPlugin(Node.create(RuleCache(Policy.model_validate(POLICY)), caps=caps(), cgroups=Cgroups(root)))
+def plugin(tmp_path: Path, v2: bool = False) -> QoSPlugin:
+    groups = ["kubepods", "kubepods/besteffort", "kubepods/burstable"]
+    root = (v2_tree if v2 else v1_tree)(tmp_path / "cg", groups)
+    version = Version.V2 if v2 else Version.V1
+    return QoSPlugin(Node.create(RuleCache(Policy.model_validate(POLICY)), caps=caps(version), cgroups=Cgroups(root)))
 
 
 def computed(p: QoSPlugin, pod: api.PodSandbox, ctr: api.Container) -> bytes:
     """The answer worked out for this container alone (no shape shared)."""
     intent = p.desired.intent_before_known(pod, ctr)
-    adj = p._adjustment(intent, p.desired.class_capped(pod), pod)
+    adj = p._adjustment(intent, pod)
     return b"" if adj is None else adj.SerializeToString(deterministic=True)
 
 
@@ -153,15 +155,15 @@ def test_pods_of_one_workload_share_one_answer_equal_to_their_own(tmp_path: Path
 
 
 def test_a_class_ceiling_and_a_policy_make_new_answers(tmp_path: Path) -> None:
-    p = plugin(tmp_path)
+    """On cgroup v2, where BE's quota travels in the answer (on v1 it is written at start)."""
+    p = plugin(tmp_path, v2=True)
     be = [realistic_pod(2000 + i, "BE") for i in range(4)]
     first = answered(p, *be[0])
     assert first == computed(p, *be[1])
     p.desired.set_ceiling(QoSClass.BE, 0.25, "cpuSuppress", "LS needs the CPU")
     capped = answered(p, *be[1])
     assert capped != first and capped == computed(p, *be[1]), "a BE container born after the cut keeps BE's old quota"
-    adj = api.ContainerAdjustment.FromString(capped)
-    assert not adj.linux.resources.cpu.HasField("quota")  # v1, capped: written at StartContainer
+    assert api.ContainerAdjustment.FromString(capped).linux.resources.cpu.quota.value == 25000
     key = p.desired.birth_key(*be[2])
     p.desired.rules.set(Policy.model_validate({**POLICY, "features": {"cpuBurst": {"enable": False}}}), "test")
     assert p.desired.birth_key(*be[2]) != key

@@ -286,26 +286,42 @@ def test_v2_the_runtimes_weight_mapping_is_learned_at_start_and_followed(tmp_pat
     assert cg.encode("cpu.shares", 2048) == "174"  # (linear: 79)
 
 
-def test_v1_a_suppressed_be_containers_quota_is_written_at_start_not_at_birth(tmp_path: Path) -> None:
-    """While BE is suppressed, its group can be cut between CreateContainer's answer and runc
-    writing the quota, and cgroup v1 refuses a child's quota above its parent's (runc fails the
-    container): the quota leaves the adjustment and is written at StartContainer, capped as
-    the group is then. Without suppression it is born with it, as always."""
+def test_v1_a_be_containers_quota_is_written_at_start_not_at_birth(tmp_path: Path) -> None:
+    """BE's group can be cut at any moment between the answer that would put a BE quota in the
+    spec and runc writing it (as long as a created container waits to start), and cgroup v1
+    refuses a child's quota above its parent's (runc fails the container): on v1 the quota
+    never travels in the spec, suppressed or not; the writer writes it at StartContainer,
+    capped as the group is then."""
     be = make_pod(1, "BE")
     be.annotations[SPEC] = BATCH  # batch-cpu limit 1k milli-cores -> quota 100000
     ctr, ctr2 = make_container(1, be), make_container(2, be)
     groups = [c.linux.cgroups_path.lstrip("/") for c in (ctr, ctr2)]
     root = v1_tree(tmp_path, [be.linux.cgroup_parent.lstrip("/"), *groups])
     p = QoSPlugin(Node.create(RuleCache(), caps=caps(), cgroups=Cgroups(root)))
-    adj = p.create_container(be, ctr)
-    assert isinstance(adj, api.ContainerAdjustment) and adj.linux.resources.cpu.quota.value == 100000
-    p.desired.set_ceiling(QoSClass.BE, 0.8, "cpu-suppress", "test")
-    adj = p.create_container(be, ctr2)
-    assert isinstance(adj, api.ContainerAdjustment)
-    assert not adj.linux.resources.cpu.HasField("quota") and adj.linux.resources.cpu.shares.value == 512
+    for c in (ctr, ctr2):
+        adj = p.create_container(be, c)
+        assert isinstance(adj, api.ContainerAdjustment) and adj.linux.resources.cpu.shares.value == 512
+        assert not adj.linux.resources.cpu.HasField("quota")
+    p.start_container(be, ctr)
+    assert (root / "cpu" / groups[0] / "cpu.cfs_quota_us").read_text() == "100000"  # not suppressed
     p.desired.set_ceiling(QoSClass.BE, 0.3, "cpu-suppress", "test")  # cut before runc writes
     p.start_container(be, ctr2)
     assert (root / "cpu" / groups[1] / "cpu.cfs_quota_us").read_text() == "30000"  # the cap now
+
+
+def test_v1_a_created_be_container_synchronized_gets_no_quota_in_its_spec(tmp_path: Path) -> None:
+    """The same for an update pushed after Synchronize to a container created, not started:
+    it goes to the spec, so it carries BE's shares but not its quota; a running one gets both."""
+    be = make_pod(1, "BE")
+    be.annotations[SPEC] = BATCH
+    waiting, running = make_container(1, be), make_container(2, be)
+    waiting.state = api.CONTAINER_CREATED
+    running.state = api.CONTAINER_RUNNING
+    root = v1_tree(tmp_path, [be.linux.cgroup_parent.lstrip("/"), running.linux.cgroups_path.lstrip("/")])
+    p = QoSPlugin(Node.create(RuleCache(), caps=caps(), cgroups=Cgroups(root)))
+    updates = {u.container_id: u.linux.resources.cpu for u in p.synchronize([be], [waiting, running])}
+    assert updates[waiting.id].shares.value == 512 and not updates[waiting.id].HasField("quota")
+    assert updates[running.id].shares.value == 512 and updates[running.id].quota.value == 100000
 
 
 def test_plugin_writes_what_nri_cannot_carry(tmp_path: Path) -> None:

@@ -154,9 +154,8 @@ def test_a_bad_label_is_counted_reported_and_unmanaged(caplog: pytest.LogCapture
     rec = caplog.records[0]
     assert (rec.pod, rec.reason) == ("default/pod-3", "invalid_label")  # type: ignore[attr-defined]
     assert s.d.intent_before_known(bad, make_container(4, bad)) is None
-    assert not s.d.class_capped(bad)
     s.d.set_ceiling(QoSClass.BE, 0.5, "qos:s", "r")
-    assert not s.d.class_capped(bad)
+    assert s.d.birth_key(bad, make_container(4, bad)) is None
 
 
 def test_an_overlay_is_merged_with_its_owner_and_reason() -> None:
@@ -270,11 +269,11 @@ def test_a_ceiling_leaves_a_quota_the_intent_does_not_have_and_other_classes() -
 
 def test_ceilings_tell_the_class_once_and_withdraw_only_what_is_there() -> None:
     s = Scene()
-    assert not s.d.capped(s.be.id) and not s.d.class_capped(s.be_pod)
+    assert not s.d.capped(s.be.id)
     s.d.set_ceiling(QoSClass.BE, 0.5, "qos:s", "r")
     assert s.told == [[pod_key(s.be_pod.id), s.be.id]]
-    assert s.d.capped(s.be.id) and s.d.class_capped(s.be_pod)
-    assert not s.d.capped(s.ls.id) and not s.d.class_capped(s.ls_pod)
+    assert s.d.capped(s.be.id) and s.d.capped(pod_key(s.be_pod.id))
+    assert not s.d.capped(s.ls.id)
     s.d.set_ceiling(QoSClass.BE, 0.5, "qos:s", "r")
     assert len(s.told) == 1  # the same ceiling: nothing to tell
     s.d.set_ceiling(QoSClass.BE, 0.5, "qos:s", "other reason")
@@ -500,8 +499,11 @@ def test_a_new_container_gets_its_class_ceiling_and_cpuset_limit_before_it_is_kn
 def test_a_pods_class_by_its_parent_is_capped() -> None:
     s = Scene()
     s.d.set_ceiling(QoSClass.BE, 0.5, "qos:s", "r")
-    assert s.d.class_capped(make_pod(12, None, parent="/kubepods/besteffort/pod12"))
-    assert not s.d.class_capped(make_pod(13, None, parent="/kubepods/burstable/pod13"))
+    for n, parent, capped in ((12, "/kubepods/besteffort/pod12", True), (13, "/kubepods/burstable/pod13", False)):
+        pod = make_pod(n, None, parent=parent)
+        ctr = make_container(n, pod)
+        s.model.container_started(pod, ctr)
+        assert s.d.capped(ctr.id) is capped
 
 
 def test_the_ceiling_takes_the_default_period() -> None:

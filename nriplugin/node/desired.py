@@ -244,15 +244,6 @@ class DesiredState:
         the share pool may move, and every sharer with it)."""
         return self.rules.policy.features.cpuset.enable and cpuset.candidate(pod)
 
-    def class_capped(self, pod: api.PodSandbox) -> bool:
-        """Whether a class-wide CFS ceiling applies to the pod's class now (see :meth:`capped`)."""
-        if not self._in_force:
-            return False
-        try:
-            return qos_class(pod.labels, pod.linux.cgroup_parent) in self._in_force
-        except InvalidQoSLabel:
-            return False
-
     def _known(self, key: str) -> bool:
         """Something that exists: in the node model, or a QoS-level group (owned, not modelled).
         Per-key state is kept only for these, so keys that went leave nothing behind."""

@@ -154,7 +154,7 @@ class QoSPlugin(Plugin):
                 intent = self.desired.intent_before_known(pod, container)
             except FeatureFailed as exc:
                 raise RuntimeError(f"refusing {pod.namespace}/{pod.name}/{container.name}: {exc}") from exc
-            adj = self._adjustment(intent, self.desired.class_capped(pod), pod)
+            adj = self._adjustment(intent, pod)
             if key is not None:
                 if len(self._births) >= MAX_SHAPES:  # old stamps: unreachable anyway
                     self._births.clear()
@@ -177,24 +177,31 @@ class QoSPlugin(Plugin):
         except FeatureFailed as exc:
             self.model.container_removed(container.id)  # refused: it will never exist
             raise RuntimeError(f"refusing {pod.namespace}/{pod.name}/{container.name}: {exc}") from exc
-        adj = self._adjustment(intent, self.desired.capped(container.id), pod)
+        adj = self._adjustment(intent, pod)
         if adj is not None and self.desired.cpus.generation != generation:  # cores left the share pool
             return adj, self._pool_updates(skip=container.id)
         return adj
 
-    def _adjustment(self, intent: Intent | None, capped: bool, pod: api.PodSandbox) -> api.ContainerAdjustment | None:
+    def _adjustment(self, intent: Intent | None, pod: api.PodSandbox) -> api.ContainerAdjustment | None:
         """The cgroup values NRI carries, and for BE the process attributes the runtime's NRI
         carries (``born_with``: one template merged, whatever the node's size)."""
         adj = api.ContainerAdjustment()
         some = False
+        be = _is_be(pod)
         if intent is not None:
-            if self._quota_late(intent, capped):
-                intent = intent.copy()
-                intent.files.pop(("cpu.cfs_quota_us", ""), None)
-            some = to_resources(intent, self.cgroups, adj.linux.resources)
-        if _is_be(pod):
+            some = to_resources(self._in_spec(intent, be), self.cgroups, adj.linux.resources)
+        if be:
             some = born_with.plan_for(self.desired.rules.policy, self.runtime).apply(adj) or some
         return adj if some else None
+
+    def _in_spec(self, intent: Intent, be: bool) -> Intent:
+        """What of ``intent`` may travel in a not-yet-started container's spec: all of it but,
+        when :meth:`_quota_late`, its quota."""
+        if not self._quota_late(intent, be):
+            return intent
+        intent = intent.copy()
+        intent.files.pop(("cpu.cfs_quota_us", ""), None)
+        return intent
 
     def start_container(self, pod: api.PodSandbox, container: api.Container) -> None:
         """cgroup v1: values NRI cannot carry (burst, identity, idle) go to the files now: the
@@ -218,7 +225,7 @@ class QoSPlugin(Plugin):
             self._learn_weight_mapping(r.group, intent, container)
         if intent is not None and r is not None and r.group is not None:
             v1 = self.cgroups.version is Version.V1  # on v2 NRI's unified carried all but devices
-            late = self._quota_at_start(key, intent)
+            late = self._quota_late(intent, _is_be(pod))
             extra = [
                 s
                 for s in intent.settings()
@@ -240,17 +247,16 @@ class QoSPlugin(Plugin):
         if mapping is not None:
             log.info("cgroup v2: the runtime maps cpu.shares to cpu.weight %s; following it", mapping)
 
-    def _quota_at_start(self, key: str, intent: Intent) -> bool:
-        return self._quota_late(intent, self.desired.capped(key))
-
-    def _quota_late(self, intent: Intent, capped: bool) -> bool:
-        """cgroup v1 refuses a child's quota above its parent's. While the container's class is
-        suppressed (``capped``), its QoS-level group can be cut between CreateContainer's
-        answer and runc writing the quota (tens of ms), and runc would then fail the container
-        (EINVAL): its own finite quota is written at StartContainer instead, capped as the
-        group is then. Until then it runs in nothing (created, not started), so nothing
-        escapes the limit."""
-        if self.cgroups.version is not Version.V1 or not capped:
+    def _quota_late(self, intent: Intent, be: bool) -> bool:
+        """cgroup v1 refuses a child's quota above its parent's, and the QoS manager may cut
+        BE's QoS-level group at any moment: between the answer that puts a BE container's
+        quota in its spec (CreateContainer, or an update pushed after Synchronize) and runc
+        writing it when the task is created — tens of ms, or as long as a created container
+        waits to be started — a cut makes runc fail the container (EINVAL). So on v1 a BE
+        container's own finite quota never travels in its spec: the one writer writes it at
+        StartContainer (the cgroup exists, the process has not run), capped as the group is
+        then. Until then it runs nothing, so nothing escapes the limit."""
+        if not be or self.cgroups.version is not Version.V1:
             return False
         q = intent.get("cpu.cfs_quota_us")
         return isinstance(q, int) and q > 0
@@ -381,6 +387,8 @@ class QoSPlugin(Plugin):
             return None
         if intent is None:
             return None
+        if c.state == api.CONTAINER_CREATED:  # not started: the update goes to its spec
+            intent = self._in_spec(intent, self.desired.qos_of(c.id) is QoSClass.BE)
         u = api.ContainerUpdate(container_id=c.id)
         if to_resources(intent, self.cgroups, u.linux.resources) and not _covers(c.linux.resources, u.linux.resources):
             return u
