@@ -15,6 +15,7 @@ plugin-side timer alone cannot see.
 from __future__ import annotations
 
 import asyncio
+import collections
 import selectors
 import socket
 import time
@@ -64,8 +65,26 @@ class PollClock(selectors.DefaultSelector):
         return ready
 
     def loop(self) -> asyncio.AbstractEventLoop:
-        """A new event loop on this selector."""
-        return asyncio.SelectorEventLoop(self)
+        """A new event loop on this selector (I/O first: :class:`IOFirstLoop`)."""
+        return IOFirstLoop(self)
+
+
+class IOFirstLoop(asyncio.SelectorEventLoop):
+    """An event loop that runs what a poll found ready (a hook's request) before the callbacks
+    queued earlier.
+
+    Node-sized jobs give the loop back between turns of 0.25 ms (``await asyncio.sleep(0)``),
+    which queues the job's next turn before the loop polls; asyncio would then run that turn
+    before the I/O the poll found, so a request that arrived during one turn waited for that
+    turn and the next. Here it waits for at most the turn in progress. The order among the
+    earlier callbacks, and among the I/O callbacks, is kept."""
+
+    def _process_events(self, event_list: list[tuple[selectors.SelectorKey, int]]) -> None:
+        ready: collections.deque[asyncio.Handle] = self._ready  # type: ignore[attr-defined]
+        queued = len(ready)
+        super()._process_events(event_list)  # type: ignore[misc]
+        if queued and len(ready) > queued:
+            ready.rotate(len(ready) - queued)
 
 
 READ_BUFFER = 256 * 1024  # one read's most (asyncio's own read size)
