@@ -9,6 +9,8 @@ quotas of their own under BE's group.
   orders its writes) and every group converges.
 - Under the cut, the agent SIGKILLed and restarted while BE pods are created: each starts (the
   new agent learns the cut before its first answer) and converges.
+- BE containers created while BE has its core and started only after a cut (one created before
+  the agent, one through it) start and converge: no BE quota waits in a spec for runc.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from testkit.containerd import CGROUP_FS, Containerd, Pod
+from testkit.cri import msg
 from testkit.plugin import PluginProcess, until
 from testkit.workloads import BE, LS, running
 
@@ -47,9 +50,9 @@ def be_group(rt: Containerd) -> Path:
     return CGROUP_FS / "cpu" / rt.cgroup_root / "kubepods" / "besteffort"
 
 
-def be_pod(rt: Containerd, name: str) -> tuple[Pod, str]:
+def be_pod(rt: Containerd, name: str, start: bool = True) -> tuple[Pod, str]:
     pod = rt.run_pod(name, "BestEffort", BE, {"node.koordinator.sh/extended-resource-spec": BATCH})
-    return pod, rt.create_container(pod, "main")
+    return pod, rt.create_container(pod, "main", start=start)
 
 
 def ls_pod(rt: Containerd, name: str) -> Pod:
@@ -124,6 +127,31 @@ def test_be_pods_created_while_the_agent_restarts_under_the_cut_start(
         until(converged(runtime, pods, FLOOR), 15, f"restart {restart}: BE pods not converged under the cut")
         assert refused(first) == []
         assert "holds 0.10 cores" in first.logs()  # learned before its first answer
+
+
+def test_be_containers_created_before_a_cut_and_started_after_it_start(
+    runtime: Containerd, plugin_factory: Callable[..., PluginProcess], tmp_path: Path
+) -> None:
+    """A created container waits for its start as long as its client likes, and cgroup v1
+    refuses runc's write of a quota above BE's group's. Two BE containers with a 1-core batch
+    limit are created while BE has its core: one before the agent runs (its values come in
+    the update pushed after Synchronize), one through the agent's CreateContainer. An LS pod
+    then cuts BE to its floor, and only then are they started: both start (the agent wrote
+    their quotas at StartContainer, under the cut) and converge, and nothing is refused."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    early = be_pod(runtime, "batch-early", start=False)
+    plugin = plugin_factory(runtime, "--policy", str(policy))
+    late = be_pod(runtime, "batch-late", start=False)
+    until(lambda: quota(be_group(runtime)) == RAISED, 15, "BE not limited to one core with no LS request")
+    ls_pod(runtime, "web")
+    until(lambda: quota(be_group(runtime)) == FLOOR, 10, "BE not cut to its floor")
+    assert runtime.cri is not None
+    for _, cid in (early, late):
+        runtime.cri.call("StartContainer", msg("StartContainerRequest", container_id=cid))
+    assert all(running(runtime, cid) for _, cid in (early, late))
+    until(converged(runtime, [early, late], FLOOR), 15, "the late-started BE containers not converged under the cut")
+    assert refused(plugin) == []
 
 
 def create_be_pods(rt: Containerd, prefix: str, n: int, made: list[tuple[Pod, str]], errors: list[str]) -> None:
