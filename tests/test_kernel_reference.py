@@ -893,3 +893,13 @@ def test_the_root_is_taken_verbatim(tmp_path: Path, name: str) -> None:
     assert cg.group_path(G) == f"{root}/{G}" and cg.group_path(G, checked=False) == f"{root}/{G}"
     assert cg.write(G, "cpu.shares", 2, force=True).status == "written"
     assert (root / G / "cpu.weight").read_text() == "1"
+
+
+def test_v1_a_file_the_root_group_lacks_is_probed_one_level_down(tmp_path: Path) -> None:
+    """The v1 root group has no ``pids.max`` (the kernel gives it only to children): the file
+    is looked for in a child, as v2's are."""
+    root = v1_tree(tmp_path, ["kubepods"])
+    (root / "pids" / "pids.max").unlink()
+    assert Cgroups(root).supported("pids.max")
+    (root / "pids" / "kubepods" / "pids.max").unlink()
+    assert not Cgroups(root).supported("pids.max")

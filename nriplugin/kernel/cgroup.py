@@ -466,7 +466,13 @@ class Cgroups:
         """Does the kernel have ``resource``'s file (probed at the top of its hierarchy)?"""
         res = RESOURCES[resource]
         if self.version is Version.V1:
-            return res.v1 is not None and (self.root / res.v1[0] / res.v1[1]).exists()
+            if res.v1 is None:
+                return False
+            top = self.root / res.v1[0]
+            if (top / res.v1[1]).exists():
+                return True
+            child = _first_child(top)  # the root group has no pids.max: look one level down
+            return child is not None and (child / res.v1[1]).exists()
         if res.v2 is None:
             return False
         # v2 has no cpu.max/memory.max at the root: look one level down.
