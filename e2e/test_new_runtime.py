@@ -122,3 +122,55 @@ def test_be_is_born_idle_ls_untouched(
     ), f"containerd {version}"
     assert ls_born.policy == SCHED_OTHER and ls_born.io_class == IOPRIO_CLASS_NONE
     assert ls_born.oom_score_adj != 1000
+
+
+def test_containers_get_the_policys_pids_limit(
+    runtime: harness.Containerd, plugin_factory: Callable[..., PluginProcess], tmp_path: Path
+) -> None:
+    """Every line: the container's pids.max is the policy's value for its class — carried by
+    NRI's LinuxResources.pids on 2.x (NRI v0.8+), written by the agent at StartContainer on
+    1.7 (NRI v0.6.1, cgroup v1) — and the agent says which path is in force."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("containerPidsLimit: {beClass: 321, lsClass: 4321}\n")
+    plugin = plugin_factory(runtime, "--policy", str(policy))
+    be = runtime.run_pod("batch", "BestEffort", BE)
+    ls = runtime.run_pod("web", "Burstable", LS)
+    for pod, cid, want in (
+        (be, runtime.create_container(be, "main", cpu_shares=2), "321"),
+        (ls, runtime.create_container(ls, "main", cpu_shares=512), "4321"),
+    ):
+        pids_max = runtime.container_cgroup(pod, cid, "pids") / "pids.max"
+        assert pids_max.read_text().strip() == want  # at once: before CRI's StartContainer returned
+    via_nri = runtime.runtime.major_minor >= (2, 0)
+    path = "in force through NRI (LinuxResources.pids" if via_nri else "written by the agent at StartContainer"
+    assert path in plugin.logs(), plugin.logs()[-2000:]
+
+
+def test_required_plugins_refuse_containers_while_the_agent_is_down(
+    runtime_line: harness.Runtime,
+    pkg_root: Path,
+    plugin_factory: Callable[..., PluginProcess],
+) -> None:
+    """Fail-closed deployment (docs/deploy.md): containerd 2.2+'s default NRI validator with
+    ``required_plugins = ["nriplugin"]`` refuses a container while nriplugin is not
+    connected, and creates it once it is. Lines before 2.2 have no validator: the container
+    starts without the agent, as it always did (the only behaviour they have)."""
+    validator = runtime_line.major_minor >= (2, 2)
+    table = '[plugins."io.containerd.nri.v1.nri".default_validator]'
+    extra = f'\n{table}\n  enable = true\n  required_plugins = ["nriplugin"]\n' if validator else ""
+    rt = harness.Containerd(pkg_root, Path(tempfile.mkdtemp(prefix="nriplugin-e2e-")), extra_config=extra)
+    try:
+        rt.start()
+        rt.import_images()
+        pod = rt.run_pod("web", "Burstable", LS)
+        if validator:
+            with pytest.raises(Exception, match="nriplugin"):
+                rt.create_container(pod, "early", cpu_shares=512)
+        else:
+            rt.create_container(pod, "early", cpu_shares=512)
+        plugin_factory(rt)
+        cid = rt.create_container(pod, "main", cpu_shares=512)
+        assert (rt.container_cgroup(pod, cid) / "cpu.shares").read_text().strip() == "512"
+    finally:
+        rt.teardown()
+    assert not harness.cgroup_dirs(rt.cgroup_root), f"cgroups left: {harness.cgroup_dirs(rt.cgroup_root)}"

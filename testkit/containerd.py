@@ -226,6 +226,7 @@ class Containerd:
     proc: subprocess.Popen[bytes] | None = None
     cri: CRI | None = None
     runc: Path | None = None  # the OCI runtime binary; default: the installed line's (bookworm's 1.1.5)
+    extra_config: str = ""  # TOML tables appended to the config (e.g. NRI's default validator)
 
     @property
     def runtime(self) -> Runtime:
@@ -272,6 +273,7 @@ class Containerd:
                 pause=images.PAUSE,
                 runc=self.runc or self.pkg_root / "usr" / "sbin" / "runc",
             )
+            + self.extra_config
         )
         return cfg
 

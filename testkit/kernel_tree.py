@@ -17,6 +17,7 @@ V1_FILES = {
     "cpuset": {"cpuset.cpus": "0-3", "cpuset.mems": "0"},
     "memory": {"memory.limit_in_bytes": "9223372036854771712"},
     "blkio": {"blkio.weight": "500"},
+    "pids": {"pids.max": "max"},
 }
 V2_FILES = {
     "cpu.weight": "100",
@@ -32,6 +33,7 @@ V2_FILES = {
     "memory.oom.group": "0",
     "io.weight": "default 100",
     "io.max": "",
+    "pids.max": "max",
 }
 
 

@@ -183,7 +183,7 @@ def test_probe_on_a_fake_node(tmp_path: Path) -> None:
         core_sched=False,
     )
     assert caps.cgroup_version is Version.V1
-    assert caps.controllers == ["blkio", "cpu", "cpuset", "memory"]
+    assert caps.controllers == ["blkio", "cpu", "cpuset", "memory", "pids"]
     assert caps.files["cpu.cfs_burst_us"] and not caps.files["cpu.bvt_warp_ns"]
     assert caps.resctrl.mounted and caps.resctrl.l3_closids == 16 and caps.resctrl.cache_ways == 11
     assert caps.resctrl.mb_granularity == 10

@@ -15,6 +15,9 @@ Sources, named where they are used:
   1 << 18), cfs_period_us in [1 ms, 1 s], cfs_quota_us >= 1 ms or -1, blkio.weight in
   [10, 1000], throttle files "MAJ:MIN N"; an unlimited memory.limit_in_bytes reads
   PAGE_COUNTER_MAX pages, 9223372036854771712 on 4 KiB pages.
+- ``Documentation/admin-guide/cgroup-v1/pids.rst`` and cgroup-v2.rst: ``pids.max`` is a
+  number or "max" (the default) in both versions; ``kernel/cgroup/pids.c`` refuses a limit
+  below 0 or above PID_MAX_LIMIT (4 Mi on 64-bit).
 """
 
 from __future__ import annotations
@@ -188,6 +191,7 @@ TABLE: dict[str, tuple[str | None, str | None, str | None, int | None, int | Non
     "blkio.throttle.read_iops_device": ("blkio", "blkio.throttle.read_iops_device", "io.max", None, None, None),
     "blkio.throttle.write_iops_device": ("blkio", "blkio.throttle.write_iops_device", "io.max", None, None, None),
     "blkio.weight": ("blkio", "blkio.weight", "io.weight", 10, 1000, None),
+    "pids.max": ("pids", "pids.max", "pids.max", 0, 4 * 1024 * 1024, -1),
 }
 
 
@@ -310,6 +314,8 @@ V2_ENCODE = [
     ("blkio.throttle.write_bps_device", "8:16 1048576", None, "8:16 wbps=1048576"),
     ("blkio.throttle.read_iops_device", "253:0 120", None, "253:0 riops=120"),
     ("blkio.throttle.write_iops_device", "253:0 120", None, "253:0 wiops=120"),
+    ("pids.max", 1024, None, "1024"),
+    ("pids.max", -1, None, "max"),
 ]
 
 
@@ -329,6 +335,8 @@ V1_ENCODE = [
     ("memory.soft_limit_in_bytes", 1 << 20, "1048576"),
     ("blkio.weight", 500, "500"),
     ("blkio.throttle.read_bps_device", "8:16 2097152", "8:16 2097152"),
+    ("pids.max", 512, "512"),
+    ("pids.max", -1, "max"),  # v1's pids keeps the word (its other limits take -1)
 ]
 
 
@@ -365,6 +373,8 @@ V2_DECODE = [
     ("blkio.weight", "default 500\n8:16 200\n", 50),
     ("blkio.weight", "250", 25),
     ("cpuset.cpus", " 0-3\n", "0-3"),
+    ("pids.max", "max\n", -1),
+    ("pids.max", "4096\n", 4096),
     (
         "blkio.throttle.read_bps_device",
         "8:16 rbps=2097152 wbps=max riops=max wiops=120\n",
@@ -388,6 +398,8 @@ V1_DECODE = [
     ("memory.limit_in_bytes", "9223372036854771712\n", 9223372036854771712),
     ("blkio.weight", "500\n", 500),
     ("cpuset.cpus", "0-3\n", "0-3"),
+    ("pids.max", "max\n", -1),
+    ("pids.max", "512\n", 512),
 ]
 
 
@@ -782,7 +794,7 @@ def test_probe_v2_and_v1_controllers(tmp_path: Path) -> None:
     (v1 / "cpuacct").symlink_to(v1 / "cpu")  # cpu,cpuacct's alias
     (v1 / "file").write_text("")
     caps = probe(v1, tmp_path / "no-resctrl", tmp_path / "no-proc", sys_tree(tmp_path / "sys1"), core_sched=False)
-    assert caps.controllers == ["blkio", "cpu", "cpuset", "memory"] and not caps.psi and not caps.core_sched
+    assert caps.controllers == ["blkio", "cpu", "cpuset", "memory", "pids"] and not caps.psi and not caps.core_sched
     assert caps.topology.online == list(range(8))
 
 
@@ -881,3 +893,13 @@ def test_the_root_is_taken_verbatim(tmp_path: Path, name: str) -> None:
     assert cg.group_path(G) == f"{root}/{G}" and cg.group_path(G, checked=False) == f"{root}/{G}"
     assert cg.write(G, "cpu.shares", 2, force=True).status == "written"
     assert (root / G / "cpu.weight").read_text() == "1"
+
+
+def test_v1_a_file_the_root_group_lacks_is_probed_one_level_down(tmp_path: Path) -> None:
+    """The v1 root group has no ``pids.max`` (the kernel gives it only to children): the file
+    is looked for in a child, as v2's are."""
+    root = v1_tree(tmp_path, ["kubepods"])
+    (root / "pids" / "pids.max").unlink()
+    assert Cgroups(root).supported("pids.max")
+    (root / "pids" / "kubepods" / "pids.max").unlink()
+    assert not Cgroups(root).supported("pids.max")

@@ -234,4 +234,11 @@ def test_the_plugins_own_format_stays_strict() -> None:
         parse("resourceQOSStrategy:\n  lsClass:\n    memoryQOS: {pageCacheEnable: true}\n")
     with pytest.raises(PolicyError, match=r"qosManager\.cpuSupress"):
         parse("kind: NodeSLO\nspec:\n  qosManager: {cpuSupress: {enabled: false}}\n")
-    assert own_sections() == {"features", "beMinCPUShares", "resctrlRuntimeClasses", "qosManager", "beProcess"}
+    assert own_sections() == {
+        "features",
+        "beMinCPUShares",
+        "resctrlRuntimeClasses",
+        "qosManager",
+        "beProcess",
+        "containerPidsLimit",
+    }

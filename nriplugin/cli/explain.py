@@ -13,11 +13,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from nriplugin.features import FeatureFailed, born_with
-from nriplugin.kernel.cgroup import RESOURCES, Cgroups
+from nriplugin.kernel.cgroup import RESOURCES, Cgroups, Version
 from nriplugin.kernel.cpulist import format_cpulist
 from nriplugin.kernel.probe import Capabilities
 from nriplugin.node.assembly import Node
-from nriplugin.node.hooks import NRI_FIELDS
+from nriplugin.node.hooks import carried, runtime_paths
 from nriplugin.nri import api_pb2 as api
 from nriplugin.nri.runtime import RuntimeCaps, parse_version
 from nriplugin.policy.cache import RuleCache, describe
@@ -87,19 +87,27 @@ def to_nri(d: Description) -> tuple[api.PodSandbox, list[api.Container]]:
     return p, out
 
 
-def describe_runtime(policy: Policy, runtime_nri: str | None) -> dict[str, Any]:
+def _caps(runtime_nri: str | None) -> RuntimeCaps:
+    if runtime_nri is None:
+        return RuntimeCaps()
+    v = parse_version(runtime_nri)
+    if v is None:
+        raise ValueError(f"not an NRI version: {runtime_nri[:40]!r} (e.g. v0.12.5)")
+    return RuntimeCaps(nri=v, source="runtime")
+
+
+def describe_runtime(policy: Policy, runtime_nri: str | None, cgroup: Version | None = None) -> dict[str, Any]:
     """Which process attributes BE is born with on a runtime of NRI ``runtime_nri`` (e.g.
     "v0.12.5"; None: not known here, the oldest supported, v0.6.1, is assumed — the running
-    agent logs what it learnt at Configure)."""
-    if runtime_nri is None:
-        runtime = RuntimeCaps()
-    else:
-        v = parse_version(runtime_nri)
-        if v is None:
-            raise ValueError(f"not an NRI version: {runtime_nri[:40]!r} (e.g. v0.12.5)")
-        runtime = RuntimeCaps(nri=v, source="runtime")
+    agent logs what it learnt at Configure), and which path the pids limit and a pod-level
+    resize take there (on cgroup ``cgroup``)."""
+    runtime = _caps(runtime_nri)
     how = "as given" if runtime_nri is not None else "assumed: the runtime is not asked here"
-    return {"nri": f"NRI {runtime.nri_version} ({how})", "bornWith": born_with.plan(policy, runtime).lines()}
+    return {
+        "nri": f"NRI {runtime.nri_version} ({how})",
+        "bornWith": born_with.plan(policy, runtime).lines(),
+        "paths": runtime_paths(policy, runtime, cgroup),
+    }
 
 
 def explain(d: Description, rules: RuleCache, cgroups: Cgroups, runtime_nri: str | None = None) -> dict[str, Any]:
@@ -107,6 +115,7 @@ def explain(d: Description, rules: RuleCache, cgroups: Cgroups, runtime_nri: str
     for a BE pod, what its containers are born with on a runtime of NRI ``runtime_nri``."""
     failures: list[str] = []
     node = Node.create(rules, cgroups=cgroups, on_invalid=failures.append)
+    fields = carried(_caps(runtime_nri))
     pod, ctrs = to_nri(d)
     qos = node.desired.qos(pod)
     report: dict[str, Any] = {
@@ -124,7 +133,7 @@ def explain(d: Description, rules: RuleCache, cgroups: Cgroups, runtime_nri: str
         for res, value in intent.values.items():
             if pod_level:
                 how = "written to the pod cgroup at RunPodSandbox"
-            elif res in NRI_FIELDS:
+            elif res in fields:
                 how = "NRI adjustment"
             else:
                 how = "cgroup v2 unified (NRI)" if cgroups.version == 2 else "written to the cgroup file"
@@ -159,7 +168,9 @@ def explain(d: Description, rules: RuleCache, cgroups: Cgroups, runtime_nri: str
     if failures:
         report["skippedFeatures"] = sorted(set(failures))
     if qos is not None and qos.value == "BE":
-        report["runtime"] = describe_runtime(rules.policy, runtime_nri)
+        report["runtime"] = describe_runtime(rules.policy, runtime_nri, cgroups.version)
+    elif qos is not None:
+        report["runtime"] = {"paths": runtime_paths(rules.policy, _caps(runtime_nri), cgroups.version)}
     return report
 
 
@@ -174,6 +185,7 @@ FEATURE_NEEDS: dict[str, tuple[str, list[str]]] = {
     "cpuset": ("implemented", ["cpuset.cpus"]),
     "blkio": ("implemented (device blocks)", ["blkio.throttle.read_bps_device"]),
     "blkio.weight": ("implemented", ["blkio.weight"]),
+    "pidsLimit": ("implemented", ["pids.max"]),
 }
 
 
@@ -222,7 +234,7 @@ def doctor(
             "socket": nri_socket,
             "present": os.path.exists(nri_socket),
             "lock": runtime_lock(nri_socket),
-            **describe_runtime(policy or Policy(), runtime_nri),
+            **describe_runtime(policy or Policy(), runtime_nri, cg.version),
         },
         "inotify": inotify_usage(),  # the reconciler's watches: one per managed cgroup directory
         "features": features,

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 # Importing a feature module registers its function.
-from nriplugin.features import batch, blkio, core_sched, cpu_burst, cpu_qos, cpuset, memory_qos, resctrl
+from nriplugin.features import batch, blkio, core_sched, cpu_burst, cpu_qos, cpuset, memory_qos, pids, resctrl
 from nriplugin.features.registry import REGISTRY, Feature
 from nriplugin.intent.core import Context, Intent, InvalidInput, Setting
 from nriplugin.policy.model import Policy
@@ -95,5 +95,6 @@ __all__ = [
     "desired_state",
     "enabled",
     "memory_qos",
+    "pids",
     "resctrl",
 ]

@@ -23,6 +23,9 @@ from nriplugin.kernel.cpulist import parse_cpulist
 
 MAX_SHARES, MIN_SHARES = 262144, 2
 MAX_WEIGHT, MIN_WEIGHT = 10000, 1
+PID_MAX_LIMIT = 4 * 1024 * 1024  # the kernel's ceiling on pid numbers (64-bit), so on pids.max
+# Resources whose "no limit" is the word "max" in cgroup v1 too (v1's others take -1).
+MAX_WORD_V1 = frozenset({"pids.max"})
 
 
 class Version(IntEnum):
@@ -141,6 +144,8 @@ RESOURCES: dict[str, Resource] = {
         # v1's nearest thing to memory.low: under global pressure, groups above their soft
         # limit are reclaimed first (reads back as a huge number when unlimited).
         Resource("memory.soft_limit_in_bytes", ("memory", "memory.soft_limit_in_bytes"), None, 0, 2**62, -1),
+        # The most tasks (threads) the group may hold; "max" (-1 here) in both versions.
+        Resource("pids.max", ("pids", "pids.max"), "pids.max", 0, PID_MAX_LIMIT, -1),
         # Per-device throttles: the value is "MAJOR:MINOR N" (v2: one io.max key per resource).
         Resource("blkio.throttle.read_bps_device", ("blkio", "blkio.throttle.read_bps_device"), "io.max"),
         Resource("blkio.throttle.write_bps_device", ("blkio", "blkio.throttle.write_bps_device"), "io.max"),
@@ -306,6 +311,8 @@ class Cgroups:
             if self.version is Version.V2:
                 return f"{m.group(1)}:{m.group(2)} {DEVICE_RULES[resource]}={m.group(3)}"
             return str(value)
+        if res.unlimited is not None and value == res.unlimited and resource in MAX_WORD_V1:
+            return "max"
         if self.version is Version.V1 or isinstance(value, str):
             return str(value)
         if resource == "cpu.cfs_quota_us":
@@ -333,6 +340,8 @@ class Cgroups:
             if resource == "cpu.shares":
                 return WEIGHT_MAPPINGS[self.weight_mapping][1](v)
             return res.from_v2(v) if res.from_v2 else v
+        if text == "max" and resource in MAX_WORD_V1:
+            return -1
         return int(text)
 
     def matches(self, group: str, resource: str, value: int | str, period: int | None = None) -> bool | None:
@@ -457,7 +466,13 @@ class Cgroups:
         """Does the kernel have ``resource``'s file (probed at the top of its hierarchy)?"""
         res = RESOURCES[resource]
         if self.version is Version.V1:
-            return res.v1 is not None and (self.root / res.v1[0] / res.v1[1]).exists()
+            if res.v1 is None:
+                return False
+            top = self.root / res.v1[0]
+            if (top / res.v1[1]).exists():
+                return True
+            child = _first_child(top)  # the root group has no pids.max: look one level down
+            return child is not None and (child / res.v1[1]).exists()
         if res.v2 is None:
             return False
         # v2 has no cpu.max/memory.max at the root: look one level down.

@@ -19,6 +19,7 @@ from nriplugin.node.turns import Turn
 from nriplugin.nri import api_pb2 as api
 from nriplugin.nri.runtime import RuntimeCaps
 from nriplugin.nri.stub import Plugin
+from nriplugin.policy.model import Policy
 from nriplugin.policy.qos import InvalidQoSLabel, QoSClass, qos_class
 
 log = logging.getLogger("nriplugin.node.hooks")
@@ -36,9 +37,16 @@ NRI_FIELDS = (
 )
 
 
-def to_resources(intent: Intent, cg: Cgroups, out: api.LinuxResources) -> bool:
-    """Fill ``out`` with the values NRI can carry (on cgroup v2 everything else goes in
-    ``unified``); returns whether anything was set."""
+def carried(runtime: RuntimeCaps) -> tuple[str, ...]:
+    """The logical resources this runtime's NRI carries as ``LinuxResources`` fields: every
+    NRI's :data:`NRI_FIELDS`, and ``pids.max`` from v0.8 (``LinuxResources.pids``)."""
+    return (*NRI_FIELDS, "pids.max") if runtime.supports("pids_limit") else NRI_FIELDS
+
+
+def to_resources(intent: Intent, cg: Cgroups, out: api.LinuxResources, fields: tuple[str, ...] = NRI_FIELDS) -> bool:
+    """Fill ``out`` with the values NRI can carry (``fields``: those the runtime's NRI has as
+    fields, :func:`carried`; on cgroup v2 everything else goes in ``unified``); returns
+    whether anything was set."""
     v = intent.values
     if "cpu.shares" in v:
         out.cpu.shares.value = int(v["cpu.shares"])
@@ -52,14 +60,36 @@ def to_resources(intent: Intent, cg: Cgroups, out: api.LinuxResources) -> bool:
         out.cpu.mems = str(v["cpuset.mems"])
     if "memory.limit_in_bytes" in v:
         out.memory.limit.value = int(v["memory.limit_in_bytes"])
+    if "pids.max" in v and "pids.max" in fields:
+        out.pids.limit = int(v["pids.max"])
     if cg.version is Version.V2:
         for s in intent.files.values():
             res = RESOURCES.get(s.resource)
-            if s.resource not in NRI_FIELDS and not s.device and res is not None and res.v2 is not None:
+            if s.resource not in fields and not s.device and res is not None and res.v2 is not None:
                 out.unified[res.v2] = cg.encode(s.resource, s.value)
     if intent.rdt_class:
         out.rdt_class.value = intent.rdt_class
     return bool(intent.files) or bool(intent.rdt_class)
+
+
+def runtime_paths(policy: Policy, runtime: RuntimeCaps, cgroup: Version | None) -> dict[str, str]:
+    """Which path is in force, on this runtime, for what newer NRIs carry besides BE's birth
+    attributes (those: ``born_with``): logged at Configure, shown by ``doctor`` and ``explain``."""
+    nri = runtime.nri_version
+    limits = policy.containerPidsLimit
+    if not policy.features.pidsLimit.enable or all(limits.of(q) is None for q in ("LSR", "LS", "BE")):
+        pids = "off (policy containerPidsLimit sets none: the runtime's)"
+    elif runtime.supports("pids_limit"):
+        pids = f"in force through NRI (LinuxResources.pids at CreateContainer, runtime NRI {nri})"
+    elif cgroup is Version.V2:
+        pids = f"in force through NRI's cgroup v2 unified map (runtime NRI {nri} < v0.8 has no pids field)"
+    else:
+        pids = f"in force, written by the agent at StartContainer (runtime NRI {nri} < v0.8, cgroup v1)"
+    if runtime.supports("pod_update"):
+        pod = f"followed (UpdatePodSandbox, runtime NRI {nri}): the pod's values are recomputed and applied"
+    else:
+        pod = f"not told (runtime NRI {nri} < v0.10): the reconciler repairs the pod's files when they change"
+    return {"pids limit": pids, "pod-level resize": pod}
 
 
 MAX_SHAPES = 256  # CreateContainer answers kept (a node runs a few dozen workload shapes)
@@ -82,16 +112,21 @@ class QoSPlugin(Plugin):
         # every hook before it looks at the model (so the order of events is the model's).
         self._created: list[tuple[api.PodSandbox, api.Container]] = []
         self.runtime = RuntimeCaps()  # what the runtime's NRI carries: learnt at Configure
+        self.fields = carried(self.runtime)  # the resources its LinuxResources has as fields
         # CreateContainer's answer by the container's shape (DesiredState.birth_key): the pods
         # of one workload come in bursts and get the same values, computed once; the key
         # carries the node's state, so a decision since then makes a new key.
         self._births: dict[tuple[object, ...], api.ContainerAdjustment | None] = {}
 
     def runtime_caps(self, caps: RuntimeCaps) -> None:
-        """Decided once per connection: which process attributes BE is born with."""
+        """Decided once per connection: which process attributes BE is born with, which
+        resources the adjustment carries, which pod events come."""
         self.runtime = caps
+        self.fields = carried(caps)
         self._births.clear()
         for name, why in born_with.plan_for(self.desired.rules.policy, caps).lines().items():
+            log.info("%s: %s", name, why)
+        for name, why in runtime_paths(self.desired.rules.policy, caps, self.cgroups.version).items():
             log.info("%s: %s", name, why)
 
     def _take_in_created(self) -> None:
@@ -189,7 +224,7 @@ class QoSPlugin(Plugin):
         some = False
         be = _is_be(pod)
         if intent is not None:
-            some = to_resources(self._in_spec(intent, be), self.cgroups, adj.linux.resources)
+            some = to_resources(self._in_spec(intent, be), self.cgroups, adj.linux.resources, self.fields)
         if be:
             some = born_with.plan_for(self.desired.rules.policy, self.runtime).apply(adj) or some
         return adj if some else None
@@ -229,7 +264,7 @@ class QoSPlugin(Plugin):
             extra = [
                 s
                 for s in intent.settings()
-                if s.device or (v1 and s.resource not in NRI_FIELDS) or (late and s.resource == "cpu.cfs_quota_us")
+                if s.device or (v1 and s.resource not in self.fields) or (late and s.resource == "cpu.cfs_quota_us")
             ]
             if extra:
                 self.writer.apply(r.group, extra, f"{pod.namespace}/{pod.name}/{container.name}")
@@ -281,6 +316,24 @@ class QoSPlugin(Plugin):
         self._take_in_created()
         self.model.pod_removed(pod.id)
 
+    def update_pod_sandbox(self, pod: api.PodSandbox, resources: api.LinuxResources) -> None:
+        """A pod-level in-place resize (NRI v0.10+; ``resources``: the new sum of its
+        containers', absent over StateChange): the model takes the pod's new resources, so
+        its values derived from them (the pod group's burst from its quota) are recomputed,
+        and the one writer applies them. Nothing to answer: NRI has no pod adjustment."""
+        self._take_in_created()
+        if self.model.pod(pod.id) is None:
+            self.model.pod_seen(pod)
+        new = resources if resources.ByteSize() else pod.linux.pod_resources
+        if new.ByteSize():  # nothing said (StateChange of a runtime that fills no pod resources)
+            self.model.pod_updated(pod.id, new, pod.linux.pod_overhead)
+
+    def post_update_pod_sandbox(self, pod: api.PodSandbox) -> None:
+        """The resize is through (the kubelet writes the pod group itself): converge the pod's
+        values again, over whatever it wrote."""
+        self._take_in_created()
+        self.model.refresh(f"pod:{pod.id}")
+
     def update_container(
         self, pod: api.PodSandbox, container: api.Container, resources: api.LinuxResources
     ) -> list[api.ContainerUpdate]:
@@ -294,7 +347,9 @@ class QoSPlugin(Plugin):
         if intent is None:
             return []
         u = api.ContainerUpdate(container_id=container.id)
-        if not to_resources(intent, self.cgroups, u.linux.resources) or _covers(resources, u.linux.resources):
+        if not to_resources(intent, self.cgroups, u.linux.resources, self.fields) or _covers(
+            resources, u.linux.resources
+        ):
             return []
         return [u]
 
@@ -390,7 +445,9 @@ class QoSPlugin(Plugin):
         if c.state == api.CONTAINER_CREATED:  # not started: the update goes to its spec
             intent = self._in_spec(intent, self.desired.qos_of(c.id) is QoSClass.BE)
         u = api.ContainerUpdate(container_id=c.id)
-        if to_resources(intent, self.cgroups, u.linux.resources) and not _covers(c.linux.resources, u.linux.resources):
+        if to_resources(intent, self.cgroups, u.linux.resources, self.fields) and not _covers(
+            c.linux.resources, u.linux.resources
+        ):
             return u
         return None
 
@@ -410,6 +467,8 @@ def _covers(have: api.LinuxResources, want: api.LinuxResources) -> bool:
             not have.cpu.HasField(f) or getattr(have.cpu, f).value != getattr(want.cpu, f).value
         ):
             return False
+    if want.HasField("pids") and (not have.HasField("pids") or have.pids.limit != want.pids.limit):
+        return False
     if want.cpu.cpus and have.cpu.cpus != want.cpu.cpus:
         return False
     if want.memory.HasField("limit") and (

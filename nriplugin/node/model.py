@@ -162,6 +162,21 @@ class NodeModel:
         self._tell("changed", container_id)
         return True
 
+    def pod_updated(self, pod_id: str, resources: api.LinuxResources, overhead: api.LinuxResources) -> bool:
+        """New pod-level resources (UpdatePodSandbox: a pod-level in-place resize; ``resources``
+        the sum of its containers', ``overhead`` the runtime class's). Values derived from
+        them follow. Returns whether anything changed."""
+        r = self._records.get(pod_key(pod_id))
+        if r is None:
+            return False
+        linux = r.pod.linux
+        if linux.pod_resources == resources and linux.pod_overhead == overhead:
+            return False
+        linux.pod_resources.CopyFrom(resources)
+        linux.pod_overhead.CopyFrom(overhead)
+        self._tell("changed", pod_key(pod_id))
+        return True
+
     def refresh(self, key: str) -> None:
         """The runtime applied new facts (after UpdateContainer): values that depend on them
         are converged again."""

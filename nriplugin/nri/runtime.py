@@ -46,7 +46,7 @@ FEATURES: dict[str, Version] = {
     "rdt": (0, 11, 0),  # LinuxContainerAdjustment.rdt
     "sysctl": (0, 11, 0),  # LinuxContainerAdjustment.sysctl
     "dedicated_rpcs": (0, 12, 0),  # one RPC per event; StateChange only as the fallback
-    "failure_policy": (0, 12, 0),  # ConfigureResponse.failure_policy
+    "failure_policy": (0, 12, 4),  # ConfigureResponse.failure_policy (not in v0.12.3: containerd 2.4.2)
 }
 
 # containerd release -> the NRI it vendors (for runtimes older than NRI v0.12, which do not say).

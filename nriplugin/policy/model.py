@@ -459,6 +459,24 @@ class Features(_M):
     cpuset: FeatureSwitch = FeatureSwitch()
     resctrl: FeatureSwitch = FeatureSwitch()
     blkio: FeatureSwitch = FeatureSwitch()
+    pidsLimit: FeatureSwitch = FeatureSwitch()
+
+
+PidsLimit = Annotated[int, Field(ge=1, le=4 * 1024 * 1024)] | None  # the kernel's pid ceiling
+
+
+class ContainerPidsLimit(_M):
+    """The most tasks (processes and threads) one container of a class may hold: its
+    ``pids.max``, through the runtime's NRI where it carries it (v0.8+), else written by the
+    agent (``nriplugin/features/pids.py``). None (the default): the runtime's, i.e. only the
+    kubelet's pod-level ``podPidsLimit``. LSE takes lsrClass's; SYSTEM is never touched."""
+
+    lsrClass: PidsLimit = None
+    lsClass: PidsLimit = None
+    beClass: PidsLimit = None
+
+    def of(self, qos: str) -> int | None:
+        return {"LSE": self.lsrClass, "LSR": self.lsrClass, "LS": self.lsClass, "BE": self.beClass}.get(qos)
 
 
 class BEProcess(_M):
@@ -488,6 +506,7 @@ class Policy(_M):
     qosManager: QoSManager = QoSManager()
     systemStrategy: SystemStrategy = SystemStrategy()
     beProcess: BEProcess = BEProcess()
+    containerPidsLimit: ContainerPidsLimit = ContainerPidsLimit()
 
     def cpu_suppress_policy(self) -> Literal["cfsQuota", "cpuset"]:
         """``qosManager.cpuSuppress.policy`` if set, else the NodeSLO's ``cpuSuppressPolicy``."""
