@@ -434,7 +434,9 @@ def test_an_in_place_resize_moves_derived_values(
     runtime: Containerd, plugin_factory: Callable[..., PluginProcess]
 ) -> None:
     """CRI UpdateContainerResources doubles an LS container's quota: the burst derived from it
-    follows, and a repair afterwards uses the new value, not the old one."""
+    follows, and a repair afterwards uses the new value, not the old one. Halved again, the
+    resize goes through: the kernel refuses a quota below the group's burst, so the agent
+    lowers the burst before the runtime writes the new quota."""
     plugin_factory(runtime)
     pod = runtime.run_pod("web", "Burstable", LS)
     cid = runtime.create_container(pod, "main", cpu_shares=512, cpu_quota=100000)
@@ -456,3 +458,6 @@ def test_an_in_place_resize_moves_derived_values(
     while read_cgroup(cpu, "cpu.cfs_burst_us") != "200000":
         assert time.monotonic() < deadline, read_cgroup(cpu, "cpu.cfs_burst_us")
         time.sleep(0.02)
+    res = msg("LinuxContainerResources", cpu_shares=512, cpu_quota=50000, cpu_period=100000)
+    runtime.cri.call("UpdateContainerResources", msg("UpdateContainerResourcesRequest", container_id=cid, linux=res))
+    assert (read_cgroup(cpu, "cpu.cfs_quota_us"), read_cgroup(cpu, "cpu.cfs_burst_us")) == ("50000", "50000")

@@ -393,3 +393,31 @@ def test_memory_qos_formulas_where_the_kernel_has_them() -> None:
     soft = desired_state(ctx("BE", {SPEC: BATCH}, policy=on, c=caps(**{"memory.soft_limit_in_bytes": True})))
     assert soft.intent.values["memory.soft_limit_in_bytes"] == 128 << 20
     assert "memory.low" in soft.intent.why["memory.soft_limit_in_bytes"]
+
+
+def test_a_resize_that_lowers_the_quota_lowers_the_burst_before_the_runtime_writes_it(tmp_path: Path) -> None:
+    """The kernel refuses a quota below its group's burst and NRI does not carry the burst:
+    when UpdateContainer lowers an LS container's quota, the hook writes the burst worked out
+    from the new quota before it answers (under the old quota, which admits it); a raised
+    burst is not written there (the old quota would refuse it) but follows the raise."""
+    ls = make_pod(2, "LS")
+    ctr = make_container(2, ls)
+    ctr.linux.resources.cpu.quota.value = 200000
+    ctr.linux.resources.cpu.period.value = 100000
+    group = ctr.linux.cgroups_path.lstrip("/")
+    root = v1_tree(tmp_path, [ls.linux.cgroup_parent.lstrip("/"), group])
+    p = QoSPlugin(Node.create(RuleCache(), caps=caps(), cgroups=Cgroups(root)))
+    p.create_container(ls, ctr)
+    p.start_container(ls, ctr)
+    burst = root / "cpu" / group / "cpu.cfs_burst_us"
+    assert burst.read_text().strip() == "200000"
+    lower = api.LinuxResources()
+    lower.cpu.quota.value, lower.cpu.period.value = 50000, 100000
+    p.update_container(ls, ctr, lower)
+    assert burst.read_text().strip() == "50000"  # before the answer: the runtime's write of 50000 is admitted
+    ctr.linux.resources.CopyFrom(lower)
+    higher = api.LinuxResources()
+    higher.cpu.quota.value, higher.cpu.period.value = 400000, 100000
+    p.update_container(ls, ctr, higher)
+    assert burst.read_text().strip() == "50000"  # 400000 would be refused under the quota of 50000
+    assert p.desired.intent(ctr.id).get("cpu.cfs_burst_us") == 400000  # type: ignore[union-attr]

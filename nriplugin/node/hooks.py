@@ -342,16 +342,33 @@ class QoSPlugin(Plugin):
         self._take_in_created()
         if container.id not in self.model:
             self.model.container_started(pod, container, existing=True)
+        before = self.model.get(container.id)
+        old_quota = requested(before.container, "cpu.cfs_quota_us") if before is not None else None
         self.model.container_updated(container.id, resources)
         intent = self.desired.intent(container.id)
         if intent is None:
             return []
+        self._burst_before_quota(container.id, intent, old_quota)
         u = api.ContainerUpdate(container_id=container.id)
         if not to_resources(intent, self.cgroups, u.linux.resources, self.fields) or _covers(
             resources, u.linux.resources
         ):
             return []
         return [u]
+
+    def _burst_before_quota(self, key: str, intent: Intent, old_quota: int | None) -> None:
+        """The kernel refuses a quota below its group's burst (v1 and v2), and NRI does not
+        carry the burst: when a resize lowers the quota, the burst worked out from the new one
+        is written now, under the old quota, before the runtime writes the new quota. A
+        raised burst is above the old quota: it follows the raised one (the reconciler, once
+        the model took the resize in)."""
+        burst = intent.files.get(("cpu.cfs_burst_us", ""))
+        r = self.model.get(key)
+        if burst is None or r is None or r.group is None or not isinstance(burst.value, int):
+            return
+        if old_quota is not None and 0 <= old_quota < burst.value:
+            return
+        self.writer.apply(r.group, [burst], key[:12])
 
     def post_update_container(self, pod: api.PodSandbox, container: api.Container) -> None:
         """The runtime applied the new resources: converge what depends on them (a burst that
