@@ -16,13 +16,16 @@ import platform
 import re
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
+import grpc
 import pytest
 
 from testkit import containerd as harness
+from testkit.cri import msg
 from testkit.plugin import PluginProcess, until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -174,3 +177,34 @@ def test_required_plugins_refuse_containers_while_the_agent_is_down(
     finally:
         rt.teardown()
     assert not harness.cgroup_dirs(rt.cgroup_root), f"cgroups left: {harness.cgroup_dirs(rt.cgroup_root)}"
+
+
+def test_a_pod_level_resize_reaches_the_agent_where_the_runtime_tells_it(
+    runtime: harness.Containerd, plugin_factory: Callable[..., PluginProcess]
+) -> None:
+    """CRI UpdatePodSandboxResources (what the kubelet calls after a pod-level in-place resize)
+    on an LS pod: containerd 2.2+ (NRI v0.10+) passes it to the agent as UpdatePodSandbox and
+    PostUpdatePodSandbox; older lines do not tell plugins (the call may be unknown to their
+    CRI). Either way the pod's containers keep running with their values."""
+    plugin = plugin_factory(runtime)
+    pod = runtime.run_pod("web", "Burstable", LS)
+    cid = runtime.create_container(pod, "main", cpu_shares=512, cpu_quota=100000)
+    assert runtime.cri is not None
+    res = msg("LinuxContainerResources", cpu_shares=512, cpu_quota=50000, cpu_period=100000)
+    req = msg("UpdatePodSandboxResourcesRequest", pod_sandbox_id=pod.id, resources=res)
+    try:
+        runtime.cri.call("UpdatePodSandboxResources", req)
+        answered = True
+    except grpc.RpcError as exc:
+        assert exc.code() == grpc.StatusCode.UNIMPLEMENTED, exc
+        answered = False
+    told = runtime.runtime.major_minor >= (2, 2)
+    assert answered or not told
+    count = 'nriplugin_hook_duration_seconds_count{event="%s"}'
+    if told:
+        until(lambda: plugin.metric(count % "post_update_pod_sandbox") >= 1, 5, "PostUpdatePodSandbox not seen")
+        assert plugin.metric(count % "update_pod_sandbox") >= 1
+    else:
+        time.sleep(0.5)
+        assert plugin.metric(count % "update_pod_sandbox") == 0
+    assert (runtime.container_cgroup(pod, cid) / "cpu.shares").read_text().strip() == "512"

@@ -4,8 +4,9 @@ today's where the runtime's NRI does not carry it (decided once at Configure):
 - the policy's per-class pids limit: ``LinuxResources.pids`` at CreateContainer on NRI v0.8+;
   on an older runtime cgroup v2's ``unified`` map, or (cgroup v1) the agent's write at
   StartContainer; the default policy asks for none;
-- UpdatePodSandbox (NRI v0.10+): a pod-level in-place resize moves the pod's derived values
-  (the pod group's CPU burst from its quota) and the one writer applies them.
+- UpdatePodSandbox (NRI v0.10+): a pod-level in-place resize moves the pod's resources in the
+  model and PostUpdatePodSandbox re-converges the pod group over the kubelet's writes; no pod
+  burst is ever set (the kernel would refuse the kubelet's lowering of the pod quota below it).
 
 Over the real protocol (the in-process runtime peer) where the runtime's answer matters; the
 real node model, desired state and reconciler on kernel-like trees."""
@@ -32,7 +33,7 @@ from nriplugin.policy.model import Policy
 from nriplugin.reconciler.reconciler import Reconciler
 from testkit.kernel_tree import v1_tree, v2_tree
 from testkit.runtime_peer import PluginSession, RuntimePeer, make_container, make_pod
-from tests.test_features import caps
+from tests.test_features import BATCH, SPEC, caps
 
 PIDS = Policy.model_validate({"containerPidsLimit": {"beClass": 512, "lsClass": 4096}})
 
@@ -135,32 +136,40 @@ def ls_pod(quota: int) -> api.PodSandbox:
     return pod
 
 
-def test_a_pod_level_resize_moves_the_pods_burst_and_the_writer_applies_it(tmp_path: Path) -> None:
-    """LS pod with a 2-core quota: its group's burst is 2 cores (cpuBurstOnly 1000 %, capped at
-    the quota); resized in place to 1 core over UpdatePodSandbox, the burst follows at once,
-    written by the reconciler (a burst above the new quota would be refused on cgroup v1)."""
-    pod = ls_pod(200000)
-    group = pod.linux.cgroup_parent.lstrip("/")
-    root = v1_tree(tmp_path / "cg", [group])
+def test_a_pod_level_resize_moves_the_model_and_the_pod_group_is_reconverged(tmp_path: Path) -> None:
+    """An LS pod with a 2-core quota gets no pod-level burst (the kubelet lowers the pod
+    group's quota itself on a resize, and the kernel refuses a quota below the burst); resized
+    in place to 1 core over UpdatePodSandbox, the model holds the new resources. A BE pod's
+    batch shares on its group, overwritten by the kubelet during its resize, are written back
+    after PostUpdatePodSandbox."""
+    ls = ls_pod(200000)
+    be = make_pod(4, "BE")
+    be.annotations[SPEC] = BATCH
+    groups = [ls.linux.cgroup_parent.lstrip("/"), be.linux.cgroup_parent.lstrip("/")]
+    root = v1_tree(tmp_path / "cg", groups)
     p = plugin(root)
     rec = Reconciler(p.desired, p.writer, p.model, resync_period=3600, watch=False)
-    burst = root / "cpu" / group / "cpu.cfs_burst_us"
+    shares = root / "cpu" / groups[1] / "cpu.shares"
 
     async def body(s: PluginSession) -> None:
         rec.start(asyncio.get_running_loop())
         try:
             assert s.subscribed(api.UPDATE_POD_SANDBOX) and s.subscribed(api.POST_UPDATE_POD_SANDBOX)
-            await s.notify(api.RUN_POD_SANDBOX, pod)
-            await until(lambda: burst.read_text().strip() == "200000")
+            await s.notify(api.RUN_POD_SANDBOX, ls)
+            await s.notify(api.RUN_POD_SANDBOX, be)
+            await until(lambda: shares.read_text().strip() == "512")
             resized = api.LinuxResources()
             resized.cpu.quota.value, resized.cpu.period.value = 100000, 100000
-            await s.update_pod_sandbox(pod, resized)  # the pod in the request: still the old resources
-            await until(lambda: burst.read_text().strip() == "100000")
-            assert p.model.pod(pod.id) is not None
-            assert p.model.pod(pod.id).linux.pod_resources.cpu.quota.value == 100000  # type: ignore[union-attr]
-            (root / "cpu" / group / "cpu.cfs_burst_us").write_text("0\n")  # the kubelet's write
-            await s.notify(api.POST_UPDATE_POD_SANDBOX, pod)
-            await until(lambda: burst.read_text().strip() == "100000")
+            await s.update_pod_sandbox(ls, resized)  # the pod in the request: still the old resources
+            got = p.model.pod(ls.id)
+            assert got is not None and got.linux.pod_resources.cpu.quota.value == 100000
+            intent = p.desired.intent(f"pod:{ls.id}")
+            assert intent is None or intent.get("cpu.cfs_burst_us") is None
+            assert (root / "cpu" / groups[0] / "cpu.cfs_burst_us").read_text().strip() == "0"
+            shares.write_text("2\n")  # the kubelet's write of a BestEffort pod group during its resize
+            await s.update_pod_sandbox(be, api.LinuxResources())
+            await s.notify(api.POST_UPDATE_POD_SANDBOX, be)
+            await until(lambda: shares.read_text().strip() == "512")
         finally:
             rec.stop()
 
@@ -178,14 +187,14 @@ def test_a_runtime_before_nri_v0_10_sends_no_pod_update(tmp_path: Path) -> None:
 
 def test_update_pod_sandbox_without_resources_keeps_what_the_model_has(tmp_path: Path) -> None:
     """StateChange carries no resources and a runtime may fill none in the pod: nothing is
-    forgotten (the pod keeps its quota and its burst)."""
+    forgotten (the pod keeps its quota)."""
     pod = ls_pod(200000)
     p = plugin(v1_tree(tmp_path / "cg", [pod.linux.cgroup_parent.lstrip("/")]))
     p.run_pod_sandbox(pod)
     bare = make_pod(3, "LS")
     p.update_pod_sandbox(bare, api.LinuxResources())
-    intent = p.desired.intent(f"pod:{pod.id}")
-    assert intent is not None and intent.get("cpu.cfs_burst_us") == 200000
+    got = p.model.pod(pod.id)
+    assert got is not None and got.linux.pod_resources.cpu.quota.value == 200000
 
 
 async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:

@@ -2,10 +2,9 @@
 ``cpu.max.burst``). burst = quota * cpuBurstPercent / 100, capped at the quota (the kernel
 refuses more). A pod may set its own ``koordinator.sh/cpuBurst`` (JSON) within the same bounds.
 
-The pod's group gets the same from the pod's quota where the runtime says it (the pod's
-resources, the sum of its containers': Koordinator's pod burst is the sum of its containers'),
-so a container's burst is not cut short by its pod's quota; a pod-level in-place resize
-(UpdatePodSandbox) moves it with the quota."""
+Containers only: the kernel refuses a quota below its group's burst, and on a pod-level
+resize the kubelet lowers the pod group's quota itself, after its containers' (no hook comes
+first), so a pod burst would make that write fail."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ POLICIES = ("none", "cpuBurstOnly", "cfsQuotaBurstOnly", "auto")
 
 @feature("cpuBurst", order=30, annotations=(ANNOTATION,))  # after batchResource: the burst follows the quota batch set
 def desired(ctx: Context, intent: Intent) -> None:
-    if ctx.qos not in ("LSE", "LSR", "LS") or not ctx.has("cpu.cfs_burst_us"):
+    if ctx.qos not in ("LSE", "LSR", "LS") or ctx.container is None or not ctx.has("cpu.cfs_burst_us"):
         return
     s = ctx.policy.cpuBurstStrategy
     policy, percent = s.policy, s.cpuBurstPercent
