@@ -10,7 +10,8 @@ adaptation library, at ``--nri``: v0.6.1, what containerd 1.7 runs, by default; 
 so the node grows as the calls go).
 nriplugin is ``nriplugin run`` with its defaults and every loop on: the QoS manager, the
 reconciler, network QoS (nothing configured: it only watches), metrics on a port, and the CRI
-inventory against a CRI stand-in (testkit/cri_standin.py) that lists the same node. The two run
+inventory against a CRI stand-in (testkit/cri_standin.py, in a process of its own, like the
+runtime's CRI) that lists the same node. The two run
 alternately, for several rounds in one run, so machine noise hits both alike, on a node of
 ``--sync-pods`` containers and on one of ``--large`` (10x): a hook must cost the same on both.
 
@@ -39,6 +40,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -101,14 +103,36 @@ def runtime_bench(bench: Path, sock: Path, calls: int, sync_pods: int, settle: f
 @contextmanager
 def cri_node(sync_pods: int) -> Iterator[str]:
     """A CRI socket that lists the node the runtime bench synchronizes (its pods and their
-    containers, with the same ids), for nriplugin's inventory."""
+    containers, with the same ids), for nriplugin's inventory. Served by a process of its own,
+    as containerd's CRI is: its server threads must not take the GIL from an agent that runs
+    in this process (``run_inprocess``)."""
+    with tempfile.TemporaryDirectory(prefix="nriplugin-cri-") as d:
+        sock = f"{d}/cri.sock"
+        cmd = [sys.executable, "-m", "bench.hook_latency", "--serve-cri", sock, str(sync_pods)]
+        proc = subprocess.Popen(cmd, cwd=ROOT)
+        try:
+            deadline = time.monotonic() + 60
+            while not Path(sock).exists():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the CRI stand-in did not come up (exit {proc.poll()})")
+                time.sleep(0.02)
+            yield sock
+        finally:
+            proc.terminate()
+            proc.wait(30)
+
+
+def serve_cri(sock: str, sync_pods: int) -> int:
+    """``--serve-cri SOCK N``: the stand-in for :func:`cri_node`, until SIGTERM."""
     from testkit.cri_standin import FakeRuntime, serving
     from testkit.hook_work import node_of
 
     rt = FakeRuntime()
     rt.add_node(*node_of(sync_pods))
-    with tempfile.TemporaryDirectory(prefix="nriplugin-cri-") as d, serving(rt, f"{d}/cri.sock"):
-        yield f"{d}/cri.sock"
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    with serving(rt, sock):
+        signal.sigwait({signal.SIGTERM})
+    return 0
 
 
 def buckets(port: int) -> list[tuple[float, float]] | None:
@@ -232,6 +256,8 @@ def run_inprocess(bench: Path, calls: int, sync_pods: int, settle: float) -> tup
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["--serve-cri"]:
+        return serve_cri(sys.argv[2], int(sys.argv[3]))
     ap = argparse.ArgumentParser()
     ap.add_argument(
         "--nri", choices=NRI_VERSIONS, default=DEFAULT_NRI, help="the NRI version of the Go runtime and Go plugin"
