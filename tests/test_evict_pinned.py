@@ -1,0 +1,459 @@
+"""Eviction pinned at its boundaries (the kept mutation score): which pods are candidates and in
+which order (ties included), what share of a release is meaningful (5 %, inclusive), when
+CPUEvict's conditions hold (thresholds inclusive, sustain and cooldown to the second, the
+satisfaction window), and MemoryEvict's triggers, release and growth estimate."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from nriplugin.policy.qos import QoSClass
+from nriplugin.qos.eviction.cpu import (
+    MIN_CORES,
+    RELEASE_FACTOR,
+    CpuConfig,
+    CpuEvict,
+    CpuFacts,
+    emergency_release,
+    satisfaction_release,
+    shortage,
+    suffering,
+)
+from nriplugin.qos.eviction.memory import MemoryConfig, MemoryEvict, MemoryFacts, release, seconds_to_limit
+from nriplugin.qos.eviction.victims import (
+    LEAK_BYTES_PER_MIN,
+    MIN_SHARE,
+    Candidate,
+    Plan,
+    Release,
+    evictable,
+    fewest,
+    label_priority,
+    leaking,
+    listed,
+    pick,
+    rank_cpu,
+    rank_memory,
+)
+
+MiB = 1 << 20
+
+
+def be(n: int, **kw: object) -> Candidate:
+    return Candidate(uid=f"u{n}", namespace="batch", name=f"be-{n}", qos=QoSClass.BE, **kw)  # type: ignore[arg-type]
+
+
+def names(cs: list[Candidate]) -> list[str]:
+    return [c.name for c in cs]
+
+
+# --- victims -------------------------------------------------------------------------------------
+
+
+def test_constants() -> None:
+    assert MIN_SHARE == 0.05 and LEAK_BYTES_PER_MIN == 5 << 20 and RELEASE_FACTOR == 1.2 and MIN_CORES == 0.001
+
+
+def test_a_candidate_is_said_as_namespace_and_name() -> None:
+    assert be(1).who == "batch/be-1"
+
+
+def test_only_be_pods_are_evictable() -> None:
+    assert evictable(be(1))
+    for q in QoSClass:
+        if q is not QoSClass.BE:
+            assert not evictable(Candidate("u", "n", "p", q))
+
+
+def test_a_plans_share_is_in_its_unit() -> None:
+    c = be(1, cpu_cores=2.0, cpu_request_cores=3.0, freeable_bytes=100, growth_bytes_per_min=600.0)
+    rel = Release(10.0, "t", "w")
+    assert Plan("s", rel, [], "cores").share(c) == 2.0
+    assert Plan("s", rel, [], "request").share(c) == 3.0
+    assert Plan("s", rel, [], "bytes").share(c) == 100  # no horizon: no growth counted
+    assert Plan("s", rel, [], "bytes", horizon=30.0).share(c) == 100 + 600 / 60 * 30
+    shrinking = replace(c, growth_bytes_per_min=-600.0)
+    assert Plan("s", rel, [], "bytes", horizon=30.0).share(shrinking) == 100  # shrinking frees no more
+
+
+def test_a_meaningful_share_is_five_percent_inclusive() -> None:
+    rel = Release(10.0, "t", "w")
+    big = be(9, cpu_cores=5.0)
+    plan = Plan("s", rel, [big], "cores")
+    assert plan.meaningful(be(1, cpu_cores=0.5))  # 5 % of 10 exactly
+    assert not plan.meaningful(be(2, cpu_cores=0.49))
+    assert not plan.meaningful(be(3, cpu_cores=0.0))
+    assert not Plan("s", Release(0.0, "t", "w"), [], "cores").meaningful(be(3))  # nothing freed is never meaningful
+    mem = Plan("s", Release(1000.0, "t", "w"), [], "bytes")
+    assert mem.meaningful(be(4, freeable_bytes=50)) and not mem.meaningful(be(5, freeable_bytes=49))
+
+
+def test_when_no_cpu_candidate_covers_five_percent_the_bar_is_five_percent_of_the_best() -> None:
+    rel = Release(100.0, "t", "w")
+    pods = [be(1, cpu_cores=2.0), be(2, cpu_cores=0.1), be(3, cpu_cores=0.09)]
+    plan = Plan("s", rel, pods, "cores")
+    assert [plan.meaningful(c) for c in pods] == [True, True, False]  # the bar: 0.1
+    alone = Plan("s", rel, [], "cores")
+    assert alone.meaningful(be(4, cpu_cores=1.0))  # no victims listed: the pod itself is the best
+    outsider = be(5, cpu_cores=3.0)  # larger than every listed victim: its own share sets the bar
+    assert plan.meaningful(outsider) and not Plan("s", rel, [*pods, outsider], "cores").meaningful(pods[1])
+    assert Plan("s", Release(100.0, "t", "w"), [be(6, cpu_cores=5.0)], "cores").meaningful(be(7, cpu_cores=5.0))
+    assert not Plan("s", rel, [be(6, cpu_cores=5.0)], "cores").meaningful(be(7, cpu_cores=4.99))
+    mem = Plan("s", Release(1000.0, "t", "w"), [be(8, freeable_bytes=40)], "bytes")
+    assert not mem.meaningful(be(8, freeable_bytes=40))  # memory has no such fallback
+
+
+def test_chosen_takes_the_meaningful_victims_until_the_release_is_covered() -> None:
+    rel = Release(3.0, "t", "w")
+    pods = [be(1, cpu_cores=0.1), be(2, cpu_cores=2.0), be(3, cpu_cores=1.0), be(4, cpu_cores=1.0)]
+    assert names(Plan("s", rel, pods, "cores").chosen()) == ["be-2", "be-3"]
+
+
+def test_label_priority_is_untrusted_and_bounded() -> None:
+    assert label_priority(None) is None and label_priority({}) is None
+    assert label_priority({"koordinator.sh/priority": " 7 "}) == 7
+    assert label_priority({"koordinator.sh/priority": "-3"}) == -3
+    assert label_priority({"koordinator.sh/priority": "123456789012"}) == 123456789012  # 12 characters
+    assert label_priority({"koordinator.sh/priority": "1234567890123"}) is None
+    assert label_priority({"koordinator.sh/priority": "high"}) is None
+    assert label_priority({"priority": "5"}) is None
+
+
+def test_cpu_ranking_ties() -> None:
+    pods = [
+        be(5, priority=1, cpu_cores=9.0),
+        be(4, cpu_cores=1.0, started=1.0),
+        be(3, cpu_cores=1.0, started=2.0),
+        be(2, cpu_cores=2.0),
+        be(1, cpu_cores=1.0, started=2.0),  # ties with be-3 all along: by uid
+        Candidate("l", "web", "api", QoSClass.LS, priority=-9),
+    ]
+    assert names(rank_cpu(pods)) == ["be-2", "be-1", "be-3", "be-4", "be-5"]
+    assert names(rank_cpu([be(7, priority=-1), be(6, priority=0)])) == ["be-7", "be-6"]
+
+
+def test_leaking_is_strictly_above_the_rate() -> None:
+    assert not leaking(be(1, growth_bytes_per_min=float(LEAK_BYTES_PER_MIN)))
+    assert leaking(be(1, growth_bytes_per_min=LEAK_BYTES_PER_MIN + 1.0))
+    assert leaking(be(1, growth_bytes_per_min=11.0), 10.0) and not leaking(be(1, growth_bytes_per_min=10.0), 10.0)
+
+
+def test_memory_ranking_ties() -> None:
+    leak = LEAK_BYTES_PER_MIN + 1.0
+    pods = [
+        be(6, priority=-5, freeable_bytes=10 * MiB),
+        be(5, priority=3, growth_bytes_per_min=leak),
+        be(4, freeable_bytes=MiB, started=1.0),
+        be(3, freeable_bytes=MiB, started=2.0),
+        be(2, freeable_bytes=2 * MiB),
+        be(1, freeable_bytes=MiB, started=2.0),
+        Candidate("l", "web", "api", QoSClass.LS, growth_bytes_per_min=leak * 10),
+    ]
+    assert names(rank_memory(pods)) == ["be-5", "be-6", "be-2", "be-1", "be-3", "be-4"]
+    assert names(rank_memory(pods, leak_bytes_per_min=leak)) == ["be-6", "be-2", "be-1", "be-3", "be-4", "be-5"]
+
+
+def test_pick_stops_once_enough_is_freed_and_skips_what_frees_nothing() -> None:
+    pods = [be(1, cpu_cores=0.0), be(2, cpu_cores=-1.0), be(3, cpu_cores=1.0), be(4, cpu_cores=1.0), be(5)]
+    assert names(pick(pods, 2.0, lambda c: c.cpu_cores)) == ["be-3", "be-4"]  # exactly 2: done
+    assert names(pick(pods, 1.0, lambda c: c.cpu_cores)) == ["be-3"]
+    assert names(pick(pods, 5.0, lambda c: c.cpu_cores)) == ["be-3", "be-4"]  # all fall short
+    assert pick(pods, 0.0, lambda c: c.cpu_cores) == []
+
+
+def test_fewest() -> None:
+    pods = [be(1, cpu_cores=1.0), be(2, cpu_cores=3.0), be(3, cpu_cores=2.0), be(4, cpu_cores=0.0)]
+    pods.append(Candidate("l", "web", "api", QoSClass.LS, cpu_cores=100.0))
+    amount = lambda c: c.cpu_cores  # noqa: E731
+    assert fewest(pods, 0.0, amount) == 0 and fewest(pods, -1.0, amount) == 0
+    assert fewest(pods, 3.0, amount) == 1 and fewest(pods, 3.1, amount) == 2 and fewest(pods, 5.0, amount) == 2
+    assert fewest(pods, 6.0, amount) == 3 and fewest(pods, 6.1, amount) == -1
+    assert fewest([be(1, cpu_cores=-1.0), be(2, cpu_cores=5.0)], 5.5, amount) == -1
+
+
+def test_listed_takes_a_list_or_a_function() -> None:
+    pods = [be(1)]
+    assert listed(pods) is pods and listed(lambda: pods) is pods
+
+
+# --- CPUEvict ----------------------------------------------------------------------------------
+
+
+def facts(**kw: object) -> CpuFacts:
+    """The 64-core case: 4 for the system, BE at 8, LS at 52 and stalled 13 %."""
+    base = CpuFacts(
+        t=100.0,
+        level=4,
+        score=92.0,
+        suppressed=True,
+        total=64.0,
+        system_reserved=4.0,
+        ls_usage=52.0,
+        be_usage=8.0,
+        ls_stall=0.13,
+    )
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def test_shortage_takes_the_larger_of_reserved_and_used_by_the_system() -> None:
+    assert shortage(facts()) == pytest.approx((52 * 1.13, 52.0, 52 * 0.13))
+    assert shortage(facts(other_usage=6.0))[1] == 50.0
+    assert shortage(facts(ls_throttled=0.2))[0] == pytest.approx(52 * 1.2)
+    assert shortage(facts(be_usage=70.0))[1] == 0.0  # never negative
+
+
+def test_suffering_thresholds_are_inclusive() -> None:
+    cfg = CpuConfig()
+    assert suffering(facts(ls_stall=0.1), cfg) and not suffering(facts(ls_stall=0.099), cfg)
+    assert suffering(facts(ls_stall=0.0, ls_throttled=0.2), cfg)
+    assert not suffering(facts(ls_stall=0.0, ls_throttled=0.199), cfg)
+
+
+def test_the_emergency_release_and_its_reason() -> None:
+    cfg = CpuConfig()
+    rel = emergency_release(facts(score=90.0), cfg)  # the threshold itself is EMERGENCY
+    assert rel is not None and rel.trigger == "emergency" and rel.amount == pytest.approx(1.2 * 52 * 0.13)
+    assert rel.why == (
+        "CPU score 90 >= 90, BE suppressed, LS stalled 13% / throttled 0%: LS wants 58.76 cores, has 52.00 "
+        "(64 - 4.00 system - 8.00 BE); release 1.2 x 6.76 = 8.11 cores"
+    )
+    assert emergency_release(facts(score=89.99), cfg) is None
+    assert emergency_release(facts(total=70.0, ls_usage=50.0, ls_stall=0.25, be_usage=3.5), cfg) is None  # no shortage
+    other = emergency_release(facts(), replace(cfg, release_factor=2.0))
+    assert other is not None and other.amount == pytest.approx(2 * 52 * 0.13)
+
+
+def test_the_satisfaction_release_boundaries() -> None:
+    cfg = CpuConfig(satisfaction_lower=40, satisfaction_upper=60)
+    assert satisfaction_release(10.0, 3.0, 2.9, CpuConfig()) is None  # not configured
+    assert satisfaction_release(10.0, 3.0, 2.9, replace(cfg, satisfaction_upper=None)) is None
+    assert satisfaction_release(0.0, 3.0, 2.9, cfg) is None and satisfaction_release(10.0, 0.0, 0.0, cfg) is None
+    assert satisfaction_release(10.0, 3.0, 2.7, cfg) is not None  # 90 % of its limit: used
+    assert satisfaction_release(10.0, 3.0, 2.69, cfg) is None
+    small = satisfaction_release(10.0, 0.5, 0.0, cfg)  # under a core: its use is not asked
+    assert small is not None and small.amount == pytest.approx(5.5)
+    at = satisfaction_release(10.0, 4.0, 4.0, cfg)  # 40 %: at the lower percent, inclusive
+    assert at is not None and at.amount == pytest.approx(2.0) and at.trigger == "be_satisfaction"
+    assert at.why == (
+        "BE satisfaction 40% (limit 4.00 / request 10.00) <= 40% with BE using 4.00 cores; "
+        "release 10.00 x (60% - 40%) = 2.00 requested cores"
+    )
+    assert satisfaction_release(10.0, 4.01, 4.01, cfg) is None
+    assert satisfaction_release(10.0, 4.0, 4.0, replace(cfg, satisfaction_upper=40)) is None  # nothing to give
+    assert satisfaction_release(10.0, 4.0, 4.0, replace(cfg, satisfaction_upper=40.5)) is not None
+    assert satisfaction_release(10.0, 1.0, 1.0, replace(cfg, be_usage_threshold=100)) is not None
+
+
+def test_sustain_and_cooldown_to_the_second() -> None:
+    pods = [be(i, cpu_cores=3.0) for i in range(4)]
+    ev = CpuEvict(CpuConfig(sustain=2.0, cooldown=60.0))
+    assert ev.decide(facts(t=100.0), pods) is None
+    assert ev.decide(facts(t=101.9), pods) is None
+    assert ev.decide(facts(t=102.0), pods) is not None  # held 2 s: sustained
+    assert ev.decide(facts(t=103.0, score=50.0), pods) is None  # the conditions break: start again
+    assert ev.decide(facts(t=104.0), pods) is None and ev.decide(facts(t=106.0), pods) is not None
+    ev.evicted(106.0)
+    assert ev.last_evicted == 106.0
+    assert ev.decide(facts(t=165.9), pods) is None
+    assert ev.decide(facts(t=166.0), pods) is not None  # 60 s after: the cooldown is over
+    assert CpuEvict().cfg == CpuConfig()
+
+
+def test_an_emergency_plan_leaves_out_idle_pods_and_is_in_cores() -> None:
+    pods = [be(1, cpu_cores=0.001, priority=-1), be(2, cpu_cores=0.000999, priority=-2), be(3, cpu_cores=3.0)]
+    plan = CpuEvict(CpuConfig(sustain=0.0)).decide(facts(), lambda: pods)
+    assert plan is not None and plan.unit == "cores" and plan.strategy == "CPUEvict"
+    assert names(plan.victims) == ["be-3"]  # 0.001 is a share under 5 % of the best
+    assert plan.release.trigger == "emergency"
+    tiny = [be(1, cpu_cores=0.001), be(2, cpu_cores=0.000999)]
+    plan = CpuEvict(CpuConfig(sustain=0.0)).decide(facts(), tiny)
+    assert plan is not None and names(plan.victims) == ["be-1"]  # a millicore is not idle
+    assert CpuEvict(CpuConfig(sustain=0.0)).decide(facts(), [be(2, cpu_cores=0.0009)]) is None
+
+
+def sat_facts(t: float, limit: float | None = 3.0, usage: float = 3.0, request: float = 10.0) -> CpuFacts:
+    return facts(t=t, score=10.0, be_request=request, be_limit=limit, be_usage=usage)
+
+
+def test_the_satisfaction_variant_needs_a_third_of_its_window() -> None:
+    cfg = CpuConfig(satisfaction_lower=40, satisfaction_upper=60, window=30.0, sustain=0.0)
+    pods = [be(1, cpu_request_cores=2.0), be(2, cpu_request_cores=2.0, priority=-1), be(3)]
+    ev = CpuEvict(cfg)
+    assert ev.decide(sat_facts(0.0), pods) is None
+    assert ev.decide(sat_facts(9.9), pods) is None  # under a third of 30 s
+    plan = ev.decide(sat_facts(10.0), pods)
+    assert plan is not None and plan.unit == "request" and plan.release.trigger == "be_satisfaction"
+    assert names(plan.victims) == ["be-2", "be-1"] and plan.release.amount == pytest.approx(3.0)
+    assert ev.decide(sat_facts(11.0, limit=None), pods) is None  # no limit: the window starts again
+    assert ev.decide(sat_facts(12.0), pods) is None and ev.decide(sat_facts(21.9), pods) is None
+    assert ev.decide(sat_facts(22.0), pods) is not None
+    assert CpuEvict(cfg).decide(sat_facts(0.0), []) is None
+
+
+def test_the_satisfaction_release_is_the_smaller_of_the_window_and_now() -> None:
+    cfg = CpuConfig(satisfaction_lower=40, satisfaction_upper=60, window=30.0)
+    pods = [be(1, cpu_request_cores=5.0)]
+    ev = CpuEvict(cfg)
+    ev.decide(sat_facts(0.0, limit=1.0, usage=1.0), pods)
+    plan = ev.decide(sat_facts(10.0, limit=3.0), pods)  # average limit 2 (4 released), now 3 (3)
+    assert plan is not None and plan.release.amount == pytest.approx(3.0)
+    ev = CpuEvict(cfg)
+    ev.decide(sat_facts(0.0, limit=3.0), pods)
+    plan = ev.decide(sat_facts(10.0, limit=1.0, usage=1.0), pods)  # average 2 (4), now 1 (5)
+    assert plan is not None and plan.release.amount == pytest.approx(4.0)
+    ev = CpuEvict(cfg)
+    ev.decide(sat_facts(0.0, limit=5.0), pods)
+    assert ev.decide(sat_facts(10.0, limit=3.0), pods) is None  # the average (40 %... 4 cores) is fine
+    ev = CpuEvict(cfg)
+    ev.decide(sat_facts(0.0, limit=3.0), pods)
+    assert ev.decide(sat_facts(10.0, limit=5.0), pods) is None  # now it is fine
+
+
+def test_the_satisfaction_window_drops_what_is_older_than_it() -> None:
+    cfg = CpuConfig(satisfaction_lower=40, satisfaction_upper=60, window=30.0)
+    pods = [be(1, cpu_request_cores=5.0)]
+    ev = CpuEvict(cfg)
+    ev.decide(sat_facts(0.0, limit=0.2, usage=0.2), pods)  # leaves the window at 30 s and after
+    ev.decide(sat_facts(20.0, limit=3.0), pods)
+    plan = ev.decide(sat_facts(30.0, limit=3.0), pods)  # (0.2 + 3 + 3) / 3 kept: 30 s is in the window
+    assert plan is not None and plan.release.amount == pytest.approx(3.0)
+    ev.decide(sat_facts(0.0, limit=0.2, usage=0.2), pods)  # an older reading is kept as it comes
+    plan = ev.decide(sat_facts(30.1, limit=3.0), pods)
+    assert plan is not None and plan.release.amount == pytest.approx(3.0)
+
+
+# --- MemoryEvict -------------------------------------------------------------------------------
+
+
+def test_the_lower_mark_defaults_to_two_under_the_threshold_within_zero_and_it() -> None:
+    assert MemoryConfig().lower == 68.0
+    assert MemoryConfig(threshold_percent=1.0).lower == 0.0
+    assert MemoryConfig(lower_percent=50.0).lower == 50.0
+    assert MemoryConfig(lower_percent=80.0).lower == 70.0
+    assert MemoryConfig(lower_percent=-5.0).lower == 0.0
+
+
+def test_seconds_to_limit() -> None:
+    assert seconds_to_limit(MemoryFacts(0.0, 1000, 500)) is None
+    assert seconds_to_limit(MemoryFacts(0.0, 1000, 500, growth=-1.0)) is None
+    assert seconds_to_limit(MemoryFacts(0.0, 1000, 500, growth=50.0)) == 10.0
+    assert seconds_to_limit(MemoryFacts(0.0, 1000, 1200, growth=50.0)) == 0.0
+
+
+def test_memory_triggers_are_inclusive() -> None:
+    cfg = MemoryConfig()
+    cap = 1000 * MiB
+    assert release(MemoryFacts(0.0, 0, 10), cfg) is None
+    at = release(MemoryFacts(0.0, cap, 700 * MiB), cfg)
+    assert at is not None and at.trigger == "threshold"
+    assert at.amount == pytest.approx(1.3 * 20 * MiB)
+    assert at.why == "pods use 700 of 1000 MiB (70%): release 1.3 x (700 - 68% = 680) MiB = 26 MiB"
+    assert release(MemoryFacts(0.0, cap, 700 * MiB - 1), cfg) is None
+    oom = release(MemoryFacts(0.0, cap, 690 * MiB, growth=31 * MiB), cfg)  # the limit in 10 s exactly
+    assert oom is not None and oom.trigger == "oom_risk" and oom.amount == pytest.approx(1.3 * 10 * MiB)
+    assert release(MemoryFacts(0.0, cap, 690 * MiB, growth=30.9 * MiB), cfg) is None
+    score = release(MemoryFacts(0.0, cap, 690 * MiB, score=85.0), cfg)
+    assert score is not None and score.trigger == "pressure"
+    assert score.why == (
+        "pods use 690 of 1000 MiB (69%), pressure score 85: release 1.3 x (690 - 68% = 680) MiB = 13 MiB"
+    )
+    assert release(MemoryFacts(0.0, cap, 690 * MiB, score=84.9), cfg) is None
+    crit = release(MemoryFacts(0.0, cap, 690 * MiB, critical=True), cfg)
+    assert (
+        crit is not None
+        and crit.trigger == "pressure"
+        and crit.why.endswith("(69%), kernel reports critical pressure: release 1.3 x (690 - 68% = 680) MiB = 13 MiB")
+    )
+    assert release(MemoryFacts(0.0, cap, 600 * MiB, critical=True), cfg) is None  # under the lower mark
+
+
+def test_the_memory_release_growth_and_pending() -> None:
+    cfg = MemoryConfig()
+    cap = 1000 * MiB
+    rel = release(MemoryFacts(0.0, cap, 800 * MiB, growth=10 * MiB), cfg)  # 100 within 10 s, 200 left
+    assert rel is not None and rel.trigger == "threshold" and rel.amount == pytest.approx(1.3 * 120 * MiB)
+    assert rel.why == (
+        "pods use 800 of 1000 MiB (80%), growing 10.0 MiB/s (limit in 20.0 s): release 1.3 x (800 - 68% = 680) MiB"
+        " = 156 MiB"
+    )
+    rel = release(MemoryFacts(0.0, cap, 700 * MiB, growth=60 * MiB), cfg)  # 600 in 10 s, 300 left
+    assert rel is not None and rel.amount == pytest.approx(300 * MiB)
+    assert rel.why == (
+        "pods use 700 of 1000 MiB (70%), growing 60.0 MiB/s (limit in 5.0 s): release 1.3 x (700 - 68% = 680) MiB"
+        " or the growth within 10 s = 300 MiB"
+    )
+    rel = release(MemoryFacts(0.0, cap, 800 * MiB, pending=100 * MiB), cfg)
+    assert rel is not None and rel.amount == pytest.approx(56 * MiB)
+    assert rel.why.endswith("= 680) MiB, less 100 MiB on its way out = 56 MiB")
+    assert release(MemoryFacts(0.0, cap, 800 * MiB, pending=156 * MiB), cfg) is None
+    assert release(MemoryFacts(0.0, cap, 800 * MiB, pending=int(156 * MiB) - 1), cfg) is not None
+    rel = release(MemoryFacts(0.0, cap, 800 * MiB), replace(cfg, release_factor=1.0, lower_percent=50))
+    assert rel is not None and rel.amount == pytest.approx(300 * MiB)
+    rel = release(MemoryFacts(0.0, cap, 700 * MiB, growth=1.0), cfg)  # far from the limit: by level
+    assert rel is not None and rel.amount == pytest.approx(1.3 * 20 * MiB)
+
+
+def test_growth_is_the_smaller_of_two_steps_once_they_are_spanned() -> None:
+    m = MemoryEvict(rate_window=10.0)
+    assert m.observe(0.0, 0) == 0.0 and m.observe(1.0, 100) == 0.0
+    assert m.observe(2.0, 200) == 0.0  # one step spanned, not two
+    assert m.observe(4.0, 600) == pytest.approx(100.0)  # 200/2 s before, 400/2 s now: the smaller
+    assert m.observe(4.0, 99999) == pytest.approx(100.0)  # a reading at the same time is dropped
+    assert m.observe(3.0, 99999) == pytest.approx(100.0)  # and an older one
+    m = MemoryEvict()
+    for t, u in [(0.0, 1000), (2.0, 600), (4.0, 400)]:
+        m.observe(t, u)
+    assert m.growth() == 0.0  # shrinking is no growth
+    m = MemoryEvict()
+    for t, u in [(0.0, 0), (1.0, 0), (3.0, 300), (5.0, 700)]:
+        m.observe(t, u)
+    assert m.growth() == pytest.approx(150.0)  # a: t=3 (2 s back), b: t=1 (2 s before it): min(200, 150)
+    assert m.growth(step=3.0) == 0.0  # a at t=1, nothing 3 s before it
+
+
+def test_old_readings_leave_the_window_but_two_stay() -> None:
+    m = MemoryEvict(rate_window=4.0)
+    for t, u in [(0.0, 0), (2.0, 200), (4.0, 400)]:
+        m.observe(t, u)
+    assert m.growth() == pytest.approx(100.0)
+    m.observe(4.5, 450)  # t=0 is 4.5 s back: gone; t=2 stays (2.5 s)
+    assert m.growth() == 0.0  # two steps are no longer spanned
+    m = MemoryEvict(rate_window=4.0)
+    for t, u in [(0.0, 0), (2.0, 200), (4.0, 400)]:
+        m.observe(t, u)
+    assert m.observe(100.0, 10_000) == 0.0  # the last two kept: one step only
+    m = MemoryEvict(rate_window=4.0)
+    for t, u in [(0.0, 0), (2.0, 200), (4.0, 600)]:
+        m.observe(t, u)
+    assert m.growth() == pytest.approx(100.0)  # 4 s back is inside a 4 s window
+
+
+def test_memory_decide_horizon_urgency_and_growing_victims() -> None:
+    cap = 1000 * MiB
+    leak = LEAK_BYTES_PER_MIN + 1.0
+    pods = [be(1, freeable_bytes=100 * MiB), be(2, freeable_bytes=50 * MiB, growth_bytes_per_min=leak)]
+    ev = MemoryEvict()
+    plan = ev.decide(MemoryFacts(0.0, cap, 800 * MiB), pods)
+    assert plan is not None and plan.strategy == "MemoryEvict" and plan.unit == "bytes"
+    assert plan.horizon == 0.0 and not plan.urgent and names(plan.victims) == ["be-2", "be-1"]
+    plan = ev.decide(MemoryFacts(0.0, cap, 690 * MiB, growth=31 * MiB), lambda: pods)  # 10 s: the horizon
+    assert plan is not None and plan.horizon == 10.0 and not plan.urgent and names(plan.victims) == ["be-2"]
+    plan = ev.decide(MemoryFacts(0.0, cap, 800 * MiB, growth=40 * MiB), pods)  # 5 s: urgent
+    assert plan is not None and plan.urgent and plan.horizon == 10.0 and names(plan.victims) == ["be-2", "be-1"]
+    plan = ev.decide(MemoryFacts(0.0, cap, 800 * MiB, growth=39 * MiB), pods)
+    assert plan is not None and not plan.urgent
+    plan = ev.decide(MemoryFacts(0.0, cap, 700 * MiB, growth=1 * MiB), pods)  # 300 s away: no horizon
+    assert plan is not None and plan.horizon == 0.0
+    assert ev.decide(MemoryFacts(0.0, cap, 600 * MiB), pods) is None
+    steady = [be(1, freeable_bytes=500 * MiB), be(3, growth_bytes_per_min=float(LEAK_BYTES_PER_MIN))]
+    assert ev.decide(MemoryFacts(0.0, cap, 690 * MiB, growth=31 * MiB), steady) is None  # no pod grows
+    assert ev.decide(MemoryFacts(0.0, cap, 800 * MiB), [be(4, freeable_bytes=MiB)]) is None  # frees too little
+    custom = MemoryEvict(MemoryConfig(leak_bytes_per_min=1.0))
+    plan = custom.decide(
+        MemoryFacts(0.0, cap, 800 * MiB),
+        [be(5, freeable_bytes=100 * MiB), be(6, growth_bytes_per_min=2.0, freeable_bytes=60 * MiB)],
+    )
+    assert plan is not None and names(plan.victims) == ["be-6", "be-5"]
+    assert MemoryEvict().cfg == MemoryConfig() and MemoryEvict().rate_window == 10.0
