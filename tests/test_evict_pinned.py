@@ -5,7 +5,9 @@ satisfaction window), and MemoryEvict's triggers, release and growth estimate.""
 
 from __future__ import annotations
 
-from dataclasses import replace
+import asyncio
+import logging
+from dataclasses import dataclass, field, replace
 
 import pytest
 
@@ -21,6 +23,7 @@ from nriplugin.qos.eviction.cpu import (
     shortage,
     suffering,
 )
+from nriplugin.qos.eviction.evictor import BACKOFF_MAX, BACKOFF_MIN, Answer, Evictor, Outcome, outcome
 from nriplugin.qos.eviction.memory import MemoryConfig, MemoryEvict, MemoryFacts, release, seconds_to_limit
 from nriplugin.qos.eviction.victims import (
     LEAK_BYTES_PER_MIN,
@@ -457,3 +460,328 @@ def test_memory_decide_horizon_urgency_and_growing_victims() -> None:
     )
     assert plan is not None and names(plan.victims) == ["be-6", "be-5"]
     assert MemoryEvict().cfg == MemoryConfig() and MemoryEvict().rate_window == 10.0
+
+
+# --- the evictor -------------------------------------------------------------------------------
+
+
+@dataclass
+class Backend:
+    """A backend answering from a script (the Eviction API's outcomes), recording every call."""
+
+    answers: dict[str, object] = field(default_factory=dict)
+    calls: list[tuple[str, str, str, int, str, str]] = field(default_factory=list)
+
+    async def evict(self, ns: str, name: str, uid: str, grace_seconds: int, reason: str, message: str) -> object:
+        self.calls.append((ns, name, uid, grace_seconds, reason, message))
+        answer = self.answers.get(name, Outcome.EVICTED)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+@dataclass
+class Clock:
+    t: float = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@dataclass
+class Counts:
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    done: list[tuple[str, str, bool]] = field(default_factory=list)
+
+    def evicted(self, strategy: str, reason: str, dry_run: bool) -> None:
+        self.done.append((strategy, reason, dry_run))
+
+    def eviction_failed(self, backend: str, outcome: str) -> None:
+        self.failed.append((backend, outcome))
+
+
+def cpu_plan(pods: list[Candidate], amount: float, **kw: object) -> Plan:
+    return Plan("CPUEvict", Release(amount, "emergency", "LS starves"), pods, "cores", **kw)  # type: ignore[arg-type]
+
+
+def mem_plan(pods: list[Candidate], amount: float, **kw: object) -> Plan:
+    return Plan("MemoryEvict", Release(amount, "threshold", "too full"), pods, "bytes", **kw)  # type: ignore[arg-type]
+
+
+def run(ev: Evictor, plan: Plan, groups: dict[str, str] | None = None) -> list[str]:
+    return names(asyncio.run(ev.execute(plan, groups or {})))
+
+
+def test_outcome_reads_enums_values_and_results() -> None:
+    assert outcome(Outcome.BLOCKED) is Outcome.BLOCKED and outcome("gone") is Outcome.GONE
+    assert outcome(Answer(Outcome.EVICTED)) is Outcome.EVICTED
+    assert outcome(Answer(Outcome.ERROR, "x")) is Outcome.ERROR
+    assert outcome("nonsense") is Outcome.ERROR and outcome(None) is Outcome.ERROR
+    assert BACKOFF_MIN == 1.0 and BACKOFF_MAX == 60.0
+
+
+def test_the_evictor_defaults() -> None:
+    ev = Evictor()
+    assert (ev.dry_run, ev.max_per_minute, ev.grace_seconds) == (False, 10, 5)
+    assert (ev.repeat_after, ev.retry_after, ev.pending_timeout) == (120.0, 30.0, 60.0)
+    assert ev.failures == 0 and not ev.backing_off() and not ev.busy("CPUEvict")
+
+
+def test_what_the_backend_is_told(caplog: pytest.LogCaptureFixture) -> None:
+    cluster = Backend()
+    ev = Evictor(cluster=cluster, runtime=Backend())
+    with caplog.at_level(logging.WARNING, "nriplugin.qos.evict"):
+        assert run(ev, cpu_plan([be(1, cpu_cores=1.5)], 1.0)) == ["be-1"]
+    message = "CPUEvict (emergency): LS starves; this pod frees about 1.50 cores"
+    assert cluster.calls == [("batch", "be-1", "u1", 5, "emergency", message)]
+    (rec,) = caplog.records
+    assert rec.getMessage() == f"evicting batch/be-1 via cluster (grace 5 s): {message}"
+    assert (rec.strategy, rec.trigger, rec.victim, rec.uid, rec.via, rec.grace_seconds, rec.dry_run) == (  # type: ignore[attr-defined]
+        "CPUEvict",
+        "emergency",
+        "batch/be-1",
+        "u1",
+        "cluster",
+        5,
+        False,
+    )
+    runtime = Backend()
+    ev = Evictor(runtime=runtime)
+    run(ev, mem_plan([be(2, freeable_bytes=300 * MiB)], 100 * MiB))
+    assert runtime.calls[0][3:] == (5, "threshold", "MemoryEvict (threshold): too full; this pod frees about 300 MiB")
+
+
+def test_the_backend_chosen() -> None:
+    cluster, runtime, late = Backend(), Backend(), Backend()
+    run(Evictor(cluster=cluster, runtime=runtime), cpu_plan([be(1, cpu_cores=1.0)], 1.0, urgent=True))
+    assert [c[1] for c in runtime.calls] == ["be-1"] and runtime.calls[0][3] == 0 and not cluster.calls
+    run(Evictor(cluster=cluster, runtime=None), cpu_plan([be(2, cpu_cores=1.0)], 1.0, urgent=True))
+    assert [c[1] for c in cluster.calls] == ["be-2"] and cluster.calls[0][3] == 0  # no runtime: the cluster
+    ev = Evictor(cluster=cluster, runtime=runtime, cluster_of=lambda: late)
+    run(ev, cpu_plan([be(3, cpu_cores=1.0)], 1.0))
+    assert [c[1] for c in late.calls] == ["be-3"]  # the cluster side as it is now
+    ev = Evictor(cluster=cluster, runtime=runtime, cluster_of=lambda: None)
+    run(ev, cpu_plan([be(4, cpu_cores=1.0)], 1.0))
+    assert [c[1] for c in runtime.calls] == ["be-1", "be-4"]  # not running (yet): the runtime
+
+
+def test_no_backend_at_all_is_a_failure(caplog: pytest.LogCaptureFixture) -> None:
+    counts = Counts()
+    ev = Evictor(observer=counts)
+    with caplog.at_level(logging.WARNING, "nriplugin.qos.evict"):
+        assert run(ev, cpu_plan([be(1, cpu_cores=1.0)], 1.0)) == []
+    assert counts.failed == [("none", "error")] and ev.failures == 1
+    assert "via none failed (no eviction backend)" in caplog.records[-1].getMessage()
+
+
+def test_dry_run_evicts_nothing_and_says_what_it_would(caplog: pytest.LogCaptureFixture) -> None:
+    runtime, counts = Backend(), Counts()
+    ev = Evictor(runtime=runtime, dry_run=True, observer=counts)
+    with caplog.at_level(logging.WARNING, "nriplugin.qos.evict"):
+        assert run(ev, cpu_plan([be(1, cpu_cores=1.0)], 1.0)) == ["be-1"]
+    assert runtime.calls == [] and not ev.pending and counts.done == [("CPUEvict", "emergency", True)]
+    (rec,) = caplog.records
+    assert rec.getMessage() == (
+        "dry run: would evict batch/be-1 via runtime: CPUEvict (emergency): LS starves; this pod frees about 1.00 cores"
+    )
+    assert rec.dry_run is True  # type: ignore[attr-defined]
+    assert not ev.eligible(be(1))  # counted as evicted: not again within repeat_after
+
+
+def test_a_backend_that_raises_has_failed_and_backs_off_doubling(caplog: pytest.LogCaptureFixture) -> None:
+    clock, counts = Clock(), Counts()
+    runtime = Backend({"be-1": ConnectionError("refused")})
+    ev = Evictor(runtime=runtime, clock=clock, observer=counts)
+    pods = [be(1, cpu_cores=2.0), be(2, cpu_cores=2.0)]
+    with caplog.at_level(logging.WARNING, "nriplugin.qos.evict"):
+        assert run(ev, cpu_plan(pods, 3.0)) == []
+    (rec,) = [r for r in caplog.records if "failed" in r.getMessage()]
+    assert rec.getMessage() == (
+        "CPUEvict: evicting batch/be-1 via runtime failed (ConnectionError: refused); nobody else is evicted "
+        "in its place; trying again in 1 s (failure 1 in a row)"
+    )
+    assert (rec.strategy, rec.victim, rec.via, rec.failures) == ("CPUEvict", "batch/be-1", "runtime", 1)  # type: ignore[attr-defined]
+    assert counts.failed == [("runtime", "error")] and ev.backing_off()
+    clock.t = 0.999
+    assert ev.busy("MemoryEvict")
+    clock.t = 1.0
+    assert not ev.backing_off() and not ev.busy("MemoryEvict")  # the retry time itself: over
+    waits = []
+    for _ in range(8):
+        run(ev, cpu_plan(pods, 3.0))
+        waits.append(round(ev._retry_at - clock.t, 3))
+        clock.t = ev._retry_at
+    assert waits == [2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0, 60.0] and ev.failures == 9
+    runtime.answers.clear()
+    assert run(ev, cpu_plan(pods, 3.0)) == ["be-1", "be-2"] and ev.failures == 0
+
+
+def test_an_answer_without_detail_is_said_as_is(caplog: pytest.LogCaptureFixture) -> None:
+    ev = Evictor(runtime=Backend({"be-1": "teapot"}))
+    with caplog.at_level(logging.WARNING, "nriplugin.qos.evict"):
+        run(ev, cpu_plan([be(1, cpu_cores=1.0)], 1.0))
+    assert "failed (teapot);" in caplog.records[-1].getMessage()
+    ev = Evictor(runtime=Backend({"be-1": Answer(Outcome.ERROR, "CRI down")}))
+    with caplog.at_level(logging.WARNING, "nriplugin.qos.evict"):
+        run(ev, cpu_plan([be(1, cpu_cores=1.0)], 1.0))
+    assert "failed (CRI down);" in caplog.records[-1].getMessage()
+
+
+def test_blocked_and_gone_pods_make_way_for_the_next(caplog: pytest.LogCaptureFixture) -> None:
+    clock, counts = Clock(), Counts()
+    runtime = Backend({"be-1": Outcome.BLOCKED, "be-2": Outcome.GONE})
+    ev = Evictor(runtime=runtime, clock=clock, observer=counts, max_per_minute=2)
+    pods = [be(i, cpu_cores=1.0) for i in range(1, 5)]
+    with caplog.at_level(logging.INFO, "nriplugin.qos.evict"):
+        assert run(ev, cpu_plan(pods, 2.0)) == ["be-3", "be-4"]  # refusals give their token back
+    assert counts.failed == [("runtime", "blocked"), ("runtime", "gone")] and ev.failures == 0
+    assert "CPUEvict: batch/be-1 refused (disruption budget); trying the next" in caplog.messages
+    assert ev.eligible(pods[1]) and not ev.eligible(pods[0])  # only a refusal is retried later
+    clock.t = 29.9
+    assert not ev.eligible(pods[0])
+    clock.t = 30.0
+    assert ev.eligible(pods[0])
+
+
+def test_a_plan_stops_once_covered_and_says_what_it_could_not_free(caplog: pytest.LogCaptureFixture) -> None:
+    runtime = Backend()
+    ev = Evictor(runtime=runtime)
+    pods = [be(i, cpu_cores=1.0) for i in range(1, 5)]
+    with caplog.at_level(logging.WARNING, "nriplugin.qos.evict"):
+        assert run(ev, cpu_plan(pods, 2.0)) == ["be-1", "be-2"]  # 2 of 2: covered
+    assert not [m for m in caplog.messages if "freed" in m]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, "nriplugin.qos.evict"):
+        assert run(ev, cpu_plan(pods, 2.5)) == ["be-3", "be-4"]
+    assert caplog.messages[-1] == "CPUEvict: freed 2.00 of 2.50 cores; no more candidates this round"
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, "nriplugin.qos.evict"):
+        assert run(ev, mem_plan([be(5, freeable_bytes=100 * MiB)], 150 * MiB)) == ["be-5"]
+    assert caplog.messages[-1] == "MemoryEvict: freed 100.00 of 150.00 MiB; no more candidates this round"
+
+
+def test_the_rate_limit_is_a_minute_wide(caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    ev = Evictor(runtime=Backend(), clock=clock, max_per_minute=2)
+    with caplog.at_level(logging.WARNING, "nriplugin.qos.evict"):
+        assert run(ev, cpu_plan([be(i, cpu_cores=1.0) for i in range(1, 4)], 3.0)) == ["be-1", "be-2"]
+    rec = caplog.records[-2]
+    assert rec.getMessage() == "CPUEvict: eviction rate limit (2 a minute) reached; batch/be-3 waits"
+    assert (rec.strategy, rec.victim) == ("CPUEvict", "batch/be-3")  # type: ignore[attr-defined]
+    clock.t = 59.9
+    assert run(ev, cpu_plan([be(3, cpu_cores=1.0)], 1.0)) == []
+    clock.t = 60.0
+    assert run(ev, cpu_plan([be(3, cpu_cores=1.0), be(4, cpu_cores=1.0), be(5, cpu_cores=1.0)], 3.0)) == [
+        "be-3",
+        "be-4",
+    ]
+
+
+def test_what_is_booked_for_an_evicted_pod() -> None:
+    clock, counts, seen = Clock(5.0), Counts(), []
+    ev = Evictor(runtime=Backend(), clock=clock, observer=counts, on_evicted=lambda p, c: seen.append(c.name))
+    pod = be(1, freeable_bytes=100 * MiB, growth_bytes_per_min=60.0 * MiB)
+    run(ev, mem_plan([pod], 50 * MiB, horizon=10.0), {"u1": "kubepods/besteffort/pod1"})
+    p = ev.pending["u1"]
+    assert (p.uid, p.who, p.strategy, p.unit, p.since, p.group) == (
+        "u1",
+        "batch/be-1",
+        "MemoryEvict",
+        "bytes",
+        5.0,
+        "kubepods/besteffort/pod1",
+    )
+    assert p.expected == p.held == 100 * MiB  # what it holds, not what it would have grown by
+    assert seen == ["be-1"] and counts.done == [("MemoryEvict", "threshold", False)]
+    assert list(ev.history) == [
+        {"t": 5.0, "strategy": "MemoryEvict", "trigger": "threshold", "victim": "batch/be-1", "via": "runtime"}
+    ]
+    run(ev, cpu_plan([be(2, cpu_cores=1.5)], 1.0))
+    assert ev.pending["u2"].expected == ev.pending["u2"].held == 1.5 and ev.pending["u2"].group is None
+    assert not ev.eligible(be(2))  # pending (and just evicted)
+
+
+def test_eligibility_to_the_second() -> None:
+    clock = Clock()
+    ev = Evictor(runtime=Backend(), clock=clock, pending_timeout=1000.0)
+    run(ev, cpu_plan([be(1, cpu_cores=1.0)], 1.0))
+    ev.pending.clear()
+    clock.t = 119.9
+    assert not ev.eligible(be(1))
+    clock.t = 120.0
+    assert ev.eligible(be(1))
+
+
+def test_settle_credits_the_held_and_drops_the_gone(caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    ev = Evictor(runtime=Backend(), clock=clock)
+    run(ev, mem_plan([be(1, freeable_bytes=300 * MiB)], 100 * MiB))
+    run(ev, cpu_plan([be(2, cpu_cores=2.0)], 1.0))
+    held: dict[str, float] = {"u1": 250.0 * MiB, "u2": 1.5}
+    assert ev.settle(lambda p: held.get(p.uid)) == 250 * MiB
+    assert ev.settle(lambda p: held.get(p.uid), unit="cores") == 1.5
+    clock.t = 2.5
+    held["u1"] = 0.0
+    caplog.clear()
+    with caplog.at_level(logging.INFO, "nriplugin.qos.evict"):
+        assert ev.settle(lambda p: held.get(p.uid)) == 0.0
+    (rec,) = caplog.records
+    assert rec.getMessage() == "MemoryEvict: batch/be-1 gone after 2.5 s, freed about 250 MiB (expected 300 MiB)"
+    assert (rec.strategy, rec.victim, rec.seconds, rec.freed) == ("MemoryEvict", "batch/be-1", 2.5, 250 * MiB)  # type: ignore[attr-defined]
+    assert list(ev.pending) == ["u2"]
+    clock.t = 60.0
+    assert ev.settle(lambda p: held.get(p.uid), unit="cores") == 1.5  # 60 s: still waited for
+    clock.t = 60.1
+    caplog.clear()
+    with caplog.at_level(logging.INFO, "nriplugin.qos.evict"):
+        assert ev.settle(lambda p: held.get(p.uid), unit="cores") == 0.0
+    assert caplog.messages == ["CPUEvict: batch/be-2 gone after 60.1 s, freed about 1.50 cores (expected 2.00 cores)"]
+    assert not ev.pending
+
+
+def test_settle_forgets_refusals_and_evictions_when_they_expire() -> None:
+    clock = Clock()
+    ev = Evictor(runtime=Backend({"be-1": Outcome.BLOCKED}), clock=clock)
+    run(ev, cpu_plan([be(1, cpu_cores=1.0), be(2, cpu_cores=1.0)], 1.0))
+    clock.t = 29.9
+    ev.settle(lambda p: None)
+    assert "u1" in ev._blocked
+    clock.t = 30.0
+    ev.settle(lambda p: None)
+    assert "u1" not in ev._blocked and "u2" in ev._last
+    clock.t = 119.9
+    ev.settle(lambda p: None)
+    assert "u2" in ev._last
+    clock.t = 120.0
+    ev.settle(lambda p: None)
+    assert "u2" not in ev._last
+
+
+def test_submit_runs_one_plan_per_strategy_and_close_cancels_it() -> None:
+    gate = asyncio.Event()
+
+    @dataclass
+    class Slow(Backend):
+        async def evict(self, ns: str, name: str, uid: str, grace_seconds: int, reason: str, message: str) -> object:
+            await gate.wait()
+            return Outcome.EVICTED
+
+    async def scenario() -> None:
+        ev = Evictor(runtime=Slow())
+        assert ev.submit(cpu_plan([be(1, cpu_cores=1.0)], 1.0))
+        assert ev.busy("CPUEvict") and not ev.busy("MemoryEvict")
+        assert not ev.submit(cpu_plan([be(2, cpu_cores=1.0)], 1.0))
+        assert ev.submit(mem_plan([be(3, freeable_bytes=MiB)], MiB), {"u3": "g3"})
+        await asyncio.sleep(0)
+        assert len(ev._tasks) == 2
+        gate.set()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not ev._tasks and not ev.busy("CPUEvict") and ev.pending["u3"].group == "g3"
+        gate.clear()
+        assert ev.submit(cpu_plan([be(4, cpu_cores=1.0)], 1.0))
+        await asyncio.sleep(0)
+        await ev.close()
+        assert not ev._tasks and not ev.busy("CPUEvict") and "u4" not in ev.pending
+
+    asyncio.run(scenario())
