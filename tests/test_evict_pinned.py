@@ -7,11 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import pytest
 
+from nriplugin.kernel.cgroup import Cgroups
+from nriplugin.kernel.stats import Stats
+from nriplugin.node.assembly import Node
+from nriplugin.policy.cache import RuleCache
+from nriplugin.policy.model import Policy
 from nriplugin.policy.qos import QoSClass
+from nriplugin.qos.collect import ContainerUsage
 from nriplugin.qos.eviction.cpu import (
     MIN_CORES,
     RELEASE_FACTOR,
@@ -24,6 +32,7 @@ from nriplugin.qos.eviction.cpu import (
     suffering,
 )
 from nriplugin.qos.eviction.evictor import BACKOFF_MAX, BACKOFF_MIN, Answer, Evictor, Outcome, outcome
+from nriplugin.qos.eviction.loop import MIN_GAP, Eviction, cpu_facts
 from nriplugin.qos.eviction.memory import MemoryConfig, MemoryEvict, MemoryFacts, release, seconds_to_limit
 from nriplugin.qos.eviction.victims import (
     LEAK_BYTES_PER_MIN,
@@ -40,8 +49,13 @@ from nriplugin.qos.eviction.victims import (
     rank_cpu,
     rank_memory,
 )
+from nriplugin.qos.levels import Level
+from nriplugin.qos.sample import ClassUsage, NodeSample, Pressure
+from nriplugin.qos.strategy import Capacity, Round
+from tests.test_evict import MemoryTree
+from tests.test_features import caps
 
-MiB = 1 << 20
+MiB, GiB = 1 << 20, 1 << 30
 
 
 def be(n: int, **kw: object) -> Candidate:
@@ -785,3 +799,318 @@ def test_submit_runs_one_plan_per_strategy_and_close_cancels_it() -> None:
         assert not ev._tasks and not ev.busy("CPUEvict") and "u4" not in ev.pending
 
     asyncio.run(scenario())
+
+
+# --- the glue: facts, configuration, candidates, the pods' growth --------------------------------
+
+
+def a_round(
+    *,
+    interval: float = 1.0,
+    some_us: int = 0,
+    be_limit: float | None = 4.0,
+    be_target: float | None = 4.0,
+    capacity: Capacity | None = None,
+    by_class: dict[str, ClassUsage] | None = None,
+    policy: Policy | None = None,
+) -> Round:
+    sample = NodeSample(
+        t=50.0,
+        interval=interval,
+        ncpu=8,
+        cpu_busy_cores=7.0,
+        load1=1.0,
+        psi_cpu=Pressure(some_delta_us=some_us),
+        by_class=by_class or {},
+    )
+    cap = capacity if capacity is not None else Capacity(8.0, 1.0, 4.0, 3.0, 2.0, 5.0)
+    return Round(
+        50.0,
+        sample,
+        Level.EMERGENCY,
+        91.0,
+        10.0,
+        policy or Policy(),
+        capacity=cap,
+        be_limit=be_limit,
+        be_target=be_target,
+    )
+
+
+def test_cpu_facts_from_a_round() -> None:
+    r = a_round(
+        some_us=250_000,
+        by_class={
+            "LS": ClassUsage(throttled_ratio=0.3),
+            "LSR": ClassUsage(throttled_ratio=0.1),
+            "BE": ClassUsage(cpu_request_cores=6.0, throttled_ratio=0.9),
+        },
+    )
+    f = cpu_facts(r)
+    assert f == CpuFacts(
+        t=50.0,
+        level=Level.EMERGENCY,
+        score=91.0,
+        suppressed=True,
+        total=8.0,
+        system_reserved=1.0,
+        ls_usage=3.0,
+        be_usage=2.0,
+        other_usage=2.0,  # non-BE 5 - LS 3
+        ls_stall=0.25,
+        ls_throttled=0.3,  # LS classes only: BE's throttling is its limit doing its job
+        be_request=6.0,
+        be_limit=4.0,
+    )
+    assert cpu_facts(replace(r, capacity=None)) is None
+
+
+def test_cpu_facts_stall_is_a_share_of_the_interval_at_most_one() -> None:
+    assert cpu_facts(a_round(some_us=3_000_000)).ls_stall == 1.0  # type: ignore[union-attr]
+    assert cpu_facts(a_round(interval=2.0, some_us=1_000_000)).ls_stall == 0.5  # type: ignore[union-attr]
+    assert cpu_facts(a_round(interval=0.0, some_us=1_000_000)).ls_stall == 0.0  # type: ignore[union-attr]
+    assert cpu_facts(a_round()).ls_throttled == 0.0  # type: ignore[union-attr]
+    low = Capacity(8.0, 1.0, 4.0, 3.0, 2.0, 1.0)  # non-BE under LS: no other usage
+    assert cpu_facts(a_round(capacity=low)).other_usage == 0.0  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("limit", "target", "suppressed"),
+    [(4.2, 4.0, True), (4.21, 4.0, False), (3.0, 4.0, True), (None, 4.0, False), (4.0, None, False)],
+)
+def test_be_counts_as_suppressed_within_the_deadband(
+    limit: float | None, target: float | None, suppressed: bool
+) -> None:
+    f = cpu_facts(a_round(be_limit=limit, be_target=target))  # the deadband: 0.2 cores
+    assert f is not None and f.suppressed is suppressed
+
+
+def eviction_scene(tmp_path: Path, policy: Policy | None = None, **kw: object) -> tuple[Eviction, MemoryTree, Clock]:
+    tree = MemoryTree.make(tmp_path)
+    rules = RuleCache(policy or Policy())
+    cg = Cgroups(tree.root)
+    node = Node.create(rules, caps=caps(), cgroups=cg)
+    for p, c in zip(tree.pods, tree.containers, strict=True):
+        node.model.container_started(p, c)
+    clock = Clock(100.0)
+    ev = Evictor(runtime=Backend(), clock=clock)
+    evn = Eviction(node.model, node.desired, cg, Stats(cg), rules, ev, ["/kubepods/"], clock=clock, **kw)  # type: ignore[arg-type]
+    return evn, tree, clock
+
+
+def test_the_policy_configures_the_evictor_and_both_strategies(tmp_path: Path) -> None:
+    p = Policy.model_validate(
+        {
+            "qosManager": {
+                "eviction": {
+                    "dryRun": True,
+                    "maxPerMinute": 3,
+                    "gracePeriodSeconds": 7,
+                    "repeatAfter": 11,
+                    "retryAfter": 13,
+                },
+                "cpuEvict": {
+                    "evictThreshold": 80,
+                    "evictCooldown": 30,
+                    "sustain": 4,
+                    "stallThreshold": 0.3,
+                    "throttleThreshold": 0.4,
+                    "releaseFactor": 1.5,
+                },
+                "memoryEvict": {
+                    "evictThreshold": 75,
+                    "memoryGrowthThreshold": 2,
+                    "releaseFactor": 1.1,
+                    "oomHorizon": 20,
+                    "urgentSeconds": 3,
+                },
+            },
+            "resourceUsedThresholdWithBE": {
+                "memoryEvictThresholdPercent": 60,
+                "memoryEvictLowerPercent": 55,
+                "cpuEvictBESatisfactionLowerPercent": 30,
+                "cpuEvictBESatisfactionUpperPercent": 50,
+                "cpuEvictBEUsageThresholdPercent": 80,
+                "cpuEvictTimeWindowSeconds": 20,
+            },
+        }
+    )
+    evn, _, _ = eviction_scene(tmp_path, p)
+    evn._configure_evictor()
+    ev = evn.evictor
+    assert (ev.dry_run, ev.max_per_minute, ev.grace_seconds, ev.repeat_after, ev.retry_after) == (True, 3, 7, 11, 13)
+    assert evn._cpu_config() == CpuConfig(
+        threshold=80,
+        cooldown=30,
+        sustain=4,
+        stall_threshold=0.3,
+        throttle_threshold=0.4,
+        release_factor=1.5,
+        satisfaction_lower=30,
+        satisfaction_upper=50,
+        be_usage_threshold=80.0,
+        window=20.0,
+    )
+    assert evn._memory_config() == MemoryConfig(
+        threshold_percent=60.0,
+        lower_percent=55.0,
+        score_threshold=75,
+        horizon=20,
+        urgent=3,
+        release_factor=1.1,
+        leak_bytes_per_min=2 * MiB,
+    )
+    evn, _, _ = eviction_scene(tmp_path / "defaults")
+    evn._configure_evictor()
+    assert not evn.evictor.dry_run
+    assert evn._cpu_config() == CpuConfig()
+    assert evn._memory_config() == MemoryConfig(leak_bytes_per_min=5 * MiB)
+    assert evn.roots == ["kubepods"]
+    evn, _, _ = eviction_scene(tmp_path / "forced", force_dry_run=True)
+    evn._configure_evictor()
+    assert evn.evictor.dry_run
+
+
+def usage(pod: str, rss: int, qos: QoSClass = QoSClass.BE, cpu: float = 0.0) -> ContainerUsage:
+    return ContainerUsage(qos, pod, cpu, rss, rss)
+
+
+def test_a_pods_growth_is_the_smaller_of_its_two_halves_once_it_spans_four_seconds(tmp_path: Path) -> None:
+    now: dict[str, ContainerUsage] = {}
+    evn, _, _ = eviction_scene(tmp_path, usage=lambda: now)
+    for t, rss in [(0.0, 0), (1.0, 60), (2.0, 120)]:
+        now = {"c1": usage("p1", rss), "c2": usage("p1", rss), "c3": usage("ls", rss * 9, QoSClass.LS)}
+        evn.observe_pods(t)
+    assert evn._pod_growth("p1") == 0.0  # 2 s: too early
+    assert evn._pod_growth("ls") == 0.0 and "ls" not in evn._pod_mem  # BE pods only
+    for t, rss in [(3.0, 180), (4.0, 200)]:
+        now = {"c1": usage("p1", rss), "c2": usage("p1", rss)}
+        evn.observe_pods(t)
+    # both containers: 0, 120, 240, 360, 400 at 0-4 s; the middle point t=2: min(120, 80) a second
+    assert evn._pod_growth("p1") == pytest.approx(80 * 60)
+    evn.observe_pods(4.0)  # a second reading at the same time is not a point
+    assert len(evn._pod_mem["p1"]) == 5
+    now = {}
+    evn.observe_pods(5.0)
+    assert "p1" not in evn._pod_mem and evn._pod_growth("p1") == 0.0
+
+
+def test_a_pods_growth_never_shrinks_below_zero_and_keeps_a_minute(tmp_path: Path) -> None:
+    now: dict[str, ContainerUsage] = {}
+    evn, _, _ = eviction_scene(tmp_path, usage=lambda: now)
+    for t, rss in [(0.0, 500), (2.0, 400), (4.0, 300)]:
+        now = {"c": usage("p", rss)}
+        evn.observe_pods(t)
+    assert evn._pod_growth("p") == 0.0
+    for t in range(5, 70):
+        now = {"c": usage("p", 1000 + 10 * t)}
+        evn.observe_pods(float(t))
+    pts = evn._pod_mem["p"]
+    assert pts[0][0] == 9.0 and pts[-1][0] == 69.0  # 60 s back from 69 is kept, 8 s is not
+    assert evn._pod_growth("p") == pytest.approx(600.0)
+    evn._pod_mem["q"] = deque([(0.0, 0), (0.0, 0), (4.0, 100)])  # no middle point
+    assert evn._pod_growth("q") == 0.0
+    evn._pod_mem["r"] = deque([(0.0, 0), (3.9, 100), (3.95, 100)])
+    assert evn._pod_growth("r") == 0.0  # under 4 s of readings
+    evn._pod_mem["s"] = deque([(0.0, 0), (2.0, 100), (4.0, 200)])
+    assert evn._pod_growth("s") == pytest.approx(50 * 60)
+    evn._pod_mem["t"] = deque([(0.0, 0), (4.0, 100)])
+    assert evn._pod_growth("t") == 0.0  # two points are no trend
+
+
+def test_candidates_are_the_be_pods_with_their_usage_requests_and_priorities(tmp_path: Path) -> None:
+    now: dict[str, ContainerUsage] = {}
+    evn, tree, _ = eviction_scene(tmp_path, usage=lambda: now)
+    be2, be3 = tree.pods[1], tree.pods[2]
+    now = {
+        "a": usage(be2.id, 0, cpu=0.5),
+        "b": usage(be2.id, 0, cpu=0.25),
+        "c": usage(be3.id, 0, cpu=1.0),
+        "d": usage(tree.pods[0].id, 0, QoSClass.LS, cpu=3.0),
+    }
+    tree.pod_memory(1, 300 * MiB)
+    tree.pod_memory(2, 100 * MiB)
+    cands = {c.name: c for c in evn.candidates(memory=False)}
+    assert set(cands) == {be2.name, be3.name}  # never the LS pod
+    c2 = cands[be2.name]
+    assert (c2.uid, c2.namespace, c2.qos, c2.cpu_cores, c2.sandbox_id) == (
+        be2.uid,
+        be2.namespace,
+        QoSClass.BE,
+        0.75,
+        be2.id,
+    )
+    assert c2.freeable_bytes == 0 and c2.growth_bytes_per_min == 0.0  # memory not read for CPU
+    assert c2.priority == 0
+    mem = {c.name: c for c in evn.candidates(memory=True)}
+    assert mem[be2.name].freeable_bytes == 300 * MiB and mem[be3.name].freeable_bytes == 100 * MiB
+    assert evn._pod_groups == {be2.uid: be2.linux.cgroup_parent.strip("/"), be3.uid: be3.linux.cgroup_parent.strip("/")}
+
+
+def test_memory_check_sizes_the_node_from_the_pods_root_and_meminfo(tmp_path: Path) -> None:
+    evn, tree, _ = eviction_scene(tmp_path)
+    tree.memory("kubepods", 500 * MiB, limit=GiB)
+    evn.meminfo_total = lambda: 8 * GiB
+    f = evn.memory_check()
+    assert f is not None and (f.capacity, f.used, f.t) == (GiB, 500 * MiB, 100.0) and evn.last_facts == f
+    evn.meminfo_total = lambda: 512 * MiB
+    assert evn.memory_check().capacity == 512 * MiB  # type: ignore[union-attr]
+    evn.meminfo_total = lambda: 0
+    assert evn.memory_check().capacity == GiB  # type: ignore[union-attr]
+    evn._critical = True  # the kernel reported critical pressure
+    f = evn.memory_check()
+    assert f is not None and f.critical and not evn.memory_check().critical  # type: ignore[union-attr]
+    evn.memory_score = 42.0
+    assert evn.memory_check().score == 42.0  # type: ignore[union-attr]
+    off = Policy.model_validate({"qosManager": {"memoryEvict": {"enabled": False}}})
+    evn.rules.set(off, "test")
+    assert evn.memory_check() is None
+
+
+def test_memory_check_without_a_pods_root_measures_nothing(tmp_path: Path) -> None:
+    evn, _, _ = eviction_scene(tmp_path)
+    evn.roots = ["nowhere"]
+    assert evn.memory_check() is None and evn.last_facts is None
+
+
+def test_a_memory_event_schedules_one_check_at_most_every_min_gap(tmp_path: Path) -> None:
+    evn, tree, clock = eviction_scene(tmp_path)
+    tree.memory("kubepods", 500 * MiB, limit=GiB)
+    checks: list[float] = []
+    real = evn.memory_check
+
+    def check() -> MemoryFacts | None:
+        checks.append(clock.t)
+        return real()
+
+    evn.memory_check = check  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        evn._fired("kubepods:usage1")
+        assert evn._scheduled is not None and not evn._critical
+        evn._fired("kubepods:pressure")  # coalesced into the one scheduled
+        assert evn._critical and [w for _, w in evn.wakeups] == ["kubepods:usage1", "kubepods:pressure"]
+        await asyncio.sleep(0.02)
+        assert checks == [100.0] and evn._scheduled is None and not evn._critical
+        clock.t = 100.01  # 10 ms after the check: the next waits out the gap
+        t0 = loop.time()
+        evn._fired("kubepods:usage2")
+        assert evn._scheduled is not None and evn._scheduled.when() - t0 == pytest.approx(0.04, abs=0.005)
+        evn.stop()
+        assert evn._scheduled is None
+
+    asyncio.run(scenario())
+    assert MIN_GAP == 0.05
+
+
+def test_a_failing_event_check_is_logged_not_raised(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    evn, _, _ = eviction_scene(tmp_path)
+
+    def boom() -> MemoryFacts | None:
+        raise RuntimeError("boom")
+
+    evn.memory_check = boom  # type: ignore[method-assign]
+    with caplog.at_level(logging.ERROR, "nriplugin.qos.evict"):
+        evn._event_check()
+    assert caplog.messages == ["memory check failed"] and evn._scheduled is None
