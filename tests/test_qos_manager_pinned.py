@@ -654,3 +654,22 @@ def test_a_failing_round_is_said_as_such(tmp_path: Path, caplog: pytest.LogCaptu
     with caplog.at_level(logging.INFO, "nriplugin.qos"):
         asyncio.run(main())
     assert "QoS round failed; trying again next round" in caplog.messages
+
+
+def test_refresh_async_gives_the_loop_back_between_turns(tmp_path: Path) -> None:
+    """Many pods' news (keys the model no longer has, here): the refresh yields to the event
+    loop between turns (a bare yield, as ``asyncio.sleep(0)`` does) and still takes them all in."""
+    from nriplugin.qos.manager import PodGroups
+
+    node, _, _, _, _ = node_with_pods(tmp_path)
+    pods = PodGroups(node.model, node.desired)
+    pods._dirty.update(f"pod:gone-{i}" for i in range(20_000))
+    coro = pods.refresh_async()
+    yields = 0
+    try:
+        while True:
+            assert coro.send(None) is None
+            yields += 1
+    except StopIteration as done:
+        moved = done.value
+    assert yields >= 1 and moved is True and not pods._dirty and pods.be() == [BE_GROUP]
