@@ -75,6 +75,9 @@ def test_settings_without_quota_and_burst_are_sorted_by_key(tmp_path: Path) -> N
     assert w.order(G, [shares, quota(20000)]) == [quota(20000), shares]
     assert w.order(G, [burst(1000), shares]) == [burst(1000), shares]
     assert w.order(G, [shares, quota("x"), burst(1000)]) == [burst(1000), quota("x"), shares]
+    rbps = "blkio.throttle.read_bps_device"
+    sdb, sda = Setting(rbps, 100, "r", device="8:16"), Setting(rbps, 200, "r", device="8:0")
+    assert w.order(G, [sdb, sda]) == [sda, sdb]  # by resource and device, not by value
 
 
 @pytest.mark.parametrize(
