@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import tempfile
 from collections import deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
 
+from nriplugin.cri import api_pb2 as cri
+from nriplugin.cri.client import AsyncCRI
 from nriplugin.kernel.cgroup import Cgroups
 from nriplugin.kernel.stats import Stats
 from nriplugin.node.assembly import Node
@@ -31,7 +34,7 @@ from nriplugin.qos.eviction.cpu import (
     shortage,
     suffering,
 )
-from nriplugin.qos.eviction.evictor import BACKOFF_MAX, BACKOFF_MIN, Answer, Evictor, Outcome, outcome
+from nriplugin.qos.eviction.evictor import BACKOFF_MAX, BACKOFF_MIN, Answer, Evictor, Outcome, RuntimeBackend, outcome
 from nriplugin.qos.eviction.loop import MIN_GAP, Eviction, cpu_facts
 from nriplugin.qos.eviction.memory import MemoryConfig, MemoryEvict, MemoryFacts, release, seconds_to_limit
 from nriplugin.qos.eviction.victims import (
@@ -52,6 +55,7 @@ from nriplugin.qos.eviction.victims import (
 from nriplugin.qos.levels import Level
 from nriplugin.qos.sample import ClassUsage, NodeSample, Pressure
 from nriplugin.qos.strategy import Capacity, Round
+from testkit.cri_standin import FakeRuntime, serving
 from tests.test_evict import MemoryTree
 from tests.test_features import caps
 
@@ -1114,3 +1118,50 @@ def test_a_failing_event_check_is_logged_not_raised(tmp_path: Path, caplog: pyte
     with caplog.at_level(logging.ERROR, "nriplugin.qos.evict"):
         evn._event_check()
     assert caplog.messages == ["memory check failed"] and evn._scheduled is None
+
+
+# --- the runtime backend, against CRI's RuntimeService on a unix socket --------------------------
+
+
+def cri_pod(rt: FakeRuntime, pid: str, ns: str, name: str, uid: str, containers: dict[str, int]) -> None:
+    sb = cri.PodSandbox(id=pid, state=cri.SANDBOX_READY)
+    sb.metadata.name, sb.metadata.uid, sb.metadata.namespace = name, uid, ns
+    rt.pods[pid] = (sb, {})
+    for cid, state in containers.items():
+        rt.containers[cid] = (cri.Container(id=cid, pod_sandbox_id=pid, state=state), {})  # type: ignore[arg-type]
+
+
+def test_the_runtime_backend_stops_the_pods_containers_then_its_sandbox() -> None:
+    rt = FakeRuntime()
+    running, created, exited = cri.CONTAINER_RUNNING, cri.CONTAINER_CREATED, cri.CONTAINER_EXITED
+    cri_pod(rt, "p1", "batch", "be-1", "u1", {"c1": running, "c2": created, "c3": exited})
+    cri_pod(rt, "p2", "batch", "be-2", "u2", {"c4": running})
+    cri_pod(rt, "p3", "batch", "raw", "", {"c5": running})  # not kubelet's: no uid
+    cri_pod(rt, "p4", "other", "be-1", "", {"c6": running})
+    with tempfile.TemporaryDirectory(prefix="nriplugin-cri-") as d:
+        sock = f"{d}/cri.sock"
+
+        async def main() -> None:
+            client = AsyncCRI(sock)
+            backend = RuntimeBackend(client, timeout=3.0)
+            try:
+                assert backend.name == "runtime" and backend.timeout == 3.0
+                assert await backend.evict("batch", "be-1", "u1", 7, "threshold", "m") is Outcome.EVICTED
+                assert sorted(rt.stopped[:2]) == [("container", "c1", 7), ("container", "c2", 7)]
+                assert rt.stopped[2:] == [("pod", "p1", 0)]  # the sandbox after its containers
+                assert await backend.evict("batch", "be-1", "u1", 7, "threshold", "m") is Outcome.GONE  # stopped
+                assert await backend.evict("batch", "nobody", "u9", 7, "threshold", "m") is Outcome.GONE
+                rt.stopped.clear()
+                assert await backend.evict("batch", "raw", "", 0, "oom_risk", "m") is Outcome.EVICTED
+                assert rt.stopped == [("container", "c5", 0), ("pod", "p3", 0)]  # by namespace and name
+                rt.fail = "StopPodSandbox"
+                answer = await backend.evict("batch", "be-2", "u2", 5, "threshold", "m")
+                assert isinstance(answer, Answer) and answer.result is Outcome.ERROR
+                assert "StopPodSandbox: the runtime is going away" in answer.detail and "\n" not in answer.detail
+                assert len(answer.detail) <= 300
+            finally:
+                await client.close()
+
+        with serving(rt, sock):
+            asyncio.run(main())
+        assert RuntimeBackend(AsyncCRI(sock)).timeout == 10.0
