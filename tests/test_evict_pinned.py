@@ -1165,3 +1165,83 @@ def test_the_runtime_backend_stops_the_pods_containers_then_its_sandbox() -> Non
         with serving(rt, sock):
             asyncio.run(main())
         assert RuntimeBackend(AsyncCRI(sock)).timeout == 10.0
+
+
+# --- boundaries the first mutation runs showed unpinned -------------------------------------------
+
+
+def test_a_plan_for_less_than_one_unit() -> None:
+    pods = [be(1, cpu_cores=1.0)]
+    assert fewest(pods, 0.5, lambda c: c.cpu_cores) == 1  # a fraction of a core still needs a pod
+    rel = emergency_release(facts(ls_usage=50.0, ls_stall=0.1, be_usage=5.5), CpuConfig())  # short by 0.5
+    assert rel is not None and rel.amount == pytest.approx(0.6)
+    assert release(MemoryFacts(0.0, 1, 1), MemoryConfig()) is not None  # any positive capacity
+    assert seconds_to_limit(MemoryFacts(0.0, 1000, 500, growth=0.5)) == 1000.0  # any growth
+
+
+def test_bes_own_use_is_asked_from_one_core_of_limit() -> None:
+    cfg = CpuConfig(satisfaction_lower=40, satisfaction_upper=60)
+    assert satisfaction_release(10.0, 1.0, 0.5, cfg) is None  # 1 core, half used: more would not help
+    assert satisfaction_release(10.0, 1.5, 0.5, cfg) is None
+    assert satisfaction_release(10.0, 0.99, 0.0, cfg) is not None  # under a core: not asked
+    small = satisfaction_release(0.5, 0.1, 0.1, cfg)  # half a core requested
+    assert small is not None and small.amount == pytest.approx(0.2)
+    assert satisfaction_release(10.0, 4.0, 4.0, replace(cfg, satisfaction_upper=40.2)) is not None
+
+
+def test_the_window_holds_exactly_its_length() -> None:
+    cfg = CpuConfig(satisfaction_lower=40, satisfaction_upper=60, window=30.0)
+    pods = [be(1, cpu_request_cores=5.0)]
+
+    def amount(last: float) -> float:
+        ev = CpuEvict(cfg)
+        ev.decide(sat_facts(0.0, limit=3.9, usage=3.9), pods)
+        ev.decide(sat_facts(20.0, limit=2.0, usage=2.0), pods)
+        plan = ev.decide(sat_facts(last, limit=2.0, usage=2.0), pods)
+        assert plan is not None
+        return plan.release.amount
+
+    assert amount(30.0) == pytest.approx(10 * (0.6 - 7.9 / 30))  # 30 s back: in; the average is smaller
+    assert amount(30.1) == pytest.approx(4.0)  # out: the average is now's
+
+
+def test_the_window_starts_again_while_the_variant_is_half_configured() -> None:
+    pods = [be(1, cpu_request_cores=5.0)]
+    ev = CpuEvict(CpuConfig(satisfaction_upper=60, window=30.0))
+    for t in range(0, 21, 5):
+        assert ev.decide(sat_facts(float(t)), pods) is None
+    ev.cfg = CpuConfig(satisfaction_lower=40, satisfaction_upper=60, window=30.0)  # a reload completes it
+    assert ev.decide(sat_facts(21.0), pods) is None  # no history yet
+
+
+def test_on_a_tie_the_windows_release_is_said() -> None:
+    cfg = CpuConfig(satisfaction_lower=40, satisfaction_upper=60, window=30.0)
+    ev = CpuEvict(cfg)
+    pods = [be(1, cpu_request_cores=5.0)]
+    ev.decide(sat_facts(0.0, usage=3.0), pods)
+    plan = ev.decide(sat_facts(10.0, usage=2.8), pods)
+    assert plan is not None and plan.release.amount == pytest.approx(3.0)
+    assert "with BE using 2.90 cores" in plan.release.why  # the window's average, not now's 2.80
+
+
+def test_the_growth_is_not_said_when_it_only_ties_the_level() -> None:
+    cfg = MemoryConfig(lower_percent=50.0, release_factor=1.0)
+    rel = release(MemoryFacts(0.0, 1000 * MiB, 700 * MiB, growth=50 * MiB), cfg)  # 200 MiB either way
+    assert rel is not None and rel.amount == 200 * MiB and "or the growth" not in rel.why
+
+
+def test_growth_steps_are_measured_in_time() -> None:
+    m = MemoryEvict()
+    for t, u in [(0.0, 0), (1.0, 0), (2.0, 100), (3.0, 200), (4.0, 300)]:
+        m.observe(t, u)
+    assert m.growth() == pytest.approx(50.0)  # b is 2 s before a (t=0), not the reading next to it
+    m = MemoryEvict()
+    for t, u in [(0.0, 0), (2.0, 400), (4.0, 600)]:
+        m.observe(t, u)
+    assert m.growth() == pytest.approx(100.0)  # slowing: now's rate is the smaller
+    m.observe(4.0, 10_000)  # a second reading at the same time is dropped, not taken as now
+    assert m.growth() == pytest.approx(100.0)
+    m = MemoryEvict(rate_window=4.0)
+    for t, u in [(1.0, 0), (3.0, 200), (5.0, 600)]:
+        m.observe(t, u)
+    assert m.growth() == pytest.approx(100.0)  # 4 s back from 5: kept

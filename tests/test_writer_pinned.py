@@ -51,7 +51,7 @@ def writer_v1(tmp_path: Path, q: str = "-1", p: str | None = "100000") -> Writer
 
 def test_depth_counts_the_components_below_the_root() -> None:
     assert depth("") == 0 and depth("/") == 0 and depth("kubepods") == 0
-    assert depth("/kubepods/besteffort/") == 1 and depth("a/b/c") == 2
+    assert depth("/kubepods/besteffort/") == 1 and depth("a/b/c") == 2 and depth("a/X") == 1
 
 
 def test_children_first_and_parents_first_break_ties_by_key() -> None:
@@ -128,6 +128,8 @@ def test_a_group_without_a_quota_file_takes_the_burst_first(tmp_path: Path) -> N
         ("100000", "200000", [quota(60000), period(100000)], True),  # 0.6 > 0.5 cores
         ("50000", None, [quota(60000), period(120000)], False),  # no period file: 100000
         ("50000", "0", [quota(60000), period(120000)], False),  # nor a 0 period
+        ("50000", "0", [quota(60001), period(120000)], True),
+        ("50000", "1", [quota(60000), period(2)], False),  # any positive period is the group's
         ("50000", "junk", [quota(60000), period(120000)], False),  # nor an unreadable one
         ("50000", None, [quota(60001), period(120000)], True),
     ],
@@ -162,6 +164,8 @@ def test_apply_writes_in_order_and_tells_what_the_kernel_took(tmp_path: Path) ->
     assert (tmp_path / "cpu" / G / "cpu.cfs_quota_us").read_text() == "20000"
     out = w.apply(G, [quota(20000)], "pod1", force=True)
     assert [r.status for _, r in out] == ["written"] and written[-1] == (G, QUOTA)
+    out = w.apply(G, [burst(1000), quota(30000)], "pod1")  # a rise over the group's 20000: quota first
+    assert [s.resource for s, _ in out] == [QUOTA, BURST]
 
 
 def test_apply_without_on_written_still_writes(tmp_path: Path) -> None:
@@ -184,15 +188,15 @@ def test_a_refused_value_is_counted_said_and_the_rest_written(tmp_path: Path, ca
     w = writer_v1(tmp_path)
     reasons: list[str] = []
     w.on_invalid = reasons.append
-    shares = tmp_path / "cpu" / G / "cpu.shares"
-    shares.unlink()
-    shares.symlink_to(tmp_path / "elsewhere")  # never followed: refused
+    q = tmp_path / "cpu" / G / "cpu.cfs_quota_us"
+    q.unlink()
+    q.symlink_to(tmp_path / "elsewhere")  # never followed: refused
     with caplog.at_level(logging.WARNING, "nriplugin.node.writer"):
         out = w.apply(G, [Setting("cpu.shares", 2, "s"), quota(20000)], "ns/pod")
-    assert [(s.resource, r.status) for s, r in out] == [(QUOTA, "written")]
+    assert [(s.resource, r.status) for s, r in out] == [("cpu.shares", "written")]  # the next goes on
     assert reasons == ["write_refused"]
     assert [r.getMessage() for r in caplog.records] == [
-        f"ns/pod: not writing cpu.shares: refusing {shares}: a symbolic link"
+        f"ns/pod: not writing cpu.cfs_quota_us: refusing {q}: a symbolic link"
     ]
     assert not (tmp_path / "elsewhere").exists()
 
@@ -263,7 +267,7 @@ def test_a_resctrl_group_that_cannot_be_joined_is_counted_and_said(
         w.join(Intent(resctrl_group=Setting("resctrl.group", "BE", "r")), G, 0, "ns/pod")  # no threads: nothing
     assert reasons == ["resctrl"]
     (rec,) = caplog.records
-    assert rec.getMessage().startswith("ns/pod: cannot join resctrl group ../x: ")
+    assert rec.getMessage() == "ns/pod: cannot join resctrl group ../x: invalid resctrl group name '../x'"
     assert not (root / "BE").exists()
 
 
@@ -273,7 +277,8 @@ def test_a_group_whose_tasks_cannot_be_listed_is_said(tmp_path: Path, caplog: py
     (tmp_path / "cg" / "cpu" / G / "tasks").mkdir()  # unreadable as a list: an OSError
     with caplog.at_level(logging.WARNING, "nriplugin.node.writer"):
         w.join(Intent(resctrl_group=Setting("resctrl.group", "BE", "r")), G, 0, "ns/pod")
-    assert [r.getMessage().split(":")[:2] for r in caplog.records] == [["ns/pod", " cannot list tasks"]]
+    (rec,) = caplog.records
+    assert rec.getMessage().startswith("ns/pod: cannot list tasks: [Errno 21] Is a directory")
 
 
 def test_join_gives_a_core_scheduling_group_its_processes(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -297,3 +302,22 @@ def test_join_gives_a_core_scheduling_group_its_processes(tmp_path: Path, caplog
     assert [r.getMessage() for r in caplog.records] == [
         "ns/pod: cannot give core scheduling group class:BE: invalid pid 0"
     ]
+
+
+def test_join_leaves_a_task_group_it_has_no_backend_or_no_group_for(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = resctrl_tree(tmp_path / "resctrl")
+    cg = v1_tree(tmp_path / "cg", [G])
+    k = Kernel({100: [100]})
+    both = Writer(Cgroups(cg), Policy, resctrl_fs=ResctrlFS(root, resctrl(root)), coresched=CoreSched(k))
+    both.join(Intent(), G, 100, "ns/pod")  # neither group wanted
+    assert k.calls == [] and not any(p.is_dir() and p.name != "info" for p in root.iterdir())
+    neither = Writer(Cgroups(cg), Policy)
+    intent = Intent(resctrl_group=Setting("resctrl.group", "BE", "r"), core_sched_group=Setting("c", "class:BE", "c"))
+    neither.join(intent, G, 100, "ns/pod")  # no backends: nothing, and no error
+    (cg / "cpu" / G / "cgroup.procs").unlink()
+    (cg / "cpu" / G / "cgroup.procs").mkdir()
+    with caplog.at_level(logging.WARNING, "nriplugin.node.writer"):
+        both.join(Intent(core_sched_group=Setting("c", "class:BE", "c")), G, 0, "ns/pod")
+    assert [r.getMessage().split(": ")[:2] for r in caplog.records] == [["ns/pod", "cannot list tasks"]]
