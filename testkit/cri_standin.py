@@ -27,13 +27,16 @@ class FakeRuntime:
         self.raw_info: dict[str, str] = {}  # id -> verbatim info string (hostile tests)
         self.stopped: list[tuple[str, str, int]] = []  # ("container"|"pod", id, timeout), in order
         self.fail: str | None = None  # a method that fails (a runtime going away)
+        self.fail_detail = ""  # more of what the failing method says
+        self.deadlines: list[tuple[str, float | None]] = []  # the seconds each call was given
 
     def handlers(self) -> grpc.GenericRpcHandler:
         def unary(name: str, req_cls: Any, fn: Callable[[Any], Any]) -> grpc.RpcMethodHandler[Any, Any]:
             def call(request: Any, context: Any) -> Any:
                 self.calls.append(name)
+                self.deadlines.append((name, context.time_remaining()))
                 if name == self.fail:
-                    raise RuntimeError(f"{name}: the runtime is going away")
+                    raise RuntimeError(f"{name}: the runtime is going away{self.fail_detail}")
                 return fn(request)
 
             return grpc.unary_unary_rpc_method_handler(

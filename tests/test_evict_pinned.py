@@ -573,8 +573,10 @@ def test_the_backend_chosen() -> None:
     cluster, runtime, late = Backend(), Backend(), Backend()
     run(Evictor(cluster=cluster, runtime=runtime), cpu_plan([be(1, cpu_cores=1.0)], 1.0, urgent=True))
     assert [c[1] for c in runtime.calls] == ["be-1"] and runtime.calls[0][3] == 0 and not cluster.calls
-    run(Evictor(cluster=cluster, runtime=None), cpu_plan([be(2, cpu_cores=1.0)], 1.0, urgent=True))
+    ev = Evictor(cluster=cluster, runtime=None)
+    run(ev, cpu_plan([be(2, cpu_cores=1.0)], 1.0, urgent=True))
     assert [c[1] for c in cluster.calls] == ["be-2"] and cluster.calls[0][3] == 0  # no runtime: the cluster
+    assert ev.history[-1]["via"] == "cluster"
     ev = Evictor(cluster=cluster, runtime=runtime, cluster_of=lambda: late)
     run(ev, cpu_plan([be(3, cpu_cores=1.0)], 1.0))
     assert [c[1] for c in late.calls] == ["be-3"]  # the cluster side as it is now
@@ -697,7 +699,9 @@ def test_the_rate_limit_is_a_minute_wide(caplog: pytest.LogCaptureFixture) -> No
 
 def test_what_is_booked_for_an_evicted_pod() -> None:
     clock, counts, seen = Clock(5.0), Counts(), []
-    ev = Evictor(runtime=Backend(), clock=clock, observer=counts, on_evicted=lambda p, c: seen.append(c.name))
+    ev = Evictor(
+        runtime=Backend(), clock=clock, observer=counts, on_evicted=lambda p, c: seen.append(f"{p.strategy}:{c.name}")
+    )
     pod = be(1, freeable_bytes=100 * MiB, growth_bytes_per_min=60.0 * MiB)
     run(ev, mem_plan([pod], 50 * MiB, horizon=10.0), {"u1": "kubepods/besteffort/pod1"})
     p = ev.pending["u1"]
@@ -710,7 +714,7 @@ def test_what_is_booked_for_an_evicted_pod() -> None:
         "kubepods/besteffort/pod1",
     )
     assert p.expected == p.held == 100 * MiB  # what it holds, not what it would have grown by
-    assert seen == ["be-1"] and counts.done == [("MemoryEvict", "threshold", False)]
+    assert seen == ["MemoryEvict:be-1"] and counts.done == [("MemoryEvict", "threshold", False)]
     assert list(ev.history) == [
         {"t": 5.0, "strategy": "MemoryEvict", "trigger": "threshold", "victim": "batch/be-1", "via": "runtime"}
     ]
@@ -1138,6 +1142,7 @@ def test_the_runtime_backend_stops_the_pods_containers_then_its_sandbox() -> Non
     cri_pod(rt, "p2", "batch", "be-2", "u2", {"c4": running})
     cri_pod(rt, "p3", "batch", "raw", "", {"c5": running})  # not kubelet's: no uid
     cri_pod(rt, "p4", "other", "be-1", "", {"c6": running})
+    cri_pod(rt, "p5", "batch", "be-1", "u1b", {"c7": running})  # the same name, another pod (uid)
     with tempfile.TemporaryDirectory(prefix="nriplugin-cri-") as d:
         sock = f"{d}/cri.sock"
 
@@ -1149,6 +1154,9 @@ def test_the_runtime_backend_stops_the_pods_containers_then_its_sandbox() -> Non
                 assert await backend.evict("batch", "be-1", "u1", 7, "threshold", "m") is Outcome.EVICTED
                 assert sorted(rt.stopped[:2]) == [("container", "c1", 7), ("container", "c2", 7)]
                 assert rt.stopped[2:] == [("pod", "p1", 0)]  # the sandbox after its containers
+                given = dict(rt.deadlines)  # 3 s (not the client's 5); a stop's grace on top
+                assert 2.0 < given["ListPodSandbox"] < 4.0 and 2.0 < given["ListContainers"] < 4.0  # type: ignore[operator]
+                assert 9.0 < given["StopContainer"] < 11.0 and 2.0 < given["StopPodSandbox"] < 4.0  # type: ignore[operator]
                 assert await backend.evict("batch", "be-1", "u1", 7, "threshold", "m") is Outcome.GONE  # stopped
                 assert await backend.evict("batch", "nobody", "u9", 7, "threshold", "m") is Outcome.GONE
                 rt.stopped.clear()
@@ -1158,7 +1166,9 @@ def test_the_runtime_backend_stops_the_pods_containers_then_its_sandbox() -> Non
                 answer = await backend.evict("batch", "be-2", "u2", 5, "threshold", "m")
                 assert isinstance(answer, Answer) and answer.result is Outcome.ERROR
                 assert "StopPodSandbox: the runtime is going away" in answer.detail and "\n" not in answer.detail
-                assert len(answer.detail) <= 300
+                rt.fail_detail = " and says so at length" * 20
+                answer = await backend.evict("batch", "be-2", "u2", 5, "threshold", "m")
+                assert isinstance(answer, Answer) and len(answer.detail) == 300
             finally:
                 await client.close()
 
@@ -1245,3 +1255,60 @@ def test_growth_steps_are_measured_in_time() -> None:
     for t, u in [(1.0, 0), (3.0, 200), (5.0, 600)]:
         m.observe(t, u)
     assert m.growth() == pytest.approx(100.0)  # 4 s back from 5: kept
+
+
+def test_a_success_during_the_back_off_ends_it() -> None:
+    clock = Clock()
+    ev = Evictor(runtime=Backend({"be-1": Outcome.ERROR}), clock=clock)
+    run(ev, cpu_plan([be(1, cpu_cores=1.0)], 1.0))
+    assert ev.backing_off()
+    clock.t = 0.5
+    run(ev, cpu_plan([be(2, cpu_cores=1.0)], 1.0))  # a plan carried out directly: it succeeds
+    assert ev.failures == 0 and not ev.backing_off()
+
+
+def test_execute_marks_its_strategy_busy_while_it_runs() -> None:
+    gate = asyncio.Event()
+
+    @dataclass
+    class Slow(Backend):
+        async def evict(self, ns: str, name: str, uid: str, grace_seconds: int, reason: str, message: str) -> object:
+            await gate.wait()
+            return Outcome.EVICTED
+
+    async def scenario() -> None:
+        ev = Evictor(runtime=Slow())
+        task = asyncio.create_task(ev.execute(cpu_plan([be(1, cpu_cores=1.0)], 1.0), {}))
+        await asyncio.sleep(0)
+        assert ev.busy("CPUEvict")
+        gate.set()
+        await task
+        assert not ev.busy("CPUEvict")
+
+    asyncio.run(scenario())
+
+
+def test_settle_sums_every_victim_still_held_and_times_them_from_their_eviction(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = Clock(1.0)
+    ev = Evictor(runtime=Backend(), clock=clock)
+    run(ev, mem_plan([be(1, freeable_bytes=300 * MiB)], 100 * MiB))
+    run(ev, mem_plan([be(2, freeable_bytes=200 * MiB)], 100 * MiB))
+    run(ev, mem_plan([be(3, freeable_bytes=100 * MiB)], 50 * MiB))
+    run(ev, cpu_plan([be(4, cpu_cores=2.0)], 1.0))
+    held: dict[str, float] = {"u2": 150.0 * MiB, "u3": 50.0 * MiB, "u4": 1.0}
+    clock.t = 3.55555
+    caplog.clear()
+    with caplog.at_level(logging.INFO, "nriplugin.qos.evict"):
+        assert ev.settle(lambda p: held.get(p.uid)) == 200 * MiB  # u1 gone first; the others still count
+    (rec,) = caplog.records
+    assert "gone after 2.6 s" in rec.getMessage() and rec.seconds == 2.556  # type: ignore[attr-defined]
+    assert sorted(ev.pending) == ["u2", "u3", "u4"]  # a CPU victim held at 1 (its group still there)
+    assert ev.settle(lambda p: held.get(p.uid), unit="cores") == 1.0
+    clock.t = 120.9
+    ev.settle(lambda p: held.get(p.uid))
+    assert "u1" in ev._last
+    clock.t = 121.0
+    ev.settle(lambda p: None)
+    assert "u1" not in ev._last
