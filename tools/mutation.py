@@ -68,6 +68,11 @@ _NO_KEY = "the default key skipped, 'XXXX' for '': no container's key is either"
 _QM = "nriplugin.qos.manager.xǁQoSManagerǁ"
 _PG = "nriplugin.qos.manager.xǁPodGroupsǁ"
 _LS_RSS = "_ls's RSS sum: its one caller, cpu_inputs, reads only usage and request"
+_FALSE_NONE = "None for False: as false, and only ever tested for truth"
+_FIRES = "the callback a trigger calls when it fires: a kernel that accepts PSI triggers (this one refuses them)"
+_EV = "nriplugin.qos.eviction."
+_PLAN_NAME = "the name of the plan made only to ask meaningful(): the plan handed on is made anew, named CPUEvict"
+_ANSWER_NONE = "an Answer whose result is None: outcome() reads anything unknown as an error, the same"
 EQUIVALENT: dict[str, str] = {
     _CG + "x__read__mutmut_11": "reads 65537 bytes instead of 65536: every cgroup file is far smaller",
     _CG + "xǁCgroupsǁ_dir__mutmut_2": f"never reads the cache: {_CACHE}",
@@ -251,6 +256,55 @@ EQUIVALENT: dict[str, str] = {
         "`not groups and last is None`: with no BE group the BE counter is None, so it returns all the same"
     ),
     _PG + "removed__mutmut_2": "a removed pod left among the news: the model no longer has it, so a refresh skips it",
+    _QM + "__init____mutmut_40": _FALSE_NONE,
+    _QM + "__init____mutmut_42": _FALSE_NONE,
+    _QM + "_why_not__mutmut_21": _FALSE_NONE,
+    _QM + "start__mutmut_5": _FIRES,
+    _QM + "start__mutmut_28": _FIRES,
+    _QM + "run__mutmut_2": (
+        "the first round due at 1 s of monotonic time, not 0: the clock is past both once a loop runs"
+    ),
+    _QM + "run__mutmut_6": (
+        "`now > next_round`: a later reading equal to the due time to the nanosecond takes the next loop turn"
+    ),
+    _QM + "run__mutmut_13": (
+        "sleeps instead of waiting on the wake-up while a trigger is armed: the same rounds, a wake-up taken up "
+        "to one fast period (50 ms) later; no unit test times that"
+    ),
+    # node/writer.py
+    "nriplugin.node.writer.xǁWriterǁjoin__mutmut_10": "`processes=None`: as false as False (threads, not processes)",
+    "nriplugin.node.writer.xǁWriterǁquota_rises__mutmut_34": (
+        "an unreadable period as '' rather than None: neither is an int, so both take the default period"
+    ),
+    # qos/eviction
+    _EV + "victims.x_fewest__mutmut_18": (
+        "`a < 0`: amounts are taken largest first, so after a 0 only 0s and less follow: no target above 0 is reached"
+    ),
+    _EV + "cpu.xǁCpuEvictǁ_plan__mutmut_2": _PLAN_NAME,
+    _EV + "cpu.xǁCpuEvictǁ_plan__mutmut_10": _PLAN_NAME,
+    _EV + "cpu.xǁCpuEvictǁ_plan__mutmut_11": _PLAN_NAME,
+    _EV + "cpu.xǁCpuEvictǁ_plan__mutmut_12": _PLAN_NAME,
+    _EV + "memory.x_release__mutmut_40": (
+        "the growth's release reckoned without growth: at most use - capacity, below the level's 1.3 x (use - lower)"
+    ),
+    _EV + "memory.xǁMemoryEvictǁdecide__mutmut_19": (
+        "the plan made only to ask meaningful() lists None victims: a plan in bytes never reads them"
+    ),
+    _EV + "memory.xǁMemoryEvictǁobserve__mutmut_10": (
+        "drops the older of two readings when it left the window: the next reading drops it anyway, "
+        "and growth needs three"
+    ),
+    _EV + "evictor.xǁEvictorǁ_evict__mutmut_65": _ANSWER_NONE,
+    _EV + "evictor.xǁEvictorǁ_evict__mutmut_99": _ANSWER_NONE,
+    _EV + "evictor.xǁEvictorǁ_failed__mutmut_20": (
+        "a missing detail as None rather than '': both fall back to str(answer)"
+    ),
+    _EV + "evictor.xǁRuntimeBackendǁevict__mutmut_4": (
+        "ListPodSandbox with None: gRPC sends no bytes, which is what an empty ListPodSandboxRequest is"
+    ),
+    _EV + "evictor.xǁRuntimeBackendǁevict__mutmut_70": (
+        "the name of NoneType for an error without text: gRPC's errors always carry a status and details"
+    ),
     _PG + "refresh_steps__mutmut_26": "a turn ends more often: the same pods taken in, in more turns",
     "nriplugin.qos.history.xǁCountersǁadvance__mutmut_22": (
         "min() of no deltas defaults to 1, not 0: neither is below 0"
