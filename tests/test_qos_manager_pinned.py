@@ -673,3 +673,11 @@ def test_refresh_async_gives_the_loop_back_between_turns(tmp_path: Path) -> None
     except StopIteration as done:
         moved = done.value
     assert yields >= 1 and moved is True and not pods._dirty and pods.be() == [BE_GROUP]
+
+
+def test_a_disabled_manager_collects_nothing(tmp_path: Path) -> None:
+    node, _, mgr, s, _ = node_with_pods(tmp_path)
+    node.rules.set(Policy.model_validate({"qosManager": {"enable": False}}), "test")
+    mgr.round()
+    asyncio.run(mgr.round_async())
+    assert s.rounds == 0 and mgr.last is None and mgr.groups == []

@@ -260,6 +260,7 @@ EQUIVALENT: dict[str, str] = {
     _QM + "__init____mutmut_42": _FALSE_NONE,
     _QM + "_why_not__mutmut_21": _FALSE_NONE,
     _QM + "start__mutmut_5": _FIRES,
+    _QM + "start__mutmut_25": "the fast period said as 50.05 ms rather than 50: '%.0f' prints 50 all the same",
     _QM + "start__mutmut_28": _FIRES,
     _QM + "run__mutmut_2": (
         "the first round due at 1 s of monotonic time, not 0: the clock is past both once a loop runs"
