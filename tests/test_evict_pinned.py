@@ -35,7 +35,7 @@ from nriplugin.qos.eviction.cpu import (
     suffering,
 )
 from nriplugin.qos.eviction.evictor import BACKOFF_MAX, BACKOFF_MIN, Answer, Evictor, Outcome, RuntimeBackend, outcome
-from nriplugin.qos.eviction.loop import MIN_GAP, Eviction, cpu_facts
+from nriplugin.qos.eviction.loop import LADDER, MIN_GAP, Eviction, cpu_facts
 from nriplugin.qos.eviction.memory import MemoryConfig, MemoryEvict, MemoryFacts, release, seconds_to_limit
 from nriplugin.qos.eviction.victims import (
     LEAK_BYTES_PER_MIN,
@@ -1312,3 +1312,86 @@ def test_settle_sums_every_victim_still_held_and_times_them_from_their_eviction(
     clock.t = 121.0
     ev.settle(lambda p: None)
     assert "u1" not in ev._last
+
+
+# --- the kernel's memory notifications, armed per pods root ---------------------------------------
+
+
+def armed_scene(tmp_path: Path, pressure: bool = True) -> tuple[Eviction, MemoryTree]:
+    evn, tree, _ = eviction_scene(tmp_path)
+    d = tree.root / "memory" / "kubepods"
+    (d / "cgroup.event_control").write_text("")  # the kernel's; takes "<eventfd> <fd> <args>"
+    if pressure:
+        (d / "memory.pressure_level").write_text("")
+    tree.memory("kubepods", 500 * MiB, limit=GiB)
+    evn.meminfo_total = lambda: 8 * GiB
+    return evn, tree
+
+
+def test_the_pods_root_is_armed_at_the_ladder_and_the_threshold(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    evn, _ = armed_scene(tmp_path)
+
+    async def scenario() -> None:
+        with caplog.at_level(logging.INFO, "nriplugin.qos.evict"):
+            evn.start(asyncio.get_running_loop())
+            evn._arm()  # the same capacity and threshold: nothing armed again
+        marks = tuple(int(GiB * p / 100) for p in (50, 60, 70, 80, 90, 95))
+        assert LADDER == (50.0, 60.0, 80.0, 90.0, 95.0) and evn._armed == {"kubepods": marks}
+        assert caplog.messages == [
+            "memory events armed on kubepods: usage at 512, 614, 716, 819, 921, 972 MiB, critical pressure"
+        ]
+        evn.meminfo_total = lambda: 512 * MiB  # the smaller of MemTotal and the root's limit
+        caplog.clear()
+        with caplog.at_level(logging.INFO, "nriplugin.qos.evict"):
+            evn._arm()
+        assert evn._armed["kubepods"] == tuple(int(512 * MiB * p / 100) for p in (50, 60, 70, 80, 90, 95))
+        assert len(caplog.messages) == 1
+        evn.meminfo_total = lambda: 0  # MemTotal unknown: the limit
+        evn._arm()
+        assert evn._armed["kubepods"] == marks
+        evn.rules.set(Policy.model_validate({"resourceUsedThresholdWithBE": {"memoryEvictThresholdPercent": 75}}), "t")
+        evn._arm()
+        assert evn._armed["kubepods"] == tuple(int(GiB * p / 100) for p in (50, 60, 75, 80, 90, 95))
+        evn.stop()
+        assert evn._armed == {} and evn._events is None
+
+    asyncio.run(scenario())
+
+
+def test_what_cannot_be_armed_is_said_and_the_rounds_check_it(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    evn, tree = armed_scene(tmp_path, pressure=False)
+
+    async def scenario() -> None:
+        with caplog.at_level(logging.INFO, "nriplugin.qos.evict"):
+            evn.start(asyncio.get_running_loop())
+        d = tree.root / "memory" / "kubepods"
+        assert caplog.messages == [
+            f"memory events on kubepods: {d}/memory.pressure_level: No such file or directory; "
+            "the 1 s rounds check it too"
+        ]
+        assert "kubepods" in evn._armed  # said once: not tried again at every round
+        evn.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_root_without_memory_or_capacity_is_not_armed(tmp_path: Path) -> None:
+    evn, tree = armed_scene(tmp_path)
+
+    async def scenario() -> None:
+        evn.roots = ["kubepods", "nowhere"]
+        evn.meminfo_total = lambda: 0
+        tree.memory("kubepods", 500 * MiB, limit=None)
+        (tree.root / "memory" / "kubepods" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+        evn.start(asyncio.get_running_loop())  # no limit and no MemTotal: no capacity to arm at
+        assert evn._armed == {}
+        evn.meminfo_total = lambda: GiB
+        evn._arm()
+        assert list(evn._armed) == ["kubepods"]  # MemTotal alone sizes an unlimited root
+        evn.stop()
+        evn._arm()  # stopped: nothing to arm with
+        assert evn._armed == {}
+
+    asyncio.run(scenario())
