@@ -1395,3 +1395,80 @@ def test_a_root_without_memory_or_capacity_is_not_armed(tmp_path: Path) -> None:
         assert evn._armed == {}
 
     asyncio.run(scenario())
+
+
+def test_cpu_round_evicts_through_the_evictor_and_starts_the_cooldown(tmp_path: Path) -> None:
+    now: dict[str, ContainerUsage] = {}
+    evn, tree, clock = eviction_scene(tmp_path, usage=lambda: now)
+    backend = Backend()
+    evn.evictor.runtime = backend
+    now = {"a": usage(tree.pods[1].id, 0, cpu=3.0), "b": usage(tree.pods[2].id, 0, cpu=2.9)}
+
+    def r(t: float, **kw: object) -> Round:
+        sample = NodeSample(
+            t=t, interval=1.0, ncpu=8, cpu_busy_cores=8.0, load1=8.0, psi_cpu=Pressure(some_delta_us=500_000)
+        )
+        cap = Capacity(8.0, 1.0, 4.0, 4.0, 3.0, 5.0)  # LS 4 stalled half the time: short of 2, release 2.4
+        base = Round(t, sample, Level.EMERGENCY, 95.0, 0.0, Policy(), capacity=cap, be_limit=2.0, be_target=2.0)
+        return replace(base, **kw)  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        clock.t = 100.0
+        evn.cpu_round(r(100.0, capacity=None))  # no capacity: nothing
+        assert evn.cpu._since is None
+        evn.cpu_round(r(100.0))
+        assert not evn.plans  # 2 s to be sustained
+        clock.t = 102.0
+        evn.evictor._busy.add("CPUEvict")  # a plan still under way: no other
+        evn.cpu_round(r(102.0))
+        assert not evn.plans
+        evn.evictor._busy.clear()
+        evn.cpu_round(r(102.0))
+        await asyncio.sleep(0.01)
+        ((t, plan),) = evn.plans
+        assert (
+            t == 102.0 and plan.strategy == "CPUEvict" and names(plan.victims) == [tree.pods[1].name, tree.pods[2].name]
+        )
+        assert [c[1] for c in backend.calls] == [tree.pods[1].name]
+        assert evn.cpu.last_evicted == 102.0  # the cooldown starts at the eviction
+        assert evn.evictor.pending[tree.pods[1].uid].group == tree.pods[1].linux.cgroup_parent.strip("/")
+
+    asyncio.run(scenario())
+
+
+def test_memory_check_evicts_credits_what_is_on_its_way_out_and_sums_the_roots(tmp_path: Path) -> None:
+    from testkit.kernel_tree import v1_group
+
+    evn, tree, clock = eviction_scene(tmp_path)
+    backend = Backend()
+    evn.evictor.runtime = backend
+    v1_group(tree.root, "extra")
+    tree.memory("kubepods", 700 * MiB, limit=GiB)
+    tree.memory("extra", 100 * MiB, limit=GiB)
+    evn.roots = ["kubepods", "extra"]
+    evn.meminfo_total = lambda: 8 * GiB
+    tree.pod_memory(1, 300 * MiB)
+    tree.pod_memory(2, 10 * MiB)
+
+    async def scenario() -> None:
+        f = evn.memory_check()  # 800 MiB of 2 GiB: under 70 %
+        assert f is not None and (f.used, f.capacity, f.pending) == (800 * MiB, 2 * GiB, 0)
+        tree.memory("extra", 800 * MiB, limit=GiB)
+        clock.t = 101.0
+        f = evn.memory_check()  # 1500 of 2048 MiB: over 70 %
+        await asyncio.sleep(0.01)
+        ((_, plan),) = evn.plans
+        assert plan.strategy == "MemoryEvict" and [c[1] for c in backend.calls] == [tree.pods[1].name]
+        uid = tree.pods[1].uid
+        assert evn.evictor.pending[uid].group == tree.pods[1].linux.cgroup_parent.strip("/")
+        tree.pod_memory(1, 120 * MiB)  # on its way out
+        clock.t = 102.0
+        evn.evictor._busy.add("MemoryEvict")  # no new plan while one is under way
+        f = evn.memory_check()
+        assert f is not None and f.pending == 120 * MiB and len(evn.plans) == 1
+        evn.evictor._busy.clear()
+        tree.pod_memory(1, 0)  # gone: nothing left charged
+        f = evn.memory_check()
+        assert f is not None and f.pending == 0 and uid not in evn.evictor.pending
+
+    asyncio.run(scenario())
