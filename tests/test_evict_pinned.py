@@ -1472,3 +1472,56 @@ def test_memory_check_evicts_credits_what_is_on_its_way_out_and_sums_the_roots(t
         assert f is not None and f.pending == 0 and uid not in evn.evictor.pending
 
     asyncio.run(scenario())
+
+
+def test_a_pods_growth_edges(tmp_path: Path) -> None:
+    evn, _, _ = eviction_scene(tmp_path)
+    evn._pod_mem["late"] = deque([(10.0, 0), (11.0, 100), (12.0, 200)])
+    assert evn._pod_growth("late") == 0.0  # 2 s of readings, whenever they start
+    evn._pod_mem["slow-start"] = deque([(0.0, 100), (2.0, 150), (4.0, 300)])
+    assert evn._pod_growth("slow-start") == pytest.approx(25 * 60)  # the first half's 25 B/s
+    now: dict[str, ContainerUsage] = {}
+    evn.usage = lambda: now
+    for t, rss in [(0.0, 0), (1.0, 60), (100.0, 6000)]:
+        now = {"c": usage("three", rss)}
+        evn.observe_pods(t)
+    assert evn._pod_growth("three") == pytest.approx(60 * 60)  # three readings stay, however old
+    for t, rss in [(0.0, 150), (1.0, 100), (2.0, 200), (100.0, 200 + 98 * 500)]:
+        now = {"c": usage("four", rss)}
+        evn.observe_pods(t)
+    assert [p[0] for p in evn._pod_mem["four"]] == [1.0, 2.0, 100.0]  # a fourth pushes the oldest out
+    assert evn._pod_growth("four") == pytest.approx(100 * 60)
+
+
+def test_candidates_take_requests_from_shares_and_priorities_from_the_cluster_then_labels(tmp_path: Path) -> None:
+    evn, tree, _ = eviction_scene(tmp_path)
+    be2, be3 = tree.pods[1], tree.pods[2]
+    c2, c3 = tree.containers[1], tree.containers[2]
+    c2.linux.resources.cpu.shares.value = 2048
+    c3.linux.resources.cpu.shares.value = 2  # kubelet's minimum for BE: no request
+    be3.labels["koordinator.sh/priority"] = "5"
+    be2.labels["koordinator.sh/priority"] = "7"
+    model = evn.model
+    for p, c in ((be2, c2), (be3, c3)):
+        model.container_started(p, c)
+
+    class Cluster:
+        def priority(self, uid: str) -> int | None:
+            return {be2.uid: -3}.get(uid)
+
+    evn.priorities = Cluster()
+    cands = {c.name: c for c in evn.candidates(memory=False)}
+    assert cands[be2.name].cpu_request_cores == 2.0 and cands[be3.name].cpu_request_cores == 0.0
+    assert cands[be2.name].priority == -3  # the cluster's, over the label
+    assert cands[be3.name].priority == 5  # no cluster priority: the label
+    assert cands[be2.name].cpu_cores == 0.0  # no usage measured
+    since = {r.pod.name: r.since for _, r in model.containers()}
+    assert cands[be2.name].started == pytest.approx(since[be2.name], abs=5.0)
+    evn.priorities = None
+    assert {c.name: c.priority for c in evn.candidates(memory=False)} == {be2.name: 7, be3.name: 5}
+
+
+def test_the_node_memory_is_meminfos_by_default(tmp_path: Path) -> None:
+    evn, _, _ = eviction_scene(tmp_path)
+    m = evn.stats.meminfo()
+    assert m is not None and evn.meminfo_total() == m.total > 0
