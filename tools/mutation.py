@@ -72,6 +72,7 @@ _FALSE_NONE = "None for False: as false, and only ever tested for truth"
 _FIRES = "the callback a trigger calls when it fires: a kernel that accepts PSI triggers (this one refuses them)"
 _EV = "nriplugin.qos.eviction."
 _PLAN_NAME = "the name of the plan made only to ask meaningful(): the plan handed on is made anew, named CPUEvict"
+_GROUP_USAGE = "the BE groups read with their throttling too (or not): only their usage is used"
 _ANSWER_NONE = "an Answer whose result is None: outcome() reads anything unknown as an error, the same"
 EQUIVALENT: dict[str, str] = {
     _CG + "x__read__mutmut_11": "reads 65537 bytes instead of 65536: every cgroup file is far smaller",
@@ -276,6 +277,16 @@ EQUIVALENT: dict[str, str] = {
     "nriplugin.node.writer.xǁWriterǁjoin__mutmut_10": "`processes=None`: as false as False (threads, not processes)",
     "nriplugin.node.writer.xǁWriterǁquota_rises__mutmut_34": (
         "an unreadable period as '' rather than None: neither is an int, so both take the default period"
+    ),
+    # qos/collect.py
+    "nriplugin.qos.collect.xǁ_Accǁ__init____mutmut_5": _FALSE_NONE,
+    "nriplugin.qos.collect.xǁCollectorǁ_group_cores__mutmut_2": _GROUP_USAGE,
+    "nriplugin.qos.collect.xǁCollectorǁ_group_cores__mutmut_5": _GROUP_USAGE,
+    "nriplugin.qos.collect.xǁCollectorǁ_group_cores__mutmut_7": _GROUP_USAGE,
+    "nriplugin.qos.collect.xǁCollectorǁ_group_cores__mutmut_8": _GROUP_USAGE,
+    "nriplugin.qos.collect.xǁCollectorǁ_group_cores__mutmut_15": (
+        "the BE groups' counter key joined by 'XX,XX': only its own files are then kept open between rounds "
+        "(they are opened again), the same figures"
     ),
     # qos/eviction
     _EV + "victims.x_fewest__mutmut_18": (
