@@ -1436,7 +1436,9 @@ def test_cpu_round_evicts_through_the_evictor_and_starts_the_cooldown(tmp_path: 
     asyncio.run(scenario())
 
 
-def test_memory_check_evicts_credits_what_is_on_its_way_out_and_sums_the_roots(tmp_path: Path) -> None:
+def test_memory_check_evicts_credits_what_is_on_its_way_out_and_sums_the_roots(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     from testkit.kernel_tree import v1_group
 
     evn, tree, clock = eviction_scene(tmp_path)
@@ -1455,8 +1457,12 @@ def test_memory_check_evicts_credits_what_is_on_its_way_out_and_sums_the_roots(t
         assert f is not None and (f.used, f.capacity, f.pending) == (800 * MiB, 2 * GiB, 0)
         tree.memory("extra", 800 * MiB, limit=GiB)
         clock.t = 101.0
-        f = evn.memory_check()  # 1500 of 2048 MiB: over 70 %
+        with caplog.at_level(logging.INFO, "nriplugin.qos.evict"):
+            f = evn.memory_check()  # 1500 of 2048 MiB: over 70 %
         await asyncio.sleep(0.01)
+        (said,) = [r for r in caplog.records if r.getMessage().startswith("MemoryEvict: ")]
+        assert said.getMessage() == f"MemoryEvict: {evn.plans[0][1].release.why}"
+        assert said.trigger == "threshold"  # type: ignore[attr-defined]
         ((_, plan),) = evn.plans
         assert plan.strategy == "MemoryEvict" and [c[1] for c in backend.calls] == [tree.pods[1].name]
         uid = tree.pods[1].uid
@@ -1525,3 +1531,14 @@ def test_the_node_memory_is_meminfos_by_default(tmp_path: Path) -> None:
     evn, _, _ = eviction_scene(tmp_path)
     m = evn.stats.meminfo()
     assert m is not None and evn.meminfo_total() == m.total > 0
+
+
+def test_an_evictions_own_defaults(tmp_path: Path) -> None:
+    class Cluster:
+        def priority(self, uid: str) -> int | None:
+            return None
+
+    cluster = Cluster()
+    evn, _, _ = eviction_scene(tmp_path, priorities=cluster)
+    assert evn.priorities is cluster and evn.memory_score == 0.0 and evn._critical is False
+    assert evn.wakeups.maxlen == 100 and evn.plans.maxlen == 20 and evn._pod_groups == {}
