@@ -76,6 +76,7 @@ _GROUP_USAGE = "the BE groups read with their throttling too (or not): only thei
 _LS_MAX = "max()'s default over the three LS classes: never empty, so never used"
 _MEMINFO = "no /proc/meminfo: every Linux has one"
 _FIRST_GAP = "the last check at +1 s or -2 s before any: the first event's delay is 0 on any clock past a few seconds"
+_V2_PATH = "another controller for a cgroup v2 path (the only one asked): v2 has no controller in its paths"
 _ANSWER_NONE = "an Answer whose result is None: outcome() reads anything unknown as an error, the same"
 EQUIVALENT: dict[str, str] = {
     _CG + "x__read__mutmut_11": "reads 65537 bytes instead of 65536: every cgroup file is far smaller",
@@ -295,6 +296,10 @@ EQUIVALENT: dict[str, str] = {
     _EV + "loop.xǁEvictionǁ__init____mutmut_30": _FIRST_GAP,
     # qos/collect.py
     "nriplugin.qos.collect.xǁ_Accǁ__init____mutmut_5": _FALSE_NONE,
+    "nriplugin.qos.collect.xǁCollectorǁpressure_path__mutmut_3": _V2_PATH,
+    "nriplugin.qos.collect.xǁCollectorǁpressure_path__mutmut_5": _V2_PATH,
+    "nriplugin.qos.collect.xǁCollectorǁpressure_path__mutmut_6": _V2_PATH,
+    "nriplugin.qos.collect.xǁCollectorǁpressure_path__mutmut_7": _V2_PATH,
     "nriplugin.qos.collect.xǁCollectorǁ_group_cores__mutmut_2": _GROUP_USAGE,
     "nriplugin.qos.collect.xǁCollectorǁ_group_cores__mutmut_5": _GROUP_USAGE,
     "nriplugin.qos.collect.xǁCollectorǁ_group_cores__mutmut_7": _GROUP_USAGE,
