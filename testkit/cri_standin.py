@@ -25,11 +25,18 @@ class FakeRuntime:
         self.containers: dict[str, tuple[Any, dict[str, Any]]] = {}
         self.calls: list[str] = []
         self.raw_info: dict[str, str] = {}  # id -> verbatim info string (hostile tests)
+        self.stopped: list[tuple[str, str, int]] = []  # ("container"|"pod", id, timeout), in order
+        self.fail: str | None = None  # a method that fails (a runtime going away)
+        self.fail_detail = ""  # more of what the failing method says
+        self.deadlines: list[tuple[str, float | None]] = []  # the seconds each call was given
 
     def handlers(self) -> grpc.GenericRpcHandler:
         def unary(name: str, req_cls: Any, fn: Callable[[Any], Any]) -> grpc.RpcMethodHandler[Any, Any]:
             def call(request: Any, context: Any) -> Any:
                 self.calls.append(name)
+                self.deadlines.append((name, context.time_remaining()))
+                if name == self.fail:
+                    raise RuntimeError(f"{name}: the runtime is going away{self.fail_detail}")
                 return fn(request)
 
             return grpc.unary_unary_rpc_method_handler(
@@ -50,8 +57,16 @@ class FakeRuntime:
                 "ListContainers": unary(
                     "ListContainers",
                     cri.ListContainersRequest,
-                    lambda r: cri.ListContainersResponse(containers=[c for c, _ in self.containers.values()]),
+                    lambda r: cri.ListContainersResponse(
+                        containers=[
+                            c
+                            for c, _ in self.containers.values()
+                            if not r.filter.pod_sandbox_id or c.pod_sandbox_id == r.filter.pod_sandbox_id
+                        ]
+                    ),
                 ),
+                "StopContainer": unary("StopContainer", cri.StopContainerRequest, self._stop_container),
+                "StopPodSandbox": unary("StopPodSandbox", cri.StopPodSandboxRequest, self._stop_pod),
                 "PodSandboxStatus": unary(
                     "PodSandboxStatus",
                     cri.PodSandboxStatusRequest,
@@ -66,6 +81,19 @@ class FakeRuntime:
                 ),
             },
         )
+
+    def _stop_container(self, r: Any) -> Any:
+        """As a runtime does: the container exits (after SIGTERM, SIGKILL at the timeout)."""
+        self.stopped.append(("container", r.container_id, r.timeout))
+        if r.container_id in self.containers:
+            self.containers[r.container_id][0].state = cri.CONTAINER_EXITED
+        return cri.StopContainerResponse()
+
+    def _stop_pod(self, r: Any) -> Any:
+        self.stopped.append(("pod", r.pod_sandbox_id, 0))
+        if r.pod_sandbox_id in self.pods:
+            self.pods[r.pod_sandbox_id][0].state = cri.SANDBOX_NOTREADY
+        return cri.StopPodSandboxResponse()
 
     def add_node(self, pods: list[api.PodSandbox], containers: list[api.Container]) -> None:
         """What NRI's Synchronize would hand over, as CRI lists it (verbose info included)."""

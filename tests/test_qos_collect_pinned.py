@@ -3,6 +3,8 @@ stall deltas, a container's limit and request from its facts, and the per-class 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from nriplugin.kernel.stats import NO_STALL, ProcCpu, Psi, PsiLine
@@ -105,3 +107,25 @@ def test_no_periods_no_throttled_ratio() -> None:
     ls = _facts(QoSClass.LS, record("LS", 100000))
     rnd.read("a", ls, ContainerUsage(QoSClass.LS, "p", 0.5, 0, 0), periods=0, throttled=0)
     assert rnd.by_class()["LS"].throttled_ratio == 0.0
+
+
+def test_a_groups_cpu_seconds_and_pressure_file(tmp_path: Path) -> None:
+    from nriplugin.kernel.cgroup import Cgroups
+    from nriplugin.node.desired import DesiredState
+    from nriplugin.policy.cache import RuleCache
+    from nriplugin.qos.collect import Collector
+    from testkit.kernel_tree import v1_counters, v1_tree, v2_tree
+    from tests.test_features import caps
+
+    be = "kubepods/besteffort"
+    root = v1_tree(tmp_path / "v1", [be])
+    v1_counters(root, be, usage_ns=2_500_000_000)
+    m = NodeModel()
+    col = Collector(m, DesiredState(m, RuleCache(), caps()), Cgroups(root))
+    assert col.group_cpu_seconds(be) == 2.5 and col.group_cpu_seconds("kubepods/gone") is None
+    assert col.pressure_path(be) is None  # v1: no per-group PSI
+    col.close()
+    v2 = v2_tree(tmp_path / "v2", [be])
+    col = Collector(m, DesiredState(m, RuleCache(), caps()), Cgroups(v2))
+    assert col.pressure_path(be) == f"{v2}/{be}/cpu.pressure"
+    col.close()

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,9 +17,9 @@ import pytest
 
 from nriplugin.policy.model import PLUGINS, Policy
 from nriplugin.qos.levels import Level, Thresholds
-from nriplugin.qos.manager import FAST_JUMP, FAST_PERIOD, HISTORY
+from nriplugin.qos.manager import FAST_JUMP, FAST_PERIOD, HISTORY, QoSManager
 from nriplugin.qos.sample import NodeSample
-from nriplugin.qos.strategy import Round
+from nriplugin.qos.strategy import FastUsage, Round
 from tests.test_qos_manager import BE_GROUP, Script, node_with_pods
 
 
@@ -416,3 +417,267 @@ def test_pod_groups_start_as_moved_and_a_be_pod_leaving_moves_them(tmp_path: Pat
 
     node.model.pod_removed(make_pod(1, "BE").id)
     assert pods.moved() is True and pods.be() == []
+
+
+# --- the defaults, the fast path's round, the loop with a trigger armed --------------------------
+
+
+@dataclass
+class Between:
+    """A strategy that records the fast path's rounds (it runs under the default policy's name)."""
+
+    rounds: list[Round] = field(default_factory=list)
+    name = "CPUSuppress"
+    needs_capacity = False
+
+    @classmethod
+    def runs(cls, cfg: object) -> bool:
+        return True
+
+    def decide(self, r: Round) -> None:
+        pass
+
+    def between_rounds(self, r: Round) -> None:
+        self.rounds.append(r)
+
+    def off(self, t: float, why: str) -> bool:
+        return False
+
+
+def test_a_new_managers_defaults(tmp_path: Path) -> None:
+    node, rec, mgr, s, _ = node_with_pods(tmp_path)
+    assert mgr.psi_path == "/proc/pressure/cpu" and mgr.eviction is None
+    assert mgr._non_be == 0.0  # no decision yet: non-BE usage is measured from nothing
+    hook = Hook()
+    other = QoSManager(node.model, node.desired, rec, s, node.rules, eviction=hook, psi_path=None)
+    assert other.eviction is hook and other.psi_path is None
+
+
+def fast_scene(tmp_path: Path) -> tuple[QoSManager, Script, Between]:
+    _, _, mgr, s, _ = node_with_pods(tmp_path)
+    s.be = 0.0  # BE's counter stands still: the fast path's non-BE usage is what LS uses, exactly
+    mgr.round()
+    between = Between()
+    mgr.strategies = (*mgr.strategies, between)  # type: ignore[arg-type]
+    s.advance(0.1)
+    mgr.fast_round()  # BE's counter: a baseline
+    return mgr, s, between
+
+
+def test_the_fast_path_decides_at_a_jump_of_exactly_fast_jump(tmp_path: Path) -> None:
+    mgr, s, between = fast_scene(tmp_path)
+    assert mgr._non_be == 0.0
+    s.ls = FAST_JUMP
+    s.advance(0.1)
+    mgr.fast_round()
+    (r,) = between.rounds
+    assert r.fast == FastUsage(0.0, FAST_JUMP) and r.t == s.t and r.sample is mgr.last
+    assert (r.level, r.cpu_score, r.memory_score) == (mgr.level, mgr.cpu.score, mgr.memory.score)
+    assert mgr._non_be == FAST_JUMP
+    s.advance(0.1)
+    mgr.fast_round()
+    assert len(between.rounds) == 1  # the same non-BE usage as at the last decision: nothing
+
+
+def test_the_fast_path_hands_the_scores_on(tmp_path: Path) -> None:
+    mgr, s, between = fast_scene(tmp_path)
+    mgr.cpu._score, mgr.memory._score = 61.0, 23.0
+    s.ls = 1.0
+    s.advance(0.1)
+    mgr.fast_round()
+    (r,) = between.rounds
+    assert (r.cpu_score, r.memory_score) == (61.0, 23.0)
+
+
+def test_the_fast_path_sums_bes_groups(tmp_path: Path) -> None:
+    mgr, s, between = fast_scene(tmp_path)
+    counters = {BE_GROUP: 1.0, "kubepods.slice/kubepods-besteffort.slice": 2.0}
+    mgr.groups = list(counters)
+    s.group_cpu_seconds = lambda group: counters[group]  # type: ignore[method-assign]
+    s.advance(0.1)
+    mgr.fast_round()
+    counters[BE_GROUP] += 0.1  # 1 core
+    counters["kubepods.slice/kubepods-besteffort.slice"] += 0.2  # 2 cores
+    s.ls, s.be = 0.5, 3.0
+    s.advance(0.1)
+    mgr.fast_round()
+    (r,) = between.rounds
+    assert r.fast is not None and r.fast.be == pytest.approx(3.0) and r.fast.non_be == pytest.approx(0.5)
+
+
+def test_round_async_takes_the_pods_in_and_samples_their_groups(tmp_path: Path) -> None:
+    _, _, mgr, s, _ = node_with_pods(tmp_path)
+    asked: list[object] = []
+    real = s.sample
+
+    def sample(be_groups: Sequence[str] = ()) -> NodeSample:
+        asked.append(list(be_groups))
+        return real(be_groups)
+
+    s.sample = sample  # type: ignore[method-assign]
+    asyncio.run(mgr.round_async())
+    assert mgr.groups == [BE_GROUP] and asked == [[BE_GROUP]]
+
+
+def test_a_falling_memory_score_is_smoothed_too(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    _, _, mgr, s, _ = node_with_pods(tmp_path)
+    real = s.sample
+    avail = [0]
+    s.sample = lambda be_groups=(): replace(real(be_groups), mem_available=avail[0])  # type: ignore[method-assign]
+    mgr.round()
+    high = mgr.memory.score
+    avail[0] = 6 << 30
+    s.advance(1.0)
+    mgr.round()
+    assert high > 30.0 and high > mgr.memory.score > 0.35 * 25 + 1  # falling with its time constant
+
+
+def test_a_new_manager_without_node_qos_resource_says_so_at_its_first_round(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    plugins = [p for p in PLUGINS if p != "NodeQOSResource"]
+    _, _, mgr, _, _ = node_with_pods(tmp_path, Policy.model_validate({"qosManager": {"plugins": plugins}}))
+    with caplog.at_level(logging.INFO, "nriplugin.qos"):
+        mgr.round()
+    assert any(m.startswith("NodeQOSResource is off: without the node's capacity") for m in caplog.messages)
+
+
+def test_a_withdrawal_is_said_with_the_strategy_and_why(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    node, _, mgr, s, _ = node_with_pods(tmp_path)
+    mgr.round()
+    node.rules.set(Policy.model_validate({"qosManager": {"plugins": ["NodeQOSResource"]}}), "test")
+    with caplog.at_level(logging.INFO, "nriplugin.qos"):
+        s.advance(1.0)
+        mgr.round()
+    assert "QoS overlays withdrawn (CPUSuppress): CPUSuppress is off" in caplog.messages
+
+
+def test_ls_pressure_refusals_are_said_with_their_reason(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from nriplugin.kernel.psi_trigger import PressureWatch
+
+    _, _, mgr, _, _ = node_with_pods(tmp_path)
+    (tmp_path / "p1").write_text("")  # a regular file: not pollable
+    mgr.pods.pressure_path = lambda g: str(tmp_path / "p1")
+    mgr.pods._dirty.update(k for k in mgr.model if k.startswith("pod:"))
+    mgr.ls_pressure = PressureWatch()
+    with caplog.at_level(logging.INFO, "nriplugin.qos"):
+        mgr.round()
+    why = mgr.ls_pressure.refused[str(tmp_path / "p1")]
+    assert why and f"no PSI trigger on LS groups ({tmp_path / 'p1'}: {why}); the fast path carries the reaction" in (
+        caplog.messages
+    )
+    mgr.ls_pressure.close()
+
+
+@dataclass
+class LoopHook(Hook):
+    loops: list[object] = field(default_factory=list)
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loops.append(loop)
+        super().start(loop)
+
+
+def test_the_loop_with_a_trigger_armed(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A FIFO takes the trigger's line and can be polled, as a pressure file of a kernel that
+    accepts triggers does: the manager arms it, waits on its wake-up between fast rounds (the
+    wait times out every FAST_PERIOD), and closes it at stop."""
+    fifo = tmp_path / "cpu.pressure"
+    os.mkfifo(fifo)
+    p = Policy.model_validate({"qosManager": {"syncPeriod": 60}})
+    _, _, mgr, s, _ = node_with_pods(tmp_path, p)
+    mgr.psi_path = str(fifo)
+    hook = LoopHook()
+    mgr.eviction = hook
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        mgr.start(loop)
+        try:
+            assert hook.loops == [loop] and mgr._trigger is not None
+            end = loop.time() + 3.0
+            while len(s.fast_reads) < 4 and loop.time() < end:
+                await asyncio.sleep(0.01)
+            assert s.rounds == 1 and len(s.fast_reads) >= 4  # the waits time out: fast rounds go on
+            assert mgr._task is not None and not mgr._task.done()
+            mgr._wake.set()
+            end = loop.time() + 3.0
+            while s.rounds < 2 and loop.time() < end:
+                await asyncio.sleep(0.01)
+            assert s.rounds == 2
+        finally:
+            mgr.stop()
+        await asyncio.sleep(0)
+        assert mgr._trigger is None and hook.calls[-1] == "stop"
+
+    with caplog.at_level(logging.INFO, "nriplugin.qos"):
+        asyncio.run(main())
+    assert f"PSI trigger armed on {fifo}: a CPU stall wakes a round at once" in caplog.messages
+
+
+def test_without_a_trigger_the_reason_and_the_fast_period_are_said(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _, _, mgr, _, _ = node_with_pods(tmp_path)
+    mgr.psi_path = str(tmp_path / "no-psi")
+
+    async def main() -> None:
+        mgr.start(asyncio.get_running_loop())
+        mgr.stop()
+        await asyncio.sleep(0)
+
+    with caplog.at_level(logging.INFO, "nriplugin.qos"):
+        asyncio.run(main())
+    (said,) = [m for m in caplog.messages if m.startswith("no PSI trigger (")]
+    why = f"{tmp_path / 'no-psi'}: No such file or directory"
+    assert said == f"no PSI trigger ({why}); the 50 ms fast path carries the reaction"
+
+
+def test_a_failing_round_is_said_as_such(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    p = Policy.model_validate({"qosManager": {"syncPeriod": 60}})
+    _, _, mgr, s, _ = node_with_pods(tmp_path, p)
+    mgr.psi_path = None
+
+    def fail(be_groups: object = ()) -> NodeSample:
+        raise RuntimeError("boom")
+
+    s.sample = fail  # type: ignore[method-assign]
+
+    async def main() -> None:
+        mgr.start(asyncio.get_running_loop())
+        await asyncio.sleep(0.02)
+        mgr.stop()
+        await asyncio.sleep(0)
+
+    with caplog.at_level(logging.INFO, "nriplugin.qos"):
+        asyncio.run(main())
+    assert "QoS round failed; trying again next round" in caplog.messages
+
+
+def test_refresh_async_gives_the_loop_back_between_turns(tmp_path: Path) -> None:
+    """Many pods' news (keys the model no longer has, here): the refresh yields to the event
+    loop between turns (a bare yield, as ``asyncio.sleep(0)`` does) and still takes them all in."""
+    from nriplugin.qos.manager import PodGroups
+
+    node, _, _, _, _ = node_with_pods(tmp_path)
+    pods = PodGroups(node.model, node.desired)
+    pods._dirty.update(f"pod:gone-{i}" for i in range(20_000))
+    coro = pods.refresh_async()
+    yields = 0
+    try:
+        while True:
+            assert coro.send(None) is None
+            yields += 1
+    except StopIteration as done:
+        moved = done.value
+    assert yields >= 1 and moved is True and not pods._dirty and pods.be() == [BE_GROUP]
+
+
+def test_a_disabled_manager_collects_nothing(tmp_path: Path) -> None:
+    node, _, mgr, s, _ = node_with_pods(tmp_path)
+    node.rules.set(Policy.model_validate({"qosManager": {"enable": False}}), "test")
+    mgr.round()
+    asyncio.run(mgr.round_async())
+    assert s.rounds == 0 and mgr.last is None and mgr.groups == []

@@ -68,6 +68,16 @@ _NO_KEY = "the default key skipped, 'XXXX' for '': no container's key is either"
 _QM = "nriplugin.qos.manager.xǁQoSManagerǁ"
 _PG = "nriplugin.qos.manager.xǁPodGroupsǁ"
 _LS_RSS = "_ls's RSS sum: its one caller, cpu_inputs, reads only usage and request"
+_FALSE_NONE = "None for False: as false, and only ever tested for truth"
+_FIRES = "the callback a trigger calls when it fires: a kernel that accepts PSI triggers (this one refuses them)"
+_EV = "nriplugin.qos.eviction."
+_PLAN_NAME = "the name of the plan made only to ask meaningful(): the plan handed on is made anew, named CPUEvict"
+_GROUP_USAGE = "the BE groups read with their throttling too (or not): only their usage is used"
+_LS_MAX = "max()'s default over the three LS classes: never empty, so never used"
+_MEMINFO = "no /proc/meminfo: every Linux has one"
+_FIRST_GAP = "the last check at +1 s or -2 s before any: the first event's delay is 0 on any clock past a few seconds"
+_V2_PATH = "another controller for a cgroup v2 path (the only one asked): v2 has no controller in its paths"
+_ANSWER_NONE = "an Answer whose result is None: outcome() reads anything unknown as an error, the same"
 EQUIVALENT: dict[str, str] = {
     _CG + "x__read__mutmut_11": "reads 65537 bytes instead of 65536: every cgroup file is far smaller",
     _CG + "xǁCgroupsǁ_dir__mutmut_2": f"never reads the cache: {_CACHE}",
@@ -251,6 +261,82 @@ EQUIVALENT: dict[str, str] = {
         "`not groups and last is None`: with no BE group the BE counter is None, so it returns all the same"
     ),
     _PG + "removed__mutmut_2": "a removed pod left among the news: the model no longer has it, so a refresh skips it",
+    _QM + "__init____mutmut_40": _FALSE_NONE,
+    _QM + "__init____mutmut_42": _FALSE_NONE,
+    _QM + "_why_not__mutmut_21": _FALSE_NONE,
+    _QM + "start__mutmut_5": _FIRES,
+    _QM + "start__mutmut_25": "the fast period said as 50.05 ms rather than 50: '%.0f' prints 50 all the same",
+    _QM + "start__mutmut_28": _FIRES,
+    _QM + "run__mutmut_2": (
+        "the first round due at 1 s of monotonic time, not 0: the clock is past both once a loop runs"
+    ),
+    _QM + "run__mutmut_6": (
+        "`now > next_round`: a later reading equal to the due time to the nanosecond takes the next loop turn"
+    ),
+    _QM + "run__mutmut_13": (
+        "sleeps instead of waiting on the wake-up while a trigger is armed: the same rounds, a wake-up taken up "
+        "to one fast period (50 ms) later; no unit test times that"
+    ),
+    # node/writer.py
+    "nriplugin.node.writer.xǁWriterǁjoin__mutmut_10": "`processes=None`: as false as False (threads, not processes)",
+    "nriplugin.node.writer.xǁWriterǁquota_rises__mutmut_34": (
+        "an unreadable period as '' rather than None: neither is an int, so both take the default period"
+    ),
+    _EV + "loop.x_cpu_facts__mutmut_18": _LS_MAX,
+    _EV + "loop.x_cpu_facts__mutmut_20": _LS_MAX,
+    _EV + "loop.x_cpu_facts__mutmut_22": _LS_MAX,
+    _EV + "loop.xǁEvictionǁ_meminfo_total__mutmut_3": _MEMINFO,
+    _EV + "loop.xǁEvictionǁ_meminfo_total__mutmut_4": _MEMINFO,
+    _EV + "loop.xǁEvictionǁ_settle__mutmut_15": "settle() without its unit: its default is bytes",
+    _EV + "loop.xǁEvictionǁ__init____mutmut_23": _FALSE_NONE,
+    _EV + "loop.xǁEvictionǁmemory_check__mutmut_52": _FALSE_NONE,
+    _EV + "loop.xǁEvictionǁ_arm__mutmut_58": "v1_pressure without its mode: its default is hierarchy",
+    _EV + "loop.xǁEvictionǁstart__mutmut_3": "the callback of the kernel's memory events: no unit test makes it notify",
+    _EV + "loop.xǁEvictionǁ__init____mutmut_29": _FIRST_GAP,
+    _EV + "loop.xǁEvictionǁ__init____mutmut_30": _FIRST_GAP,
+    # qos/collect.py
+    "nriplugin.qos.collect.xǁ_Accǁ__init____mutmut_5": _FALSE_NONE,
+    "nriplugin.qos.collect.xǁCollectorǁpressure_path__mutmut_3": _V2_PATH,
+    "nriplugin.qos.collect.xǁCollectorǁpressure_path__mutmut_5": _V2_PATH,
+    "nriplugin.qos.collect.xǁCollectorǁpressure_path__mutmut_6": _V2_PATH,
+    "nriplugin.qos.collect.xǁCollectorǁpressure_path__mutmut_7": _V2_PATH,
+    "nriplugin.qos.collect.xǁCollectorǁ_group_cores__mutmut_2": _GROUP_USAGE,
+    "nriplugin.qos.collect.xǁCollectorǁ_group_cores__mutmut_5": _GROUP_USAGE,
+    "nriplugin.qos.collect.xǁCollectorǁ_group_cores__mutmut_7": _GROUP_USAGE,
+    "nriplugin.qos.collect.xǁCollectorǁ_group_cores__mutmut_8": _GROUP_USAGE,
+    "nriplugin.qos.collect.xǁCollectorǁ_group_cores__mutmut_15": (
+        "the BE groups' counter key joined by 'XX,XX': only its own files are then kept open between rounds "
+        "(they are opened again), the same figures"
+    ),
+    # qos/eviction
+    _EV + "victims.x_fewest__mutmut_18": (
+        "`a < 0`: amounts are taken largest first, so after a 0 only 0s and less follow: no target above 0 is reached"
+    ),
+    _EV + "cpu.xǁCpuEvictǁ_plan__mutmut_2": _PLAN_NAME,
+    _EV + "cpu.xǁCpuEvictǁ_plan__mutmut_10": _PLAN_NAME,
+    _EV + "cpu.xǁCpuEvictǁ_plan__mutmut_11": _PLAN_NAME,
+    _EV + "cpu.xǁCpuEvictǁ_plan__mutmut_12": _PLAN_NAME,
+    _EV + "memory.x_release__mutmut_40": (
+        "the growth's release reckoned without growth: at most use - capacity, below the level's 1.3 x (use - lower)"
+    ),
+    _EV + "memory.xǁMemoryEvictǁdecide__mutmut_19": (
+        "the plan made only to ask meaningful() lists None victims: a plan in bytes never reads them"
+    ),
+    _EV + "memory.xǁMemoryEvictǁobserve__mutmut_10": (
+        "drops the older of two readings when it left the window: the next reading drops it anyway, "
+        "and growth needs three"
+    ),
+    _EV + "evictor.xǁEvictorǁ_evict__mutmut_65": _ANSWER_NONE,
+    _EV + "evictor.xǁEvictorǁ_evict__mutmut_99": _ANSWER_NONE,
+    _EV + "evictor.xǁEvictorǁ_failed__mutmut_20": (
+        "a missing detail as None rather than '': both fall back to str(answer)"
+    ),
+    _EV + "evictor.xǁRuntimeBackendǁevict__mutmut_4": (
+        "ListPodSandbox with None: gRPC sends no bytes, which is what an empty ListPodSandboxRequest is"
+    ),
+    _EV + "evictor.xǁRuntimeBackendǁevict__mutmut_70": (
+        "the name of NoneType for an error without text: gRPC's errors always carry a status and details"
+    ),
     _PG + "refresh_steps__mutmut_26": "a turn ends more often: the same pods taken in, in more turns",
     "nriplugin.qos.history.xǁCountersǁadvance__mutmut_22": (
         "min() of no deltas defaults to 1, not 0: neither is below 0"

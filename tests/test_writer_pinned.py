@@ -1,0 +1,323 @@
+"""The one writer pinned at its boundaries (the kept mutation score): the order of quota and
+burst in one group (a rise, an equal value and a lift go first), whether a batch raises a
+group's bandwidth (strictly, per period, with the kernel's default period), and what
+:meth:`Writer.apply` reports for each value: written, refused, missing, rejected by the kernel."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+from nriplugin.intent.core import BURST, PERIOD, QUOTA, Intent, Setting
+from nriplugin.kernel.cgroup import Cgroups
+from nriplugin.kernel.coresched import CoreSched
+from nriplugin.kernel.probe import resctrl
+from nriplugin.kernel.resctrl import ResctrlFS
+from nriplugin.node.writer import Writer, children_first, depth, parents_first, period_of
+from nriplugin.policy.model import Policy
+from testkit.kernel_tree import resctrl_tree, v1_tree, v2_tree
+from tests.test_coresched import Kernel
+
+G = "kubepods/besteffort/pod1"
+
+
+def quota(v: int | str) -> Setting:
+    return Setting(QUOTA, v, "q")
+
+
+def burst(v: int) -> Setting:
+    return Setting(BURST, v, "b")
+
+
+def period(v: int | str) -> Setting:
+    return Setting(PERIOD, v, "p")
+
+
+def writer_v1(tmp_path: Path, q: str = "-1", p: str | None = "100000") -> Writer:
+    root = v1_tree(tmp_path, [G])
+    (root / "cpu" / G / "cpu.cfs_quota_us").write_text(q + "\n")
+    if p is None:
+        (root / "cpu" / G / "cpu.cfs_period_us").unlink()
+    else:
+        (root / "cpu" / G / "cpu.cfs_period_us").write_text(p + "\n")
+    return Writer(Cgroups(root), Policy)
+
+
+# --- the order across groups -------------------------------------------------------------------
+
+
+def test_depth_counts_the_components_below_the_root() -> None:
+    assert depth("") == 0 and depth("/") == 0 and depth("kubepods") == 0
+    assert depth("/kubepods/besteffort/") == 1 and depth("a/b/c") == 2 and depth("a/X") == 1
+
+
+def test_children_first_and_parents_first_break_ties_by_key() -> None:
+    groups = {"k1": "a", "k2": "a/b", "k3": "a/b/c", "k0": "x/y"}
+    assert children_first(groups, groups.__getitem__) == ["k3", "k0", "k2", "k1"]
+    assert parents_first(groups, groups.__getitem__) == ["k1", "k0", "k2", "k3"]
+
+
+def test_period_of_takes_the_first_integer_period() -> None:
+    assert period_of([quota(5000), period(50000)]) == 50000
+    assert period_of([quota(5000)]) is None
+    assert period_of([period("50000"), period(20000)]) == 20000  # a text value is no period
+
+
+# --- the order in one group ------------------------------------------------------------------
+
+
+def test_settings_without_quota_and_burst_are_sorted_by_key(tmp_path: Path) -> None:
+    w = writer_v1(tmp_path, q="50000")
+    shares = Setting("cpu.shares", 2, "s")
+    assert w.order(G, [shares, quota(20000)]) == [quota(20000), shares]
+    assert w.order(G, [burst(1000), shares]) == [burst(1000), shares]
+    assert w.order(G, [shares, quota("x"), burst(1000)]) == [burst(1000), quota("x"), shares]
+    rbps = "blkio.throttle.read_bps_device"
+    sdb, sda = Setting(rbps, 100, "r", device="8:16"), Setting(rbps, 200, "r", device="8:0")
+    assert w.order(G, [sdb, sda]) == [sda, sdb]  # by resource and device, not by value
+
+
+@pytest.mark.parametrize(
+    ("held", "want", "quota_first"),
+    [
+        ("50000", 60000, True),  # a rise: the quota first, so the burst fits under it
+        ("50000", 50000, True),  # equal: the burst is checked against the same quota either way
+        ("50000", 49999, False),  # a fall: the burst first, so it is never above the quota
+        ("-1", 50000, False),  # from no limit: the burst (under any quota) first
+        ("50000", -1, True),  # lifting the limit: first
+        ("-1", -1, True),
+    ],
+)
+def test_quota_and_burst_go_in_the_order_the_kernel_accepts(
+    tmp_path: Path, held: str, want: int, quota_first: bool
+) -> None:
+    w = writer_v1(tmp_path, q=held)
+    shares = Setting("cpu.shares", 2, "s")
+    out = w.order(G, [shares, burst(1000), quota(want)])
+    assert out == ([quota(want), burst(1000), shares] if quota_first else [burst(1000), quota(want), shares])
+
+
+def test_a_group_without_a_quota_file_takes_the_burst_first(tmp_path: Path) -> None:
+    w = writer_v1(tmp_path)
+    (tmp_path / "cpu" / G / "cpu.cfs_quota_us").unlink()
+    assert w.order(G, [quota(50000), burst(1000)]) == [burst(1000), quota(50000)]
+
+
+# --- whether a batch raises a group's bandwidth ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("held", "held_period", "settings", "rises"),
+    [
+        ("50000", "100000", [Setting("cpu.shares", 2, "s")], False),  # no quota set
+        ("50000", "100000", [quota("50000")], False),  # not an integer quota
+        ("-1", "100000", [quota(20000)], False),  # no limit now
+        (str(2**62), "100000", [quota(2**62 + 5)], False),  # at 2^62: no limit either
+        (str(2**62 - 1), "100000", [quota(2**62)], True),
+        ("50000", "100000", [quota(-1)], True),  # lifting a limit
+        ("0", "100000", [quota(1000)], True),  # above a held 0
+        ("50000", "100000", [quota(0)], False),  # 0 is no lift
+        ("50000", "100000", [quota(50000)], False),  # equal: not a rise
+        ("50000", "100000", [quota(50001)], True),
+        ("50000", "100000", [quota(25000), period(50000)], False),  # the same bandwidth
+        ("50000", "100000", [quota(25001), period(50000)], True),
+        ("100000", "200000", [quota(60000)], False),  # the group's own period: 0.3 < 0.5 cores
+        ("100000", "200000", [quota(60000), period(100000)], True),  # 0.6 > 0.5 cores
+        ("50000", None, [quota(60000), period(120000)], False),  # no period file: 100000
+        ("50000", "0", [quota(60000), period(120000)], False),  # nor a 0 period
+        ("50000", "0", [quota(60001), period(120000)], True),
+        ("50000", "1", [quota(60000), period(2)], False),  # any positive period is the group's
+        ("50000", "junk", [quota(60000), period(120000)], False),  # nor an unreadable one
+        ("50000", None, [quota(60001), period(120000)], True),
+    ],
+)
+def test_quota_rises_strictly_per_period(
+    tmp_path: Path, held: str, held_period: str | None, settings: list[Setting], rises: bool
+) -> None:
+    w = writer_v1(tmp_path, q=held, p=held_period)
+    assert w.quota_rises(G, settings) is rises
+
+
+def test_quota_rises_is_false_for_a_group_it_cannot_read(tmp_path: Path) -> None:
+    w = writer_v1(tmp_path, q="junk")
+    assert w.quota_rises(G, [quota(-1)]) is False
+    assert w.quota_rises("kubepods/gone", [quota(-1)]) is False
+
+
+# --- what apply reports ----------------------------------------------------------------------------
+
+
+def test_apply_writes_in_order_and_tells_what_the_kernel_took(tmp_path: Path) -> None:
+    w = writer_v1(tmp_path, q="50000")
+    written: list[tuple[str, str]] = []
+    w.on_written = lambda g, r: written.append((g, r))
+    out = w.apply(G, [Setting("cpu.shares", 1024, "s"), burst(1000), quota(20000)], "pod1")
+    assert [(s.resource, r.status) for s, r in out] == [
+        (BURST, "written"),
+        (QUOTA, "written"),
+        ("cpu.shares", "unchanged"),
+    ]
+    assert written == [(G, BURST), (G, QUOTA)]  # not the unchanged one
+    assert (tmp_path / "cpu" / G / "cpu.cfs_quota_us").read_text() == "20000"
+    out = w.apply(G, [quota(20000)], "pod1", force=True)
+    assert [r.status for _, r in out] == ["written"] and written[-1] == (G, QUOTA)
+    out = w.apply(G, [burst(1000), quota(30000)], "pod1")  # a rise over the group's 20000: quota first
+    assert [s.resource for s, _ in out] == [QUOTA, BURST]
+
+
+def test_apply_without_on_written_still_writes(tmp_path: Path) -> None:
+    w = writer_v1(tmp_path)
+    assert [r.status for _, r in w.apply(G, [quota(20000)], "pod1")] == ["written"]
+
+
+def test_apply_takes_the_period_from_the_settings_on_v2(tmp_path: Path) -> None:
+    root = v2_tree(tmp_path, [G])
+    w = Writer(Cgroups(root), Policy)
+    w.apply(G, [quota(20000), period(50000)], "pod1")
+    assert (root / G / "cpu.max").read_text() == "20000 50000"
+    w.apply(G, [quota(30000)], "pod1", period=40000)
+    assert (root / G / "cpu.max").read_text() == "30000 40000"
+    w.apply(G, [quota(10000), period(50000)], "pod1", period=20000)  # the caller's period wins
+    assert (root / G / "cpu.max").read_text() == "10000 20000"
+
+
+def test_a_refused_value_is_counted_said_and_the_rest_written(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    w = writer_v1(tmp_path)
+    reasons: list[str] = []
+    w.on_invalid = reasons.append
+    q = tmp_path / "cpu" / G / "cpu.cfs_quota_us"
+    q.unlink()
+    q.symlink_to(tmp_path / "elsewhere")  # never followed: refused
+    with caplog.at_level(logging.WARNING, "nriplugin.node.writer"):
+        out = w.apply(G, [Setting("cpu.shares", 2, "s"), quota(20000)], "ns/pod")
+    assert [(s.resource, r.status) for s, r in out] == [("cpu.shares", "written")]  # the next goes on
+    assert reasons == ["write_refused"]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"ns/pod: not writing cpu.cfs_quota_us: refusing {q}: a symbolic link"
+    ]
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_a_missing_group_is_reported_not_warned(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    w = writer_v1(tmp_path)
+    with caplog.at_level(logging.DEBUG, "nriplugin.node.writer"):
+        out = w.apply("kubepods/gone", [quota(20000)], "ns/pod")
+    assert [r.status for _, r in out] == ["missing"]
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.DEBUG, "ns/pod: cpu.cfs_quota_us: cgroup kubepods/gone does not exist")
+    ]
+
+
+REAL = Path("/sys/fs/cgroup")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not (REAL / "cpu" / "cpu.shares").exists(), reason="needs root + cgroup v1")
+def test_a_value_the_kernel_rejects_is_warned_with_its_errno(caplog: pytest.LogCaptureFixture) -> None:
+    """On this machine's real cpu controller: a child's quota above its parent's is refused."""
+    parent = f"nriplugin-writer-{os.getpid()}"
+    child = f"{parent}/c"
+    (REAL / "cpu" / child).mkdir(parents=True)
+    try:
+        cg = Cgroups(REAL)
+        assert cg.write(parent, QUOTA, 20000).status == "written"
+        w = Writer(cg, Policy)
+        with caplog.at_level(logging.WARNING, "nriplugin.node.writer"):
+            out = w.apply(child, [quota(50000)], "ns/pod")
+        assert [r.status for _, r in out] == ["rejected"]
+        (rec,) = caplog.records
+        assert rec.getMessage().startswith("ns/pod: cpu.cfs_quota_us rejected: Invalid argument writing '50000'")
+        assert (rec.resource, rec.errno) == (QUOTA, 22)  # type: ignore[attr-defined]
+    finally:
+        (REAL / "cpu" / child).rmdir()
+        (REAL / "cpu" / parent).rmdir()
+
+
+# --- task groups ---------------------------------------------------------------------------------
+
+
+def test_join_puts_a_new_containers_init_in_its_resctrl_group(tmp_path: Path) -> None:
+    root = resctrl_tree(tmp_path / "resctrl")
+    (root / "BE").mkdir()
+    (root / "BE" / "tasks").write_text("")  # the kernel makes it with the group
+    fs = ResctrlFS(root, resctrl(root))
+    cg = v1_tree(tmp_path / "cg", [G])
+    (cg / "cpu" / G / "tasks").write_text("11\n12\n")
+    policy = Policy.model_validate({"resourceQOSStrategy": {"beClass": {"resctrlQOS": {"catRangeEndPercent": 30}}}})
+    w = Writer(Cgroups(cg), lambda: policy, resctrl_fs=fs)
+    intent = Intent(resctrl_group=Setting("resctrl.group", "BE", "r"))
+    w.join(intent, G, 4242, "ns/pod")
+    assert (root / "BE" / "tasks").read_text().split() == ["4242"]
+    assert (root / "BE" / "schemata").read_text() == fs.schemata(0, 30, 100)
+    w.join(intent, G, 0, "ns/pod")  # a container that ran already: every thread of its cgroup
+    assert sorted((root / "BE" / "tasks").read_text().split()) == ["11", "12", "4242"]
+
+
+def test_a_resctrl_group_that_cannot_be_joined_is_counted_and_said(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = resctrl_tree(tmp_path / "resctrl")
+    fs = ResctrlFS(root, resctrl(root))
+    reasons: list[str] = []
+    w = Writer(Cgroups(v1_tree(tmp_path / "cg", [G])), Policy, resctrl_fs=fs, on_invalid=reasons.append)
+    with caplog.at_level(logging.WARNING, "nriplugin.node.writer"):
+        w.join(Intent(resctrl_group=Setting("resctrl.group", "../x", "r")), G, 4242, "ns/pod")
+        w.join(Intent(resctrl_group=Setting("resctrl.group", "BE", "r")), G, 0, "ns/pod")  # no threads: nothing
+    assert reasons == ["resctrl"]
+    (rec,) = caplog.records
+    assert rec.getMessage() == "ns/pod: cannot join resctrl group ../x: invalid resctrl group name '../x'"
+    assert not (root / "BE").exists()
+
+
+def test_a_group_whose_tasks_cannot_be_listed_is_said(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root = resctrl_tree(tmp_path / "resctrl")
+    w = Writer(Cgroups(v1_tree(tmp_path / "cg", [G])), Policy, resctrl_fs=ResctrlFS(root, resctrl(root)))
+    (tmp_path / "cg" / "cpu" / G / "tasks").mkdir()  # unreadable as a list: an OSError
+    with caplog.at_level(logging.WARNING, "nriplugin.node.writer"):
+        w.join(Intent(resctrl_group=Setting("resctrl.group", "BE", "r")), G, 0, "ns/pod")
+    (rec,) = caplog.records
+    assert rec.getMessage().startswith("ns/pod: cannot list tasks: [Errno 21] Is a directory")
+
+
+def test_join_gives_a_core_scheduling_group_its_processes(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Against the model of the kernel's PR_SCHED_CORE (this kernel has none): the new
+    container's init, or every process of a container that ran already (not its threads)."""
+    k = Kernel({100: [100, 101], 200: [200], 300: [300, 301]})
+    cg = v1_tree(tmp_path, [G])
+    (cg / "cpu" / G / "cgroup.procs").write_text("200\n300\n")
+    (cg / "cpu" / G / "tasks").write_text("200\n300\n301\n")
+    reasons: list[str] = []
+    w = Writer(Cgroups(cg), Policy, coresched=CoreSched(k), on_invalid=reasons.append)
+    intent = Intent(core_sched_group=Setting("core.sched", "class:BE", "c"))
+    w.join(intent, G, 100, "ns/pod")
+    w.join(intent, G, 0, "ns/pod")
+    assert k.cookies[100] == k.cookies[101] == k.cookies[200] == k.cookies[300] == k.cookies[301] != 0
+    assert {pid for _, pid in k.calls if pid} == {100, 200, 300}  # processes, not their threads
+    (cg / "cpu" / G / "cgroup.procs").write_text("0\n")  # no pid the kernel could take
+    with caplog.at_level(logging.WARNING, "nriplugin.node.writer"):
+        w.join(intent, G, 0, "ns/pod")
+    assert reasons == ["core_sched"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "ns/pod: cannot give core scheduling group class:BE: invalid pid 0"
+    ]
+
+
+def test_join_leaves_a_task_group_it_has_no_backend_or_no_group_for(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = resctrl_tree(tmp_path / "resctrl")
+    cg = v1_tree(tmp_path / "cg", [G])
+    k = Kernel({100: [100]})
+    both = Writer(Cgroups(cg), Policy, resctrl_fs=ResctrlFS(root, resctrl(root)), coresched=CoreSched(k))
+    both.join(Intent(), G, 100, "ns/pod")  # neither group wanted
+    assert k.calls == [] and not any(p.is_dir() and p.name != "info" for p in root.iterdir())
+    neither = Writer(Cgroups(cg), Policy)
+    intent = Intent(resctrl_group=Setting("resctrl.group", "BE", "r"), core_sched_group=Setting("c", "class:BE", "c"))
+    neither.join(intent, G, 100, "ns/pod")  # no backends: nothing, and no error
+    (cg / "cpu" / G / "cgroup.procs").unlink()
+    (cg / "cpu" / G / "cgroup.procs").mkdir()
+    with caplog.at_level(logging.WARNING, "nriplugin.node.writer"):
+        both.join(Intent(core_sched_group=Setting("c", "class:BE", "c")), G, 0, "ns/pod")
+    assert [r.getMessage().split(": ")[:2] for r in caplog.records] == [["ns/pod", "cannot list tasks"]]
