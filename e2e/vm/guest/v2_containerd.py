@@ -2,7 +2,10 @@
 cgroup v2 kernel: the private containerd of the e2e tests (testkit/containerd.py, cgroupfs
 driver) with runc and NRI, nriplugin as its own process (`nriplugin run`), pods through CRI in
 kubelet's layout. Birth values land in the v2 files; a coreSched policy reloaded at run time
-puts BE in SCHED_IDLE, and the idle group's refused weight is neither repaired nor an error."""
+puts BE in SCHED_IDLE, and the idle group's refused weight is neither repaired nor an error;
+on the same agent, the cpuset pools on the guest's two CPUs, LSR memory protection, BE's
+``io.weight``/``io.max`` on a loop device, and ``nriplugin doctor``. A second agent: MemoryEvict
+under a memory-limited pods root, and the handover to a standby agent."""
 
 from __future__ import annotations
 
