@@ -329,6 +329,11 @@ def _evict(runtime: harness.Containerd, plugin: PluginProcess, root: Path) -> No
     time.sleep(2)  # nothing else follows
     assert running(runtime, ls_c) and running(runtime, quiet_c)
     counted = 'nriplugin_qos_evictions_total{{dry_run="false",reason="{}",strategy="MemoryEvict"}}'
-    assert sum(plugin.metric(counted.format(r)) for r in ("threshold", "oom_risk", "pressure")) == 1
+
+    def done() -> float:
+        return sum(plugin.metric(counted.format(r)) for r in ("threshold", "oom_risk", "pressure"))
+
+    until(lambda: done() >= 1, 60, "the eviction was not counted")  # once the victim is gone (grace 5 s)
+    assert done() == 1
     assert plugin.metric_sum("nriplugin_qos_evictions_total") == 1
     assert "MemoryEvict" in plugin.logs() and "leaky" in plugin.logs()
