@@ -10,6 +10,7 @@ import pytest
 
 from nriplugin.features import blkio, desired_state
 from nriplugin.kernel.cgroup import Cgroups, InvalidValue
+from nriplugin.kernel.probe import probe
 from nriplugin.node.assembly import Node
 from nriplugin.node.hooks import QoSPlugin
 from nriplugin.policy.cache import RuleCache
@@ -128,3 +129,18 @@ def test_real_blkio_throttle() -> None:
         assert f"{majmin} 1048576" in (REAL / group / "blkio.throttle.read_bps_device").read_text()
     finally:
         (REAL / group).rmdir()
+
+
+def test_the_feature_applies_on_v2_whose_controller_is_named_io(tmp_path: Path) -> None:
+    """v2 names the controller ``io`` (v1: ``blkio``); the probe reports the kernel's names."""
+    found = a_block_device()
+    if found is None:
+        pytest.skip("no block device")
+    node, majmin = found
+    be = make_pod(1, "BE")
+    ctr = make_container(1, be)
+    root = v2_tree(tmp_path, [ctr.linux.cgroups_path.lstrip("/")])
+    c = probe(cgroup_root=root, resctrl_root=tmp_path / "none", core_sched=False)
+    assert "io" in c.controllers and "blkio" not in c.controllers
+    out = desired_state(ctx("BE", policy=policy_for(node), c=c)).intent
+    assert out.get("blkio.throttle.read_bps_device", majmin) == 1048576

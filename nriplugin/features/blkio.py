@@ -18,6 +18,7 @@ THROTTLES = (
     ("readIOPS", "blkio.throttle.read_iops_device"),
     ("writeIOPS", "blkio.throttle.write_iops_device"),
 )
+CONTROLLERS = {"blkio", "io"}  # the probe reports the kernel's names: v1's, v2's
 
 
 @lru_cache(maxsize=256)
@@ -38,7 +39,7 @@ def resolve_device(name: str) -> str | None:
 @feature("blkio", order=70)  # reads only its own policy section
 def desired(ctx: Context, intent: Intent) -> None:
     cfg = ctx.policy.class_qos(ctx.qos).blkioQOS
-    if not cfg.enable or ctx.container is None or "blkio" not in ctx.caps.controllers:
+    if not cfg.enable or ctx.container is None or not CONTROLLERS & set(ctx.caps.controllers):
         return
     for block in cfg.blocks:
         if block.type != "device":

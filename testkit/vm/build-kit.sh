@@ -50,6 +50,9 @@ add() {  # NAME
   cp "$ko" "$work/initrd/modules/"
 }
 for m in virtio_pci 9pnet_virtio 9p overlay; do add "$m"; done
+# loop: block devices in the guest for the blkio feature's device rules (where Debian builds it
+# as a module; built in, it is there anyway).
+if find "$mods" -name loop.ko | grep -q .; then add loop; fi
 printf '%s\n' "${order[@]}" > "$work/initrd/modules/order"
 cp "$work/x/bin/busybox" "$work/initrd/bin/busybox"
 install -m 0755 "$here/init" "$work/initrd/init"

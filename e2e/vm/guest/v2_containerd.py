@@ -2,11 +2,19 @@
 cgroup v2 kernel: the private containerd of the e2e tests (testkit/containerd.py, cgroupfs
 driver) with runc and NRI, nriplugin as its own process (`nriplugin run`), pods through CRI in
 kubelet's layout. Birth values land in the v2 files; a coreSched policy reloaded at run time
-puts BE in SCHED_IDLE, and the idle group's refused weight is neither repaired nor an error."""
+puts BE in SCHED_IDLE, and the idle group's refused weight is neither repaired nor an error;
+on the same agent, the cpuset pools on the guest's two CPUs, LSR memory protection, BE's
+``io.weight``/``io.max`` on a loop device, and ``nriplugin doctor``. A second agent: MemoryEvict
+under a memory-limited pods root, and the handover to a standby agent."""
 
 from __future__ import annotations
 
+import json
 import os
+import platform
+import signal
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -15,9 +23,13 @@ from pathlib import Path
 import pytest
 
 from e2e.vm.guest.v2_kernel import ROOT
+from nriplugin.agent.lock import lock_path, read_holder
+from nriplugin.features import blkio
 from nriplugin.kernel.cgroup import WEIGHT_MAPPINGS
+from nriplugin.kernel.cpulist import parse_cpulist
 from testkit import containerd as harness
-from testkit.plugin import PluginProcess, runtime_args
+from testkit.plugin import PluginProcess, runtime_args, until
+from testkit.workloads import GROW, running
 
 if os.environ.get("NRIPLUGIN_IN_VM") != "1":  # never collected on the host (not test_*.py)
     pytest.skip("runs inside the VM only (e2e/vm/test_vm.py)", allow_module_level=True)
@@ -68,7 +80,9 @@ def test_birth_values_policy_reload_and_idle_be_on_v2(runtime: harness.Container
         t0 = time.monotonic()
         plugin.wait_ready(timeout=300)
         print(f"nriplugin ready in {time.monotonic() - t0:.1f} s")
-        _scenario(runtime, plugin, policy)
+        sharers = _scenario(runtime, plugin, policy)
+        _pools_protection_and_io(runtime, plugin, policy, sharers)
+        _doctor(runtime, plugin)
     finally:
         print(plugin.logs()[-3000:])
         plugin.stop()
@@ -90,7 +104,8 @@ def settle(want: dict[tuple[Path, str], set[str]], timeout: float = 20.0) -> Non
         time.sleep(0.1)
 
 
-def _scenario(runtime: harness.Containerd, plugin: PluginProcess, policy: Path) -> None:
+def _scenario(runtime: harness.Containerd, plugin: PluginProcess, policy: Path) -> list[Path]:
+    """Birth values, reloads, idle BE; the groups of the running BE and LS containers."""
     be = runtime.run_pod("batch", "BestEffort", BE, {"node.koordinator.sh/extended-resource-spec": BATCH})
     be_c = runtime.create_container(be, "main", cpu_shares=2)
     d = group(runtime, be, be_c)
@@ -139,3 +154,186 @@ def _scenario(runtime: harness.Containerd, plugin: PluginProcess, policy: Path) 
     settle({(d, "memory.low"): {str((256 << 20) * 60 // 100 // 4096 * 4096)}}, timeout=60)
     logs = plugin.logs()
     assert "rejected" not in logs and "UpdateContainers" not in logs and "could not update" not in logs, logs[-3000:]
+    return [d, ld]
+
+
+def cpus(d: Path) -> set[int]:
+    """The CPUs a group runs on: on v2 ``cpuset.cpus`` is empty until someone sets it."""
+    return set(parse_cpulist(read(d, "cpuset.cpus.effective")))
+
+
+def _pools_protection_and_io(
+    runtime: harness.Containerd, plugin: PluginProcess, policy: Path, sharers: list[Path]
+) -> None:
+    """On the same agent, a policy with LSR memory protection and BE block I/O rules: an LSR pod
+    is pinned to one of the guest's two CPUs and the running sharers move off it; a second LSR
+    pod finds no whole core free (one always stays in the share pool): the shortfall is counted
+    and it runs in the share pool. A BE pod gets the weight and the throttle on a loop device."""
+    dev = blkio.resolve_device("/dev/loop0")
+    policy.write_text(
+        "qosManager: {enable: false}\n"
+        "resourceQOSStrategy:\n"
+        "  lsrClass: {memoryQOS: {enable: true, minLimitPercent: 50, lowLimitPercent: 80, throttlingPercent: 90}}\n"
+        "  beClass: {blkioQOS: {enable: true, blocks: [{name: /dev/loop0, type: device,"
+        " ioCfg: {ioWeightPercent: 20, readBPS: 1048576}}]}}\n"
+    )
+    until(lambda: plugin.metric("nriplugin_policy_version") >= 4, 60, "the fourth policy was not seen")
+    online = set(parse_cpulist(Path("/sys/devices/system/cpu/online").read_text()))
+    assert len(online) == 2, f"the guest has CPUs {online}; the pool figures below are for two"
+    assert all(cpus(d) == online for d in sharers), "sharers start on every CPU"
+    lsr = runtime.run_pod("db", "Guaranteed", {"koordinator.sh/qosClass": "LSR"})
+    lsr_c = runtime.create_container(lsr, "main", cpu_shares=1024, cpu_quota=100000, memory=256 << 20)
+    pd = group(runtime, lsr, lsr_c)
+    pinned = cpus(pd)
+    assert len(pinned) == 1, f"LSR pinned to {pinned}"
+    until(
+        lambda: all(cpus(d) == online - pinned for d in sharers),
+        20,
+        lambda: f"sharers: {[cpus(d) for d in sharers]}",
+    )
+    settle(
+        {
+            (pd, "memory.max"): {str(256 << 20)},
+            (pd, "memory.min"): {str(128 << 20)},  # 50 % of the request (Guaranteed: = the limit)
+            (pd, "memory.low"): {str((256 << 20) * 80 // 100 // 4096 * 4096)},
+            (pd, "memory.high"): {"max"},  # limit = request: nothing between them to throttle in
+        }
+    )
+    second = runtime.run_pod("db2", "Guaranteed", {"koordinator.sh/qosClass": "LSR"})
+    second_c = runtime.create_container(second, "main", cpu_shares=1024, cpu_quota=100000)
+    assert cpus(group(runtime, second, second_c)) == online - pinned  # the share pool, not the pinned CPU
+    assert plugin.metric('nriplugin_invalid_input_total{reason="cpuset_capacity"}') == 1
+    assert "runs in the share pool" in plugin.logs()
+    disk = runtime.run_pod("disk", "BestEffort", BE)
+    dd = group(runtime, disk, runtime.create_container(disk, "main", cpu_shares=2))
+    print(f"/dev/loop0: {dev}; BE io.weight {read(dd, 'io.weight')!r}, io.max {read(dd, 'io.max')!r}")
+    assert dev is not None, "no /dev/loop0 in the guest (testkit/vm/build-kit.sh loads loop)"
+    assert read(dd, "io.weight") == "default 2000"  # ioWeightPercent 20: blkio.weight 200, io.weight x10
+    assert read(dd, "io.max") == f"{dev} rbps=1048576 wbps=max riops=max wiops=max"
+    logs = plugin.logs()
+    assert "rejected" not in logs and "could not update" not in logs, logs[-3000:]
+
+
+def _doctor(runtime: harness.Containerd, plugin: PluginProcess) -> None:
+    """``nriplugin doctor`` against the running agent: the node as the kernel shows it."""
+    argv = [sys.executable, "-m", "nriplugin", "doctor", "--socket", runtime.nri_socket, "--format", "json"]
+    r = subprocess.run(
+        [*argv, "--agent", f"127.0.0.1:{plugin.port}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    print("doctor:", json.dumps({k: doc[k] for k in ("kernel", "cgroup", "cpu", "psi", "agent")}, default=str)[:3000])
+    assert doc["kernel"] == platform.release()
+    cg = doc["cgroup"]
+    assert cg["version"] == 2 and cg["root"] == str(ROOT)
+    assert {"cpu", "cpuset", "memory", "io", "pids"} <= set(cg["controllers"])
+    assert all(cg["files"][f] for f in ("cpu.cfs_burst_us", "cpu.idle", "memory.min", "memory.high", "blkio.weight"))
+    assert doc["psi"] is True and doc["cpu"]["online"] == "0-1"
+    assert doc["nri"]["present"] and doc["nri"]["lock"]["held"]
+    assert doc["nri"]["lock"]["holder"]["pid"] == plugin.proc.pid
+    assert all(doc["features"][f]["works_here"] for f in ("cpuBurst", "memoryQOS", "cpuset", "blkio.weight"))
+    agent = doc["agent"]
+    assert agent["reachable"] and agent["connection"] == "registered", agent
+    assert agent["policyVersion"] >= 4 and agent["reconcilerPasses"] >= 1, agent  # entries: as of the last pass
+
+
+EVICT_POLICY = (  # MemoryEvict alone: the CPU strategies would act on the busy TCG guest too
+    "qosManager: {cpuSuppress: {enabled: false}, cpuEvict: {enabled: false}, cpuBurst: {enabled: false}}\n"
+)
+
+
+def limit_pods_root(rt: harness.Containerd, limit: int) -> Path:
+    """kubelet's node-allocatable cgroup on v2: ``memory.max`` on the pods root, before any pod."""
+    top = ROOT / rt.cgroup_root
+    root = top / "kubepods"
+    root.mkdir(parents=True, exist_ok=True)
+    for d in (ROOT / p for p in reversed(root.relative_to(ROOT).parents) if str(p) != "."):
+        (d / "cgroup.subtree_control").write_text("+cpu +cpuset +memory +io +pids")
+    (root / "memory.max").write_text(str(limit))
+    return root
+
+
+def memory_events(root: Path) -> dict[str, int]:
+    return {k: int(v) for k, v in (ln.split() for ln in read(root, "memory.events").splitlines())}
+
+
+def test_a_growing_be_pod_is_evicted_before_the_pods_root_runs_out_on_v2(
+    runtime: harness.Containerd, tmp_path: Path
+) -> None:
+    """e2e/test_evict.py's scene on the real v2 kernel, with a 512 MiB pods root (the guest has
+    2 GiB): the agent sees the use through ``memory.current``/``memory.stat`` and wakes on
+    ``memory.events``; it stops the growing BE pod through CRI before the kernel throttles at
+    the limit or OOM-kills anything there, while an LS pod and a quiet BE pod keep running."""
+    runtime.remove_all_pods()
+    root = limit_pods_root(runtime, 512 << 20)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(EVICT_POLICY)
+    plugin = PluginProcess(runtime.nri_socket, *runtime_args(runtime), "--policy", str(policy))
+    second: PluginProcess | None = None
+    try:
+        plugin.wait_ready(timeout=300)
+        second = PluginProcess(runtime.nri_socket, *runtime_args(runtime), "--policy", str(policy))  # starts meanwhile
+        _evict(runtime, plugin, root)
+        _handover(runtime, plugin, second)
+    finally:
+        print(plugin.logs()[-3000:])
+        plugin.stop()
+        if second is not None:
+            print(second.logs()[-2000:])
+            second.stop()
+
+
+def _handover(runtime: harness.Containerd, first: PluginProcess, second: PluginProcess) -> None:
+    """One agent per runtime: the second agent, started during the eviction, stands by while
+    the first holds the runtime, and takes over when the first is stopped (SIGTERM)."""
+    until(lambda: second.metric('nriplugin_connection_state{state="standby"}') == 1, 300, second.logs)
+    assert second.metric("nriplugin_registrations_total") == 0
+    holder = read_holder(lock_path(runtime.nri_socket))
+    assert holder is not None and holder.pid == first.proc.pid, holder
+    first.proc.send_signal(signal.SIGTERM)
+    assert first.proc.wait(60) == 0
+    second.wait_ready(timeout=120)
+    pod = runtime.run_pod("after", "BestEffort", BE, {"node.koordinator.sh/extended-resource-spec": BATCH})
+    c = group(runtime, pod, runtime.create_container(pod, "main", cpu_shares=2))
+    weights = {str(to(512)) for to, _ in WEIGHT_MAPPINGS.values()}
+    settle({(c, "cpu.weight"): weights, (c, "cpu.max"): {"100000 100000"}})  # born by the new holder
+    holder = read_holder(lock_path(runtime.nri_socket))
+    assert holder is not None and holder.pid == second.proc.pid, holder
+
+
+def _evict(runtime: harness.Containerd, plugin: PluginProcess, root: Path) -> None:
+    ls = runtime.run_pod("web", "Burstable", LS)
+    ls_c = runtime.create_container(ls, "main", cpu_shares=512)
+    quiet = runtime.run_pod("quiet", "BestEffort", BE)
+    quiet_c = runtime.create_container(quiet, "main")
+    grower = runtime.run_pod("leaky", "BestEffort", BE)
+    grower_c = runtime.create_container(grower, "main", command=GROW)
+    peak = 0
+
+    def gone() -> bool:
+        nonlocal peak
+        peak = max(peak, int(read(root, "memory.current")))
+        return not running(runtime, grower_c)
+
+    took = until(
+        gone, 240, lambda: f"the growing pod was not evicted (use {int(read(root, 'memory.current')) >> 20} MiB)"
+    )
+    events = memory_events(root)
+    print(f"evicted after {took:.1f} s; the pods root peaked at {peak >> 20} MiB of 512; memory.events {events}")
+    assert events["oom_kill"] == 0 and events["oom"] == 0
+    assert events["max"] == 0  # never even at the limit
+    assert peak < 0.9 * (512 << 20)
+    time.sleep(2)  # nothing else follows
+    assert running(runtime, ls_c) and running(runtime, quiet_c)
+    counted = 'nriplugin_qos_evictions_total{{dry_run="false",reason="{}",strategy="MemoryEvict"}}'
+
+    def done() -> float:
+        return sum(plugin.metric(counted.format(r)) for r in ("threshold", "oom_risk", "pressure"))
+
+    until(lambda: done() >= 1, 60, "the eviction was not counted")  # once the victim is gone (grace 5 s)
+    assert done() == 1
+    assert plugin.metric_sum("nriplugin_qos_evictions_total") == 1
+    assert "MemoryEvict" in plugin.logs() and "leaky" in plugin.logs()
