@@ -261,15 +261,27 @@ def cpu_dir(rt: harness.Containerd, controller: str, *parts: str) -> Path:
     return harness.CGROUP_FS / controller / rt.cgroup_root / "kubepods" / Path(*parts)
 
 
+def pods_cgroups(rt: harness.Containerd) -> list[Path]:
+    """What is left under our top-level cgroup but the runtime's own process group (containerd
+    runs in it for the whole bench)."""
+    own = rt.process_cgroup()
+    return [
+        p
+        for top in harness.cgroup_dirs(rt.cgroup_root)
+        for p in (top, *top.iterdir())
+        if p.is_dir() and p not in (own, own.parent)
+    ]
+
+
 def fresh_node(b: Bench) -> None:
     """No pods, no cgroup left from the previous configuration (whatever an agent wrote there),
     and kubelet's QoS groups with kubelet's shares."""
     b.rt.remove_all_pods()
     deadline = time.monotonic() + 20
-    while harness.cgroup_dirs(b.rt.cgroup_root):
+    while left := pods_cgroups(b.rt):
         harness.remove_cgroups(b.rt.cgroup_root)  # fails while a killed container's tasks exit
         if time.monotonic() > deadline:
-            raise RuntimeError(f"cgroups of {b.rt.cgroup_root} still there: {harness.cgroup_dirs(b.rt.cgroup_root)}")
+            raise RuntimeError(f"cgroups of {b.rt.cgroup_root} still there: {left}")
         time.sleep(0.1)
     for parts, shares in (((), 1024 * b.cpus), (("burstable",), LS_SHARES), (("besteffort",), 2)):
         d = cpu_dir(b.rt, "cpu", *parts)
