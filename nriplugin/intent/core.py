@@ -42,9 +42,6 @@ class Context(NamedTuple):
         return self.caps.files.get(resource, False)
 
     def requested(self, resource: str) -> int | None:
-        """What CRI asked for this container, or for a pod what the pod as a whole was given."""
-        if self.container is None:
-            return pod_requested(self.pod, resource)
         return requested(self.container, resource)
 
     def annotation_json(self, key: str) -> Any:
@@ -56,18 +53,7 @@ def requested(c: api.Container | None, resource: str) -> int | None:
     """What the runtime was asked for (CRI), in logical units; None when not set."""
     if c is None or not c.HasField("linux"):
         return None
-    return _asked(c.linux.resources, resource)
-
-
-def pod_requested(pod: api.PodSandbox, resource: str) -> int | None:
-    """What the pod as a whole was given (the sum of its containers' resources, as the kubelet
-    sends it and UpdatePodSandbox updates it); None when the runtime did not say."""
-    if not pod.HasField("linux") or not pod.linux.HasField("pod_resources"):
-        return None
-    return _asked(pod.linux.pod_resources, resource)
-
-
-def _asked(r: api.LinuxResources, resource: str) -> int | None:
+    r = c.linux.resources
     if resource == "cpu.shares" and r.cpu.HasField("shares"):
         return int(r.cpu.shares.value)
     if resource == "cpu.cfs_quota_us" and r.cpu.HasField("quota"):
