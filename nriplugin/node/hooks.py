@@ -318,9 +318,10 @@ class QoSPlugin(Plugin):
 
     def update_pod_sandbox(self, pod: api.PodSandbox, resources: api.LinuxResources) -> None:
         """A pod-level in-place resize (NRI v0.10+; ``resources``: the new sum of its
-        containers', absent over StateChange): the model takes the pod's new resources, so
-        its values derived from them (the pod group's burst from its quota) are recomputed,
-        and the one writer applies them. Nothing to answer: NRI has no pod adjustment."""
+        containers', absent over StateChange): the model takes the pod's new resources and
+        the pod's values are recomputed and applied by the one writer (none derives from the
+        pod's quota: a pod burst would block the kubelet's lowering of it, see cpu_burst).
+        Nothing to answer: NRI has no pod adjustment."""
         self._take_in_created()
         if self.model.pod(pod.id) is None:
             self.model.pod_seen(pod)
@@ -348,7 +349,9 @@ class QoSPlugin(Plugin):
         intent = self.desired.intent(container.id)
         if intent is None:
             return []
-        self._burst_before_quota(container.id, intent, old_quota)
+        new_quota = resources.cpu.quota.value if resources.cpu.HasField("quota") else None
+        if old_quota is not None and new_quota is not None and 0 < new_quota < old_quota:
+            self._burst_before_quota(container.id, intent)
         u = api.ContainerUpdate(container_id=container.id)
         if not to_resources(intent, self.cgroups, u.linux.resources, self.fields) or _covers(
             resources, u.linux.resources
@@ -356,19 +359,16 @@ class QoSPlugin(Plugin):
             return []
         return [u]
 
-    def _burst_before_quota(self, key: str, intent: Intent, old_quota: int | None) -> None:
+    def _burst_before_quota(self, key: str, intent: Intent) -> None:
         """The kernel refuses a quota below its group's burst (v1 and v2), and NRI does not
         carry the burst: when a resize lowers the quota, the burst worked out from the new one
-        is written now, under the old quota, before the runtime writes the new quota. A
-        raised burst is above the old quota: it follows the raised one (the reconciler, once
-        the model took the resize in)."""
+        (at most the new quota, so under the old one too) is written now, before the runtime
+        writes the new quota. Any other resize leaves the burst to the reconciler, once the
+        model took the resize in."""
         burst = intent.files.get(("cpu.cfs_burst_us", ""))
         r = self.model.get(key)
-        if burst is None or r is None or r.group is None or not isinstance(burst.value, int):
-            return
-        if old_quota is not None and 0 <= old_quota < burst.value:
-            return
-        self.writer.apply(r.group, [burst], key[:12])
+        if burst is not None and r is not None and r.group is not None:
+            self.writer.apply(r.group, [burst], key[:12])
 
     def post_update_container(self, pod: api.PodSandbox, container: api.Container) -> None:
         """The runtime applied the new resources: converge what depends on them (a burst that
