@@ -15,15 +15,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from nriplugin.nri import api_pb2 as api
 from nriplugin.nri import ttrpc
 from nriplugin.nri.connection import NriConnection
 from nriplugin.nri.errors import ProtocolError
-from nriplugin.nri.stub import PLUGIN_SERVICE, RUNTIME_SERVICE
+from nriplugin.nri.stub import PLUGIN_SERVICE, RUNTIME_SERVICE, Plugin, Stub, StubOptions
 
 # NRI v0.12's dedicated RPC per event (the ones testkit drives through ``notify``).
 DEDICATED: dict[int, tuple[str, type[Any]]] = {
@@ -298,6 +299,24 @@ class RuntimePeer:
             self.server = None
         for s in self.all_sessions:
             s.close()
+
+
+async def over_the_wire(
+    tmp: Path, plugin: Plugin, nri: str, runtime: tuple[str, str], body: Callable[[PluginSession], Awaitable[Any]]
+) -> Any:
+    """``body`` run against ``plugin`` (behind the real stub) by a runtime of NRI ``nri``
+    (saying ``runtime`` in Configure) over a real connection in ``tmp``."""
+    peer = RuntimePeer(nri=nri, runtime=runtime)
+    sock = str(tmp / "nri.sock")
+    await peer.listen(sock)
+    stub = Stub(plugin, StubOptions(socket_path=sock, backoff_initial=0.02, backoff_max=0.1))
+    task = asyncio.ensure_future(stub.run())
+    try:
+        return await body(await peer.next_session())
+    finally:
+        stub.stop()
+        await asyncio.wait_for(task, 5)
+        await peer.close()
 
 
 def make_pod(i: int, qos: str | None = "BE", parent: str | None = None) -> api.PodSandbox:

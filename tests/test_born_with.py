@@ -17,11 +17,10 @@ from nriplugin.node.assembly import Node
 from nriplugin.node.hooks import QoSPlugin
 from nriplugin.nri import api_pb2 as api
 from nriplugin.nri.runtime import RuntimeCaps
-from nriplugin.nri.stub import Stub, StubOptions
 from nriplugin.policy.cache import RuleCache
 from nriplugin.policy.model import Policy
 from testkit.kernel_tree import v1_tree
-from testkit.runtime_peer import RuntimePeer, make_container, make_pod
+from testkit.runtime_peer import PluginSession, make_container, make_pod, over_the_wire
 from tests.test_features import caps
 
 
@@ -32,21 +31,15 @@ async def adjustments(
     a new BE and a new LS container."""
     root = v1_tree(tmp / "cg", [], {"cpu": {}})
     plugin = QoSPlugin(Node.create(RuleCache(policy or Policy()), caps=caps(), cgroups=Cgroups(root)))
-    peer = RuntimePeer(nri=nri, runtime=runtime)
-    sock = str(tmp / "nri.sock")
-    await peer.listen(sock)
-    stub = Stub(plugin, StubOptions(socket_path=sock, backoff_initial=0.02, backoff_max=0.1))
-    task = asyncio.ensure_future(stub.run())
-    try:
-        s = await peer.next_session()
+
+    async def body(s: PluginSession) -> tuple[api.ContainerAdjustment, api.ContainerAdjustment]:
         be, ls = make_pod(1, "BE"), make_pod(2, "LS")
         be_adj = (await s.create_container(be, make_container(1, be))).adjust
         ls_adj = (await s.create_container(ls, make_container(2, ls))).adjust
         return be_adj, ls_adj
-    finally:
-        stub.stop()
-        await asyncio.wait_for(task, 5)
-        await peer.close()
+
+    got: tuple[api.ContainerAdjustment, api.ContainerAdjustment] = await over_the_wire(tmp, plugin, nri, runtime, body)
+    return got
 
 
 def run(

@@ -14,9 +14,8 @@ real node model, desired state and reconciler on kernel-like trees."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -27,12 +26,11 @@ from nriplugin.node.assembly import Node
 from nriplugin.node.hooks import QoSPlugin
 from nriplugin.nri import api_pb2 as api
 from nriplugin.nri.runtime import RuntimeCaps
-from nriplugin.nri.stub import Stub, StubOptions
 from nriplugin.policy.cache import RuleCache
 from nriplugin.policy.model import Policy
 from nriplugin.reconciler.reconciler import Reconciler
 from testkit.kernel_tree import v1_tree, v2_tree
-from testkit.runtime_peer import PluginSession, RuntimePeer, make_container, make_pod
+from testkit.runtime_peer import PluginSession, make_container, make_pod, over_the_wire
 from tests.test_features import BATCH, SPEC, caps
 
 PIDS = Policy.model_validate({"containerPidsLimit": {"beClass": 512, "lsClass": 4096}})
@@ -40,23 +38,6 @@ PIDS = Policy.model_validate({"containerPidsLimit": {"beClass": 512, "lsClass": 
 
 def plugin(root: Path, policy: Policy | None = None) -> QoSPlugin:
     return QoSPlugin(Node.create(RuleCache(policy or Policy()), caps=caps(**{"pids.max": True}), cgroups=Cgroups(root)))
-
-
-async def over_the_wire(
-    tmp: Path, p: QoSPlugin, nri: str, runtime: tuple[str, str], body: Callable[[PluginSession], Awaitable[Any]]
-) -> Any:
-    """``body`` run against ``p`` by a runtime of NRI ``nri`` over a real connection."""
-    peer = RuntimePeer(nri=nri, runtime=runtime)
-    sock = str(tmp / "nri.sock")
-    await peer.listen(sock)
-    stub = Stub(p, StubOptions(socket_path=sock, backoff_initial=0.02, backoff_max=0.1))
-    task = asyncio.ensure_future(stub.run())
-    try:
-        return await body(await peer.next_session())
-    finally:
-        stub.stop()
-        await asyncio.wait_for(task, 5)
-        await peer.close()
 
 
 def births(tmp: Path, root: Path, nri: str, runtime: tuple[str, str], policy: Policy) -> list[api.ContainerAdjustment]:
