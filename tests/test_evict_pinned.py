@@ -56,7 +56,7 @@ from nriplugin.qos.levels import Level
 from nriplugin.qos.sample import ClassUsage, NodeSample, Pressure
 from nriplugin.qos.strategy import Capacity, Round
 from testkit.cri_standin import FakeRuntime, serving
-from tests.test_evict import MemoryTree
+from tests.test_evict import MemoryTree, cpu_case
 from tests.test_features import caps
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -203,19 +203,8 @@ def test_listed_takes_a_list_or_a_function() -> None:
 
 
 def facts(**kw: object) -> CpuFacts:
-    """The 64-core case: 4 for the system, BE at 8, LS at 52 and stalled 13 %."""
-    base = CpuFacts(
-        t=100.0,
-        level=4,
-        score=92.0,
-        suppressed=True,
-        total=64.0,
-        system_reserved=4.0,
-        ls_usage=52.0,
-        be_usage=8.0,
-        ls_stall=0.13,
-    )
-    return replace(base, **kw)  # type: ignore[arg-type]
+    """The 64-core case (``cpu_case``): 4 for the system, BE at 8, LS at 52 and stalled 13 %."""
+    return replace(cpu_case()[0], **kw)  # type: ignore[arg-type]
 
 
 def test_shortage_takes_the_larger_of_reserved_and_used_by_the_system() -> None:
@@ -496,6 +485,17 @@ class Backend:
         if isinstance(answer, Exception):
             raise answer
         return answer
+
+
+@dataclass
+class Gated(Backend):
+    """A backend whose evictions wait until ``gate`` is set (a slow Eviction API)."""
+
+    gate: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def evict(self, ns: str, name: str, uid: str, grace_seconds: int, reason: str, message: str) -> object:
+        await self.gate.wait()
+        return Outcome.EVICTED
 
 
 @dataclass
@@ -780,16 +780,11 @@ def test_settle_forgets_refusals_and_evictions_when_they_expire() -> None:
 
 
 def test_submit_runs_one_plan_per_strategy_and_close_cancels_it() -> None:
-    gate = asyncio.Event()
-
-    @dataclass
-    class Slow(Backend):
-        async def evict(self, ns: str, name: str, uid: str, grace_seconds: int, reason: str, message: str) -> object:
-            await gate.wait()
-            return Outcome.EVICTED
+    slow = Gated()
+    gate = slow.gate
 
     async def scenario() -> None:
-        ev = Evictor(runtime=Slow())
+        ev = Evictor(runtime=slow)
         assert ev.submit(cpu_plan([be(1, cpu_cores=1.0)], 1.0))
         assert ev.busy("CPUEvict") and not ev.busy("MemoryEvict")
         assert not ev.submit(cpu_plan([be(2, cpu_cores=1.0)], 1.0))
@@ -1268,16 +1263,11 @@ def test_a_success_during_the_back_off_ends_it() -> None:
 
 
 def test_execute_marks_its_strategy_busy_while_it_runs() -> None:
-    gate = asyncio.Event()
-
-    @dataclass
-    class Slow(Backend):
-        async def evict(self, ns: str, name: str, uid: str, grace_seconds: int, reason: str, message: str) -> object:
-            await gate.wait()
-            return Outcome.EVICTED
+    slow = Gated()
+    gate = slow.gate
 
     async def scenario() -> None:
-        ev = Evictor(runtime=Slow())
+        ev = Evictor(runtime=slow)
         task = asyncio.create_task(ev.execute(cpu_plan([be(1, cpu_cores=1.0)], 1.0), {}))
         await asyncio.sleep(0)
         assert ev.busy("CPUEvict")
