@@ -115,7 +115,8 @@ def explain(d: Description, rules: RuleCache, cgroups: Cgroups, runtime_nri: str
     for a BE pod, what its containers are born with on a runtime of NRI ``runtime_nri``."""
     failures: list[str] = []
     node = Node.create(rules, cgroups=cgroups, on_invalid=failures.append)
-    fields = carried(_caps(runtime_nri))
+    runtime = _caps(runtime_nri)
+    fields = carried(runtime)
     pod, ctrs = to_nri(d)
     qos = node.desired.qos(pod)
     report: dict[str, Any] = {
@@ -170,7 +171,7 @@ def explain(d: Description, rules: RuleCache, cgroups: Cgroups, runtime_nri: str
     if qos is not None and qos.value == "BE":
         report["runtime"] = describe_runtime(rules.policy, runtime_nri, cgroups.version)
     elif qos is not None:
-        report["runtime"] = {"paths": runtime_paths(rules.policy, _caps(runtime_nri), cgroups.version)}
+        report["runtime"] = {"paths": runtime_paths(rules.policy, runtime, cgroups.version)}
     return report
 
 
