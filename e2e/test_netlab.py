@@ -92,10 +92,13 @@ def test_the_uplink_carries_its_configured_rate(
     lab: tuple[harness.Containerd, netlab.Uplink, harness.Pod, harness.Pod], reverse: bool
 ) -> None:
     _, up, ls, _ = lab
-    runs = [netlab.iperf(up, ls.netns or "", seconds=4, reverse=reverse) for _ in range(2)]
     # The shaper caps every transfer. Goodput under the rate is TCP/IP headers (about 4 % of
-    # what the token bucket counts) plus CPU noise on a shared 2-core machine: the better of
-    # two transfers carries at least 90 %.
+    # what the token bucket counts) plus CPU noise on a shared 2-core machine: TCP's first
+    # second (its ramp up) is left out, and the best of up to three transfers carries at least
+    # 90 %; none may carry more than the rate.
+    runs: list[netlab.Throughput] = []
+    while len(runs) < 3 and not any(r.mbit >= RATE * 0.9 for r in runs):
+        runs.append(netlab.iperf(up, ls.netns or "", seconds=4, reverse=reverse, omit=1))
     assert all(r.mbit <= RATE * 1.02 for r in runs), runs
     assert max(r.mbit for r in runs) >= RATE * 0.9, runs
 

@@ -202,14 +202,19 @@ class Throughput:
     retransmits: int
 
 
-def iperf(uplink: Uplink, netns: str, seconds: float = 5, reverse: bool = False, cc: str = CC) -> Throughput:
+def iperf(
+    uplink: Uplink, netns: str, seconds: float = 5, reverse: bool = False, cc: str = CC, omit: int = 0
+) -> Throughput:
     """A TCP transfer between a pod (its netns) and the remote for ``seconds``: upload (pod
-    egress), or download (pod ingress) with ``reverse``."""
+    egress), or download (pod ingress) with ``reverse``. The first ``omit`` seconds (TCP's ramp
+    up through the shaper) are sent but left out of the figure."""
     with uplink.server() as port:
         cmd = [iperf3(), "-c", uplink.remote_addr, "-p", str(port), "-t", str(seconds), "-C", cc, "-J"]
+        if omit:
+            cmd += ["-O", str(omit)]
         if reverse:
             cmd.append("-R")
-        r = subprocess.run(in_netns(netns, *cmd), capture_output=True, text=True, timeout=seconds + 20)
+        r = subprocess.run(in_netns(netns, *cmd), capture_output=True, text=True, timeout=seconds + omit + 20)
     try:
         out = json.loads(r.stdout)
     except ValueError:
