@@ -11,6 +11,7 @@ An LS container keeps what CRI asked for on every line."""
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import platform
 import re
@@ -208,3 +209,77 @@ def test_a_pod_level_resize_reaches_the_agent_where_the_runtime_tells_it(
         time.sleep(0.5)
         assert plugin.metric(count % "update_pod_sandbox") == 0
     assert (runtime.container_cgroup(pod, cid) / "cpu.shares").read_text().strip() == "512"
+
+
+# An OCI runtime in front of runc that keeps the spec runc is given, minus ``linux.intelRdt``
+# (this machine has no resctrl: runc would refuse the container), then runs runc.
+RECORDING_RUNC = """#!/bin/sh
+bundle=""
+prev=""
+for a in "$@"; do
+  [ "$prev" = "--bundle" ] || [ "$prev" = "-b" ] && bundle=$a
+  prev=$a
+done
+if [ -n "$bundle" ] && [ -f "$bundle/config.json" ]; then
+  /usr/bin/python3 - "$bundle/config.json" "{record}" <<'PY' || exit 1
+import json, os, sys
+spec = json.load(open(sys.argv[1]))
+with open(os.path.join(sys.argv[2], os.path.basename(os.path.dirname(sys.argv[1])) + ".json"), "w") as f:
+    json.dump(spec, f)
+if spec.get("linux", {{}}).pop("intelRdt", None) is not None:
+    with open(sys.argv[1], "w") as f:
+        json.dump(spec, f)
+PY
+fi
+exec "{runc}" "$@"
+"""
+
+
+def test_the_runtime_places_a_be_container_in_its_resctrl_group_where_nri_carries_it(
+    runtime_line: harness.Runtime, pkg_root: Path, plugin_factory: Callable[..., PluginProcess], tmp_path: Path
+) -> None:
+    """resctrl for BE on (a resctrl tree laid out like the kernel's: this machine has none).
+    Where the runtime's NRI carries ``LinuxRdt`` (v0.11+: containerd 2.2.1 and later) the
+    container's OCI spec names the class's CLOS with its schemata, so runc puts the task in the
+    group before it runs, and the agent writes no task; on older lines the spec has no
+    ``intelRdt`` and the agent joins the container's process at StartContainer."""
+    from testkit.kernel_tree import resctrl_tree
+
+    resctrl = resctrl_tree(tmp_path / "resctrl")
+    group = resctrl / "koordlet-BE"
+    group.mkdir()
+    (group / "tasks").write_text("")  # the kernel makes it with the group
+    record = tmp_path / "specs"
+    record.mkdir()
+    wrapper = tmp_path / "runc"
+    wrapper.write_text(RECORDING_RUNC.format(record=record, runc=pkg_root / "usr" / "sbin" / "runc"))
+    wrapper.chmod(0o755)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        "resourceQOSStrategy:\n  beClass:\n    resctrlQOS: {enable: true, catRangeEndPercent: 30, mbaPercent: 40}\n"
+    )
+    rt = harness.Containerd(pkg_root, Path(tempfile.mkdtemp(prefix="nriplugin-e2e-")), runc=wrapper)
+    try:
+        rt.start()
+        rt.import_images()
+        plugin = plugin_factory(rt, "--policy", str(policy), "--resctrl-root", str(resctrl))
+        be = rt.run_pod("batch", "BestEffort", BE)
+        cid = rt.create_container(be, "main", cpu_shares=2)
+        procs = rt.container_cgroup(be, cid, "cpu") / "cgroup.procs"
+        until(lambda: procs.read_text().split(), 10, f"no process in {procs}")
+        pid = int(procs.read_text().split()[0])
+        spec = json.loads((record / f"{cid}.json").read_text())
+        by_runtime = runtime_line.major_minor >= (2, 3)  # NRI v0.12 here; LinuxRdt since v0.11
+        if by_runtime:
+            assert spec["linux"]["intelRdt"] == {"closID": "koordlet-BE", "schemata": ["L3:0=f", "MB:0=40"]}
+            time.sleep(0.5)  # StartContainer's answer and the agent's turn after it are past
+            assert (group / "tasks").read_text() == ""
+            assert "placed by the runtime (NRI LinuxRdt" in plugin.logs()
+        else:
+            assert "intelRdt" not in spec.get("linux", {})
+            until(lambda: (group / "tasks").read_text().split() == [str(pid)], 5, "the agent did not join it")
+            assert "joined by the agent at StartContainer" in plugin.logs()
+        assert (group / "schemata").read_text() == "L3:0=f\nMB:0=40\n"
+    finally:
+        rt.teardown()
+    assert not harness.cgroup_dirs(rt.cgroup_root), f"cgroups left: {harness.cgroup_dirs(rt.cgroup_root)}"

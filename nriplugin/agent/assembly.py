@@ -336,7 +336,12 @@ class Agent:
         from nriplugin.node.hooks import QoSPlugin
 
         invalid = Invalid()
-        self.node = node = Node.create(rules, cgroups=Cgroups(Path(self.ns.cgroup_root)), on_invalid=invalid)
+        self.node = node = Node.create(
+            rules,
+            cgroups=Cgroups(Path(self.ns.cgroup_root)),
+            resctrl_root=Path(self.ns.resctrl_root),
+            on_invalid=invalid,
+        )
         self.learn_limits(node)
         plugin = QoSPlugin(node, push=stubs.serving.update_containers)
         stubs.serving.replace_plugin(plugin)

@@ -96,17 +96,19 @@ def _caps(runtime_nri: str | None) -> RuntimeCaps:
     return RuntimeCaps(nri=v, source="runtime")
 
 
-def describe_runtime(policy: Policy, runtime_nri: str | None, cgroup: Version | None = None) -> dict[str, Any]:
+def describe_runtime(
+    policy: Policy, runtime_nri: str | None, cgroup: Version | None = None, resctrl_mounted: bool = False
+) -> dict[str, Any]:
     """Which process attributes BE is born with on a runtime of NRI ``runtime_nri`` (e.g.
     "v0.12.5"; None: not known here, the oldest supported, v0.6.1, is assumed — the running
-    agent logs what it learnt at Configure), and which path the pids limit and a pod-level
-    resize take there (on cgroup ``cgroup``)."""
+    agent logs what it learnt at Configure), and which path the pids limit, a pod-level
+    resize and resctrl take there (on cgroup ``cgroup``)."""
     runtime = _caps(runtime_nri)
     how = "as given" if runtime_nri is not None else "assumed: the runtime is not asked here"
     return {
         "nri": f"NRI {runtime.nri_version} ({how})",
         "bornWith": born_with.plan(policy, runtime).lines(),
-        "paths": runtime_paths(policy, runtime, cgroup),
+        "paths": runtime_paths(policy, runtime, cgroup, resctrl_mounted),
     }
 
 
@@ -168,10 +170,11 @@ def explain(d: Description, rules: RuleCache, cgroups: Cgroups, runtime_nri: str
         report["refused"] = f"a fail-closed feature failed, the container would be refused: {exc}"
     if failures:
         report["skippedFeatures"] = sorted(set(failures))
+    mounted = node.writer.resctrl is not None
     if qos is not None and qos.value == "BE":
-        report["runtime"] = describe_runtime(rules.policy, runtime_nri, cgroups.version)
+        report["runtime"] = describe_runtime(rules.policy, runtime_nri, cgroups.version, mounted)
     elif qos is not None:
-        report["runtime"] = {"paths": runtime_paths(rules.policy, runtime, cgroups.version)}
+        report["runtime"] = {"paths": runtime_paths(rules.policy, runtime, cgroups.version, mounted)}
     return report
 
 
@@ -235,7 +238,7 @@ def doctor(
             "socket": nri_socket,
             "present": os.path.exists(nri_socket),
             "lock": runtime_lock(nri_socket),
-            **describe_runtime(policy or Policy(), runtime_nri, cg.version),
+            **describe_runtime(policy or Policy(), runtime_nri, cg.version, caps.resctrl.mounted),
         },
         "inotify": inotify_usage(),  # the reconciler's watches: one per managed cgroup directory
         "features": features,

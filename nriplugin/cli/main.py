@@ -104,6 +104,7 @@ def run_node_options(run: argparse.ArgumentParser) -> None:
     """The policy, the cgroups and network it manages, and its safety nets."""
     run.add_argument("--policy", help="policy YAML (ours or a NodeSLO object); hot-reloaded; default: embedded")
     run.add_argument("--cgroup-root", default="/sys/fs/cgroup", help="cgroup mount (default %(default)s)")
+    run.add_argument("--resctrl-root", default="/sys/fs/resctrl", help="resctrl mount (default %(default)s)")
     run.add_argument(
         "--proc-root",
         default="/proc",

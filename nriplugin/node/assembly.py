@@ -67,9 +67,12 @@ class TaskGroups:
         if intent is None or (new and not r.container.pid):
             return
         who = f"{r.pod.namespace}/{r.pod.name}/{r.container.name}"
-        self.writer.join(intent, r.group, r.container.pid if new else 0, who)
+        placed = key in self.writer.rdt_placed  # by the runtime, at creation (NRI LinuxRdt)
+        self.writer.rdt_placed.discard(key)
+        self.writer.join(intent, r.group, r.container.pid if new else 0, who, resctrl_too=not (new and placed))
 
     def removed(self, key: str) -> None:
+        self.writer.rdt_placed.discard(key)
         r = self.model.get(key)
         if self.writer.coresched is not None and r is not None and r.container is not None and r.container.pid:
             self.writer.coresched.forget([r.container.pid])
@@ -101,7 +104,7 @@ class Node:
     ) -> Node:
         rules = rules or RuleCache()
         cgroups = cgroups or Cgroups(Path("/sys/fs/cgroup"))
-        caps = caps or probe(cgroups.root)
+        caps = caps or probe(cgroups.root, resctrl_root)
         model = NodeModel()
 
         def current(key: str, resource: str) -> int | str | None:

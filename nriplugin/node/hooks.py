@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from nriplugin.features import FeatureFailed, Intent, born_with
+from nriplugin.features import FeatureFailed, Intent, born_with, resctrl
 from nriplugin.intent.core import requested
 from nriplugin.kernel.cgroup import RESOURCES, Cgroups, Version
 from nriplugin.kernel.cpulist import format_cpulist
@@ -72,7 +72,33 @@ def to_resources(intent: Intent, cg: Cgroups, out: api.LinuxResources, fields: t
     return bool(intent.files) or bool(intent.rdt_class)
 
 
-def runtime_paths(policy: Policy, runtime: RuntimeCaps, cgroup: Version | None) -> dict[str, str]:
+def rdt_groups(policy: Policy) -> list[str]:
+    """The resctrl groups the policy puts containers in (one per class with resctrlQOS on)."""
+    return sorted({resctrl.group_name(q) for q in ("LSR", "LS", "BE") if policy.class_qos(q).resctrlQOS.enable})
+
+
+def rdt_path(policy: Policy, runtime: RuntimeCaps, mounted: bool) -> tuple[bool, str]:
+    """Whether the runtime places containers in their resctrl group (NRI v0.11's
+    ``LinuxRdt``: the CLOS and its schemata in the container's spec, so runc puts the task in
+    the group before it runs), and why; else the agent joins each container at its start."""
+    nri = runtime.nri_version
+    if not mounted:
+        return False, "not here (no resctrl mount)"
+    if not rdt_groups(policy):
+        return False, "off (no class enables resctrlQOS)"
+    if policy.resctrlRuntimeClasses:
+        return False, "the runtime's own RDT classes (resctrlRuntimeClasses: LinuxResources.rdt_class)"
+    if runtime.supports("rdt"):
+        return True, (
+            f"placed by the runtime (NRI LinuxRdt: CLOS and schemata at CreateContainer, runtime NRI {nri});"
+            " the agent makes the groups and keeps their schemata"
+        )
+    return False, f"joined by the agent at StartContainer (runtime NRI {nri} < v0.11 has no LinuxRdt)"
+
+
+def runtime_paths(
+    policy: Policy, runtime: RuntimeCaps, cgroup: Version | None, resctrl_mounted: bool = False
+) -> dict[str, str]:
     """Which path is in force, on this runtime, for what newer NRIs carry besides BE's birth
     attributes (those: ``born_with``): logged at Configure, shown by ``doctor`` and ``explain``."""
     nri = runtime.nri_version
@@ -89,7 +115,7 @@ def runtime_paths(policy: Policy, runtime: RuntimeCaps, cgroup: Version | None) 
         pod = f"followed (UpdatePodSandbox, runtime NRI {nri}): the pod's values are recomputed and applied"
     else:
         pod = f"not told (runtime NRI {nri} < v0.10): the reconciler repairs the pod's files when they change"
-    return {"pids limit": pids, "pod-level resize": pod}
+    return {"pids limit": pids, "pod-level resize": pod, "resctrl": rdt_path(policy, runtime, resctrl_mounted)[1]}
 
 
 MAX_SHAPES = 256  # CreateContainer answers kept (a node runs a few dozen workload shapes)
@@ -117,6 +143,8 @@ class QoSPlugin(Plugin):
         # of one workload come in bursts and get the same values, computed once; the key
         # carries the node's state, so a decision since then makes a new key.
         self._births: dict[tuple[object, ...], api.ContainerAdjustment | None] = {}
+        # LinuxRdt by resctrl group, while the policy and runtime stay (None: not this path)
+        self._rdt: tuple[Policy, dict[str, api.LinuxRdt] | None] | None = None
 
     def runtime_caps(self, caps: RuntimeCaps) -> None:
         """Decided once per connection: which process attributes BE is born with, which
@@ -124,10 +152,36 @@ class QoSPlugin(Plugin):
         self.runtime = caps
         self.fields = carried(caps)
         self._births.clear()
-        for name, why in born_with.plan_for(self.desired.rules.policy, caps).lines().items():
+        self._rdt = None
+        policy = self.desired.rules.policy
+        for name, why in born_with.plan_for(policy, caps).lines().items():
             log.info("%s: %s", name, why)
-        for name, why in runtime_paths(self.desired.rules.policy, caps, self.cgroups.version).items():
+        for name, why in runtime_paths(policy, caps, self.cgroups.version, self.writer.resctrl is not None).items():
             log.info("%s: %s", name, why)
+        self._rdt_templates()  # the groups are made now, before the first container names one
+
+    def _rdt_templates(self) -> dict[str, api.LinuxRdt] | None:
+        """The ``LinuxRdt`` each resctrl group's containers are created with, when the runtime
+        places them (:func:`rdt_path`); decided once per policy and runtime, the groups made
+        then. A group that cannot be made leaves the agent's own join in force."""
+        policy = self.desired.rules.policy
+        if self._rdt is not None and self._rdt[0] is policy:
+            return self._rdt[1]
+        templates: dict[str, api.LinuxRdt] | None = None
+        if rdt_path(policy, self.runtime, self.writer.resctrl is not None)[0]:
+            groups = rdt_groups(policy)
+            err = self.writer.ensure_resctrl_groups(groups)
+            if err is None:
+                templates = {}
+                for g in groups:
+                    t = api.LinuxRdt()
+                    t.clos_id.value = g
+                    t.schemata.value.extend(self.writer.resctrl_schemata(g).splitlines())
+                    templates[g] = t
+            else:
+                log.warning("resctrl: the agent joins containers itself, the runtime cannot place them: %s", err)
+        self._rdt = (policy, templates)
+        return templates
 
     def _take_in_created(self) -> None:
         created, self._created = self._created, []
@@ -194,6 +248,8 @@ class QoSPlugin(Plugin):
                 if len(self._births) >= MAX_SHAPES:  # old stamps: unreachable anyway
                     self._births.clear()
                 self._births[key] = adj
+        if adj is not None and adj.linux.HasField("rdt"):
+            self.writer.rdt_placed.add(container.id)
         self._created.append((pod, container))
         if len(self._created) == 1:
             try:
@@ -213,18 +269,26 @@ class QoSPlugin(Plugin):
             self.model.container_removed(container.id)  # refused: it will never exist
             raise RuntimeError(f"refusing {pod.namespace}/{pod.name}/{container.name}: {exc}") from exc
         adj = self._adjustment(intent, pod)
+        if adj is not None and adj.linux.HasField("rdt"):
+            self.writer.rdt_placed.add(container.id)
         if adj is not None and self.desired.cpus.generation != generation:  # cores left the share pool
             return adj, self._pool_updates(skip=container.id)
         return adj
 
     def _adjustment(self, intent: Intent | None, pod: api.PodSandbox) -> api.ContainerAdjustment | None:
-        """The cgroup values NRI carries, and for BE the process attributes the runtime's NRI
-        carries (``born_with``: one template merged, whatever the node's size)."""
+        """The cgroup values NRI carries, the resctrl group where the runtime places
+        containers, and for BE the process attributes the runtime's NRI carries
+        (``born_with``: one template merged, whatever the node's size)."""
         adj = api.ContainerAdjustment()
         some = False
         be = _is_be(pod)
         if intent is not None:
             some = to_resources(self._in_spec(intent, be), self.cgroups, adj.linux.resources, self.fields)
+            if intent.resctrl_group is not None:
+                rdt = (self._rdt_templates() or {}).get(str(intent.resctrl_group.value))
+                if rdt is not None:
+                    adj.linux.rdt.CopyFrom(rdt)
+                    some = True
         if be:
             some = born_with.plan_for(self.desired.rules.policy, self.runtime).apply(adj) or some
         return adj if some else None

@@ -68,6 +68,28 @@ class Writer:
         self.resctrl = resctrl_fs
         self.coresched = coresched
         self.on_invalid = on_invalid
+        # Containers the runtime put in their resctrl group itself (NRI LinuxRdt in their
+        # CreateContainer answer): their start joins nothing; the entry goes at that start.
+        self.rdt_placed: set[str] = set()
+
+    def resctrl_schemata(self, group: str) -> str:
+        """The schemata of a class's resctrl group under the policy (needs a resctrl mount)."""
+        assert self.resctrl is not None
+        cfg = self.policy().class_qos(resctrl.class_of(group)).resctrlQOS
+        return self.resctrl.schemata(cfg.catRangeStartPercent, cfg.catRangeEndPercent, cfg.mbaPercent)
+
+    def ensure_resctrl_groups(self, groups: Iterable[str]) -> str | None:
+        """Make the classes' groups with their schemata before any container names them (a
+        runtime that places containers needs them to exist); the error, if one cannot be made."""
+        if self.resctrl is None:
+            return "no resctrl mount"
+        for group in groups:
+            try:
+                self.resctrl.ensure_group(group, self.resctrl_schemata(group))
+            except (OSError, ResctrlError) as exc:
+                self.on_invalid("resctrl")
+                return f"resctrl group {group}: {exc}"
+        return None
 
     def order(self, group: str, settings: Iterable[Setting]) -> list[Setting]:
         out = sorted(settings, key=lambda s: s.key)
@@ -136,17 +158,17 @@ class Writer:
             done.append((s, res))
         return done
 
-    def join(self, intent: Intent, group: str, pid: int, who: str) -> None:
+    def join(self, intent: Intent, group: str, pid: int, who: str, resctrl_too: bool = True) -> None:
         """Put a container's tasks in its task groups. ``pid``: a new container's init process
         (everything it forks inherits both groups); 0: a container that already ran, so every
-        thread of its cgroup (resctrl) and every process (core scheduling) is moved."""
+        thread of its cgroup (resctrl) and every process (core scheduling) is moved.
+        ``resctrl_too`` False: the runtime placed it in its resctrl group (NRI LinuxRdt)."""
         rg, cs = intent.resctrl_group, intent.core_sched_group
-        if rg is not None and self.resctrl is not None:
+        if rg is not None and self.resctrl is not None and resctrl_too:
             tids = [pid] if pid else self._tasks(group, who, processes=False)
             if tids:
                 group_name = str(rg.value)
-                cfg = self.policy().class_qos(resctrl.class_of(group_name)).resctrlQOS
-                schemata = self.resctrl.schemata(cfg.catRangeStartPercent, cfg.catRangeEndPercent, cfg.mbaPercent)
+                schemata = self.resctrl_schemata(group_name)
                 try:
                     self.resctrl.join(group_name, schemata, tids)
                 except (OSError, ResctrlError) as exc:
