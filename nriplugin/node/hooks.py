@@ -91,7 +91,7 @@ def rdt_path(policy: Policy, runtime: RuntimeCaps, mounted: bool) -> tuple[bool,
     if runtime.supports("rdt"):
         return True, (
             f"placed by the runtime (NRI LinuxRdt: CLOS and schemata at CreateContainer, runtime NRI {nri});"
-            " the agent makes the groups and keeps their schemata"
+            " the agent makes the groups with their schemata (at Configure, and after a policy change)"
         )
     return False, f"joined by the agent at StartContainer (runtime NRI {nri} < v0.11 has no LinuxRdt)"
 
