@@ -8,13 +8,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nriplugin.kernel.cgroup import Cgroups
+from nriplugin.kernel.cgroup import Cgroups, Version
 from nriplugin.kernel.probe import Capabilities, Topology
 from nriplugin.node.assembly import Node
 from nriplugin.policy.cache import RuleCache
 from nriplugin.policy.model import Policy
 from nriplugin.policy.qos import QoSClass
 from nriplugin.qos.collect import ContainerUsage
+from nriplugin.qos.cpu_suppress import IDLE
 from nriplugin.qos.manager import BURST, SUPPRESS, QoSManager
 from nriplugin.qos.sample import ClassUsage, FastSample, NodeSample
 from nriplugin.reconciler import Reconciler
@@ -282,3 +283,42 @@ def test_on_cgroup_v2_the_ls_pods_pressure_is_watched(tmp_path: Path) -> None:
             col.close()
 
     asyncio.run(main())
+
+
+def test_on_cgroup_v2_bes_group_runs_idle_until_the_manager_stands_down(tmp_path: Path) -> None:
+    """beGroupIdle (on by default): cgroup v2 gives BE's QoS-level group ``cpu.idle`` 1 while
+    the manager runs, and 0 again when it is disabled; never on v1, nor when turned off."""
+    be = make_pod(1, "BE", parent=f"/{BE_GROUP}/pod1")
+    ls = make_pod(2, "LS", parent="/kubepods/burstable/pod2")
+    ctrs = [make_container(1, be), make_container(2, ls)]
+    root = v2_tree(tmp_path, [BE_GROUP, "kubepods/burstable"] + [c.linux.cgroups_path.lstrip("/") for c in ctrs])
+    capabilities = caps()
+    capabilities.cgroup_version = Version.V2
+    rules = RuleCache(Policy())
+    node = Node.create(rules, caps=capabilities, cgroups=Cgroups(root))
+    rec = Reconciler(node.desired, node.writer, node.model, watch=False, resync_period=3600)
+    for pod, c in ((be, ctrs[0]), (ls, ctrs[1])):
+        node.model.container_started(pod, c)
+    mgr = QoSManager(node.model, node.desired, rec, Script(), rules)
+    idle = root / BE_GROUP / "cpu.idle"
+    mgr.round()
+    assert idle.read_text().strip() == "1"
+    assert (root / "kubepods/burstable/cpu.idle").read_text().strip() == "0"  # LS's group: untouched
+    assert (root / ctrs[1].linux.cgroups_path.lstrip("/") / "cpu.idle").read_text().strip() == "0"
+    rules.set(Policy.model_validate({"qosManager": {"cpuSuppress": {"beGroupIdle": False}}}), "test")
+    mgr.round()
+    assert idle.read_text().strip() == "0"
+    rules.set(Policy(), "test")
+    mgr.round()
+    assert idle.read_text().strip() == "1"
+    rules.set(Policy.model_validate({"qosManager": {"enable": False}}), "test")
+    mgr.round()
+    assert idle.read_text().strip() == "0"
+    assert not node.desired.overlays.targets(IDLE)
+
+
+def test_on_cgroup_v1_bes_group_is_not_made_idle(tmp_path: Path) -> None:
+    node, _, mgr, _, quota = node_with_pods(tmp_path)
+    mgr.round()
+    assert quota.read_text() == "100000"  # the manager ran
+    assert not node.desired.overlays.targets(IDLE)

@@ -261,9 +261,12 @@ class CPUSuppress(_M):
     for ``raiseDelay`` (then to the lowest target seen over that time). A raise that reverses a
     cut waits ``raiseDelay`` doubled for each such reversal in the last minute, and at most
     ``maxWritesPerMinute`` of them land in a minute: LS load that comes back every half minute
-    gives BE its CPU back within seconds each time, a flapping one ever more slowly."""
+    gives BE its CPU back within seconds each time, a flapping one ever more slowly.
+    ``beGroupIdle`` (cgroup v2): BE's QoS-level group runs with ``cpu.idle`` 1, SCHED_IDLE
+    against LS's groups, so within whatever quota BE has an LS task that wakes takes the CPU."""
 
     enabled: bool = True
+    beGroupIdle: bool = True
     policy: Literal["cfsQuota", "cpuset"] | None = None
     suppressRatio: SuppressRatio = SuppressRatio()
     minCores: Annotated[Cores, Field(gt=0, le=1024)] = 0.1

@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from nriplugin.kernel.cgroup import Version
 from nriplugin.policy.model import QoSManager as ManagerConfig
 from nriplugin.policy.qos import QoSClass
 from nriplugin.qos.strategy import Capacity, Decision, Host, Round, Strategy, register
@@ -32,6 +33,7 @@ from nriplugin.qos.strategy import Capacity, Decision, Host, Round, Strategy, re
 log = logging.getLogger("nriplugin.qos")
 
 SUPPRESS = "qos:cpuSuppress"  # the overlays' owner
+IDLE = "qos:beGroupIdle"  # the owner of cpu.idle on BE's QoS-level groups
 
 PERIOD_US = 100_000  # the CFS period the BE group's quota is expressed in
 MIN_QUOTA_US = 1_000  # the kernel's minimum quota (1 ms)
@@ -184,12 +186,14 @@ class CPUSuppressStrategy(Strategy):
         self._applied: set[str] = set()  # QoS-level groups with our quota overlay
         self._mode: str | None = None  # the suppression policy in force (cfsQuota, cpuset)
         self._cpuset_n: int | None = None  # CPUs BE's containers are on (cpuset policy)
+        self._idle: set[str] = set()  # QoS-level groups with our cpu.idle overlay
 
     @classmethod
     def configured(cls, cfg: ManagerConfig) -> bool:
         return cfg.cpuSuppress.enabled
 
     def decide(self, r: Round) -> None:
+        self._group_idle(r.config.cpuSuppress.beGroupIdle)
         cap = r.capacity
         if cap is None:
             return
@@ -300,8 +304,26 @@ class CPUSuppressStrategy(Strategy):
             self.host.desired.set_cpuset_limit(QoSClass.BE, None, SUPPRESS, f"{why}: BE on the whole share pool again")
             self._cpuset_n = None
 
+    def _group_idle(self, wanted: bool) -> None:
+        """cgroup v2: ``cpu.idle`` 1 on each of BE's QoS-level groups (the kernel then keeps
+        the group's weight at its minimum and refuses weight writes, which the writer takes
+        as in place). Not on v1: there the group's ``cpu.shares`` is the suppression's lever."""
+        desired = self.host.desired
+        on = wanted and desired.caps.cgroup_version is Version.V2 and desired.caps.files.get("cpu.idle", False)
+        groups = set(self.host.groups) if on else set()
+        if groups == self._idle:
+            return
+        for group in groups - self._idle:
+            key = self.host.owner.own_group(group)
+            # kubelet never sets it: lifting it restores 0, whatever a previous agent left
+            desired.set_overlay(key, IDLE, {"cpu.idle": 1}, "BE's group runs SCHED_IDLE (beGroupIdle)", {"cpu.idle": 0})
+        for group in self._idle - groups:
+            desired.withdraw_overlay(self.host.owner.own_group(group), IDLE)
+        self._idle = groups
+
     def off(self, t: float, why: str) -> bool:
         """BE gets its CPU back: the quota and its ceiling withdrawn, the whole pool again."""
+        self._group_idle(False)
         held = bool(self._applied) or self._cpuset_n is not None
         if held:
             self._lift_quota()

@@ -1,5 +1,6 @@
 """Runs INSIDE the VM (e2e/vm/test_vm.py starts it there): the QoS manager with the embedded
-default policy on a real cgroup v2 tree and real spinning processes. BE spins on every CPU;
+default policy on a real cgroup v2 tree and real spinning processes (BE's QoS-level group
+runs ``cpu.idle`` 1, the default's beGroupIdle). BE spins on every CPU;
 when LS starts spinning BE's limit is cut, once with the PSI triggers armed (the node's
 ``/proc/pressure/cpu`` and each LS pod's ``cpu.pressure``: the kernel wakes a round) and once
 with the 50 ms fast path alone. Times under TCG are evidence of behaviour, not benchmarks: the
@@ -80,6 +81,10 @@ async def _measure(mgr: QoSManager, rec: Reconciler, top: Path) -> tuple[float, 
         while (before := be_quota(be_group)) < 0.5:
             assert time.monotonic() - t0 < 90, f"BE never got the idle node: {before:.2f} cores; {_last(mgr)}"
             await asyncio.sleep(0.5)
+        # the default policy's beGroupIdle: BE's QoS-level group runs SCHED_IDLE against LS's;
+        # the kernel took it though the suppression also writes the group's weight (refused, in place)
+        assert (be_group / "cpu.idle").read_text().strip() == "1"
+        assert (top / "kubepods/burstable/cpu.idle").read_text().strip() == "0"
         armed = sorted(
             [*([mgr.psi_path or ""] if mgr._trigger else []), *(mgr.ls_pressure.fds if mgr.ls_pressure else [])]
         )
