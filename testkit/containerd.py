@@ -164,7 +164,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         BinaryName = "{runc}"
         Root = "{base}/runc"
-        SystemdCgroup = false
+        SystemdCgroup = {systemd}
 """
 )
 
@@ -203,7 +203,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
       [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
         BinaryName = "{runc}"
         Root = "{base}/runc"
-        SystemdCgroup = false
+        SystemdCgroup = {systemd}
 
 [plugins."io.containerd.grpc.v1.cri"]
   stream_server_address = "127.0.0.1"
@@ -227,6 +227,9 @@ class Containerd:
     cri: CRI | None = None
     runc: Path | None = None  # the OCI runtime binary; default: the installed line's (bookworm's 1.1.5)
     extra_config: str = ""  # TOML tables appended to the config (e.g. NRI's default validator)
+    # runc's systemd cgroup driver (needs systemd as PID 1: the VM lane's systemd guest); pods
+    # get kubelet's slice names, under kubepods.slice (systemd's, not under cgroup_root)
+    systemd: bool = False
 
     @property
     def runtime(self) -> Runtime:
@@ -272,6 +275,7 @@ class Containerd:
                 nri_disable=str(not self.nri).lower(),
                 pause=images.PAUSE,
                 runc=self.runc or self.pkg_root / "usr" / "sbin" / "runc",
+                systemd=str(self.systemd).lower(),
             )
             + self.extra_config
         )
@@ -471,6 +475,11 @@ class Containerd:
     # CRI helpers -----------------------------------------------------------------------------
 
     def pod_parent(self, qos: str, uid: str) -> str:
+        """kubelet's cgroup parent for a pod: ``/<cgroup_root>/kubepods/besteffort/pod<uid>``
+        (cgroupfs driver), ``kubepods-besteffort-pod<uid_>.slice`` (systemd driver)."""
+        if self.systemd:
+            sub = {"BestEffort": "besteffort-", "Burstable": "burstable-", "Guaranteed": ""}[qos]
+            return f"kubepods-{sub}pod{uid.replace('-', '_')}.slice"
         sub = {"BestEffort": "besteffort/", "Burstable": "burstable/", "Guaranteed": ""}[qos]
         return f"/{self.cgroup_root}/kubepods/{sub}pod{uid}"
 

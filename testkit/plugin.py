@@ -67,8 +67,10 @@ def until(cond: Callable[[], object], timeout: float, what: str | Callable[[], s
 
 
 def runtime_args(rt: harness.Containerd) -> list[str]:
-    """Where nriplugin finds this runtime's CRI socket and pod cgroups."""
-    return ["--cri-socket", rt.address, "--pods-root", f"{rt.cgroup_root}/kubepods"]
+    """Where nriplugin finds this runtime's CRI socket and pod cgroups (the systemd driver's
+    pods root is systemd's ``kubepods.slice``)."""
+    root = "kubepods.slice" if rt.systemd else f"{rt.cgroup_root}/kubepods"
+    return ["--cri-socket", rt.address, "--pods-root", root]
 
 
 def children(pid: int, marker: str = "nriplugin") -> list[int]:

@@ -6,7 +6,8 @@ enabled for the subtree.
 
 The guest boots once and runs many scripts (Python starts 30-50x slower under TCG): the host
 drops ``req/N.sh`` into a second, writable 9p share and the guest's init (testkit/vm/init)
-answers with ``out/N.out`` and ``out/N.rc``. :meth:`Guest.close` always ends the guest (a
+answers with ``out/N.out`` and ``out/N.rc``; ``Guest(systemd=True)`` boots systemd as PID 1
+first (the systemd cgroup driver's tests), which runs that loop as a unit. :meth:`Guest.close` always ends the guest (a
 poweroff, then SIGKILL of qemu by its PID) and removes its files. The kit (kernel, initramfs) is
 built and cached by testkit/vm/build-kit.sh.
 """
@@ -23,8 +24,20 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from testkit import containerd
+
 HERE = Path(__file__).resolve().parent
 BUILD_KIT = HERE / "vm" / "build-kit.sh"
+
+
+SECOND_LINE = "2.1"  # Debian's containerd 2.1.x (NRI v0.8): the guest's containerd tests run on it too
+
+
+def runtime_lines() -> list[str]:
+    """The containerd lines the guest runs, in order: the selected one (NRIPLUGIN_RUNTIME,
+    default the newest) for every guest test, then :data:`SECOND_LINE` for the containerd
+    tests, in the same boot (booting and Python's start are the guest's dear parts)."""
+    return list(dict.fromkeys((containerd.selected(), SECOND_LINE)))
 
 
 class Unavailable(RuntimeError):
@@ -59,7 +72,9 @@ def build_kit() -> Path:
 class Guest:
     """One booted guest. Use as a context manager (or call :meth:`close`)."""
 
-    def __init__(self, kit: Path, *, cpus: int = 2, memory_mb: int = 2048, boot_timeout: float = 600.0) -> None:
+    def __init__(
+        self, kit: Path, *, cpus: int = 2, memory_mb: int = 2048, boot_timeout: float = 600.0, systemd: bool = False
+    ) -> None:
         self.kit = kit
         self.base = Path(tempfile.mkdtemp(prefix="nriplugin-vm-"))
         self.xchg = self.base / "xchg"
@@ -69,12 +84,12 @@ class Guest:
         self._n = 0
         self._proc: subprocess.Popen[bytes] | None = None
         try:
-            self._boot(cpus, memory_mb, boot_timeout)
+            self._boot(cpus, memory_mb, boot_timeout, systemd)
         except BaseException:
             self.close()
             raise
 
-    def _boot(self, cpus: int, memory_mb: int, timeout: float) -> None:
+    def _boot(self, cpus: int, memory_mb: int, timeout: float, systemd: bool) -> None:
         qemu = shutil.which("qemu-system-x86_64")
         if qemu is None:
             raise Unavailable("qemu-system-x86_64 not installed (testkit/vm/build-kit.sh installs it as root)")
@@ -87,7 +102,8 @@ class Guest:
             *("-virtfs", f"local,path=/,mount_tag=hostroot,readonly=on,{share}"),
             *("-virtfs", f"local,path={self.xchg},mount_tag=xchg,{share}"),
             "-append",
-            f"console=ttyS0 panic=-1 quiet rdinit=/init cgroup_no_v1=all vm.xchg={self.xchg} ",
+            f"console=ttyS0 panic=-1 quiet rdinit=/init cgroup_no_v1=all vm.xchg={self.xchg}"
+            f" vm.systemd={int(systemd)} ",
         ]
         self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + timeout

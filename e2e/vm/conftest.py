@@ -1,5 +1,6 @@
-"""The VM lane's fixtures: one guest per test session (booting takes 20-40 s and Python in the
-guest starts 30-50x slower than here), powered off and removed at the end whatever happens.
+"""The VM lane's fixtures: one guest per test session, systemd as its PID 1 (booting takes
+20-40 s and Python in the guest starts 30-50x slower than here), powered off and removed at
+the end whatever happens.
 Without a VM (no qemu, no kernel package, no root) the lane's tests skip with the reason, and
 fail with it when NRIPLUGIN_REQUIRE_PEERS=1 (CI)."""
 
@@ -33,18 +34,19 @@ def vm_kit() -> Path:
 
 
 @pytest.fixture(scope="session")
-def guest_runtime() -> str:
-    """The containerd line the guest runs (NRIPLUGIN_RUNTIME, default the newest), installed
-    here first: the guest sees this machine's cache read-only and could not build it."""
-    line = harness.selected()
-    harness.install(line)
-    return line
+def guest_runtime() -> list[str]:
+    """The containerd lines the guest runs (:func:`testkit.vm.runtime_lines`), installed here
+    first: the guest sees this machine's cache read-only and could not build them."""
+    lines = vm.runtime_lines()
+    for line in lines:
+        harness.install(line)
+    return lines
 
 
 @pytest.fixture(scope="session")
-def guest(vm_kit: Path, guest_runtime: str) -> Iterator[vm.Guest]:
+def guest(vm_kit: Path, guest_runtime: list[str]) -> Iterator[vm.Guest]:
     try:
-        g = vm.Guest(vm_kit)
+        g = vm.Guest(vm_kit, systemd=True)  # systemd as PID 1: the systemd driver's tests need it
     except vm.Unavailable as exc:
         unavailable(str(exc))
         raise

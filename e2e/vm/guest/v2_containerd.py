@@ -1,7 +1,10 @@
 """Runs INSIDE the VM (e2e/vm/test_vm.py starts it there): the product end to end on a real
 cgroup v2 kernel: the private containerd of the e2e tests (testkit/containerd.py, cgroupfs
 driver) with runc and NRI, nriplugin as its own process (`nriplugin run`), pods through CRI in
-kubelet's layout. Birth values land in the v2 files; a coreSched policy reloaded at run time
+kubelet's layout, on the line NRIPLUGIN_RUNTIME names (the lane runs this module on 2.4 and on
+2.1). Birth values land in the v2 files; where the lines differ each does what its NRI carries
+(the version learnt at Configure, BE's ``oom_score_adj``, a pod-level resize told or not);
+drift on a container's ``cpu.max`` is repaired; a coreSched policy reloaded at run time
 puts BE in SCHED_IDLE, and the idle group's refused weight is neither repaired nor an error;
 on the same agent, the cpuset pools on the guest's two CPUs, LSR memory protection, BE's
 ``io.weight``/``io.max`` on a loop device, and ``nriplugin doctor``. A second agent: MemoryEvict
@@ -12,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +24,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from e2e.vm.guest.v2_kernel import ROOT
@@ -28,6 +33,7 @@ from nriplugin.features import blkio
 from nriplugin.kernel.cgroup import WEIGHT_MAPPINGS
 from nriplugin.kernel.cpulist import parse_cpulist
 from testkit import containerd as harness
+from testkit.cri import msg
 from testkit.plugin import PluginProcess, runtime_args, until
 from testkit.workloads import GROW, running
 
@@ -128,6 +134,8 @@ def _scenario(runtime: harness.Containerd, plugin: PluginProcess, policy: Path) 
     time.sleep(1.0)  # the reconciler's first look at the new containers, after StartContainer
     assert plugin.metric_sum("nriplugin_repaired_total") == 0, plugin.logs()[-3000:]  # born right
     assert read(d, "cpu.idle") == "0"
+    _the_lines_nri(runtime, plugin, (be, be_c), (ls, ls_c))
+    _drift_repaired(plugin, d)
     policy.write_text("qosManager: {enable: false}\nresourceQOSStrategy: {policies: {cpuPolicy: coreSched}}\n")
     deadline = time.monotonic() + 60
     while plugin.metric("nriplugin_policy_version") < 2:
@@ -155,6 +163,72 @@ def _scenario(runtime: harness.Containerd, plugin: PluginProcess, policy: Path) 
     logs = plugin.logs()
     assert "rejected" not in logs and "UpdateContainers" not in logs and "could not update" not in logs, logs[-3000:]
     return [d, ld]
+
+
+# What each line's NRI carries (docs/nri-versions.md): the version and how the agent learns it,
+# SCHED_IDLE (v0.11) and IO priority (v0.10) for BE, oom_score_adj (v0.8), pod-level resize (v0.10).
+LINES = {
+    "2.1": ("v0.8", "inferred from its version", False, False, True, False),
+    "2.4": ("v0.12", "as it says", True, True, True, True),
+}
+
+
+def _the_lines_nri(
+    runtime: harness.Containerd, plugin: PluginProcess, be: tuple[harness.Pod, str], ls: tuple[harness.Pod, str]
+) -> None:
+    """Where the lines differ, each does what its NRI carries: the version the agent learns at
+    Configure and the paths it says are in force; BE's ``oom_score_adj`` (v0.8: both lines) on
+    the container's process; a pod-level resize told to the agent on 2.2+ only."""
+    line = runtime.runtime.line
+    assert line in LINES, f"containerd {runtime.runtime.version}: no expectation for this line (add it to LINES)"
+    nri, how, sched, io, oom, pod_update = LINES[line]
+    logs = plugin.logs()
+    assert re.search(
+        rf"configured by containerd v?{re.escape(runtime.runtime.version)}\S*: NRI {nri}\.\d+ \({how}\)", logs
+    ), logs[-3000:]
+    for name, carried in (
+        ("SCHED_IDLE for BE", sched),
+        ("IO priority idle for BE", io),
+        ("oom_score_adj 1000 for BE", oom),
+    ):
+        said = re.search(rf"{name}: (in force|not available)", logs)
+        assert said and said[1] == ("in force" if carried else "not available"), f"{name}: {said}"
+    resize = "followed (UpdatePodSandbox" if pod_update else f"not told (runtime NRI {nri}"
+    assert f"pod-level resize: {resize}" in logs, logs[-3000:]
+    be_adj, ls_adj = (int(Path(f"/proc/{first_pid(group(runtime, *p))}/oom_score_adj").read_text()) for p in (be, ls))
+    assert be_adj == (1000 if oom else ls_adj) and ls_adj != 1000, (be_adj, ls_adj)
+    res = msg("LinuxContainerResources", cpu_shares=512, cpu_quota=50000, cpu_period=100000)
+    assert runtime.cri is not None
+    try:
+        runtime.cri.call(
+            "UpdatePodSandboxResources", msg("UpdatePodSandboxResourcesRequest", pod_sandbox_id=ls[0].id, resources=res)
+        )
+    except grpc.RpcError as exc:
+        assert not pod_update and exc.code() == grpc.StatusCode.UNIMPLEMENTED, exc
+    count = 'nriplugin_hook_duration_seconds_count{event="%s"}'
+    if pod_update:
+        until(lambda: plugin.metric(count % "post_update_pod_sandbox") >= 1, 30, "PostUpdatePodSandbox not seen")
+    else:
+        time.sleep(1.0)
+        assert plugin.metric(count % "update_pod_sandbox") == 0
+    print(f"containerd {runtime.runtime.version}: NRI {nri} ({how}); BE oom_score_adj {be_adj}, LS {ls_adj}")
+
+
+def first_pid(d: Path) -> int:
+    until(lambda: read(d, "cgroup.procs").split(), 10, f"no process in {d}")
+    return int(read(d, "cgroup.procs").split()[0])
+
+
+def _drift_repaired(plugin: PluginProcess, d: Path) -> None:
+    """Drift on a real v2 file the agent owns (a batch container's ``cpu.max``, from its
+    batch-cpu limit), as another writer would leave it: the reconciler (woken by inotify on the
+    v2 file) writes the container's value back, and counts it."""
+    before = plugin.metric_sum("nriplugin_repaired_total")
+    want = read(d, "cpu.max")
+    (d / "cpu.max").write_text("max 100000")
+    took = until(lambda: read(d, "cpu.max") == want, 30, lambda: f"cpu.max drifted to {read(d, 'cpu.max')!r}")
+    until(lambda: plugin.metric_sum("nriplugin_repaired_total") > before, 10, "the repair was not counted")
+    print(f"cpu.max drift ('max 100000') repaired to {want!r} in {took:.2f} s")
 
 
 def cpus(d: Path) -> set[int]:
