@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import shutil
 import tempfile
 from collections import deque
 from dataclasses import dataclass, field, replace
@@ -1541,3 +1543,219 @@ def test_an_evictions_own_defaults(tmp_path: Path) -> None:
     evn, _, _ = eviction_scene(tmp_path, priorities=cluster)
     assert evn.priorities is cluster and evn.memory_score == 0.0 and evn._critical is False
     assert evn.wakeups.maxlen == 100 and evn.plans.maxlen == 20 and evn._pod_groups == {}
+
+
+# --- the notifications' names, what cannot be armed, and cgroup v2 ------------------------------
+
+
+def test_every_notification_is_armed_under_its_own_name_and_fires_as_it(tmp_path: Path) -> None:
+    evn, _ = armed_scene(tmp_path)
+
+    async def scenario() -> None:
+        evn.start(asyncio.get_running_loop())
+        assert evn._events is not None
+        assert evn._events.names() == ["kubepods:pressure", *(f"kubepods:usage{i}" for i in range(6))]
+        evn.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_root_that_refuses_every_notification_says_each_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No ``cgroup.event_control`` (a memory controller that cannot notify): one line lists every
+    refusal, in order, and the root counts as armed (the rounds check it)."""
+    evn, tree = armed_scene(tmp_path)
+    d = tree.root / "memory" / "kubepods"
+    (d / "cgroup.event_control").unlink()
+
+    async def scenario() -> None:
+        with caplog.at_level(logging.INFO, "nriplugin.qos.evict"):
+            evn.start(asyncio.get_running_loop())
+        marks = [int(GiB * p / 100) for p in (50, 60, 70, 80, 90, 95)]
+        why = [
+            f"{d}/cgroup.event_control refused memory.usage_in_bytes {b}: No such file or directory (ENOENT)"
+            for b in marks
+        ]
+        why.append(
+            f"{d}/cgroup.event_control refused memory.pressure_level critical,hierarchy: "
+            "No such file or directory (ENOENT)"
+        )
+        assert caplog.messages == [f"memory events on kubepods: {'; '.join(why)}; the 1 s rounds check it too"]
+        assert list(evn._armed) == ["kubepods"] and evn._events is not None and len(evn._events) == 0
+        evn.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_root_outside_the_tree_or_without_capacity_does_not_stop_the_next(tmp_path: Path) -> None:
+    from testkit.kernel_tree import v1_group
+
+    evn, tree = armed_scene(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tree.root / "memory" / "escape").symlink_to(outside)  # resolves out of the cgroup root
+    v1_group(tree.root, "unlimited")
+    tree.memory("unlimited", 10 * MiB)
+    (tree.root / "memory" / "unlimited" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    evn.meminfo_total = lambda: 0  # with no MemTotal, an unlimited root has no capacity
+
+    async def scenario() -> None:
+        evn.roots = ["escape", "unlimited", "kubepods"]
+        evn.start(asyncio.get_running_loop())
+        assert list(evn._armed) == ["kubepods"]
+        evn.stop()
+
+    asyncio.run(scenario())
+
+
+def v2_scene(tmp_path: Path, events: bool = True, pressure: bool = True) -> tuple[Eviction, Path]:
+    """A cgroup v2 pods root of 1 GiB at 500 MiB. Its ``memory.pressure`` is a FIFO: a file that
+    takes a PSI trigger and can be polled, as the kernel's does (it never fires)."""
+    from testkit.kernel_tree import v2_tree
+
+    root = v2_tree(tmp_path / "cg", ["kubepods"])
+    d = root / "kubepods"
+    (d / "memory.current").write_text(f"{500 * MiB}\n")
+    (d / "memory.max").write_text(f"{GiB}\n")
+    (d / "memory.stat").write_text(f"anon {400 * MiB}\nfile {100 * MiB}\ninactive_file 0\n")
+    if events:
+        (d / "memory.events").write_text("low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n")
+    if pressure:
+        os.mkfifo(d / "memory.pressure")
+    rules = RuleCache()
+    cg = Cgroups(root)
+    node = Node.create(rules, caps=caps(), cgroups=cg)
+    evn = Eviction(node.model, node.desired, cg, Stats(cg), rules, Evictor(runtime=Backend()), ["/kubepods/"])
+    evn.meminfo_total = lambda: 8 * GiB
+    return evn, d
+
+
+def test_cgroup_v2_arms_memory_events_and_a_psi_trigger_and_fires_on_events(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    evn, d = v2_scene(tmp_path)
+    checks: list[str] = []
+    evn.memory_check = lambda: checks.append("check")  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        with caplog.at_level(logging.INFO, "nriplugin.qos.evict"):
+            evn.start(asyncio.get_running_loop())
+        assert evn._events is not None and evn._events.names() == ["kubepods:events", "kubepods:pressure"]
+        assert caplog.messages == [
+            "memory events armed on kubepods: usage at 512, 614, 716, 819, 921, 972 MiB, critical pressure"
+        ]
+        (d / "memory.events").write_text("low 0\nhigh 1\nmax 0\noom 0\noom_kill 0\n")  # the kernel's update
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if checks:
+                break
+        assert [w for _, w in evn.wakeups] == ["kubepods:events"] and checks == ["check"]
+        evn.stop()
+
+    asyncio.run(scenario())
+
+
+def test_cgroup_v2_without_events_or_pressure_says_both(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    evn, d = v2_scene(tmp_path, events=False, pressure=False)
+
+    async def scenario() -> None:
+        with caplog.at_level(logging.INFO, "nriplugin.qos.evict"):
+            evn.start(asyncio.get_running_loop())
+        assert caplog.messages == [
+            f"memory events on kubepods: {d}/memory.events: no such file; "
+            f"{d}/memory.pressure: No such file or directory; the 1 s rounds check it too"
+        ]
+        assert list(evn._armed) == ["kubepods"]
+        evn.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_pods_cpu_request_sums_its_containers_shares_above_two(tmp_path: Path) -> None:
+    """A BE pod's request is the sum over its containers of shares / 1024, a container at the
+    kernel's minimum of 2 shares (no request) adding nothing; a BE pod with no container yet
+    requests nothing."""
+    from testkit.runtime_peer import make_container, make_pod
+
+    evn, tree, _ = eviction_scene(tmp_path)
+    be2 = tree.pods[1]
+    for i, shares in ((11, 3), (12, 2), (13, 512)):
+        evn.model.container_started(be2, make_container(i, be2, shares=shares))
+    empty = make_pod(9, "BE")
+    evn.model.pod_seen(empty)
+    cands = {c.name: c for c in evn.candidates(memory=False)}
+    assert cands[be2.name].cpu_request_cores == 1.0 + 3 / 1024 + 0.5
+    assert cands[tree.pods[2].name].cpu_request_cores == 1.0
+    assert cands[empty.name].cpu_request_cores == 0.0
+
+
+def test_a_cpu_round_reads_no_pods_memory(tmp_path: Path) -> None:
+    """CPUEvict ranks by CPU: its candidates are made without reading a pod's memory files."""
+    now: dict[str, ContainerUsage] = {}
+    evn, tree, clock = eviction_scene(tmp_path, usage=lambda: now)
+    now = {"a": usage(tree.pods[1].id, 0, cpu=3.0), "b": usage(tree.pods[2].id, 0, cpu=2.9)}
+    tree.pod_memory(1, 300 * MiB)
+    reads: list[str] = []
+    real = evn.stats.working_set
+
+    def counted(group: str):  # type: ignore[no-untyped-def]
+        reads.append(group)
+        return real(group)
+
+    evn.stats.working_set = counted  # type: ignore[method-assign]
+    sample = NodeSample(
+        t=100.0, interval=1.0, ncpu=8, cpu_busy_cores=8.0, load1=8.0, psi_cpu=Pressure(some_delta_us=500_000)
+    )
+    cap = Capacity(8.0, 1.0, 4.0, 4.0, 3.0, 5.0)
+
+    async def scenario() -> None:
+        for t in (100.0, 102.0):
+            clock.t = t
+            evn.cpu_round(
+                Round(
+                    t,
+                    replace(sample, t=t),
+                    Level.EMERGENCY,
+                    95.0,
+                    0.0,
+                    Policy(),
+                    capacity=cap,
+                    be_limit=2.0,
+                    be_target=2.0,
+                )
+            )
+        await asyncio.sleep(0.01)
+        ((_, plan),) = evn.plans
+        assert all(c.freeable_bytes == 0 for c in plan.victims)
+
+    asyncio.run(scenario())
+    assert reads == []
+
+
+def test_a_pods_points_are_its_containers_rss_summed_exactly(tmp_path: Path) -> None:
+    now = {"c1": usage("p", 100), "c2": usage("p", 20), "c3": usage("q", 7)}
+    evn, _, _ = eviction_scene(tmp_path, usage=lambda: now)
+    evn.observe_pods(1.0)
+    assert {p: list(v) for p, v in evn._pod_mem.items()} == {"p": [(1.0, 120)], "q": [(1.0, 7)]}
+
+
+def test_a_cpu_victim_on_its_way_out_is_reported_with_its_share(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A CPU victim is not measured per pod: while its group is there it holds the share it was
+    evicted for (not counted as bytes), and its leaving reports that share."""
+    from nriplugin.qos.eviction.evictor import Pending
+
+    evn, tree, clock = eviction_scene(tmp_path)
+    group = tree.pods[1].linux.cgroup_parent.strip("/")
+    tree.pod_memory(1, 300 * MiB)
+    evn.evictor.pending["u"] = Pending("u", "batch/be", "CPUEvict", 2.5, "cores", 100.0, group, 2.5)
+    assert evn._settle() == 0.0 and evn.evictor.pending["u"].held == 2.5
+    evn.stats.close()  # tmpfs reads a removed file through a kept descriptor; cgroupfs does not
+    shutil.rmtree(tree.root / "memory" / group)
+    clock.t = 103.0
+    with caplog.at_level(logging.INFO, "nriplugin.qos.evict"):
+        assert evn._settle() == 0.0
+    assert caplog.messages == ["CPUEvict: batch/be gone after 3.0 s, freed about 2.50 cores (expected 2.50 cores)"]
+    assert not evn.evictor.pending

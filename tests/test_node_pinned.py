@@ -788,3 +788,156 @@ def test_a_fail_closed_failure_keeps_no_baseline() -> None:
     s.model.container_started(pod, c)
     assert s.d.set_overlay(c.id, "qos:x", {"cpu.shares": 4}, "r")
     assert s.asked == []  # the runtime asked for shares: that is what comes back
+
+
+# --- what BE's QoS-level group holds bounds the ceiling in force ----------------------------------
+
+BE_GROUP = "kubepods/besteffort"
+
+
+class Held:
+    """A BE container with a 2-core quota under BE's QoS-level group, whose CFS bandwidth the
+    kernel holds as ``kernel`` says ((key, resource) -> value; absent: the group is not there)."""
+
+    def __init__(self, quota: int | None = 50000, period: int | None = 100000) -> None:
+        self.kernel: dict[tuple[str, str], int | str | None] = {}
+        self.asked: list[tuple[str, str]] = []
+        self.hold(quota, period)
+        self.model = NodeModel()
+
+        def cur(key: str, resource: str) -> int | str | None:
+            self.asked.append((key, resource))
+            return self.kernel.get((key, resource))
+
+        self.d = DesiredState(self.model, RuleCache(Policy()), caps(), current=cur)
+        self.model.subscribe(self.d)
+        self.be_pod = make_pod(1, "BE")
+        self.be = make_container(1, self.be_pod)
+        self.model.container_started(self.be_pod, self.be)
+        self.d.set_overlay(self.be.id, "qos:x", {"cpu.cfs_quota_us": 200000}, "batch")
+
+    def hold(self, quota: int | None, period: int | None = 100000) -> None:
+        for resource, value in (("cpu.cfs_quota_us", quota), ("cpu.cfs_period_us", period)):
+            if value is None:
+                self.kernel.pop((group_key(BE_GROUP), resource), None)
+            else:
+                self.kernel[(group_key(BE_GROUP), resource)] = value
+
+    def quota(self) -> Setting:
+        intent = self.d.intent(self.be.id)
+        assert intent is not None
+        return intent.files[("cpu.cfs_quota_us", "")]
+
+
+def test_a_restarted_agent_caps_be_at_the_cut_its_group_holds_owned_by_the_kernel() -> None:
+    h = Held(quota=50000)
+    assert h.d.learn_held(QoSClass.BE, ["/" + BE_GROUP + "/", "kubepods/nowhere"]) == {BE_GROUP: 0.5}
+    q = h.quota()
+    assert (q.value, q.owner) == (50000, "kernel")
+    assert q.why == "batch; at most 0.50 cores while its QoS-level group holds 0.50 cores"
+
+
+def test_learn_held_binds_only_the_groups_that_are_there_and_returns_the_limited() -> None:
+    h = Held(quota=-1)  # unlimited: bound, not returned, no ceiling
+    assert h.d.learn_held(QoSClass.BE, [BE_GROUP]) == {}
+    assert h.quota().value == 200000 and not h.d.capped(h.be.id)
+    h = Held(quota=None)  # not there: not bound, so a later write of it is not followed
+    assert h.d.learn_held(QoSClass.BE, [BE_GROUP]) == {}
+    h.hold(30000)
+    h.d.group_written(BE_GROUP, "cpu.cfs_quota_us")
+    assert h.quota().value == 200000 and not h.d.capped(h.be.id)
+
+
+def test_a_held_cut_lower_than_the_decided_ceiling_is_in_force_under_its_owner() -> None:
+    h = Held(quota=50000)
+    h.d.set_ceiling(QoSClass.BE, 1.0, "qos:cpuSuppress", "BE is limited")
+    assert h.quota().value == 100000  # not bound yet: the decided ceiling
+    h.d.bound(QoSClass.BE, "/" + BE_GROUP + "/")
+    q = h.quota()
+    assert (q.value, q.owner) == (50000, "qos:cpuSuppress")
+    assert q.why == "batch; at most 0.50 cores while its QoS-level group holds 0.50 cores"
+    h.asked.clear()
+    h.d.bound(QoSClass.BE, BE_GROUP)  # bound already: followed through group_written, not read again
+    assert h.asked == []
+    h.d.set_ceiling(QoSClass.BE, 0.25, "qos:cpuSuppress", "BE is limited")  # lower than held: decided
+    assert h.quota().value == 25000
+
+
+def test_the_group_written_moves_the_ceiling_with_what_it_holds() -> None:
+    h = Held(quota=50000)
+    h.d.set_ceiling(QoSClass.BE, 1.0, "qos:cpuSuppress", "BE is limited")
+    h.d.bound(QoSClass.BE, BE_GROUP)
+    h.hold(80000)
+    h.d.group_written("/" + BE_GROUP + "/", "cpu.shares")  # not CFS bandwidth: nothing moves
+    assert h.quota().value == 50000
+    h.d.group_written("/" + BE_GROUP + "/", "cpu.cfs_quota_us")
+    assert h.quota().value == 80000
+    h.hold(80000, 200000)  # 0.4 cores
+    h.d.group_written("/" + BE_GROUP + "/", "cpu.cfs_period_us")
+    assert h.quota().value == 40000
+    h.hold(80000, None)  # a period that cannot be read: the kernel's 100 ms
+    h.d.group_written(BE_GROUP, "cpu.cfs_period_us")
+    assert h.quota().value == 80000
+    h.hold(-1)  # raised to no limit: the decided ceiling again
+    h.d.group_written(BE_GROUP, "cpu.cfs_quota_us")
+    assert h.quota().value == 100000
+    h.hold(30000)
+    h.d.group_written(BE_GROUP, "cpu.cfs_quota_us")
+    assert h.quota().value == 30000
+    h.hold(None, None)  # the group went away: it bounds nothing
+    h.d.group_written(BE_GROUP, "cpu.cfs_quota_us")
+    assert h.quota().value == 100000
+    h.d.group_written("kubepods/burstable", "cpu.cfs_quota_us")  # not a bounding group
+    assert h.quota().value == 100000
+
+
+def test_only_the_groups_of_a_class_bound_it_and_an_unlimited_one_bounds_nothing() -> None:
+    h = Held(quota=-1)
+    h.kernel[(group_key("kubepods/burstable"), "cpu.cfs_quota_us")] = 10000
+    h.d.bound(QoSClass.LS, "kubepods/burstable")  # LS's group: not BE's bound
+    h.d.bound(QoSClass.BE, BE_GROUP)  # no limit
+    assert h.quota().value == 200000 and not h.d.capped(h.be.id)
+    h.d.set_ceiling(QoSClass.BE, 1.5, "qos:cpuSuppress", "BE is limited")
+    assert h.quota().value == 150000
+    h.d.bound(QoSClass.BE, "kubepods/gone")  # not there: bounds nothing
+    assert h.quota().value == 150000
+
+
+def test_a_class_decision_changes_the_birth_key_of_its_new_containers_only() -> None:
+    h = Held()
+    ls_pod = make_pod(2, "LS")
+    new_be, new_ls = make_container(7, h.be_pod), make_container(8, ls_pod)
+    be_key, ls_key = h.d.birth_key(h.be_pod, new_be), h.d.birth_key(ls_pod, new_ls)
+    assert be_key is not None and ls_key is not None
+    assert be_key[0] is QoSClass.BE and be_key[2] == 0 and ls_key[2] == 0  # no class decision yet
+    twin = make_container(9, h.be_pod)
+    assert h.d.birth_key(h.be_pod, twin) == be_key  # equal containers: equal keys, whatever their ids
+    h.d.set_ceiling(QoSClass.BE, 0.5, "qos:cpuSuppress", "BE is limited")
+    moved = h.d.birth_key(h.be_pod, new_be)
+    assert moved is not None and moved[2] == 1 and h.d.birth_key(ls_pod, new_ls) == ls_key
+    assert h.d.birth_key(h.be_pod, h.be) is None  # state of its own (an overlay): nothing to share
+
+
+def test_a_container_whose_kernel_values_come_back_shares_no_birth_key() -> None:
+    h = Held()
+    h.d.withdraw_overlay(h.be.id, "qos:x")  # the value it replaced comes back: still its own state
+    assert h.be.id not in h.d.overlays and h.d.birth_key(h.be_pod, h.be) is None
+
+
+def test_equal_resources_give_equal_birth_keys_whatever_their_maps_order() -> None:
+    h = Held()
+    a, b = make_container(7, h.be_pod), make_container(8, h.be_pod)
+    for k in "abcdefgh":
+        a.linux.resources.unified[k] = "1"
+    for k in reversed("abcdefgh"):
+        b.linux.resources.unified[k] = "1"
+    assert h.d.birth_key(h.be_pod, a) == h.d.birth_key(h.be_pod, b)
+
+
+def test_a_held_cut_within_one_microsecond_a_period_leaves_the_decided_ceiling() -> None:
+    h = Held(quota=25000)
+    h.d.bound(QoSClass.BE, BE_GROUP)
+    h.d.set_ceiling(QoSClass.BE, 0.25 + 1e-5, "qos:cpuSuppress", "BE is limited")  # 1 us above what is held
+    assert h.quota().why == "batch; at most 0.25 cores while BE is limited"
+    h.d.set_ceiling(QoSClass.BE, 0.25 + 2e-5, "qos:cpuSuppress", "BE is limited")
+    assert h.quota().why == "batch; at most 0.25 cores while its QoS-level group holds 0.25 cores"

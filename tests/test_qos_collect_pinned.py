@@ -3,16 +3,33 @@ stall deltas, a container's limit and request from its facts, and the per-class 
 
 from __future__ import annotations
 
+import asyncio
+import os
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from nriplugin.kernel.cgroup import Cgroups
 from nriplugin.kernel.stats import NO_STALL, ProcCpu, Psi, PsiLine
+from nriplugin.node.assembly import Node
 from nriplugin.node.model import NodeModel, Record
+from nriplugin.nri import api_pb2 as api
 from nriplugin.policy.qos import QoSClass
-from nriplugin.qos.collect import DEFAULT_PERIOD_US, ContainerUsage, _facts, _pressure, _Round, busy_cores
-from nriplugin.qos.sample import ClassUsage, Pressure
+from nriplugin.qos.collect import (
+    DEFAULT_PERIOD_US,
+    Collector,
+    ContainerUsage,
+    _facts,
+    _pressure,
+    _Round,
+    busy_cores,
+)
+from nriplugin.qos.sample import ClassUsage, NodeSample, Pressure
+from testkit.kernel_tree import proc_tree, v1_counters, v1_tree
 from testkit.runtime_peer import make_container, make_pod
+from tests.test_features import caps
 
 
 def test_busy_cores_edges() -> None:
@@ -129,3 +146,247 @@ def test_a_groups_cpu_seconds_and_pressure_file(tmp_path: Path) -> None:
     col = Collector(m, DesiredState(m, RuleCache(), caps()), Cgroups(v2))
     assert col.pressure_path(be) == f"{v2}/{be}/cpu.pressure"
     col.close()
+
+
+# the collector on a temporary cgroup v1 tree: rounds pinned to the exact figure ---------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _group(c: api.Container) -> str:
+    return c.linux.cgroups_path.lstrip("/")
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Iterator[tuple[Path, Path, Node, list[Collector]]]:
+    """A v1 tree, a /proc at rest, a node, and the collectors a test makes (closed after it)."""
+    root, proc = v1_tree(tmp_path / "cg"), proc_tree(tmp_path / "proc")
+    made: list[Collector] = []
+    yield root, proc, Node.create(cgroups=Cgroups(root), caps=caps()), made
+    for col in made:
+        col.close()
+
+
+def _collector(node: Node, proc: Path, made: list[Collector], clock: Clock, memory_every: int = 1) -> Collector:
+    col = Collector(node.model, node.desired, node.writer.cgroups, proc, clock=clock, memory_every=memory_every)
+    made.append(col)
+    return col
+
+
+def test_a_limit_of_one_microsecond_is_a_limit() -> None:
+    f = _facts(QoSClass.LS, record("LS", 1))
+    assert (f.limit, f.throttling) == (1 / DEFAULT_PERIOD_US, True)
+
+
+def test_no_shares_requested_is_no_request() -> None:
+    r = record("BE")
+    assert r.container is not None
+    r.container.linux.resources.cpu.ClearField("shares")
+    assert _facts(QoSClass.BE, r).request == 0.0
+
+
+def test_one_tick_passed_all_busy_is_every_cpu() -> None:
+    assert busy_cores(ProcCpu(10, 100, 4), ProcCpu(11, 101, 4)) == 4.0
+    assert busy_cores(ProcCpu(10, 100, 4), ProcCpu(10, 101, 4)) == 0.0
+
+
+def test_carried_memory_adds_to_what_the_class_has() -> None:
+    rnd = _Round()
+    be = _facts(QoSClass.BE, record("BE"))
+    rnd.read("a", be, ContainerUsage(QoSClass.BE, "p", 1.0, 100, 60), periods=0, throttled=0)
+    rnd.carried("b", be, ContainerUsage(QoSClass.BE, "q", 2.0, 700, 500))
+    rnd.carried("c", be, ContainerUsage(QoSClass.BE, "q", 2.0, 30, 20))
+    u = rnd.by_class()["BE"]
+    assert (u.containers, u.cpu_cores, u.memory_bytes, u.rss_bytes) == (3, 1.0, 830, 580)
+
+
+def test_a_containers_rates_exactly_and_its_first_reading(tree: tuple[Path, Path, Node, list[Collector]]) -> None:
+    """A container's first reading counts zero CPU, no periods and no throttling, in its own
+    usage and in its class's sums; then cores are ns / 1e9 / seconds and the throttled ratio
+    throttled / periods (one period is enough; none: 0); its limit is kept with it."""
+    root, proc, node, made = tree
+    pod = make_pod(1, "LS")
+    old, new, free = make_container(1, pod), make_container(2, pod), make_container(3, pod)
+    old.linux.resources.cpu.quota.value = 250000  # 2.5 cores
+    new.linux.resources.cpu.quota.value = 50000
+    v1_counters(root, _group(old), usage_ns=10**9, periods=100, throttled=50, memory=8 << 20, rss=4 << 20)
+    v1_counters(root, _group(free), usage_ns=10**9, memory=8 << 20, rss=4 << 20)
+    node.model.container_started(pod, old)
+    node.model.container_started(pod, free)
+    clock = Clock()
+    col = _collector(node, proc, made, clock)
+    col.sample()
+    assert col.by_container[old.id] == ContainerUsage(QoSClass.LS, pod.id, 0.0, 8 << 20, 4 << 20, 2.5, 0.0)
+
+    clock.t += 2.0
+    v1_counters(root, _group(old), usage_ns=5 * 10**9, periods=110, throttled=55, memory=8 << 20, rss=4 << 20)
+    v1_counters(root, _group(free), usage_ns=2 * 10**9, memory=8 << 20, rss=4 << 20)
+    v1_counters(root, _group(new), usage_ns=9 * 10**9, periods=1000, throttled=1000, memory=8 << 20, rss=4 << 20)
+    node.model.container_started(pod, new)
+    s = col.sample()
+    assert col.by_container[old.id] == ContainerUsage(QoSClass.LS, pod.id, 2.0, 8 << 20, 4 << 20, 2.5, 0.5)
+    assert col.by_container[free.id].cpu_cores == 0.5 and col.by_container[free.id].throttled_ratio == 0.0
+    assert col.by_container[new.id] == ContainerUsage(QoSClass.LS, pod.id, 0.0, 8 << 20, 4 << 20, 0.5, 0.0)
+    assert s.usage("LS").throttled_ratio == 0.5  # 5 of 10 periods: the newcomer adds none
+    assert s.usage("LS").cpu_cores == 2.5
+
+    clock.t += 1.0
+    v1_counters(root, _group(new), usage_ns=9 * 10**9, periods=1001, throttled=1001, memory=8 << 20, rss=4 << 20)
+    col.sample()
+    assert col.by_container[new.id].throttled_ratio == 1.0  # one period, throttled
+
+
+def test_a_container_whose_memory_cannot_be_read_counts_none(tree: tuple[Path, Path, Node, list[Collector]]) -> None:
+    root, proc, node, made = tree
+    pod = make_pod(1, "LS")
+    c = make_container(1, pod)
+    v1_counters(root, _group(c), usage_ns=10**9)
+    shutil.rmtree(root / "memory" / _group(c))
+    node.model.container_started(pod, c)
+    s = _collector(node, proc, made, Clock()).sample()
+    assert (s.usage("LS").memory_bytes, s.usage("LS").rss_bytes) == (0, 0)
+    assert (col_u := s.usage("LS")).containers == 1 and col_u.cpu_cores == 0.0
+
+
+def test_the_nodes_counters_between_two_rounds(tree: tuple[Path, Path, Node, list[Collector]]) -> None:
+    """Page scans by both reclaimers as differences (none moved: 0), swap as /proc/meminfo has
+    it, an interval shorter than a second as it is."""
+    _, proc, node, made = tree
+    proc_tree(proc, swap_total_kb=4096, swap_free_kb=1024, pgscan_direct=10, pgscan_kswapd=1000)
+    clock = Clock()
+    col = _collector(node, proc, made, clock)
+    first = col.sample()
+    assert (first.swap_total, first.swap_free, first.pgscan_kswapd) == (4 << 20, 1 << 20, 0)
+    clock.t += 0.5
+    proc_tree(proc, swap_total_kb=4096, swap_free_kb=1024, pgscan_direct=10, pgscan_kswapd=1300)
+    s = col.sample()
+    assert (s.interval, s.pgscan_direct, s.pgscan_kswapd) == (0.5, 0, 300)
+
+
+def test_no_meminfo_is_zero_memory_and_no_stat_keeps_the_cpu_count(
+    tree: tuple[Path, Path, Node, list[Collector]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, proc, node, made = tree
+    (proc / "meminfo").unlink()
+    (proc / "stat").unlink()
+    s = _collector(node, proc, made, Clock()).sample()
+    assert (s.mem_total, s.mem_available, s.swap_total, s.swap_free) == (0, 0, 0, 0)
+    assert s.ncpu == os.cpu_count()
+    monkeypatch.setattr(os, "cpu_count", lambda: None)  # unknown: one CPU
+    assert _collector(node, proc, made, Clock()).sample().ncpu == 1
+
+
+def test_the_fast_path_with_no_new_stall(tree: tuple[Path, Path, Node, list[Collector]]) -> None:
+    _, proc, node, made = tree
+    clock = Clock()
+    col = _collector(node, proc, made, clock)
+    proc_tree(proc, busy=100, idle=100, cpu_some_us=1000)
+    col.fast()
+    clock.t += 0.1
+    f = col.fast()
+    assert (f.t, f.psi_cpu_some_delta_us) == (1000.1, 0)
+
+
+def _be_groups(root: Path, node: Node) -> tuple[list[str], api.Container, api.Container]:
+    """Two BE QoS-level groups (say, besteffort on two pods roots) and an LS pod of two."""
+    groups = ["kubepods/besteffort", "kubepods2/besteffort"]
+    for g in groups:
+        v1_counters(root, g, usage_ns=0)
+    pod = make_pod(1, "LS")
+    a, b = make_container(1, pod), make_container(2, pod)
+    for c in (a, b):
+        v1_counters(root, _group(c), usage_ns=0)
+        node.model.container_started(pod, c)
+    return groups, a, b
+
+
+def test_be_groups_are_summed_exactly_from_their_first_round(tree: tuple[Path, Path, Node, list[Collector]]) -> None:
+    root, proc, node, made = tree
+    groups, _, _ = _be_groups(root, node)
+    be = make_pod(2, "BE")
+    c = make_container(3, be)
+    v1_counters(root, _group(c), usage_ns=0)
+    node.model.container_started(be, c)
+    clock = Clock()
+    col = _collector(node, proc, made, clock)
+    v1_counters(root, groups[0], usage_ns=10**9)
+    v1_counters(root, groups[1], usage_ns=3 * 10**9)
+    first = col.sample(groups)
+    assert (first.usage("BE").cpu_cores, first.be_cpu_seconds) == (0.0, 4.0)
+    clock.t += 2.0
+    v1_counters(root, groups[0], usage_ns=3 * 10**9)
+    v1_counters(root, groups[1], usage_ns=9 * 10**9)
+    s = col.sample(groups)
+    assert (s.usage("BE").cpu_cores, s.be_cpu_seconds) == (4.0, 12.0)  # 8 s of CPU over 2 s
+
+
+def test_a_leaver_closes_its_files_only(tree: tuple[Path, Path, Node, list[Collector]]) -> None:
+    """When a container leaves, its kept files are closed; those of the containers that stay
+    and of every BE group stay open (not re-opened each round)."""
+    root, proc, node, made = tree
+    groups, a, b = _be_groups(root, node)
+    clock = Clock()
+    col = _collector(node, proc, made, clock)
+    col.sample(groups)
+    owners = set(col.stats.files._owned) - {""}
+    assert owners == {*groups, _group(a), _group(b)}
+    node.model.container_removed(b.id)
+    clock.t += 1.0
+    col.sample(groups)
+    assert set(col.stats.files._owned) - {""} == {*groups, _group(a)}
+
+
+def test_the_async_round_takes_out_only_the_time_others_had(
+    tree: tuple[Path, Path, Node, list[Collector]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``collect_seconds`` of an async round is its own reading time: every pause (another
+    callback's turn, here 5 s on a fake clock each) is taken out, and each pause is one turn of
+    the others (the loop is given back, not slept on). BE's groups are read as in one go."""
+    import nriplugin.node.turns as loop_turns
+    import nriplugin.qos.collect as collect
+
+    root, proc, node, made = tree
+    monkeypatch.setattr(loop_turns, "TURN", 0.0)  # a turn per container
+    groups, _, _ = _be_groups(root, node)
+    now = [0.0]
+    monkeypatch.setattr(collect, "time", type("FakeTime", (), {"perf_counter": staticmethod(lambda: now[0])}))
+    col = _collector(node, proc, made, Clock())
+    turns = 0
+
+    async def round_with_others() -> NodeSample:
+        nonlocal turns
+
+        async def other() -> None:
+            nonlocal turns
+            while True:
+                turns += 1
+                now[0] += 5.0
+                await asyncio.sleep(0)
+
+        task = asyncio.ensure_future(other())
+        await asyncio.sleep(0)
+        turns, now[0] = 0, 0.0
+        s = await col.sample_async(groups)
+        task.cancel()
+        return s
+
+    s = asyncio.run(round_with_others())
+    assert turns == 2  # two containers, a pause before each
+    assert now[0] == 10.0 and s.collect_seconds == 0.0
+    assert s.be_cpu_seconds == 0.0  # from the groups
+
+
+def test_memory_all_page_cache_is_none_in_use(tree: tuple[Path, Path, Node, list[Collector]]) -> None:
+    root, proc, node, made = tree
+    pod = make_pod(1, "LS")
+    c = make_container(1, pod)
+    v1_counters(root, _group(c), usage_ns=10**9, memory=8 << 20, rss=0, cache=8 << 20)
+    node.model.container_started(pod, c)
+    s = _collector(node, proc, made, Clock()).sample()
+    assert (s.usage("LS").memory_bytes, s.usage("LS").rss_bytes) == (0, 0)

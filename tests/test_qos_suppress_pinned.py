@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from nriplugin.kernel.cgroup import Version
 from nriplugin.node.model import pod_key
 from nriplugin.node.overlays import group_key
 from nriplugin.policy.model import Policy
 from nriplugin.policy.qos import QoSClass
-from nriplugin.qos.cpu_suppress import SUPPRESS, CPUSuppressStrategy, Limiter, be_target
+from nriplugin.qos.cpu_suppress import IDLE, SUPPRESS, CPUSuppressStrategy, Limiter, be_groups, be_target
 from nriplugin.qos.levels import Level
 from nriplugin.qos.sample import NodeSample
 from nriplugin.qos.strategy import Capacity, Decision, Round
@@ -352,3 +353,53 @@ def test_a_raise_to_exactly_the_deadband_above_is_not_written() -> None:
     assert lim.step(2.0, 3.0) is None  # up to 1.25 is not more than the deadband: the hold restarts
     assert lim.current == 1.0
     assert lim.step(3.0, 3.0) == 3.0
+
+
+def test_be_groups_under_either_driver_and_any_slashes() -> None:
+    assert be_groups(["/top/kubepods/", "a/b/kubepods.slice", "kubepods.slice/"]) == [
+        "top/kubepods/besteffort",
+        "a/b/kubepods.slice/kubepods-besteffort.slice",
+        "kubepods.slice/kubepods-besteffort.slice",
+    ]
+    assert be_groups([]) == []
+
+
+def test_the_groups_bound_be_while_it_is_cut() -> None:
+    """Each of BE's groups bounds BE's ceiling: in this scene the kernel holds 777 / 777 us, one
+    core, so a 2-core limit is in force at 1 core until the group is written."""
+    h = Host()
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    s.decide(round_at(0.0, Level.LOW, policy(), cap()))
+    assert h.desired._caps[QoSClass.BE][0] == 2.0
+    assert h.desired._in_force[QoSClass.BE] == (1.0, SUPPRESS, "its QoS-level group holds 1.00 cores")
+
+
+def idle_host(idle_file: bool = True) -> Host:
+    h = Host()
+    h.desired.caps.cgroup_version = Version.V2
+    h.desired.caps.files.pop("cpu.idle", None)
+    if idle_file:
+        h.desired.caps.files["cpu.idle"] = True
+    return h
+
+
+def test_on_v2_bes_group_is_idle_with_its_reason_and_back_to_0_when_suppression_stops() -> None:
+    h = idle_host()
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    s.decide(round_at(0.0, Level.LOW, policy(), cap()))
+    intent = h.desired.intent(group_key(BE_GROUP))
+    assert intent is not None
+    st = intent.files[("cpu.idle", "")]
+    assert (st.value, st.owner, st.why) == (1, IDLE, "BE's group runs SCHED_IDLE (beGroupIdle)")
+    s.off(1.0, "disabled")  # the kernel's file would read 777 here: kubelet's 0 comes back
+    intent = h.desired.intent(group_key(BE_GROUP))
+    assert intent is not None and intent.get("cpu.idle") == 0
+
+
+def test_no_idle_where_the_kernel_has_no_cpu_idle_file() -> None:
+    h = idle_host(idle_file=False)
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    s.decide(round_at(0.0, Level.LOW, policy(), cap()))
+    intent = h.desired.intent(group_key(BE_GROUP))
+    assert intent is None or intent.get("cpu.idle") is None
+    assert not h.desired.overlays.targets(IDLE)

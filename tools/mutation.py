@@ -71,6 +71,23 @@ _LS_RSS = "_ls's RSS sum: its one caller, cpu_inputs, reads only usage and reque
 _FALSE_NONE = "None for False: as false, and only ever tested for truth"
 _FIRES = "the callback a trigger calls when it fires: a kernel that accepts PSI triggers (this one refuses them)"
 _EV = "nriplugin.qos.eviction."
+_CO = "nriplugin.qos.collect."
+_CS = "nriplugin.qos.cpu_suppress.xǁCPUSuppressStrategyǁ"
+_HELD_QUOTA = "a group's quota of 0 read as no limit: the kernel holds -1 or at least 1000 us, never 0"
+_HELD_PERIOD = "a group's period of 0 or 1 us: the kernel's CFS period is at least 1000 us"
+_XX_STRIP = (
+    "strip('XX/XX') strips X and / from a group path's ends: kubelet's groups (kubepods, "
+    "kubepods.slice, besteffort) neither start nor end with an X"
+)
+_NO_BUSY = "no busy ticks (an int) answered 0.0 early: 0 / total x ncpu is 0.0 all the same"
+_ABSENT_REV = (
+    "the absent entries' revision mark before any: the first filter runs on entries all added (and seen) "
+    "that round, a no-op whether or not the mark makes it run"
+)
+_FACTS_REV = (
+    "the facts' revision mark before the first round (the model's starts at 0): at the first round the "
+    "facts are empty, so clearing them or not is the same, and the mark is the revision after it"
+)
 _PLAN_NAME = "the name of the plan made only to ask meaningful(): the plan handed on is made anew, named CPUEvict"
 _GROUP_USAGE = "the BE groups read with their throttling too (or not): only their usage is used"
 _LS_MAX = "max()'s default over the three LS classes: never empty, so never used"
@@ -287,13 +304,47 @@ EQUIVALENT: dict[str, str] = {
     _EV + "loop.x_cpu_facts__mutmut_22": _LS_MAX,
     _EV + "loop.xǁEvictionǁ_meminfo_total__mutmut_3": _MEMINFO,
     _EV + "loop.xǁEvictionǁ_meminfo_total__mutmut_4": _MEMINFO,
-    _EV + "loop.xǁEvictionǁ_settle__mutmut_15": "settle() without its unit: its default is bytes",
+    _EV + "loop.xǁEvictionǁ_settle__mutmut_14": "settle() without its unit: its default is bytes",
     _EV + "loop.xǁEvictionǁ__init____mutmut_23": _FALSE_NONE,
     _EV + "loop.xǁEvictionǁmemory_check__mutmut_52": _FALSE_NONE,
     _EV + "loop.xǁEvictionǁ_arm__mutmut_58": "v1_pressure without its mode: its default is hierarchy",
     _EV + "loop.xǁEvictionǁstart__mutmut_3": "the callback of the kernel's memory events: no unit test makes it notify",
     _EV + "loop.xǁEvictionǁ__init____mutmut_29": _FIRST_GAP,
     _EV + "loop.xǁEvictionǁ__init____mutmut_30": _FIRST_GAP,
+    _EV + "loop.xǁEvictionǁ__init____mutmut_11": (
+        "strip('XX/XX') strips the characters X and / from a pods root's ends: kubelet's roots "
+        "(kubepods, kubepods.slice) neither start nor end with an X"
+    ),
+    _EV + "loop.xǁEvictionǁ_arm__mutmut_27": (
+        "a capacity of exactly 1 byte not armed: MemTotal is counted in kB and limits in pages, so it is 0 or >= 1024"
+    ),
+    _EV + "loop.xǁEvictionǁ_pod_growth__mutmut_34": (
+        "`t1 <= t2`: a pod's points are strictly increasing in time (observe_pods adds none at or before the last), "
+        "so the point nearest the middle is never the last (the first wins a tie with it)"
+    ),
+    _EV + "loop.xǁEvictionǁcpu_round__mutmut_16": "candidates(memory=None): as false as False, so no memory is read",
+    # node/desired.py: what BE's QoS-level group holds
+    _DS + "_read_held__mutmut_12": _HELD_QUOTA,
+    _DS + "_read_held__mutmut_13": _HELD_QUOTA,
+    _DS + "_read_held__mutmut_25": _HELD_PERIOD,
+    _DS + "_read_held__mutmut_26": _HELD_PERIOD,
+    _DS + "_recap__mutmut_34": (
+        "pop without a default: reached only when the ceiling in force moves to none, so it is there"
+    ),
+    _DS + "set_ceiling__mutmut_1": (
+        "never takes the same ceiling as unchanged: _recap then finds the ceiling in force unmoved and returns"
+    ),
+    _DS + "bound__mutmut_3": _XX_STRIP,
+    _DS + "group_written__mutmut_9": _XX_STRIP,
+    _DS + "group_written__mutmut_14": _XX_STRIP,
+    _DS + "group_written__mutmut_17": _XX_STRIP,
+    _DS + "learn_held__mutmut_3": _XX_STRIP,
+    # qos/cpu_suppress.py
+    "nriplugin.qos.cpu_suppress.x_be_groups__mutmut_4": _XX_STRIP,
+    _CS + "_group_idle__mutmut_7": "`get('cpu.idle', None)`: None is as false as the False it replaces",
+    _CS + "_group_idle__mutmut_9": "`get('cpu.idle')`: its None is as false as the False it replaces",
+    _CS + "off__mutmut_1": "_group_idle(None): as false as False, so the idle overlays are withdrawn alike",
+    _CS + "off__mutmut_23": _NO_MODE,
     # qos/collect.py
     "nriplugin.qos.collect.xǁ_Accǁ__init____mutmut_5": _FALSE_NONE,
     "nriplugin.qos.collect.xǁCollectorǁpressure_path__mutmut_3": _V2_PATH,
@@ -304,9 +355,26 @@ EQUIVALENT: dict[str, str] = {
     "nriplugin.qos.collect.xǁCollectorǁ_group_cores__mutmut_5": _GROUP_USAGE,
     "nriplugin.qos.collect.xǁCollectorǁ_group_cores__mutmut_7": _GROUP_USAGE,
     "nriplugin.qos.collect.xǁCollectorǁ_group_cores__mutmut_8": _GROUP_USAGE,
-    "nriplugin.qos.collect.xǁCollectorǁ_group_cores__mutmut_15": (
-        "the BE groups' counter key joined by 'XX,XX': only its own files are then kept open between rounds "
-        "(they are opened again), the same figures"
+    _CO + "x__facts__mutmut_12": "`quota >= 0` after `quota and`: a quota of 0 is already false",
+    _CO + "x_busy_cores__mutmut_12": _NO_BUSY,
+    _CO + "x_busy_cores__mutmut_13": _NO_BUSY,
+    _CO + "xǁCollectorǁ__init____mutmut_39": _ABSENT_REV,
+    _CO + "xǁCollectorǁ__init____mutmut_40": _ABSENT_REV,
+    _CO + "xǁCollectorǁ__init____mutmut_41": _ABSENT_REV,
+    _CO + "xǁCollectorǁ__init____mutmut_42": _FACTS_REV,
+    _CO + "xǁCollectorǁ__init____mutmut_43": _FACTS_REV,
+    _CO + "xǁCollectorǁ__init____mutmut_44": _FACTS_REV,
+    _CO + "xǁCollectorǁ__init____mutmut_46": (
+        "the BE groups' counter key starts as 'XXXX', not '': no counter has that key, and the files kept "
+        "for it are the same ('' after the prefix either way) until the first round with BE groups sets it"
+    ),
+    _CO + "xǁCollectorǁ_forget__mutmut_8": (
+        "the absent entries filtered when there are none too (a no-op), which moves the revision mark: an "
+        "entry is unseen only once its container left, which moves the revision past any mark"
+    ),
+    _CO + "xǁCollectorǁ_forget__mutmut_12": (
+        "the absent entries filtered every round they exist, not once per revision: an entry is unseen only "
+        "once its container left, a new revision that the original filters at too"
     ),
     # qos/eviction
     _EV + "victims.x_fewest__mutmut_18": (

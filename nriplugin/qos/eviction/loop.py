@@ -276,7 +276,9 @@ class Eviction:
             self.cpu.evicted(self.clock())
 
     def _settle(self) -> float:
-        """Bytes still held by memory victims on their way out (gone ones are reported)."""
+        """Bytes still held by memory victims on their way out (gone ones are reported). A
+        CPU victim's share is not measured per pod: while its group is there it keeps the
+        share it was evicted for, which is what its leaving is reported to free."""
 
         def held(p: Pending) -> float | None:
             if p.group is None:
@@ -284,7 +286,7 @@ class Eviction:
             ws = self.stats.working_set(p.group)
             if ws is None:
                 return None
-            return float(ws.anon) if p.unit == "bytes" else 1.0
+            return float(ws.anon) if p.unit == "bytes" else p.held
 
         return self.evictor.settle(held, "bytes")
 
