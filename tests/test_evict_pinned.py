@@ -844,11 +844,11 @@ def a_round(
 
 def test_cpu_facts_from_a_round() -> None:
     r = a_round(
-        some_us=250_000,
+        some_us=900_000,  # the node's PSI: not used where the LS classes' own stall is known (v2)
         by_class={
-            "LS": ClassUsage(throttled_ratio=0.3),
-            "LSR": ClassUsage(throttled_ratio=0.1),
-            "BE": ClassUsage(cpu_request_cores=6.0, throttled_ratio=0.9),
+            "LS": ClassUsage(throttled_ratio=0.3, stall_ratio=0.25),
+            "LSR": ClassUsage(throttled_ratio=0.1, stall_ratio=0.125),
+            "BE": ClassUsage(cpu_request_cores=6.0, throttled_ratio=0.9, stall_ratio=0.95),
         },
     )
     f = cpu_facts(r)
@@ -862,7 +862,7 @@ def test_cpu_facts_from_a_round() -> None:
         ls_usage=3.0,
         be_usage=2.0,
         other_usage=2.0,  # non-BE 5 - LS 3
-        ls_stall=0.25,
+        ls_stall=0.25,  # the most of the LS classes' own
         ls_throttled=0.3,  # LS classes only: BE's throttling is its limit doing its job
         be_request=6.0,
         be_limit=4.0,
@@ -870,7 +870,13 @@ def test_cpu_facts_from_a_round() -> None:
     assert cpu_facts(replace(r, capacity=None)) is None
 
 
-def test_cpu_facts_stall_is_a_share_of_the_interval_at_most_one() -> None:
+def test_cpu_facts_stall_is_ls_own_on_v2_and_the_nodes_share_on_v1() -> None:
+    """cgroup v2: the LS classes' own pressure, the node's ignored (it counts BE's waits, those
+    at the agent's own quota included). v1 (no per-group PSI): the node's share, at most 1."""
+    lsr_only = {"LS": ClassUsage(), "LSR": ClassUsage(stall_ratio=0.4)}
+    assert cpu_facts(a_round(some_us=1_000_000, by_class=lsr_only)).ls_stall == 0.4  # type: ignore[union-attr]
+    calm = {"LS": ClassUsage(stall_ratio=0.0)}
+    assert cpu_facts(a_round(some_us=1_000_000, by_class=calm)).ls_stall == 0.0  # type: ignore[union-attr]
     assert cpu_facts(a_round(some_us=3_000_000)).ls_stall == 1.0  # type: ignore[union-attr]
     assert cpu_facts(a_round(interval=2.0, some_us=1_000_000)).ls_stall == 0.5  # type: ignore[union-attr]
     assert cpu_facts(a_round(interval=0.0, some_us=1_000_000)).ls_stall == 0.0  # type: ignore[union-attr]
@@ -1407,7 +1413,7 @@ def test_cpu_round_evicts_through_the_evictor_and_starts_the_cooldown(tmp_path: 
 
     def r(t: float, **kw: object) -> Round:
         sample = NodeSample(
-            t=t, interval=1.0, ncpu=8, cpu_busy_cores=8.0, load1=8.0, psi_cpu=Pressure(some_delta_us=500_000)
+            t=t, interval=1.0, ncpu=8, cpu_busy_cores=8.0, load1=8.0, by_class={"LS": ClassUsage(stall_ratio=0.5)}
         )
         cap = Capacity(8.0, 1.0, 4.0, 4.0, 3.0, 5.0)  # LS 4 stalled half the time: short of 2, release 2.4
         base = Round(t, sample, Level.EMERGENCY, 95.0, 0.0, Policy(), capacity=cap, be_limit=2.0, be_target=2.0)
@@ -1705,7 +1711,7 @@ def test_a_cpu_round_reads_no_pods_memory(tmp_path: Path) -> None:
 
     evn.stats.working_set = counted  # type: ignore[method-assign]
     sample = NodeSample(
-        t=100.0, interval=1.0, ncpu=8, cpu_busy_cores=8.0, load1=8.0, psi_cpu=Pressure(some_delta_us=500_000)
+        t=100.0, interval=1.0, ncpu=8, cpu_busy_cores=8.0, load1=8.0, by_class={"LS": ClassUsage(stall_ratio=0.5)}
     )
     cap = Capacity(8.0, 1.0, 4.0, 4.0, 3.0, 5.0)
 

@@ -809,7 +809,7 @@ def test_a_container_without_its_cgroup_is_looked_for_less_and_less(
     gone: list[bool] = []
     cpu = col.stats.cpu
 
-    def counting(group: str, throttling: bool = True) -> Any:
+    def counting(group: str, throttling: bool = True, waiting: bool = False) -> Any:
         if group == _group(missing):
             looked.append(col._rounds)
             if gone:

@@ -390,3 +390,50 @@ def test_memory_all_page_cache_is_none_in_use(tree: tuple[Path, Path, Node, list
     node.model.container_started(pod, c)
     s = _collector(node, proc, made, Clock()).sample()
     assert (s.usage("LS").memory_bytes, s.usage("LS").rss_bytes) == (0, 0)
+
+
+def test_on_v2_an_ls_containers_own_cpu_pressure_is_its_stall(tmp_path: Path) -> None:
+    """cgroup v2: each LS container's own ``cpu.pressure`` "some" total, as a share of the
+    interval (at most 1; zero the first time); the class's is the mean over its containers.
+    BE's is not read (its waits are its limit's doing), and v1 has none."""
+    from testkit.kernel_tree import v2_counters, v2_tree
+
+    root, proc = v2_tree(tmp_path / "cg"), proc_tree(tmp_path / "proc")
+    node = Node.create(cgroups=Cgroups(root), caps=caps())
+    ls_pod, be_pod = make_pod(1, "LS"), make_pod(2, "BE")
+    a, b, be = make_container(1, ls_pod), make_container(2, ls_pod), make_container(3, be_pod)
+    for c, waited in ((a, 1_000_000), (b, 0), (be, 0)):
+        v2_counters(root, _group(c), usage_ns=10**9, cpu_some_us=waited)
+    for pod, c in ((ls_pod, a), (ls_pod, b), (be_pod, be)):
+        node.model.container_started(pod, c)
+    clock = Clock()
+    made: list[Collector] = []
+    col = _collector(node, proc, made, clock)
+    try:
+        s = col.sample()
+        assert col.by_container[a.id].stall_ratio == 0.0 and s.usage("LS").stall_ratio == 0.0
+        clock.t += 2.0
+        v2_counters(root, _group(a), usage_ns=2 * 10**9, cpu_some_us=1_500_000)  # 0.5 s of 2
+        v2_counters(root, _group(b), usage_ns=2 * 10**9, cpu_some_us=4_100_000)  # more than the interval
+        v2_counters(root, _group(be), usage_ns=2 * 10**9, cpu_some_us=2_000_000)
+        s = col.sample()
+        assert col.by_container[a.id].stall_ratio == 0.25
+        assert col.by_container[b.id].stall_ratio == 1.0
+        assert s.usage("LS").stall_ratio == 0.625
+        assert col.by_container[be.id].stall_ratio is None and s.usage("BE").stall_ratio is None
+    finally:
+        col.close()
+
+
+def test_on_v1_no_container_has_a_stall(tree: tuple[Path, Path, Node, list[Collector]]) -> None:
+    root, proc, node, made = tree
+    pod = make_pod(1, "LS")
+    c = make_container(1, pod)
+    v1_counters(root, _group(c), usage_ns=10**9)
+    node.model.container_started(pod, c)
+    clock = Clock()
+    col = _collector(node, proc, made, clock)
+    col.sample()
+    clock.t += 1.0
+    s = col.sample()
+    assert col.by_container[c.id].stall_ratio is None and s.usage("LS").stall_ratio is None

@@ -159,6 +159,7 @@ class CpuStat(NamedTuple):
     nr_periods: int = 0
     nr_throttled: int = 0
     throttled_ns: int = 0
+    waiting_us: int | None = None  # v2 cpu.pressure "some" total: a task runnable, not running
 
 
 class MemStat(NamedTuple):
@@ -424,18 +425,25 @@ class Stats:  # pragma: no mutate block (file I/O, not a parser: tools/mutation.
 
     # cgroups ------------------------------------------------------------------------------------
 
-    def cpu(self, group: str, throttling: bool = True) -> CpuStat | None:
+    def cpu(self, group: str, throttling: bool = True, waiting: bool = False) -> CpuStat | None:
         """CPU used (cumulative) and throttling; None when the group is gone. On v1 usage is in
         the cpuacct hierarchy (its own mount, or ``cpu,cpuacct`` behind the ``cpuacct`` link)
         and throttling in the cpu hierarchy's ``cpu.stat`` (not read with ``throttling=False``:
-        a group without a quota is never throttled, and it is one kernel file less)."""
+        a group without a quota is never throttled, and it is one kernel file less).
+        ``waiting``: also the group's own CPU pressure (v2 only: v1 has no per-group PSI)."""
         if self.v2:
             d = self._dir(group, "cpu")
             text = None if d is None else self.files.read(f"{d}/cpu.stat", group)
             if text is None:
                 self.files.forget(group)  # gone: none of its kept files will read again
                 return None
-            return parse_v2_cpu(text)
+            stat = parse_v2_cpu(text)
+            if waiting and stat is not None:
+                psi = self.files.read(f"{d}/cpu.pressure", group)
+                total = None if psi is None else parse_psi_some_total(psi)
+                if total is not None:
+                    stat = stat._replace(waiting_us=total)
+            return stat
         acct = self._dir(group, "cpuacct")
         usage = None if acct is None else self.files.read(f"{acct}/cpuacct.usage", group)
         if usage is None:

@@ -64,6 +64,7 @@ class ContainerUsage:
     rss_bytes: int
     limit_cores: float | None = None  # requested quota / period; None: unlimited
     throttled_ratio: float = 0.0  # throttled periods / periods over the last interval
+    stall_ratio: float | None = None  # share of it with a task waiting for a CPU (v2, LS only)
 
 
 class _Facts(NamedTuple):
@@ -86,13 +87,25 @@ def _facts(qos: QoSClass, r: Record) -> _Facts:
 
 
 class _Acc:
-    __slots__ = ("containers", "cpu", "limit", "mem", "periods", "request", "rss", "throttled", "unlimited")
+    __slots__ = (
+        "containers",
+        "cpu",
+        "limit",
+        "mem",
+        "periods",
+        "request",
+        "rss",
+        "stall",
+        "stalls",
+        "throttled",
+        "unlimited",
+    )
 
     def __init__(self) -> None:
         self.containers = 0
-        self.cpu = self.request = self.limit = 0.0
+        self.cpu = self.request = self.limit = self.stall = 0.0
         self.unlimited = False
-        self.periods = self.throttled = self.mem = self.rss = 0
+        self.periods = self.throttled = self.mem = self.rss = self.stalls = 0
 
     def add(self, f: _Facts) -> None:
         self.containers += 1
@@ -109,6 +122,7 @@ class _Acc:
             cpu_request_cores=self.request,
             cpu_limit_cores=None if self.unlimited else self.limit,
             throttled_ratio=self.throttled / self.periods if self.periods else 0.0,
+            stall_ratio=self.stall / self.stalls if self.stalls else None,
             memory_bytes=self.mem,
             rss_bytes=self.rss,
         )
@@ -139,6 +153,9 @@ class _Round:
         a.cpu += u.cpu_cores
         a.periods += periods
         a.throttled += throttled
+        if u.stall_ratio is not None:
+            a.stall += u.stall_ratio
+            a.stalls += 1
         a.mem += u.memory_bytes
         a.rss += u.rss_bytes
         self.by_container[key] = u
@@ -398,27 +415,29 @@ class Collector:
         if be_from_groups and f.qos is QoSClass.BE and before is not None and not full:
             rnd.carried(key, f, before)  # read again with its memory
             return
-        cpu = self.stats.cpu(group, throttling=f.throttling)
+        cpu = self.stats.cpu(group, throttling=f.throttling, waiting=f.qos in LS_CLASSES)
         if cpu is None:  # the cgroup is gone (a removal on its way), or not there
             wait = min(ABSENT_MAX_WAIT, 2 * absent[1]) if absent is not None else 1
             self._absent[key] = (self._rounds + wait, wait)
             return
         if absent is not None:
             del self._absent[key]
-        cores, throttled_ratio, periods, throttled = self._rates(t, key, cpu)
+        cores, throttled_ratio, periods, throttled, stall = self._rates(t, key, cpu)
         used, rss = self._memory(rnd, f, group, before, full)
-        rnd.read(
-            key, f, ContainerUsage(f.qos, r.pod.id, cores, used, rss, f.limit, throttled_ratio), periods, throttled
-        )
+        usage = ContainerUsage(f.qos, r.pod.id, cores, used, rss, f.limit, throttled_ratio, stall)
+        rnd.read(key, f, usage, periods, throttled)
 
-    def _rates(self, t: float, key: str, cpu: CpuStat) -> tuple[float, float, int, int]:
+    def _rates(self, t: float, key: str, cpu: CpuStat) -> tuple[float, float, int, int, float | None]:
         """A container's cores and throttled ratio since its last reading (zeros the first time),
-        with the periods and throttled periods behind the ratio."""
-        d = self._counters.advance(key, t, (cpu.usage_ns, cpu.nr_periods, cpu.nr_throttled))
+        with the periods and throttled periods behind the ratio, and the share of the time it
+        had a task waiting for a CPU (None when its pressure was not read)."""
+        waited_us = cpu.waiting_us
+        d = self._counters.advance(key, t, (cpu.usage_ns, cpu.nr_periods, cpu.nr_throttled, waited_us or 0))
         if d is None:
-            return 0.0, 0.0, 0, 0
-        secs, (used_ns, periods, throttled) = d
-        return used_ns / 1e9 / secs, throttled / periods if periods > 0 else 0.0, periods, throttled
+            return 0.0, 0.0, 0, 0, None if waited_us is None else 0.0
+        secs, (used_ns, periods, throttled, waited) = d
+        stall = None if waited_us is None else min(1.0, waited / 1e6 / secs)
+        return used_ns / 1e9 / secs, throttled / periods if periods > 0 else 0.0, periods, throttled, stall
 
     def _memory(self, rnd: _Round, f: _Facts, group: str, before: ContainerUsage | None, full: bool) -> tuple[int, int]:
         """A container's memory in use (without page cache) and RSS. Memory moves on a scale of

@@ -32,6 +32,9 @@ class ClassUsage:
     cpu_request_cores: float = 0.0  # requested (shares / 1024, as kubelet sets them)
     cpu_limit_cores: float | None = None  # sum of quotas / periods; None when any is unlimited
     throttled_ratio: float = 0.0  # throttled periods / periods over the interval
+    # the mean share of the interval its containers had a task waiting for a CPU (their own
+    # cpu.pressure, cgroup v2); None where the kernel has no per-group PSI (v1)
+    stall_ratio: float | None = None
     memory_bytes: int = 0  # usage (v1 memory.usage_in_bytes minus cache; v2 memory.current minus file)
     rss_bytes: int = 0
 

@@ -413,16 +413,20 @@ class Eviction:
 
 
 def cpu_facts(r: Round) -> CpuFacts | None:
-    """CPUEvict's inputs from a round (None without the node's capacity). LS stall: the node's
-    PSI ``some`` share of the interval (cgroup v1 has no per-group PSI; BE's own waits count
-    too, so this is an upper bound that the shortage estimate then tempers with LS's real
-    usage). BE counts as suppressed once its limit is within the deadband of what this level
-    allows."""
+    """CPUEvict's inputs from a round (None without the node's capacity). LS stall: the most
+    any LS class's containers had a task waiting for a CPU, from their own ``cpu.pressure``
+    (cgroup v2). Only where the kernel has no per-group PSI (v1): the node's PSI ``some``
+    share, an upper bound that counts BE's waits too — a BE group throttled at the quota the
+    agent gave it reads as "some" pressure the whole time it is throttled (97 % from 0.05
+    cores of throttled spinners on an idle node) — which the shortage estimate tempers with
+    LS's real usage. BE counts as suppressed once its limit is within the deadband of what
+    this level allows."""
     cap, sample = r.capacity, r.sample
     if cap is None:
         return None
-    stall = 0.0
-    if sample.interval > 0:
+    stalls = [s for q in LS_CLASSES if (s := sample.usage(q).stall_ratio) is not None]
+    stall = max(stalls, default=0.0)
+    if not stalls and sample.interval > 0:  # cgroup v1
         stall = min(1.0, sample.psi_cpu.some_delta_us / (sample.interval * 1e6))
     throttled = max((sample.usage(q).throttled_ratio for q in LS_CLASSES), default=0.0)
     deadband = r.config.cpuSuppress.deadbandCores
