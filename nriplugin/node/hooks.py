@@ -169,15 +169,14 @@ class QoSPlugin(Plugin):
             return self._rdt[1]
         templates: dict[str, api.LinuxRdt] | None = None
         if rdt_path(policy, self.runtime, self.writer.resctrl is not None)[0]:
-            groups = rdt_groups(policy)
-            err = self.writer.ensure_resctrl_groups(groups)
+            schemata = {g: self.writer.resctrl_schemata(g) for g in rdt_groups(policy)}
+            err = self.writer.ensure_resctrl_groups(schemata)
             if err is None:
                 templates = {}
-                for g in groups:
-                    t = api.LinuxRdt()
+                for g, text in schemata.items():
+                    t = templates[g] = api.LinuxRdt()
                     t.clos_id.value = g
-                    t.schemata.value.extend(self.writer.resctrl_schemata(g).splitlines())
-                    templates[g] = t
+                    t.schemata.value.extend(text.splitlines())
             else:
                 log.warning("resctrl: the agent joins containers itself, the runtime cannot place them: %s", err)
         self._rdt = (policy, templates)
@@ -248,8 +247,7 @@ class QoSPlugin(Plugin):
                 if len(self._births) >= MAX_SHAPES:  # old stamps: unreachable anyway
                     self._births.clear()
                 self._births[key] = adj
-        if adj is not None and adj.linux.HasField("rdt"):
-            self.writer.rdt_placed.add(container.id)
+        self._placed_by_runtime(container, adj)
         self._created.append((pod, container))
         if len(self._created) == 1:
             try:
@@ -269,11 +267,16 @@ class QoSPlugin(Plugin):
             self.model.container_removed(container.id)  # refused: it will never exist
             raise RuntimeError(f"refusing {pod.namespace}/{pod.name}/{container.name}: {exc}") from exc
         adj = self._adjustment(intent, pod)
-        if adj is not None and adj.linux.HasField("rdt"):
-            self.writer.rdt_placed.add(container.id)
+        self._placed_by_runtime(container, adj)
         if adj is not None and self.desired.cpus.generation != generation:  # cores left the share pool
             return adj, self._pool_updates(skip=container.id)
         return adj
+
+    def _placed_by_runtime(self, container: api.Container, adj: api.ContainerAdjustment | None) -> None:
+        """An answer naming a resctrl CLOS: the runtime puts the container in its group, so
+        its start joins it to none (``TaskGroups``)."""
+        if adj is not None and adj.linux.HasField("rdt"):
+            self.writer.rdt_placed.add(container.id)
 
     def _adjustment(self, intent: Intent | None, pod: api.PodSandbox) -> api.ContainerAdjustment | None:
         """The cgroup values NRI carries, the resctrl group where the runtime places

@@ -78,14 +78,14 @@ class Writer:
         cfg = self.policy().class_qos(resctrl.class_of(group)).resctrlQOS
         return self.resctrl.schemata(cfg.catRangeStartPercent, cfg.catRangeEndPercent, cfg.mbaPercent)
 
-    def ensure_resctrl_groups(self, groups: Iterable[str]) -> str | None:
-        """Make the classes' groups with their schemata before any container names them (a
+    def ensure_resctrl_groups(self, schemata: dict[str, str]) -> str | None:
+        """Make the classes' groups (group -> its schemata) before any container names them (a
         runtime that places containers needs them to exist); the error, if one cannot be made."""
         if self.resctrl is None:
             return "no resctrl mount"
-        for group in groups:
+        for group, text in schemata.items():
             try:
-                self.resctrl.ensure_group(group, self.resctrl_schemata(group))
+                self.resctrl.ensure_group(group, text)
             except (OSError, ResctrlError) as exc:
                 self.on_invalid("resctrl")
                 return f"resctrl group {group}: {exc}"

@@ -5,8 +5,9 @@ what the level allows, and LS suffering. The agent cannot see request latency, s
 is what the kernel shows of it: the share of time LS had runnable tasks waiting for a CPU (PSI
 ``some`` of the LS containers' own ``cpu.pressure`` on cgroup v2; on v1, which has no
 per-group PSI, the node's, an upper bound that counts BE's waits, those at the quota the agent
-gave it included) or LS containers throttled at their quota. The conditions must hold for ``sustain`` seconds (a
-one-round spike is suppression's job), and after an eviction CPUEvict waits ``cooldown``.
+gave it included) or LS containers throttled at their quota. The conditions must hold for
+``sustain`` seconds (a one-round spike is suppression's job), and after an eviction CPUEvict
+waits ``cooldown``.
 
 How much: ``release = 1.2 x (LS demand - LS available)`` — 20 % more than the shortage, so
 one eviction is enough — with ``available = total - system - BE usage`` (the system's share
