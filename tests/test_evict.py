@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from nriplugin.kernel.cgroup import Cgroups
+from nriplugin.kernel.stats import Stats, WorkingSet
 from nriplugin.node.assembly import Node
 from nriplugin.nri import api_pb2 as api
 from nriplugin.policy.cache import RuleCache
@@ -378,6 +379,19 @@ def test_pending_releases_are_credited_until_the_victim_is_gone() -> None:
 # the glue: facts from the node model and the kernel's files ------------------------------------
 
 
+def working_set_reads(stats: Stats) -> list[str]:
+    """The groups whose working set is read through ``stats`` from now on, in order."""
+    reads: list[str] = []
+    real = stats.working_set
+
+    def counted(group: str) -> WorkingSet | None:
+        reads.append(group)
+        return real(group)
+
+    stats.working_set = counted  # type: ignore[method-assign]
+    return reads
+
+
 @dataclass
 class MemoryTree:
     """A tree laid out like the kernel's v1 memory hierarchy: the pods root, an LS pod and two
@@ -428,14 +442,7 @@ def test_memory_check_reads_the_pods_root_and_evicts_the_leaking_be_pod(tmp_path
     evn.meminfo_total = lambda: 8 * GiB
     tree.pod_memory(0, 300 * MiB)
     tree.pod_memory(1, 250 * MiB)
-    reads: list[str] = []
-    real = coll.stats.working_set
-
-    def counted(group: str):  # type: ignore[no-untyped-def]
-        reads.append(group)
-        return real(group)
-
-    coll.stats.working_set = counted  # type: ignore[method-assign]
+    reads = working_set_reads(coll.stats)
 
     async def run() -> None:
         for step in range(9):  # the leak grows 10 MiB a second; memory read every other round

@@ -58,7 +58,7 @@ from nriplugin.qos.levels import Level
 from nriplugin.qos.sample import ClassUsage, NodeSample, Pressure
 from nriplugin.qos.strategy import Capacity, Round
 from testkit.cri_standin import FakeRuntime, serving
-from tests.test_evict import MemoryTree, cpu_case
+from tests.test_evict import MemoryTree, cpu_case, working_set_reads
 from tests.test_features import caps
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -1702,14 +1702,7 @@ def test_a_cpu_round_reads_no_pods_memory(tmp_path: Path) -> None:
     evn, tree, clock = eviction_scene(tmp_path, usage=lambda: now)
     now = {"a": usage(tree.pods[1].id, 0, cpu=3.0), "b": usage(tree.pods[2].id, 0, cpu=2.9)}
     tree.pod_memory(1, 300 * MiB)
-    reads: list[str] = []
-    real = evn.stats.working_set
-
-    def counted(group: str):  # type: ignore[no-untyped-def]
-        reads.append(group)
-        return real(group)
-
-    evn.stats.working_set = counted  # type: ignore[method-assign]
+    reads = working_set_reads(evn.stats)
     sample = NodeSample(
         t=100.0, interval=1.0, ncpu=8, cpu_busy_cores=8.0, load1=8.0, by_class={"LS": ClassUsage(stall_ratio=0.5)}
     )
