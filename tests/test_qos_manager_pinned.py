@@ -122,13 +122,19 @@ def test_the_fast_path_decides_only_on_a_jump(tmp_path: Path) -> None:
     s.advance(0.1)
     mgr.fast_round()
     assert mgr.limiter.writes == writes
-    s.ls = 1.25  # a jump: the usage budget cuts BE at once, 2 x 65 % - 1.25 = 0.05 -> floor 0.1
+    s.ls = 1.25  # a jump: the usage budget cuts BE at once, by what the window has seen of it
     s.advance(0.1)
-    mgr.fast_round()
+    mgr.fast_round()  # 0.2 s window: (0.125 + 1.25) / 2 = 0.6875 -> 2 x 65 % - 0.6875 = 0.6125
+    assert quota.read_text() == "61250"
+    s.advance(0.1)
+    mgr.fast_round()  # 0.3 s: (0.125 + 2 x 1.25) / 3 = 0.875 -> 0.425, within the deadband
+    assert quota.read_text() == "61250"
+    s.advance(0.1)
+    mgr.fast_round()  # the window all after the jump: 2 x 65 % - 1.25 = 0.05 -> floor 0.1
     assert quota.read_text() == "10000"
     s.advance(0.1)
     mgr.fast_round()  # no change since the last decision: nothing to do
-    assert mgr.limiter.writes == writes + 1
+    assert mgr.limiter.writes == writes + 2
 
 
 def test_the_fast_path_waits_for_be_groups_and_a_readable_counter(tmp_path: Path) -> None:

@@ -15,7 +15,13 @@ from nriplugin.qos.cpu_suppress import CPUSuppressStrategy
 from nriplugin.qos.history import Counters
 from nriplugin.qos.levels import CPU_THRESHOLDS, MEMORY_THRESHOLDS, Assessor, Level, Thresholds, thresholds_of
 from nriplugin.qos.manager import _be_parent
-from nriplugin.qos.node_resource import NodeQOSResourceStrategy, Rate, SystemQOSResourceStrategy, capacity
+from nriplugin.qos.node_resource import (
+    FastWindow,
+    NodeQOSResourceStrategy,
+    Rate,
+    SystemQOSResourceStrategy,
+    capacity,
+)
 from nriplugin.qos.sample import ClassUsage, NodeSample
 from nriplugin.qos.scores import CpuInputs, MemoryInputs, cpu_inputs, cpu_pressure, memory_inputs, memory_pressure
 from nriplugin.qos.strategy import Capacity, FastUsage, Host, Round, Strategy
@@ -571,6 +577,30 @@ def test_rate_of_a_counter() -> None:
     assert r.t is None
     assert r.update(6.0, 30.0) is None
     assert r.update(6.5, 31.0) == 2.0
+
+
+def test_the_fast_window_averages_tick_noise_and_shows_a_step_at_once() -> None:
+    w = FastWindow(0.25)
+    assert w.add(0.0, 0.0, 0.0, 10.0) is None  # one reading: no window yet
+    t, be, seen = 0.0, 10.0, []
+    for i in range(20):  # 50 ms samples of a steady 1.2 cores read as 0.8 and 1.6 by turns
+        t, be = t + 0.05, be + 0.025  # BE: 0.5 core
+        got = w.add(t, 0.05, 0.8 if i % 2 else 1.6, be)
+        assert got is not None
+        seen.append(got)
+    busy, be_cores = seen[-1]
+    assert abs(busy - 1.2) <= 0.1 and be_cores == pytest.approx(0.5)  # one sample alone: 0.8 or 1.6
+    assert all(abs(b - 1.2) <= 0.41 for b, _ in seen[5:])  # from a full window on, never a lone peak
+    t, be = t + 0.05, be + 0.025
+    busy, _ = w.add(t, 0.05, 2.0, be) or (0.0, 0.0)  # LS jumps by 0.8 core: a fifth shows at once
+    assert 1.3 <= busy <= 1.5
+    for _ in range(5):
+        t, be = t + 0.05, be + 0.025
+        busy, _ = w.add(t, 0.05, 2.0, be) or (0.0, 0.0)
+    assert busy == pytest.approx(2.0)  # the whole window after the step
+    assert w.add(t + 0.05, 0.05, 2.0, None) is None  # BE unread: start again
+    assert w.add(t + 0.1, 0.05, 2.0, be) is None
+    assert w.add(t + 0.15, 0.05, 1.0, be - 1) == (pytest.approx(1.0), 0.0)  # a counter going back: no usage
 
 
 def round_of(s: NodeSample, policy: Policy | None = None, fast: FastUsage | None = None) -> Round:

@@ -66,6 +66,7 @@ log = logging.getLogger("nriplugin.qos")
 
 FAST_PERIOD = 0.05  # seconds between fast samples (two /proc reads and BE's counter: ~30 µs)
 FAST_JUMP = 0.15  # cores: a change in non-BE usage that calls for a decision now
+FAST_WINDOW = 0.25  # seconds of fast samples non-BE usage is measured over (node_resource.FastWindow)
 
 
 def _be_parent(group: str) -> str | None:
@@ -188,7 +189,8 @@ class QoSManager:
         self.ratio = 1.0
         self.groups: list[str] = []  # the QoS-level groups holding BE pods
         self.pods = PodGroups(model, desired, collector.pressure_path)
-        self._be_fast = node_resource.Rate()  # BE's usage over the fast path's own window
+        self._fast = node_resource.FastWindow(FAST_WINDOW)  # node and BE usage between rounds
+        self._fast_groups: list[str] = []  # the BE groups whose counters the window sums
         self._non_be = 0.0  # non-BE usage at the last decision
         self._task: asyncio.Task[None] | None = None
         self.psi_path = psi_path
@@ -330,11 +332,15 @@ class QoSManager:
         policy = self.rules.policy
         if not policy.qosManager.enable or not self.groups or self.last is None:
             return
+        if self.groups != self._fast_groups:  # the counters' sum is over other groups now
+            self._fast.reset()
+            self._fast_groups = list(self.groups)
         fast = self.collector.fast()
-        be = self._be_fast.update(fast.t, self._be_seconds())
-        if be is None:
+        usage = self._fast.add(fast.t, fast.interval, fast.cpu_busy_cores, self._be_seconds())
+        if usage is None:
             return
-        non_be = max(0.0, fast.cpu_busy_cores - be)
+        busy, be = usage
+        non_be = max(0.0, busy - be)
         if abs(non_be - self._non_be) < FAST_JUMP:
             return
         r = Round(fast.t, self.last, self.level, self.cpu.score, self.memory.score, policy, FastUsage(be, non_be))
