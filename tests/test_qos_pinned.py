@@ -580,7 +580,7 @@ def test_rate_of_a_counter() -> None:
 
 
 def test_the_fast_window_averages_tick_noise_and_shows_a_step_at_once() -> None:
-    w = FastWindow(0.25)
+    w = FastWindow(0.15)
     assert w.add(0.0, 0.0, 0.0, 10.0) is None  # one reading: no window yet
     t, be, seen = 0.0, 10.0, []
     for i in range(20):  # 50 ms samples of a steady 1.2 cores read as 0.8 and 1.6 by turns
@@ -589,12 +589,12 @@ def test_the_fast_window_averages_tick_noise_and_shows_a_step_at_once() -> None:
         assert got is not None
         seen.append(got)
     busy, be_cores = seen[-1]
-    assert abs(busy - 1.2) <= 0.1 and be_cores == pytest.approx(0.5)  # one sample alone: 0.8 or 1.6
-    assert all(abs(b - 1.2) <= 0.41 for b, _ in seen[5:])  # from a full window on, never a lone peak
+    assert abs(busy - 1.2) <= 0.14 and be_cores == pytest.approx(0.5)  # one sample alone: 0.8 or 1.6
+    assert all(abs(b - 1.2) <= 0.14 for b, _ in seen[3:])  # from a full window on, never a lone peak
     t, be = t + 0.05, be + 0.025
-    busy, _ = w.add(t, 0.05, 2.0, be) or (0.0, 0.0)  # LS jumps by 0.8 core: a fifth shows at once
-    assert 1.3 <= busy <= 1.5
-    for _ in range(5):
+    busy, _ = w.add(t, 0.05, 2.0, be) or (0.0, 0.0)  # LS jumps by 0.8 core: a third shows at once
+    assert 1.4 <= busy <= 1.6
+    for _ in range(3):
         t, be = t + 0.05, be + 0.025
         busy, _ = w.add(t, 0.05, 2.0, be) or (0.0, 0.0)
     assert busy == pytest.approx(2.0)  # the whole window after the step

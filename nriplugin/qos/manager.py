@@ -66,7 +66,7 @@ log = logging.getLogger("nriplugin.qos")
 
 FAST_PERIOD = 0.05  # seconds between fast samples (two /proc reads and BE's counter: ~30 µs)
 FAST_JUMP = 0.15  # cores: a change in non-BE usage that calls for a decision now
-FAST_WINDOW = 0.25  # seconds of fast samples non-BE usage is measured over (node_resource.FastWindow)
+FAST_WINDOW = 0.15  # seconds of fast samples non-BE usage is measured over (node_resource.FastWindow)
 
 
 def _be_parent(group: str) -> str | None:
