@@ -70,6 +70,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -792,8 +793,16 @@ def parse_args() -> argparse.Namespace:
     return ap.parse_args()
 
 
+def stop(signum: int, _frame: object) -> None:
+    """SIGTERM (or SIGINT, which a shell's background job ignores) unwinds through the
+    ``finally`` that stops the agent, the pods and containerd and removes their cgroups."""
+    raise SystemExit(128 + signum)
+
+
 def main() -> int:
     args = parse_args()
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     if os.geteuid() != 0 or not (harness.CGROUP_FS / "cpu" / "cpu.cfs_quota_us").exists():
         print("needs root and cgroup v1 (containerd, cgroups)", file=sys.stderr)
         return 2
