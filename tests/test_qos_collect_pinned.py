@@ -402,9 +402,10 @@ def test_on_v2_an_ls_containers_own_cpu_pressure_is_its_stall(tmp_path: Path) ->
     node = Node.create(cgroups=Cgroups(root), caps=caps())
     ls_pod, be_pod = make_pod(1, "LS"), make_pod(2, "BE")
     a, b, be = make_container(1, ls_pod), make_container(2, ls_pod), make_container(3, be_pod)
-    for c, waited in ((a, 1_000_000), (b, 0), (be, 0)):
+    z = make_container(4, ls_pod)  # its first reading is 0 (as a counter that never moved reads)
+    for c, waited in ((a, 1_000_000), (b, 0), (be, 0), (z, 0)):
         v2_counters(root, _group(c), usage_ns=10**9, cpu_some_us=waited)
-    for pod, c in ((ls_pod, a), (ls_pod, b), (be_pod, be)):
+    for pod, c in ((ls_pod, a), (ls_pod, b), (be_pod, be), (ls_pod, z)):
         node.model.container_started(pod, c)
     clock = Clock()
     made: list[Collector] = []
@@ -416,10 +417,12 @@ def test_on_v2_an_ls_containers_own_cpu_pressure_is_its_stall(tmp_path: Path) ->
         v2_counters(root, _group(a), usage_ns=2 * 10**9, cpu_some_us=1_500_000)  # 0.5 s of 2
         v2_counters(root, _group(b), usage_ns=2 * 10**9, cpu_some_us=4_100_000)  # more than the interval
         v2_counters(root, _group(be), usage_ns=2 * 10**9, cpu_some_us=2_000_000)
+        v2_counters(root, _group(z), usage_ns=2 * 10**9, cpu_some_us=1_000_000)  # from 0: 0.5 s of 2
         s = col.sample()
         assert col.by_container[a.id].stall_ratio == 0.25
         assert col.by_container[b.id].stall_ratio == 1.0
-        assert s.usage("LS").stall_ratio == 0.625
+        assert col.by_container[z.id].stall_ratio == 0.5
+        assert s.usage("LS").stall_ratio == pytest.approx((0.25 + 1.0 + 0.5) / 3)
         assert col.by_container[be.id].stall_ratio is None and s.usage("BE").stall_ratio is None
     finally:
         col.close()

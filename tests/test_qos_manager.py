@@ -135,6 +135,18 @@ def test_rounds_limit_be_cut_fast_and_give_back_after_the_hold(tmp_path: Path) -
     assert [d.value for d in mgr.decisions] == ["1.00 cores", "0.30 cores", "1.00 cores"]
 
 
+def test_a_full_round_reads_bes_groups_for_the_usage_budget(tmp_path: Path) -> None:
+    """The usage budget waits for BE's groups' counter read twice by full rounds, then bounds
+    BE: LS using 0.6, 2 x 65 % - 0.6 = 0.7 core, under the level's 1 core."""
+    _, _, mgr, s, quota = node_with_pods(tmp_path)
+    s.ls = 0.6
+    mgr.round()
+    assert quota.read_text() == "100000"  # BE's counter read once: the level's bound alone
+    s.advance(1.0)
+    mgr.round()
+    assert quota.read_text() == "70000"
+
+
 def test_a_stationary_noisy_load_writes_nothing(tmp_path: Path) -> None:
     _, _, mgr, s, _ = node_with_pods(tmp_path)
     s.ls = 0.4

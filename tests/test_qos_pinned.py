@@ -604,6 +604,36 @@ def test_the_fast_window_averages_tick_noise_and_shows_a_step_at_once() -> None:
     assert back is not None and back[0] == pytest.approx(1.0) and back[1] == 0.0  # a counter going back: no usage
 
 
+def rate(got: tuple[float, float] | None) -> float:
+    """The node's busy cores a window gave (BE standing still at 0)."""
+    assert got is not None and got[1] == 0.0
+    return got[0]
+
+
+def test_the_fast_window_spans_at_least_its_span_from_the_newest_point_that_allows_it() -> None:
+    w = FastWindow(0.5)  # quarter-second samples (exact in binary): the window's edges to the bit
+    for t, busy in ((0.0, 0.0), (0.25, 1.0), (0.5, 1.0), (0.75, 3.0)):
+        w.add(t, 0.25, busy, 0.0)
+    # at 1.0 the point at 0.5 is exactly a span old: the window opens there (the two samples of
+    # 3 cores), not at 0.25 (which would take in the sample of 1 core)
+    assert rate(w.add(1.0, 0.25, 3.0, 0.0)) == pytest.approx(3.0)
+    coarse = FastWindow(0.15)  # samples further apart than the span: the last interval alone
+    for t, busy in ((0.0, 0.0), (0.2, 1.0)):
+        coarse.add(t, 0.2, busy, 0.0)
+    assert rate(coarse.add(0.4, 0.2, 2.0, 0.0)) == pytest.approx(2.0)
+    last = FastWindow(0.0)  # no span: the last interval alone
+    last.add(0.0, 0.0, 0.0, 0.0)
+    last.add(0.1, 0.1, 1.0, 0.0)
+    assert rate(last.add(0.2, 0.1, 2.0, 0.0)) == pytest.approx(2.0)
+
+
+def test_the_fast_window_takes_no_rate_from_a_clock_standing_still_or_going_back() -> None:
+    w = FastWindow(0.15)
+    assert w.add(1.0, 0.0, 0.0, 5.0) is None
+    assert w.add(1.0, 0.05, 1.0, 5.1) is None  # no time passed: no rate (not a division by 0)
+    assert w.add(0.5, 0.05, 1.0, 5.2) is None  # earlier than the window's start: no rate
+
+
 def round_of(s: NodeSample, policy: Policy | None = None, fast: FastUsage | None = None) -> Round:
     return Round(t=s.t, sample=s, level=Level.LOW, cpu_score=0, memory_score=0, policy=policy or Policy(), fast=fast)
 
