@@ -79,13 +79,20 @@ def test_be_yields_to_ls_and_gets_the_idle_cpu_back(
     be_acct = runtime.container_cgroup(be, be_c, "cpuacct")
     ls_acct = runtime.container_cgroup(ls, ls_c, "cpuacct")
     be_parent = CGROUP_FS / "cpu" / runtime.cgroup_root / "kubepods" / "besteffort"
+
+    def be_uses_the_idle_cpu() -> None:
+        """BE uses 0.6 cores or more over a second, within 10 s: its quota comes back in steps
+        (each as high as the hold's samples allowed), so a first step past 0.6 cores may leave
+        BE's use just under it for a second or two."""
+        until(
+            lambda: usage(be_acct, 1.0) >= 0.6,
+            10,
+            lambda: f"BE uses under 0.6 cores with its quota at {quota_cores(be_parent):.2f} cores",
+        )
+
     # LS idle: BE keeps the idle CPU (at least 0.6 of a core of the two)
     until(lambda: 0.6 <= quota_cores(be_parent) < float("inf"), 10, "the manager never limited BE")
-    until(
-        lambda: usage(be_acct, 1.0) >= 0.6,
-        10,
-        lambda: f"BE uses under 0.6 cores with its quota at {quota_cores(be_parent):.2f} cores",
-    )
+    be_uses_the_idle_cpu()
     spinner = subprocess.Popen(["yes"], stdout=subprocess.DEVNULL)
     try:
         for ctrl in ("cpu", "cpuacct"):  # one thread spinning inside the LS container
@@ -99,13 +106,7 @@ def test_be_yields_to_ls_and_gets_the_idle_cpu_back(
         spinner.wait()
     # LS idle again: BE gets the CPU back within seconds
     until(lambda: quota_cores(be_parent) >= 0.6, 15, "BE did not get the idle CPU back")
-    # the quota comes back in steps (each as high as the hold's samples allowed): the first
-    # step past 0.6 cores may leave BE's use just under it for a second or two
-    until(
-        lambda: usage(be_acct, 1.0) >= 0.6,
-        10,
-        lambda: f"BE uses under 0.6 cores with its quota at {quota_cores(be_parent):.2f} cores",
-    )
+    be_uses_the_idle_cpu()
     assert plugin.metric_sum("nriplugin_qos_cpu_suppress_total") >= 3  # limited, cut, given back
     assert_nothing_refused(plugin)
 
