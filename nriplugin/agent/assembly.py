@@ -685,7 +685,7 @@ def main(ns: argparse.Namespace) -> int:
     behind other work)."""
     from nriplugin.nri.transport import PollClock
 
-    poll = PollClock()
+    poll = PollClock(burst_poll=ns.burst_poll_us / 1e6)
 
     async def serve() -> int:
         return await Agent(ns, poll.arrival).run()

@@ -30,6 +30,16 @@ def _address(value: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
+def _burst_poll(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of microseconds: {text!r}") from None
+    if not 0 <= value <= 10_000:
+        raise argparse.ArgumentTypeError(f"{text} us: between 0 and 10000 (10 ms)")
+    return value
+
+
 def _idx(value: str) -> str:
     if len(value) != 2 or not value.isdigit():
         raise argparse.ArgumentTypeError(f"plugin index must be two digits, got {value!r}")
@@ -87,6 +97,14 @@ def run_runtime_options(run: argparse.ArgumentParser) -> None:
         help="HOST:PORT for /metrics, /healthz, /readyz (default 127.0.0.1:9310; port 0 = off)",
     )
     run.add_argument("--hook-budget-ms", type=float, default=500.0, help="time budget per hook (default %(default)s)")
+    run.add_argument(
+        "--burst-poll-us",
+        type=_burst_poll,
+        default=200.0,
+        help="while the runtime's requests come back to back, the loop looks for the next one for up to "
+        "this long before it sleeps: a woken thread handles a hook on cold caches (default %(default)s; "
+        "0 = always sleep; costs at most this much CPU per burst)",
+    )
     run.add_argument(
         "--max-message-mib",
         type=_mib,

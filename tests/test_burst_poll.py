@@ -1,0 +1,138 @@
+"""The loop's selector keeps looking, without sleeping, for the next request while requests come
+back to back, and sleeps at once otherwise (``nri/transport.py``, :class:`PollClock`).
+
+The selector's clock and its polls are scripted: each test says when bytes become ready and
+checks what the selector did (looked, slept, for how long) and the arrival it noted."""
+
+from __future__ import annotations
+
+import selectors
+import socket
+
+import pytest
+
+from nriplugin.cli.main import build_parser
+from nriplugin.nri.transport import BURST_POLL, PollClock
+
+READY = [(selectors.SelectorKey(None, 0, selectors.EVENT_READ, None), selectors.EVENT_READ)]  # type: ignore[arg-type]
+
+
+class Scripted(PollClock):
+    """A PollClock on a fake clock: a look (``_poll(0)``) takes ``look`` seconds, a sleep lasts
+    until the next scripted arrival or its timeout; bytes arrive at the times in ``arrivals``."""
+
+    def __init__(self, burst_poll: float = BURST_POLL, look: float = 10e-6) -> None:
+        self.t = 0.0
+        self.look = look
+        self.arrivals: list[float] = []
+        self.sleeps: list[float | None] = []  # timeouts of the polls that slept
+        self.looks = 0
+        super().__init__(burst_poll)
+
+    def _now(self) -> float:  # type: ignore[override]
+        return self.t
+
+    def _take(self) -> list[tuple[selectors.SelectorKey, int]]:
+        if self.arrivals and self.arrivals[0] <= self.t:
+            self.arrivals.pop(0)
+            return READY
+        return []
+
+    def _poll(self, timeout: float | None) -> list[tuple[selectors.SelectorKey, int]]:
+        if timeout == 0:
+            self.looks += 1
+            self.t += self.look
+            return self._take()
+        self.sleeps.append(timeout)
+        nxt = self.arrivals[0] if self.arrivals else None
+        if nxt is not None and (timeout is None or nxt <= self.t + timeout):
+            self.t = max(self.t, nxt)
+        elif timeout is not None:
+            self.t += timeout
+            return []
+        else:
+            raise AssertionError("slept forever")
+        return self._take()
+
+    def answer_then_wait(self, work: float, gap: float, timeout: float | None = None) -> list[object]:
+        """The loop answers (``work`` seconds of its own), then polls; the next request's
+        bytes arrive ``gap`` seconds after the answer."""
+        self.t += work
+        self.arrivals.append(self.t + gap)
+        return self.select(timeout)  # type: ignore[return-value]
+
+
+def test_back_to_back_requests_are_found_by_looking_not_by_sleeping() -> None:
+    c = Scripted()
+    assert c.answer_then_wait(0, 1.0) and c.sleeps == [None] and not c.burst  # a lone request: slept
+    assert c.answer_then_wait(50e-6, 80e-6) and len(c.sleeps) == 2  # came 80 us after: slept, woken soon
+    assert c.burst
+    for _ in range(5):  # from then on the loop looks, and never sleeps
+        assert c.answer_then_wait(50e-6, 120e-6)
+    assert len(c.sleeps) == 2 and c.burst
+    assert c.spun == pytest.approx(5 * 120e-6, abs=5 * 10e-6)
+
+
+def test_the_first_look_that_finds_nothing_in_time_ends_the_burst() -> None:
+    c = Scripted()
+    c.answer_then_wait(0, 1.0)
+    c.answer_then_wait(0, 50e-6)
+    assert c.burst
+    c.answer_then_wait(0, 0.5)  # the burst ended: looked for burst_poll, then slept
+    assert len(c.sleeps) == 3 and not c.burst
+    assert c.spun == pytest.approx(BURST_POLL, abs=10e-6)
+    looks = c.looks
+    c.answer_then_wait(0, 0.5)  # outside a burst: one look (was it there already?), then sleep
+    assert c.looks == looks + 1 and len(c.sleeps) == 4
+
+
+def test_a_request_found_by_looking_arrived_after_the_look_before() -> None:
+    """The hook's time starts no later than its bytes could have arrived: at the look before
+    the one that found them (within one look of the truth, never after it)."""
+    c = Scripted(look=10e-6)
+    c.answer_then_wait(0, 1.0)
+    c.answer_then_wait(0, 50e-6)
+    began = c.t
+    c.answer_then_wait(0, 35e-6)
+    assert began + 25e-6 <= c.arrived <= began + 35e-6
+
+
+def test_the_look_stops_at_a_timer_due_sooner() -> None:
+    c = Scripted()
+    c.answer_then_wait(0, 1.0)
+    c.answer_then_wait(0, 50e-6)
+    began, sleeps = c.t, len(c.sleeps)
+    c.arrivals.append(began + 1.0)
+    assert c.select(60e-6) == []  # a timer due in 60 us: looked until then, and did not sleep
+    assert 60e-6 <= c.t - began <= 60e-6 + 3 * c.look and len(c.sleeps) == sleeps and not c.burst
+
+
+def test_zero_never_looks_beyond_the_first() -> None:
+    c = Scripted(burst_poll=0)
+    for _ in range(4):
+        c.answer_then_wait(0, 50e-6)
+    assert len(c.sleeps) == 4 and c.looks == 4 and c.spun == 0
+
+
+def test_a_burst_on_a_real_socket() -> None:
+    """The real selector: bytes already there are found by the first look, without a sleep."""
+    a, b = socket.socketpair()
+    c = PollClock()
+    try:
+        c.register(a, selectors.EVENT_READ)
+        c.burst = True
+        b.send(b"x")
+        assert [k.fileobj for k, _ in c.select(None)] == [a] and c.burst and c.spun == 0
+        a.recv(1)
+        assert c.select(0.01) == [] and not c.burst  # nothing within the look and the timeout
+    finally:
+        c.close()
+        a.close()
+        b.close()
+
+
+def test_the_cli_default_is_the_selectors() -> None:
+    ns = build_parser().parse_args(["run"])
+    assert ns.burst_poll_us / 1e6 == BURST_POLL
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--burst-poll-us", "-1"])
