@@ -15,7 +15,7 @@ import pytest
 from nriplugin.nri import api_pb2 as api
 from nriplugin.nri import ttrpc
 from nriplugin.nri.runtime import VENDORED, RuntimeCaps
-from nriplugin.nri.stub import HookPolicy, Plugin, Stub, StubOptions, event_mask
+from nriplugin.nri.stub import HookPolicy, Plugin, Stub, StubOptions, create_response, event_mask
 from nriplugin.nri.transport import PollClock
 from testkit.runtime_peer import PeerCallError, RuntimePeer, make_container, make_pod
 
@@ -743,3 +743,21 @@ def test_pod_update_over_state_change_from_a_v010_runtime(tmp_path: Path) -> Non
         await stopped(stub, task, peer)
 
     run(main, tmp_path)
+
+
+@pytest.mark.parametrize("size", ["empty", "usual", "long"])
+def test_an_adjustment_alone_is_answered_as_the_response_message_would_encode_it(size: str) -> None:
+    """CreateContainer's usual answer is framed by hand; the runtime must read exactly what
+    protobuf would have written (a body over 127 bytes takes a two-byte length)."""
+    adj = api.ContainerAdjustment()
+    if size != "empty":
+        adj.linux.resources.cpu.shares.value = 2
+        adj.linux.resources.cpu.quota.value = 100_000
+        adj.linux.resources.memory.limit.value = 1 << 30
+    if size == "long":
+        for i in range(6):  # repeated, not a map: a map's order is not fixed
+            adj.mounts.add(destination=f"/data/{i}", source=f"/var/lib/example/{i}", type="bind")
+    wire = create_response(adj, lambda rest: pytest.fail("nothing to push"))
+    assert wire == api.CreateContainerResponse(adjust=adj).SerializeToString()
+    assert api.CreateContainerResponse.FromString(wire).adjust == adj
+    assert (len(adj.SerializeToString()) > 127) == (size == "long")

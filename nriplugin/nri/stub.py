@@ -274,6 +274,18 @@ def _reply(cls: Callable[..., PbMessage], updates: Updates, later: Callable[[Upd
     return cls(update=head, **fields).SerializeToString()
 
 
+def create_response(result: Any, later: Callable[[Updates], None]) -> bytes:
+    """CreateContainer's answer to the runtime. The usual one, an adjustment alone, is its
+    field 1 framed by hand: building the response message would copy the adjustment into it."""
+    if result is None:
+        return b""
+    if isinstance(result, api.ContainerAdjustment):
+        body = result.SerializeToString()
+        return b"\x0a" + ttrpc.varint(len(body)) + body
+    adjust, updates = result if isinstance(result, tuple) else (result, None)
+    return _reply(api.CreateContainerResponse, _as_updates(updates), later, adjust=adjust)
+
+
 @dataclass
 class StubOptions:
     name: str = "nriplugin"
@@ -364,10 +376,7 @@ class Stub:
         p = self.plugin
 
         def create_reply(result: Any) -> bytes:
-            if result is None:
-                return b""
-            adjust, updates = result if isinstance(result, tuple) else (result, None)
-            return _reply(api.CreateContainerResponse, _as_updates(updates), self._push_after, adjust=adjust)
+            return create_response(result, self._push_after)
 
         methods = {
             "Configure": _Method(api.ConfigureRequest, self._configure, _identity, "configure"),

@@ -233,7 +233,7 @@ def _envelope_classes() -> tuple[Any, Any, Any]:
 RequestPb, ResponsePb, KeyValuePb = _envelope_classes()
 
 
-def _varint(n: int) -> bytes:
+def varint(n: int) -> bytes:
     out = bytearray()
     while n > 0x7F:
         out.append(n & 0x7F | 0x80)
@@ -264,7 +264,7 @@ def decode_request(data: bytes | bytearray) -> Request:
 def encode_response(resp: Response) -> bytes:
     if not resp.code and not resp.message:  # the usual answer: the payload field alone, by hand
         n = len(resp.payload)
-        return b"\x12" + _varint(n) + resp.payload if n else b""
+        return b"\x12" + varint(n) + resp.payload if n else b""
     m = ResponsePb(payload=resp.payload)
     if resp.code or resp.message:
         m.status.code = resp.code
