@@ -58,6 +58,7 @@ from testkit.go_peers import DEFAULT_NRI, NRI_VERSIONS, go_peer
 
 ROOT = Path(__file__).resolve().parent.parent
 WARMUP = 50  # CreateContainer calls nri-runtime-bench makes after Synchronize, before timing
+ASLEEP = "nriplugin --burst-poll-us 0"  # the agent whose loop sleeps between requests (bench --asleep)
 
 
 def pct(values: list[float], p: float) -> float:
@@ -186,11 +187,11 @@ def run_external(bench: Path, name: str, calls: int, sync_pods: int, goplugin: P
                 *("--metrics-address", f"127.0.0.1:{port}", "--cri-socket", cri),
             ],
             "stub floor": [sys.executable, "-m", "bench.stub_floor", "--socket", str(sock)],
-        }[name]
+        }[name.split(" ")[0]] + ([] if name == "nriplugin" else name.split(" ")[1:])
         rt = runtime_bench(bench, sock, calls, sync_pods, settle)
         plugin = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
         try:
-            start = after_warmup(port, WARMUP, rt) if name == "nriplugin" else None
+            start = after_warmup(port, WARMUP, rt) if name.startswith("nriplugin") else None
             out, _ = rt.communicate(timeout=300)
             res: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
             end = buckets(port) if start is not None else None
@@ -275,6 +276,9 @@ def main() -> int:
     ap.add_argument("--cri-rounds", type=int, default=5)
     ap.add_argument("--cri-per-round", type=int, default=60)
     ap.add_argument("--start-reps", type=int, default=6)
+    ap.add_argument(
+        "--asleep", action="store_true", help=f"also run the agent with its loop always sleeping ({ASLEEP!r})"
+    )
     args = ap.parse_args()
     bench = go_peer("nri-runtime-bench", args.nri)
     goplugin = go_peer("go-nri-refplugin", args.nri)
@@ -285,7 +289,9 @@ def main() -> int:
     # The Go stub on NRI v0.6 takes no Synchronize over ttrpc's 4 MiB (a node of 3000 sends ~8 MiB
     # whole): the larger node is nriplugin's alone, compared with its own figures on the small one
     # (on every NRI version, so that the figures compare across versions).
+    # ASLEEP: the agent with its loop sleeping between requests, to show what the burst poll buys.
     configs = [("go", args.sync_pods), ("nriplugin", args.sync_pods), ("stub floor", args.sync_pods)]
+    configs += [(ASLEEP, args.sync_pods)] if args.asleep else []
     configs += [("nriplugin", n) for n in nodes[1:]]
     runs: dict[str, list[dict[str, Any]]] = {f"{name}@{n}": [] for name, n in configs}
     for r in range(args.rounds):
@@ -451,6 +457,8 @@ def write_section(path: Path, out: dict[str, Any], command: str) -> None:
     rows = [row(f"Go stub (`go-nri-refplugin`), node of {small}", s[f"go@{small}"])]
     rows += [row(f"**nriplugin**, node of {n}", s[f"nriplugin@{n}"]) for n in out["nodes"]]
     rows.append(row(f"nriplugin's stub alone (`bench.stub_floor`), node of {small}", s[f"stub floor@{small}"]))
+    if f"{ASLEEP}@{small}" in s:
+        rows.append(row(f"nriplugin `--burst-poll-us 0` (always sleeps), node of {small}", s[f"{ASLEEP}@{small}"]))
     ratio_lines = "\n".join(
         f"| nriplugin / Go, node of {k.lstrip('@')} | **{v['p50_us']:.2f}** | **{v['p99_us']:.2f}** |"
         for k, v in r.items()
@@ -463,10 +471,16 @@ def write_section(path: Path, out: dict[str, Any], command: str) -> None:
         else ""
     )
     hist_rows = "\n".join(
-        f"| node of {k.split('@')[1]} | {s[k]['p50_us']:.0f} / {s[k]['p99_us']:.0f} µs | "
+        f"| node of {k.split('@')[1]}{', `--burst-poll-us 0`' if k.startswith(ASLEEP) else ''} | "
+        f"{s[k]['p50_us']:.0f} / {s[k]['p99_us']:.0f} µs | "
         f"{v['p50_us']:.0f} / {v['p99_us']:.0f} µs | {s[k]['p50_us'] - v['p50_us']:+.0f} / "
         f"{s[k]['p99_us'] - v['p99_us']:+.0f} µs |"
         for k, v in h.items()
+    )
+    asleep = (
+        "; the `--burst-poll-us 0` row is the same agent with its loop sleeping between requests"
+        if f"{ASLEEP}@{small}" in s
+        else ""
     )
     nri = out["nri"]
     key = "hook_latency" if nri == DEFAULT_NRI else f"hook_latency_{nri}"
@@ -481,8 +495,10 @@ synchronizes a node of running containers, warms up, waits {out["settle"]:g} s (
 a large node in), then times {out["calls"]} CreateContainer calls
 (BE/LS alternating, realistic pods, each of a new pod: the node grows by as many). nriplugin runs
 as users run it: `nriplugin run` with its defaults, every loop on (QoS manager, reconciler, network
-QoS watching, metrics, the CRI inventory against a CRI stand-in listing the same node). The
-plugins run alternately, {out["rounds"]} rounds; figures are the median over rounds.
+QoS watching, metrics, the CRI inventory against a CRI stand-in listing the same node); its
+loop stays awake through the burst of calls (`--burst-poll-us`, 200 µs: docs/hook-path.md,
+"Awake through a burst"){asleep}. The plugins run alternately, {out["rounds"]} rounds; figures are
+the median over rounds.
 
 | plugin, node | CreateContainer p50 | p90 | p99 | Synchronize |
 |---|---|---|---|---|
