@@ -187,7 +187,8 @@ def run_external(bench: Path, name: str, calls: int, sync_pods: int, goplugin: P
                 *("--metrics-address", f"127.0.0.1:{port}", "--cri-socket", cri),
             ],
             "stub floor": [sys.executable, "-m", "bench.stub_floor", "--socket", str(sock)],
-        }[name.split(" ")[0]] + ([] if name == "nriplugin" else name.split(" ")[1:])
+        }["nriplugin" if name.startswith("nriplugin") else name]
+        cmd += name.split(" ")[1:] if name.startswith("nriplugin") else []  # ASLEEP's option
         rt = runtime_bench(bench, sock, calls, sync_pods, settle)
         plugin = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
         try:
