@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.footprint import status_kib, stop
+from bench.hook_latency import commit
 from bench.report import replace_section
 from nriplugin.kernel.inotify import watches_of
 from testkit.containerd import remove_cgroups
@@ -209,7 +210,7 @@ HEADER = (
 )
 
 
-def write_section(path: Path, rows: list[dict[str, Any]], cmd: str, png: str, note: int) -> None:
+def write_section(path: Path, rows: list[dict[str, Any]], cmd: str, png: str, note: int, measured: str) -> None:
     def go_cell(g: dict[str, Any]) -> str:
         if g.get("ready"):
             return f"{g['sync_ms']:.0f} ms, p99 {g['p99_us']:.0f} µs"
@@ -239,7 +240,8 @@ def write_section(path: Path, rows: list[dict[str, Any]], cmd: str, png: str, no
     section = f"""<!-- scale:begin -->
 ## Node scale: Synchronize, hooks, memory, reconciler (`bench/scale.py`)
 
-Command: `.venv/bin/python -m {cmd}` ({os.cpu_count()} CPUs, {time.strftime("%Y-%m-%d")}). The runtime is
+Command: `.venv/bin/python -m {cmd}` ({os.cpu_count()} CPUs, {time.strftime("%Y-%m-%d")}),
+commit `{measured}`. The runtime is
 `nri-runtime-scale` (testkit/peers: the containerd/nri v0.6.1 adaptation library containerd 1.7
 runs) with N pods of one container each (LS, BE with batch resources, LSR), every pod with a
 {note}-byte `kubectl.kubernetes.io/last-applied-configuration`; Synchronize is one message, as
@@ -287,6 +289,7 @@ def main() -> int:
     ap.add_argument("--plot", type=Path)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    measured = commit()  # before the run: what is measured is the code as it starts
     if os.geteuid() != 0 or not (CGROUP / "cpu" / "cpu.shares").exists():
         print("needs root and cgroup v1", file=sys.stderr)
         return 2
@@ -308,7 +311,7 @@ def main() -> int:
         plot(rows, args.plot)
     if args.write:
         png = os.path.relpath(args.plot, args.write.parent) if args.plot else "scale.png"
-        write_section(args.write, rows, " ".join(["bench.scale", *sys.argv[1:]]), png, args.note_bytes)
+        write_section(args.write, rows, " ".join(["bench.scale", *sys.argv[1:]]), png, args.note_bytes, measured)
     return 0
 
 
