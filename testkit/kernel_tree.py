@@ -130,6 +130,16 @@ def v1_counters(
     )
 
 
+def v1_tasks(root: Path, proc: Path, group: str, run_delay_ns: dict[int, int]) -> None:
+    """A v1 group's tasks (its ``tasks`` file in the cpu hierarchy) and each task's
+    ``/proc/<tid>/schedstat`` with its run-queue wait. Call again to move or replace them."""
+    (root / "cpu" / group).mkdir(parents=True, exist_ok=True)
+    (root / "cpu" / group / "tasks").write_text("".join(f"{tid}\n" for tid in run_delay_ns))
+    for tid, ns in run_delay_ns.items():
+        (proc / str(tid)).mkdir(parents=True, exist_ok=True)
+        (proc / str(tid) / "schedstat").write_text(f"123456789 {ns} 42\n")
+
+
 def v2_counters(
     root: Path,
     group: str,

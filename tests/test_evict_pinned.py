@@ -870,9 +870,10 @@ def test_cpu_facts_from_a_round() -> None:
     assert cpu_facts(replace(r, capacity=None)) is None
 
 
-def test_cpu_facts_stall_is_ls_own_on_v2_and_the_nodes_share_on_v1() -> None:
-    """cgroup v2: the LS classes' own pressure, the node's ignored (it counts BE's waits, those
-    at the agent's own quota included). v1 (no per-group PSI): the node's share, at most 1."""
+def test_cpu_facts_stall_is_ls_own_and_the_nodes_share_only_without_it() -> None:
+    """The LS classes' own wait (v2 PSI, v1 run delay), the node's ignored (it counts BE's
+    waits, those at the agent's own quota included). No LS wait read: the node's share, at
+    most 1."""
     lsr_only = {"LS": ClassUsage(), "LSR": ClassUsage(stall_ratio=0.4)}
     assert cpu_facts(a_round(some_us=1_000_000, by_class=lsr_only)).ls_stall == 0.4  # type: ignore[union-attr]
     calm = {"LS": ClassUsage(stall_ratio=0.0)}

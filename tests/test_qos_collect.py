@@ -259,9 +259,28 @@ def test_cgroup_counters_on_real_text() -> None:
     assert stats.parse_v2_memory("1", None) == MemStat(1, 0, 0)
 
 
+def test_schedstat_run_delay_on_real_text() -> None:
+    with open(f"/proc/{os.getpid()}/schedstat") as f:
+        real = f.read()
+    assert stats.parse_schedstat(real) == int(real.split()[1])
+    assert stats.parse_schedstat("2087766711 16441283 1203\n") == 16441283
+    assert stats.parse_schedstat("2087766711\n") is None
+    assert stats.parse_schedstat("1 -5 3") is None
+
+
+def test_run_delay_only_grows_across_exits_arrivals_and_reused_ids() -> None:
+    r = stats.RunDelay()
+    assert r.update({1: 100, 2: 50}) == 150  # the first reading: what the tasks waited so far
+    assert r.update({1: 130, 2: 50}) == 180
+    assert r.update({1: 140, 3: 7}) == 197  # 2 exited (its 50 stays), 3 is new
+    assert r.update({1: 5, 3: 7}) == 202  # tid 1 reads lower: a new task under a reused id
+    assert r.update({}) == 202  # every task gone: nothing is taken back
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=400))
 def test_parsers_never_raise(text: str) -> None:
+    stats.parse_schedstat(text)
     stats.parse_proc_stat(text)
     stats.parse_loadavg(text)
     stats.parse_psi(text)
@@ -641,6 +660,56 @@ def test_a_spinning_process_is_one_core_on_the_real_tree(spinning: Spinning) -> 
     assert col.tracked == 0
     col.close()
     assert len(col.stats.files) == 0
+
+
+@real_v1
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two CPUs")
+def test_on_the_real_tree_an_ls_stall_is_its_own_wait_and_not_bes(spinning: Spinning) -> None:
+    """The LS container's spinner alone on CPU 0; then two spinners outside it fight over CPU
+    1 (the node's PSI reads them, LS's stall does not); then one joins it on CPU 0. A spinner
+    is always runnable: what it does not run of the interval, it waits."""
+    pod, ctr, _ = spinning
+    group = _group(ctr)
+    ls_pid = int((ROOT / "cpu" / group / "cgroup.procs").read_text().split()[0])
+    os.sched_setaffinity(ls_pid, {0})
+    spin = "while True: pass"
+    others: list[subprocess.Popen[bytes]] = []
+
+    def start(cpu: int) -> None:
+        p = subprocess.Popen([sys.executable, "-c", spin])
+        others.append(p)
+        os.sched_setaffinity(p.pid, {cpu})
+
+    node = Node.create(cgroups=Cgroups(ROOT), caps=caps())
+    node.model.container_started(pod, ctr)
+    col = Collector(node.model, node.desired, Cgroups(ROOT), memory_every=1)
+    try:
+        col.sample()
+        time.sleep(1.0)
+        alone = col.sample().usage("LS").stall_ratio
+        start(1)
+        start(1)
+        time.sleep(0.2)
+        col.sample()
+        time.sleep(1.0)
+        s = col.sample()
+        beside = s.usage("LS").stall_ratio
+        node_some = s.psi_cpu.some_delta_us / (s.interval * 1e6)
+        start(0)
+        time.sleep(0.2)
+        col.sample()
+        time.sleep(1.0)
+        s = col.sample()
+        shared, ran = s.usage("LS").stall_ratio, s.usage("LS").cpu_cores
+    finally:
+        col.close()
+        for p in others:
+            p.kill()
+            p.wait()
+    assert alone is not None and beside is not None and shared is not None
+    assert alone < 0.25, alone
+    assert beside < 0.25 and node_some > 0.5, (beside, node_some)
+    assert shared > alone + 0.1 and shared == pytest.approx(1.0 - ran, abs=0.1), (shared, ran)
 
 
 # figures (printed, not asserted: speed targets live in benchmarks) ----------------------------

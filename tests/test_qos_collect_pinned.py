@@ -27,7 +27,7 @@ from nriplugin.qos.collect import (
     busy_cores,
 )
 from nriplugin.qos.sample import ClassUsage, NodeSample, Pressure
-from testkit.kernel_tree import proc_tree, v1_counters, v1_tree
+from testkit.kernel_tree import proc_tree, v1_counters, v1_tasks, v1_tree
 from testkit.runtime_peer import make_container, make_pod
 from tests.test_features import caps
 
@@ -428,7 +428,48 @@ def test_on_v2_an_ls_containers_own_cpu_pressure_is_its_stall(tmp_path: Path) ->
         col.close()
 
 
-def test_on_v1_no_container_has_a_stall(tree: tuple[Path, Path, Node, list[Collector]]) -> None:
+def test_on_v1_an_ls_containers_stall_is_its_tasks_run_queue_wait(
+    tree: tuple[Path, Path, Node, list[Collector]],
+) -> None:
+    """cgroup v1 has no per-group PSI: an LS container's stall is its tasks' ``run_delay``
+    summed, as a share of the interval (at most 1). A task that exits keeps what it waited, a
+    new one counts from 0, a reused tid that reads lower is a new task. BE's is not read."""
+    root, proc, node, made = tree
+    ls_pod, be_pod = make_pod(1, "LS"), make_pod(2, "BE")
+    a, b, be = make_container(1, ls_pod), make_container(2, ls_pod), make_container(3, be_pod)
+    for c in (a, b, be):
+        v1_counters(root, _group(c), usage_ns=10**9)
+    v1_tasks(root, proc, _group(a), {101: 5_000_000_000, 102: 0})
+    v1_tasks(root, proc, _group(b), {201: 0})
+    v1_tasks(root, proc, _group(be), {301: 0})
+    for pod, c in ((ls_pod, a), (ls_pod, b), (be_pod, be)):
+        node.model.container_started(pod, c)
+    clock = Clock()
+    col = _collector(node, proc, made, clock)
+    s = col.sample()
+    assert col.by_container[a.id].stall_ratio == 0.0  # the first reading: where the counter starts
+    clock.t += 2.0
+    for c in (a, b, be):
+        v1_counters(root, _group(c), usage_ns=2 * 10**9)
+    # a: 101 waited 0.4 s more, 102 exited (its wait stays), 103 is new and waited 0.2 s
+    v1_tasks(root, proc, _group(a), {101: 5_400_000_000, 103: 200_000_000})
+    v1_tasks(root, proc, _group(b), {201: 3_000_000_000})  # more than the interval: capped
+    v1_tasks(root, proc, _group(be), {301: 2_000_000_000})
+    s = col.sample()
+    assert col.by_container[a.id].stall_ratio == pytest.approx(0.3)
+    assert col.by_container[a.id].cpu_cores == pytest.approx(0.5)  # an exit does not lose the round
+    assert col.by_container[b.id].stall_ratio == 1.0
+    assert s.usage("LS").stall_ratio == pytest.approx((0.3 + 1.0) / 2)
+    assert col.by_container[be.id].stall_ratio is None and s.usage("BE").stall_ratio is None
+    clock.t += 1.0
+    v1_tasks(root, proc, _group(a), {101: 100_000_000})  # 101 exited, its tid reused: 0.1 s new
+    col.sample()
+    assert col.by_container[a.id].stall_ratio == pytest.approx(0.1)
+
+
+def test_on_v1_a_group_without_a_readable_tasks_file_has_no_stall(
+    tree: tuple[Path, Path, Node, list[Collector]],
+) -> None:
     root, proc, node, made = tree
     pod = make_pod(1, "LS")
     c = make_container(1, pod)
@@ -440,3 +481,4 @@ def test_on_v1_no_container_has_a_stall(tree: tuple[Path, Path, Node, list[Colle
     clock.t += 1.0
     s = col.sample()
     assert col.by_container[c.id].stall_ratio is None and s.usage("LS").stall_ratio is None
+    assert s.usage("LS").cpu_cores == 0.0  # the usage counter did not move; it was still read

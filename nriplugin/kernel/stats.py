@@ -159,7 +159,8 @@ class CpuStat(NamedTuple):
     nr_periods: int = 0
     nr_throttled: int = 0
     throttled_ns: int = 0
-    waiting_us: int | None = None  # v2 cpu.pressure "some" total: a task runnable, not running
+    # a task runnable, not running: v2 cpu.pressure "some" total, v1 the tasks' run_delay summed
+    waiting_us: int | None = None
 
 
 class MemStat(NamedTuple):
@@ -316,6 +317,41 @@ def parse_v1_cpu(usage: str, cpu_stat: str | None) -> CpuStat | None:
     )
 
 
+def parse_schedstat(text: str) -> int | None:
+    """``/proc/<tid>/schedstat``: time on the CPU, time waiting on a run queue, timeslices (ns,
+    ns, count). Returns the wait (``run_delay``)."""
+    parts = text.split()
+    if len(parts) < 2 or not parts[1].isdigit():
+        return None
+    return int(parts[1])
+
+
+class RunDelay:
+    """A v1 cgroup's run-queue wait, summed over its tasks, as a counter that only grows.
+
+    cgroup v1 has no per-group PSI, so a container's own wait for a CPU is the sum of its tasks'
+    ``run_delay`` (``/proc/<tid>/schedstat``). Tasks come and go between readings: an exited
+    task's wait stays counted, a new task's counts from 0 (it began after the last reading),
+    and a tid read lower than before is a new task under a reused id. The sum counts tasks
+    waiting at the same time once each, so a share of the interval can pass 1 (the reader
+    caps it): an upper bound of PSI ``some``, and LS's own, never BE's."""
+
+    __slots__ = ("_last", "total_ns")
+
+    def __init__(self) -> None:
+        self._last: dict[int, int] = {}
+        self.total_ns = 0
+
+    def update(self, delays: dict[int, int]) -> int:
+        """The tasks' ``run_delay`` by tid, read now; returns the total so far (ns)."""
+        last = self._last
+        for tid, ns in delays.items():
+            before = last.get(tid, 0)
+            self.total_ns += ns - before if ns >= before else ns
+        self._last = delays
+        return self.total_ns
+
+
 def parse_v2_cpu(cpu_stat: str) -> CpuStat | None:
     """v2 ``cpu.stat`` (µs). Without the cpu controller enabled it has only the usage lines:
     no throttling (zeros)."""
@@ -409,9 +445,13 @@ class Stats:  # pragma: no mutate block (file I/O, not a parser: tools/mutation.
         self._meminfo = f"{proc}/meminfo"
         self._vmstat = f"{proc}/vmstat"
         self._pressure = f"{proc}/pressure/"
+        self._proc = proc
+        self._run_delay: dict[str, RunDelay] = {}  # v1: LS groups' tasks' waits
 
     def retain(self, groups: set[str]) -> int:
         """Close the kept files of cgroups not in ``groups`` (containers the model dropped)."""
+        for gone in [g for g in self._run_delay if g not in groups]:
+            del self._run_delay[gone]
         return self.files.retain(groups)
 
     def close(self) -> None:
@@ -430,7 +470,8 @@ class Stats:  # pragma: no mutate block (file I/O, not a parser: tools/mutation.
         the cpuacct hierarchy (its own mount, or ``cpu,cpuacct`` behind the ``cpuacct`` link)
         and throttling in the cpu hierarchy's ``cpu.stat`` (not read with ``throttling=False``:
         a group without a quota is never throttled, and it is one kernel file less).
-        ``waiting``: also the group's own CPU pressure (v2 only: v1 has no per-group PSI)."""
+        ``waiting``: also the group's own wait for a CPU: its PSI ``some`` on v2, its tasks'
+        summed run-queue delay on v1 (:class:`RunDelay`; v1 has no per-group PSI)."""
         if self.v2:
             d = self._dir(group, "cpu")
             text = None if d is None else self.files.read(f"{d}/cpu.stat", group)
@@ -449,8 +490,35 @@ class Stats:  # pragma: no mutate block (file I/O, not a parser: tools/mutation.
         if usage is None:
             self.files.forget(group)  # gone: none of its kept files will read again
             return None
-        cpu = self._dir(group, "cpu") if throttling else None
-        return parse_v1_cpu(usage, None if cpu is None else self.files.read(f"{cpu}/cpu.stat", group))
+        cpu = self._dir(group, "cpu") if throttling or waiting else None
+        stat = parse_v1_cpu(usage, None if cpu is None or not throttling else self.files.read(f"{cpu}/cpu.stat", group))
+        if waiting and stat is not None and cpu is not None:
+            delays = self._task_delays(cpu)
+            if delays is not None:
+                acc = self._run_delay.setdefault(group, RunDelay())
+                stat = stat._replace(waiting_us=acc.update(delays) // 1000)
+        return stat
+
+    def _task_delays(self, cpu_dir: str) -> dict[int, int] | None:
+        """v1: the ``run_delay`` of each task in the group's ``tasks`` (None when it cannot be
+        read); a task that exits while being read is skipped."""
+        try:
+            with open(f"{cpu_dir}/tasks") as f:
+                tids = f.read().split()
+        except OSError:
+            return None
+        out: dict[int, int] = {}
+        for tid in tids:
+            if not tid.isdigit():
+                continue
+            try:
+                with open(f"{self._proc}/{tid}/schedstat") as f:
+                    ns = parse_schedstat(f.read())
+            except OSError:
+                continue
+            if ns is not None:
+                out[int(tid)] = ns
+        return out
 
     def memory(self, group: str) -> MemStat | None:
         d = self._dir(group, "memory")

@@ -4,8 +4,8 @@ The trigger: the CPU pressure score at ``evictThreshold`` (EMERGENCY), BE alread
 what the level allows, and LS suffering. The agent cannot see request latency, so LS suffering
 is what the kernel shows of it: the share of time LS had runnable tasks waiting for a CPU (PSI
 ``some`` of the LS containers' own ``cpu.pressure`` on cgroup v2; on v1, which has no
-per-group PSI, the node's, an upper bound that counts BE's waits, those at the quota the agent
-gave it included) or LS containers throttled at their quota. The conditions must hold for
+per-group PSI, their tasks' run-queue delay summed; the node's PSI, which counts BE's waits,
+only when neither could be read) or LS containers throttled at their quota. The conditions must hold for
 ``sustain`` seconds (a one-round spike is suppression's job), and after an eviction CPUEvict
 waits ``cooldown``.
 

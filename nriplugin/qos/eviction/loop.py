@@ -414,19 +414,19 @@ class Eviction:
 
 def cpu_facts(r: Round) -> CpuFacts | None:
     """CPUEvict's inputs from a round (None without the node's capacity). LS stall: the most
-    any LS class's containers had a task waiting for a CPU, from their own ``cpu.pressure``
-    (cgroup v2). Only where the kernel has no per-group PSI (v1): the node's PSI ``some``
-    share, an upper bound that counts BE's waits too — a BE group throttled at the quota the
-    agent gave it reads as "some" pressure the whole time it is throttled (97 % from 0.05
-    cores of throttled spinners on an idle node) — which the shortage estimate tempers with
-    LS's real usage. BE counts as suppressed once its limit is within the deadband of what
-    this level allows."""
+    any LS class's containers had a task waiting for a CPU, their own wait: ``cpu.pressure``
+    on cgroup v2, their tasks' run-queue delay on v1 (``kernel.stats.RunDelay``). Only when
+    no LS container's wait could be read: the node's PSI ``some`` share, an upper bound that
+    counts BE's waits too — a BE group throttled at the quota the agent gave it reads as
+    "some" pressure the whole time it is throttled (97 % from 0.05 cores of throttled
+    spinners on an idle node) — which the shortage estimate tempers with LS's real usage. BE
+    counts as suppressed once its limit is within the deadband of what this level allows."""
     cap, sample = r.capacity, r.sample
     if cap is None:
         return None
     stalls = [s for q in LS_CLASSES if (s := sample.usage(q).stall_ratio) is not None]
     stall = max(stalls, default=0.0)
-    if not stalls and sample.interval > 0:  # cgroup v1
+    if not stalls and sample.interval > 0:  # no LS container's own wait was read
         stall = min(1.0, sample.psi_cpu.some_delta_us / (sample.interval * 1e6))
     throttled = max((sample.usage(q).throttled_ratio for q in LS_CLASSES), default=0.0)
     deadband = r.config.cpuSuppress.deadbandCores
