@@ -235,7 +235,7 @@ def run_inprocess(bench: Path, calls: int, sync_pods: int, settle: float) -> tup
         ns = build_parser().parse_args(
             ["run", "--socket", str(sock), "--metrics-address", f"127.0.0.1:{free_port()}", "--cri-socket", cri]
         )
-        agent = Agent(ns, poll.arrival)
+        agent = Agent(ns, poll.arrival, poll.answered)
         try:
             rt = await asyncio.to_thread(runtime_bench, bench, sock, calls, sync_pods, settle)
             task = asyncio.ensure_future(agent.run())

@@ -32,7 +32,10 @@ def main() -> None:
     poll = PollClock()
 
     async def serve() -> None:
-        await Stub(Fixed(), StubOptions(socket_path=args.socket, backoff_initial=0.01, arrival=poll.arrival)).run()
+        await Stub(
+            Fixed(),
+            StubOptions(socket_path=args.socket, backoff_initial=0.01, arrival=poll.arrival, answered=poll.answered),
+        ).run()
 
     with asyncio.Runner(loop_factory=poll.loop) as runner:
         runner.run(serve())

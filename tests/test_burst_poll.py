@@ -54,10 +54,15 @@ class Scripted(PollClock):
             raise AssertionError("slept forever")
         return self._take()
 
-    def answer_then_wait(self, work: float, gap: float, timeout: float | None = None) -> list[object]:
-        """The loop answers (``work`` seconds of its own), then polls; the next request's
-        bytes arrive ``gap`` seconds after the answer."""
+    def answer_then_wait(
+        self, work: float, gap: float, timeout: float | None = None, answer: bool = True
+    ) -> list[object]:
+        """The loop answers a request (``work`` seconds of its own), then polls; the next
+        bytes arrive ``gap`` seconds after. ``answer`` False: the loop did other work (a reply
+        to one of its own calls, a file event), no answer."""
         self.t += work
+        if answer:
+            self.answered()
         self.arrivals.append(self.t + gap)
         return self.select(timeout)  # type: ignore[return-value]
 
@@ -71,6 +76,15 @@ def test_back_to_back_requests_are_found_by_looking_not_by_sleeping() -> None:
         assert c.answer_then_wait(50e-6, 120e-6)
     assert len(c.sleeps) == 2 and c.burst
     assert c.spun == pytest.approx(5 * 120e-6, abs=5 * 10e-6)
+
+
+def test_io_soon_after_work_that_answered_nothing_never_starts_a_burst() -> None:
+    """Only a request following an answer is a burst of hooks: the agent's own calls answered
+    quickly, or file events, keep the loop sleeping."""
+    c = Scripted()
+    for _ in range(5):
+        assert c.answer_then_wait(50e-6, 30e-6, answer=False)
+    assert not c.burst and len(c.sleeps) == 5 and c.spun == 0
 
 
 def test_the_first_look_that_finds_nothing_in_time_ends_the_burst() -> None:

@@ -761,3 +761,22 @@ def test_an_adjustment_alone_is_answered_as_the_response_message_would_encode_it
     assert wire == api.CreateContainerResponse(adjust=adj).SerializeToString()
     assert api.CreateContainerResponse.FromString(wire).adjust == adj
     assert (len(adj.SerializeToString()) > 127) == (size == "long")
+
+
+def test_the_trunk_tells_of_every_answer(tmp_path: Path) -> None:
+    """The loop's clock hears of each answer (how it knows a burst of hooks from other I/O)."""
+    told: list[float] = []
+
+    async def main(tmp: Path) -> None:
+        peer = RuntimePeer()
+        stub, task = await started(peer, SharesPlugin(), tmp, answered=lambda: told.append(time.perf_counter()))
+        s = await peer.next_session()
+        await asyncio.wait_for(stub.ready.wait(), 1)
+        before = len(told)  # Configure and Synchronize were answered too
+        for i in range(3):
+            be = make_pod(20 + i, "BE")
+            await s.create_container(be, make_container(20 + i, be))
+        assert len(told) == before + 3 and before >= 2
+        await stopped(stub, task, peer)
+
+    run(main, tmp_path)

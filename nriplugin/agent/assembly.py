@@ -146,9 +146,15 @@ class Taken(NamedTuple):
 
 
 class Agent:
-    def __init__(self, ns: argparse.Namespace, arrival: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        ns: argparse.Namespace,
+        arrival: Callable[[], float] = time.perf_counter,
+        answered: Callable[[], None] | None = None,
+    ) -> None:
         """``arrival``: the loop's clock of when a request's bytes could first be read
-        (``nri.transport.PollClock``), where a hook's time starts."""
+        (``nri.transport.PollClock``), where a hook's time starts; ``answered``: the same
+        clock told of each answer (it stays awake through a burst of hooks)."""
         self.ns = ns
         self.opts = StubOptions.from_env(
             name=ns.name,
@@ -157,6 +163,7 @@ class Agent:
             default_policy=HookPolicy(budget=ns.hook_budget_ms / 1000.0, fail_closed=ns.fail_closed),
             max_message=ns.max_message_mib << 20,
             arrival=arrival,
+            answered=answered,
         )
         self.prereg = self.opts.fd is not None
         self.gap_since = os.environ.pop(ENV_GAP_SINCE, "")
@@ -688,7 +695,7 @@ def main(ns: argparse.Namespace) -> int:
     poll = PollClock(burst_poll=ns.burst_poll_us / 1e6)
 
     async def serve() -> int:
-        return await Agent(ns, poll.arrival).run()
+        return await Agent(ns, poll.arrival, poll.answered).run()
 
     with asyncio.Runner(loop_factory=poll.loop) as runner:
         return runner.run(serve())

@@ -302,6 +302,7 @@ class StubOptions:
     # When a request's bytes could first have been read (transport.PollClock.arrival): a hook's
     # time, and its budget, start there. Default: when the request is handled.
     arrival: Callable[[], float] = time.perf_counter
+    answered: Callable[[], None] | None = None  # told of every answer (transport.PollClock.answered)
 
     @classmethod
     def from_env(cls, **kw: Any) -> StubOptions:
@@ -682,6 +683,7 @@ class Stub:
             max_message=self.opts.max_message,
             on_refused=self._on_refused,
             arrival=self.opts.arrival,
+            answered=self.opts.answered,
         )
         self.trunk = trunk
         self.connections += 1

@@ -53,7 +53,8 @@ class PollClock(selectors.DefaultSelector):
     tens of microseconds on a VM. The runtime sends a plugin one request at a time, so in a
     burst (a workload scaled up, a node draining) the next request follows the answer within
     the runtime's own turnaround. So while requests come back to back — the last sleeping poll
-    was woken by I/O within ``burst_poll`` — a poll looks without sleeping for up to
+    after an answer (:meth:`answered`) was woken by I/O within ``burst_poll`` — a poll looks
+    without sleeping for up to
     ``burst_poll`` before it sleeps, as Go's scheduler spins before parking a thread. The first
     look that finds nothing ends the burst: outside bursts (hooks milliseconds apart) the loop
     sleeps at once, and a burst costs at most ``burst_poll`` of CPU beyond its own work.
@@ -65,7 +66,8 @@ class PollClock(selectors.DefaultSelector):
         self.burst_poll = burst_poll
         self._returned = self._now()
         self.arrived = self._returned  # the earliest the bytes of this turn can have arrived
-        self.burst = False  # the last sleeping poll was woken by I/O within burst_poll
+        self.burst = False  # the last sleeping poll after an answer was woken by I/O within burst_poll
+        self._answer = False  # a request was answered since the last sleeping poll
         self.spun = 0.0  # seconds spent looking without sleeping (the burst's CPU cost)
 
     @staticmethod
@@ -77,6 +79,11 @@ class PollClock(selectors.DefaultSelector):
 
     def arrival(self) -> float:
         return self.arrived
+
+    def answered(self) -> None:
+        """The trunk answered a request: only I/O soon after an answer is a burst of hooks (a
+        quick reply to one of the agent's own calls, or a file event, is not)."""
+        self._answer = True
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         ready = self._poll(0)
@@ -90,7 +97,8 @@ class PollClock(selectors.DefaultSelector):
                 left = None if timeout is None else max(0.0, timeout - (self._now() - began))
                 ready = self._poll(left)
                 self.arrived = self._now()  # woke it
-            self.burst = bool(ready) and self.arrived - began <= self.burst_poll
+            self.burst = bool(ready) and self._answer and self.arrived - began <= self.burst_poll
+            self._answer = False
         self._returned = self._now()
         return ready
 
@@ -147,9 +155,11 @@ class Trunk(asyncio.BufferedProtocol):
         on_request: Callable[[ttrpc.RequestReceived], None],
         on_refused: Callable[[ttrpc.RequestTooLarge], None] | None = None,
         arrival: Callable[[], float] = time.perf_counter,
+        answered: Callable[[], None] | None = None,
     ) -> None:
         """``arrival``: when the bytes being handled could first have been read (the loop's
-        :meth:`PollClock.arrival`; without one, the moment they are handled)."""
+        :meth:`PollClock.arrival`; without one, the moment they are handled); ``answered``:
+        told of every answer (:meth:`PollClock.answered`)."""
         self.conn = conn
         self.on_request = on_request
         self.on_refused = on_refused  # a request over the receive bound (answered with an error here)
@@ -158,6 +168,7 @@ class Trunk(asyncio.BufferedProtocol):
         self.closed: asyncio.Future[Exception | None] = loop.create_future()
         self._calls: dict[int, asyncio.Future[ttrpc.Response]] = {}
         self._arrival = arrival
+        self._on_answer = answered
         self._answered = 0.0  # when the last answer went out: the next request came after it
         self.arrived = 0.0  # perf_counter time the request being handled could first be read
         self._buffer = memoryview(bytearray(READ_BUFFER))
@@ -211,6 +222,8 @@ class Trunk(asyncio.BufferedProtocol):
     def respond(self, stream_id: int, payload: bytes = b"", code: int = 0, message: str = "") -> None:
         self.write(self.conn.respond(stream_id, payload, code, message))
         self._answered = time.perf_counter()
+        if self._on_answer is not None:
+            self._on_answer()
 
     async def call(self, service: str, method: str, payload: bytes, timeout: float) -> bytes:
         """Call ``service/method`` on the peer; returns the response payload or raises."""
@@ -249,15 +262,20 @@ async def open_trunk(
     max_message: int = ttrpc.RECEIVE_BOUND,
     on_refused: Callable[[ttrpc.RequestTooLarge], None] | None = None,
     arrival: Callable[[], float] = time.perf_counter,
+    answered: Callable[[], None] | None = None,
 ) -> Trunk:
     """Connect to the runtime by socket path, or adopt an inherited connected socket fd."""
     loop = asyncio.get_running_loop()
     conn = NriConnection(max_message=max_message)
     if fd is not None:
         sock = socket.socket(fileno=fd)
-        _, proto = await loop.create_unix_connection(lambda: Trunk(conn, on_request, on_refused, arrival), sock=sock)
+        _, proto = await loop.create_unix_connection(
+            lambda: Trunk(conn, on_request, on_refused, arrival, answered), sock=sock
+        )
     elif path is not None:
-        _, proto = await loop.create_unix_connection(lambda: Trunk(conn, on_request, on_refused, arrival), path)
+        _, proto = await loop.create_unix_connection(
+            lambda: Trunk(conn, on_request, on_refused, arrival, answered), path
+        )
     else:
         raise ValueError("need a socket path or an inherited fd")
     return proto
