@@ -73,7 +73,10 @@ class OpenFiles:  # pragma: no mutate block (file I/O, not a parser: tools/mutat
     def __len__(self) -> int:
         return len(self._fds)
 
-    def read(self, path: str, owner: str = "") -> str | None:
+    def read(self, path: str, owner: str = "", keep: bool = True) -> str | None:
+        """``path``'s text (None when it cannot be read); ``keep`` False: opened and closed
+        now, for a file whose name does not outlive a round (a task's, or a cgroup's
+        ``tasks``, whose kept-open reads the kernel may serve from its cached list)."""
         fd = self._fds.get(path)
         if fd is not None:
             try:
@@ -89,7 +92,7 @@ class OpenFiles:  # pragma: no mutate block (file I/O, not a parser: tools/mutat
         except OSError:
             os.close(fd)
             return None
-        if len(self._fds) < self.limit:
+        if keep and len(self._fds) < self.limit:
             self._fds[path] = fd
             self._owned.setdefault(owner, []).append(path)
         else:
@@ -502,20 +505,15 @@ class Stats:  # pragma: no mutate block (file I/O, not a parser: tools/mutation.
     def _task_delays(self, cpu_dir: str) -> dict[int, int] | None:
         """v1: the ``run_delay`` of each task in the group's ``tasks`` (None when it cannot be
         read); a task that exits while being read is skipped."""
-        try:
-            with open(f"{cpu_dir}/tasks") as f:
-                tids = f.read().split()
-        except OSError:
+        tasks = self.files.read(f"{cpu_dir}/tasks", keep=False)
+        if tasks is None:
             return None
         out: dict[int, int] = {}
-        for tid in tids:
+        for tid in tasks.split():
             if not tid.isdigit():
                 continue
-            try:
-                with open(f"{self._proc}/{tid}/schedstat") as f:
-                    ns = parse_schedstat(f.read())
-            except OSError:
-                continue
+            text = self.files.read(f"{self._proc}/{tid}/schedstat", keep=False)
+            ns = None if text is None else parse_schedstat(text)
             if ns is not None:
                 out[int(tid)] = ns
         return out
