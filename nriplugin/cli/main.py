@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import shutil
 import stat
@@ -30,30 +31,29 @@ def _address(value: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
-def _burst_poll(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of microseconds: {text!r}") from None
-    if not 0 <= value <= 10_000:
-        raise argparse.ArgumentTypeError(f"{text} us: between 0 and 10000 (10 ms)")
-    return value
-
-
 def _idx(value: str) -> str:
     if len(value) != 2 or not value.isdigit():
         raise argparse.ArgumentTypeError(f"plugin index must be two digits, got {value!r}")
     return value
 
 
-def _interval(value: str) -> float:
-    try:
-        v = float(value)
-    except ValueError:
-        v = 0.0
-    if not 0.05 <= v <= 3600:
-        raise argparse.ArgumentTypeError(f"expected seconds between 0.05 and 3600, got {value!r}")
-    return v
+def _between(low: float, high: float, unit: str) -> Callable[[str], float]:
+    """An option's number, from ``low`` to ``high`` inclusive (in ``unit``, for the message)."""
+
+    def parse(value: str) -> float:
+        try:
+            v = float(value)
+        except ValueError:
+            v = math.nan
+        if not low <= v <= high:
+            raise argparse.ArgumentTypeError(f"expected {unit} between {low:g} and {high:g}, got {value!r}")
+        return v
+
+    return parse
+
+
+_interval = _between(0.05, 3600, "seconds")
+_burst_poll = _between(0, 10_000, "microseconds")  # up to 10 ms
 
 
 def _mib(value: str) -> int:
