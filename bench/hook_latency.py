@@ -180,15 +180,16 @@ def run_external(bench: Path, name: str, calls: int, sync_pods: int, goplugin: P
     with tempfile.TemporaryDirectory() as d, cri_node(sync_pods) as cri:
         sock = Path(d) / "nri.sock"
         port = free_port()
-        cmd = {
+        cmds = {
             "go": [str(goplugin), "-socket", str(sock)],
             "nriplugin": [
                 *(sys.executable, "-m", "nriplugin", "run", "--socket", str(sock)),
                 *("--metrics-address", f"127.0.0.1:{port}", "--cri-socket", cri),
             ],
             "stub floor": [sys.executable, "-m", "bench.stub_floor", "--socket", str(sock)],
-        }["nriplugin" if name.startswith("nriplugin") else name]
-        cmd += name.split(" ")[1:] if name.startswith("nriplugin") else []  # ASLEEP's option
+        }
+        cmds[ASLEEP] = [*cmds["nriplugin"], "--burst-poll-us", "0"]
+        cmd = cmds[name]
         rt = runtime_bench(bench, sock, calls, sync_pods, settle)
         plugin = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
         try:
