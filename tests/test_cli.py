@@ -408,3 +408,14 @@ def test_preregistered_standby_takes_over_on_the_socket(tmp_path: Path) -> None:
             await sock_peer.close()
 
     asyncio.run(main())
+
+
+def test_numbers_on_the_command_line_are_ascii_digits() -> None:
+    """A digit only to Unicode ("¹") is refused with argparse's message, not int()'s traceback."""
+    from nriplugin.cli.main import build_parser
+
+    for bad in (["--idx", "\u00b9\u00b2"], ["--metrics-address", ":\u00b9"], ["--metrics-address", ":70000"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["run", *bad])
+    ns = build_parser().parse_args(["run", "--idx", "07", "--metrics-address", ":9101"])
+    assert (ns.idx, ns.metrics_address) == ("07", ("127.0.0.1", 9101))

@@ -265,6 +265,7 @@ def test_schedstat_run_delay_on_real_text() -> None:
     assert stats.parse_schedstat(real) == int(real.split()[1])
     assert stats.parse_schedstat("2087766711 16441283 1203\n") == 16441283
     assert stats.parse_schedstat("2087766711\n") is None
+    assert stats.parse_schedstat("0 \u00b9 1\n") is None  # a digit to str.isdigit, not to int()
     assert stats.parse_schedstat("1 -5 3") is None
 
 

@@ -486,13 +486,24 @@ def test_inherited_fd_mode(tmp_path: Path) -> None:
     run(main, tmp_path)
 
 
-def test_invalid_fd_in_environment() -> None:
-    os.environ["NRI_PLUGIN_SOCKET"] = "abc"
+@pytest.mark.parametrize("raw", ["abc", "\u00b3", "-1"])
+def test_invalid_fd_in_environment(raw: str) -> None:
+    """Not a number, or a digit only to Unicode ("³"): a clear error, not int()'s."""
+    os.environ["NRI_PLUGIN_SOCKET"] = raw
     try:
         with pytest.raises(ValueError, match="NRI_PLUGIN_SOCKET"):
             StubOptions.from_env()
     finally:
         del os.environ["NRI_PLUGIN_SOCKET"]
+
+
+@pytest.mark.parametrize("idx", ["1", "123", "ab", "\u00b9\u00b2", "\u0661\u0662"])
+def test_a_plugin_index_is_two_ascii_digits(idx: str) -> None:
+    from nriplugin.nri.stub import check_identity
+
+    check_identity("nriplugin", "07")
+    with pytest.raises(ValueError, match="two digits"):
+        check_identity("nriplugin", idx)
 
 
 def test_failed_synchronize_drops_the_connection_and_retries(tmp_path: Path) -> None:

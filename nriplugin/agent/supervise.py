@@ -84,7 +84,7 @@ class Supervisor:
             signal.signal(sig, self._forward)
         env = dict(os.environ)
         raw = env.get(ENV_SOCKET, "")
-        fds = (int(raw),) if raw.isdigit() else ()
+        fds = (int(raw),) if raw.isascii() and raw.isdigit() else ()
         successor = env.get(ENV_SUCCESSOR) == "1"
         self.restarts = 1 if successor else 0  # a successor starts after a crash: keep backing off
         self._start(env, [], fds)

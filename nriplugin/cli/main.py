@@ -26,13 +26,13 @@ Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 def _address(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not (port.isascii() and port.isdigit()) or not 0 <= int(port) <= 65535:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
     return host or "127.0.0.1", int(port)
 
 
 def _idx(value: str) -> str:
-    if len(value) != 2 or not value.isdigit():
+    if len(value) != 2 or not (value.isascii() and value.isdigit()):
         raise argparse.ArgumentTypeError(f"plugin index must be two digits, got {value!r}")
     return value
 

@@ -324,7 +324,7 @@ def parse_schedstat(text: str) -> int | None:
     """``/proc/<tid>/schedstat``: time on the CPU, time waiting on a run queue, timeslices (ns,
     ns, count). Returns the wait (``run_delay``)."""
     parts = text.split()
-    if len(parts) < 2 or not parts[1].isdigit():
+    if len(parts) < 2 or not (parts[1].isascii() and parts[1].isdigit()):  # "¹" is a digit too
         return None
     return int(parts[1])
 

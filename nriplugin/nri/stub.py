@@ -310,7 +310,7 @@ class StubOptions:
         opts = cls(**kw)
         if os.environ.get(ENV_SOCKET):
             raw = os.environ[ENV_SOCKET]
-            if not raw.isdigit():
+            if not (raw.isascii() and raw.isdigit()):
                 raise ValueError(f"invalid {ENV_SOCKET}={raw!r}: expected a file descriptor number")
             opts.fd = int(raw)
             opts.name = os.environ.get(ENV_NAME) or opts.name
@@ -321,7 +321,7 @@ class StubOptions:
 def check_identity(name: str, idx: str) -> None:
     if not name:
         raise ValueError("plugin name must not be empty")
-    if len(idx) != 2 or not idx.isdigit():
+    if len(idx) != 2 or not (idx.isascii() and idx.isdigit()):
         raise ValueError(f"plugin index must be two digits, got {idx!r}")
 
 
