@@ -709,7 +709,9 @@ def test_on_the_real_tree_an_ls_stall_is_its_own_wait_and_not_bes(spinning: Spin
             p.wait()
     assert alone is not None and beside is not None and shared is not None
     assert alone < 0.25, alone
-    assert beside < 0.25 and node_some > 0.5, (beside, node_some)
+    # the node's PSI weighs each CPU by its busy time: CPU 1 always has a waiter, CPU 0 none,
+    # so it reads about one half (a hair under it in some runs)
+    assert beside < 0.25 and node_some > 0.4, (beside, node_some)
     assert shared > alone + 0.1 and shared == pytest.approx(1.0 - ran, abs=0.1), (shared, ran)
 
 
