@@ -92,6 +92,8 @@ def test_be_yields_to_ls_and_gets_the_idle_cpu_back(
 
     # LS idle: BE keeps the idle CPU (at least 0.6 of a core of the two)
     until(lambda: 0.6 <= quota_cores(be_parent) < float("inf"), 10, "the manager never limited BE")
+    if (be_parent / "cpu.idle").exists():  # kernels since 5.15: BE's group runs SCHED_IDLE
+        assert (be_parent / "cpu.idle").read_text().strip() == "1"
     be_uses_the_idle_cpu()
     spinner = subprocess.Popen(["yes"], stdout=subprocess.DEVNULL)
     try:

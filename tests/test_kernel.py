@@ -3,6 +3,7 @@ cgroup v1 files."""
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -222,6 +223,32 @@ def test_real_cgroup_v1(tmp_path: Path) -> None:
         assert cg.read(group, "cpu.cfs_quota_us") == 20000
         assert cg.matches(group, "cpu.cfs_quota_us", 20000) and not cg.matches(group, "cpu.cfs_quota_us", 30000)
         assert cg.write(group, "cpu.bvt_warp_ns", 1).status == "unsupported"  # not an Anolis kernel
+    finally:
+        d.rmdir()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not (REAL / "cpu" / "cpu.idle").exists(), reason="needs root + v1 cpu.idle")
+def test_real_cgroup_v1_idle_group_keeps_the_kernels_idle_weight() -> None:
+    """A v1 group with cpu.idle 1 (kernel 5.15 and later) reads its cpu.shares as 3 and refuses
+    any weight written: the lowest weight wanted there is in place, the refusal is no error.
+    cpu.idle 0 resets the weight to 1024, which is drift again."""
+    group = f"nriplugin-test-idle-{os.getpid()}"
+    d = REAL / "cpu" / group
+    d.mkdir()
+    try:
+        cg = Cgroups(REAL)
+        assert cg.write(group, "cpu.shares", 2).status == "written"
+        assert cg.write(group, "cpu.idle", 1).status == "written"
+        assert (d / "cpu.shares").read_text().strip() == "3"
+        assert cg.matches(group, "cpu.shares", 2)
+        out = cg.write(group, "cpu.shares", 2)
+        assert (out.status, out.errno) == ("unchanged", errno.EINVAL)
+        assert cg.write(group, "cpu.shares", 512).status == "unchanged"  # any weight: the kernel's word
+        assert "cpu.shares" not in cg.unsupported
+        assert cg.write(group, "cpu.idle", 0).status == "written"
+        assert (d / "cpu.shares").read_text().strip() == "1024"
+        assert not cg.matches(group, "cpu.shares", 2) and not cg.matches(group, "cpu.shares", 3)
+        assert cg.write(group, "cpu.shares", 2).status == "written"
     finally:
         d.rmdir()
 

@@ -4,9 +4,12 @@ writes nothing, disabling the manager gives BE its CPU back."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import pytest
 
 from nriplugin.kernel.cgroup import Cgroups, Version
 from nriplugin.kernel.probe import Capabilities, Topology
@@ -22,6 +25,7 @@ from nriplugin.reconciler import Reconciler
 from testkit.kernel_tree import v1_tree, v2_tree
 from testkit.runtime_peer import make_container, make_pod
 from tests.test_features import caps
+from tests.test_reconciler import occupied
 
 BE_GROUP = "kubepods/besteffort"
 
@@ -299,7 +303,7 @@ def test_on_cgroup_v2_the_ls_pods_pressure_is_watched(tmp_path: Path) -> None:
 
 def test_on_cgroup_v2_bes_group_runs_idle_until_the_manager_stands_down(tmp_path: Path) -> None:
     """beGroupIdle (on by default): cgroup v2 gives BE's QoS-level group ``cpu.idle`` 1 while
-    the manager runs, and 0 again when it is disabled; never on v1, nor when turned off."""
+    the manager runs, and 0 again when it is disabled; never when turned off."""
     be = make_pod(1, "BE", parent=f"/{BE_GROUP}/pod1")
     ls = make_pod(2, "LS", parent="/kubepods/burstable/pod2")
     ctrs = [make_container(1, be), make_container(2, ls)]
@@ -329,8 +333,58 @@ def test_on_cgroup_v2_bes_group_runs_idle_until_the_manager_stands_down(tmp_path
     assert not node.desired.overlays.targets(IDLE)
 
 
-def test_on_cgroup_v1_bes_group_is_not_made_idle(tmp_path: Path) -> None:
+def test_on_cgroup_v1_bes_group_runs_idle_too_and_its_idle_weight_is_in_place(tmp_path: Path) -> None:
+    """v1 kernels since 5.15 have ``cpu.idle`` as well: BE's group runs idle there, next to its
+    quota. An idle group's ``cpu.shares`` reads 3 (the kernel's idle weight), which is the
+    suppression's lowest weight in place, not drift; the other groups' 3 is drift."""
     node, _, mgr, _, quota = node_with_pods(tmp_path)
+    cpu = quota.parent
     mgr.round()
     assert quota.read_text() == "100000"  # the manager ran
+    assert node.desired.overlays.targets(IDLE) == [f"group:{BE_GROUP}"]
+    assert (cpu / "cpu.idle").read_text().strip() == "1"
+    assert (cpu.parent / "burstable" / "cpu.idle").read_text().strip() == "0"  # LS's group: untouched
+    (cpu / "cpu.shares").write_text("3\n")  # what the kernel makes of BE's weight once idle
+    assert node.writer.cgroups.matches(BE_GROUP, "cpu.shares", 2)
+    assert not node.writer.cgroups.matches("kubepods/burstable", "cpu.shares", 2)
+    (cpu.parent / "burstable" / "cpu.shares").write_text("3\n")
+    assert not node.writer.cgroups.matches("kubepods/burstable", "cpu.shares", 2)  # not idle: drift
+    node.rules.set(Policy.model_validate({"qosManager": {"cpuSuppress": {"beGroupIdle": False}}}), "test")
+    mgr.round()
+    assert (cpu / "cpu.idle").read_text().strip() == "0"
     assert not node.desired.overlays.targets(IDLE)
+
+
+REAL = Path("/sys/fs/cgroup")
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not (REAL / "cpu" / "cpu.idle").exists(), reason="needs root + cgroup v1 with cpu.idle"
+)
+def test_on_the_real_v1_tree_bes_group_runs_idle_and_gets_its_weight_back_after() -> None:
+    """The real kernel: BE's QoS-level group gets ``cpu.idle`` 1 next to its quota (its weight
+    then reads 3 and no write of it is refused as an error); turned off, the kernel resets the
+    weight to 1024 and the writer puts the lowest weight back in the same batch."""
+    top = f"nriplugin-qtest-{os.getpid()}"
+    be = make_pod(1, "BE", parent=f"/{top}/kubepods/besteffort/pod1")
+    ctr = make_container(1, be)
+    with occupied(ctr.linux.cgroups_path.lstrip("/")) as cpu:
+        group = cpu.parent.parent
+        rules = RuleCache(Policy())
+        node = Node.create(rules, cgroups=Cgroups(REAL))
+        rec = Reconciler(node.desired, node.writer, node.model, watch=False, resync_period=3600)
+        node.model.container_started(be, ctr)
+        mgr = QoSManager(node.model, node.desired, rec, Script(), rules)
+        mgr.round()
+        assert (group / "cpu.idle").read_text().strip() == "1"
+        assert (group / "cpu.cfs_quota_us").read_text().strip() == "100000"  # (2 - 1 LS) x 1.0
+        assert (group / "cpu.shares").read_text().strip() == "3"  # the kernel's idle weight
+        assert rec.rejections == 0
+        rules.set(Policy.model_validate({"qosManager": {"cpuSuppress": {"beGroupIdle": False}}}), "test")
+        mgr.round()
+        assert (group / "cpu.idle").read_text().strip() == "0"
+        assert (group / "cpu.shares").read_text().strip() == "2"  # not the 1024 the kernel reset it to
+        rules.set(Policy.model_validate({"qosManager": {"enable": False}}), "test")
+        mgr.round()
+        assert (group / "cpu.cfs_quota_us").read_text().strip() == "-1"
+        assert rec.rejections == 0

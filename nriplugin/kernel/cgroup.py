@@ -76,10 +76,17 @@ WEIGHT_MAPPINGS: dict[str, tuple[Callable[[int], int], Callable[[int], int]]] = 
 }
 
 
-# cgroup v2: a group with cpu.idle=1 runs at the minimum weight, reads its cpu.weight as 0 and
-# refuses (EINVAL) any weight written until cpu.idle is 0 again (which resets it to 100). The
-# default policy gives BE both cpu.idle=1 and shares: the weight is then in place, not drift.
+# A group with cpu.idle=1 runs at the kernel's idle weight and refuses (EINVAL) any weight
+# written until cpu.idle is 0 again (which resets it to the default: cpu.weight 100, cpu.shares
+# 1024). cgroup v2 reads its cpu.weight as 0; v1 (5.15 and later) reads its cpu.shares as 3.
+# The default policy gives BE both cpu.idle=1 and shares: the weight is then in place, not drift.
 IDLE_WEIGHT = "0"
+IDLE_SHARES_V1 = "3"
+
+# Writing the key resets the values named: after a change of cpu.idle the weight is the
+# kernel's again (idle, or the default), so a weight wanted in the same group is written after
+# it, whether or not it read as in place before.
+RESETS: dict[str, tuple[str, ...]] = {"cpu.idle": ("cpu.shares",)}
 
 
 class InvalidValue(ValueError):
@@ -363,6 +370,8 @@ class Cgroups:
         if resource in DEVICE_RULES:
             dev, _, kv = want.partition(" ")
             return any(ln.split(" ")[0] == dev and kv in ln.split(" ")[1:] for ln in text.splitlines())
+        if resource == "cpu.shares" and text == IDLE_SHARES_V1 and self.version is Version.V1:
+            return self._is_idle(group)  # an idle group's weight: in place, not drift
         res = RESOURCES[resource]
         assert isinstance(value, int)  # the string resources were all compared above
         try:
@@ -454,12 +463,20 @@ class Cgroups:
         return Outcome("written")
 
     def _idle_weight(self, resource: str, path: Path) -> bool:
-        """Is ``path`` the weight of an idle group (v2 refuses any weight written there)?"""
-        if self.version is not Version.V2 or resource != "cpu.shares":
+        """Is ``path`` the weight of an idle group (the kernel refuses any weight written there)?"""
+        if resource != "cpu.shares":
             return False
         try:
-            return _read(path) == IDLE_WEIGHT
+            if self.version is Version.V2:
+                return _read(path) == IDLE_WEIGHT
+            return _read(path.parent / "cpu.idle") == "1"
         except OSError:
+            return False
+
+    def _is_idle(self, group: str) -> bool:
+        try:
+            return _read(self._file(group, "cpu.idle")) == "1"
+        except (OSError, KeyError):
             return False
 
     def supported(self, resource: str) -> bool:

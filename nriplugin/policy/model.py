@@ -262,8 +262,9 @@ class CPUSuppress(_M):
     cut waits ``raiseDelay`` doubled for each such reversal in the last minute, and at most
     ``maxWritesPerMinute`` of them land in a minute: LS load that comes back every half minute
     gives BE its CPU back within seconds each time, a flapping one ever more slowly.
-    ``beGroupIdle`` (cgroup v2): BE's QoS-level group runs with ``cpu.idle`` 1, SCHED_IDLE
-    against LS's groups, so within whatever quota BE has an LS task that wakes takes the CPU."""
+    ``beGroupIdle`` (where the kernel has ``cpu.idle``: 5.15 and later, cgroup v1 or v2): BE's
+    QoS-level group runs with ``cpu.idle`` 1, SCHED_IDLE against LS's groups, so within whatever
+    quota BE has an LS task that wakes takes the CPU."""
 
     enabled: bool = True
     beGroupIdle: bool = True

@@ -25,7 +25,6 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from nriplugin.kernel.cgroup import Version
 from nriplugin.policy.model import QoSManager as ManagerConfig
 from nriplugin.policy.qos import QoSClass
 from nriplugin.qos.strategy import Capacity, Decision, Host, Round, Strategy, register
@@ -305,11 +304,13 @@ class CPUSuppressStrategy(Strategy):
             self._cpuset_n = None
 
     def _group_idle(self, wanted: bool) -> None:
-        """cgroup v2: ``cpu.idle`` 1 on each of BE's QoS-level groups (the kernel then keeps
-        the group's weight at its minimum and refuses weight writes, which the writer takes
-        as in place). Not on v1: there the group's ``cpu.shares`` is the suppression's lever."""
+        """``cpu.idle`` 1 on each of BE's QoS-level groups, where the kernel has the file (5.15
+        and later, cgroup v1 too): every BE task then runs SCHED_IDLE against LS, so an LS
+        wakeup preempts BE at once and a CPU running only BE counts as idle when LS's task is
+        placed. The kernel keeps the group at its idle weight and refuses weight writes, which
+        the kernel layer takes as in place; the quota stays the suppression's lever."""
         desired = self.host.desired
-        on = wanted and desired.caps.cgroup_version is Version.V2 and desired.caps.files.get("cpu.idle", False)
+        on = wanted and desired.caps.files.get("cpu.idle", False)
         groups = set(self.host.groups) if on else set()
         if groups == self._idle:
             return

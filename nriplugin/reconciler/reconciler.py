@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Protocol
 
 from nriplugin.intent.core import QUOTA, Setting
-from nriplugin.kernel.cgroup import RESOURCES, Cgroups, InvalidValue
+from nriplugin.kernel.cgroup import RESETS, RESOURCES, Cgroups, InvalidValue
 from nriplugin.kernel.inotify import IN_CREATE, IN_DELETE, IN_IGNORED, IN_ISDIR, IN_MODIFY, IN_Q_OVERFLOW, Inotify
 from nriplugin.node.model import NodeModel, State
 from nriplugin.node.overlays import group_key
@@ -381,6 +381,8 @@ class Reconciler:
         wrong: list[Setting] = []
         paths: dict[tuple[str, str], str] = {}  # the files of the settings that differ
         complete = True
+        reset: set[str] = set()  # what the writes make the kernel reset (RESETS)
+        in_place: list[Setting] = []
         for s in want:
             if only is not None and s.resource != only:
                 continue
@@ -392,6 +394,7 @@ class Reconciler:
                 complete = False  # gone (the runtime will tell us), or not there yet
                 continue
             if ok:
+                in_place.append(s)
                 continue
             path = paths[s.key] = str(self.cgroups.file(entry.group, s.resource))
             if self._refused_until(path, retrying):
@@ -402,6 +405,11 @@ class Reconciler:
                 if not self._may_repair(path, s.resource, key):
                     continue
             wrong.append(s)
+            reset.update(RESETS.get(s.resource, ()))
+        for s in in_place:  # the kernel moves these when an earlier write lands: the writer's
+            if s.resource in reset:  # order (by key) puts them after it
+                paths[s.key] = str(self.cgroups.file(entry.group, s.resource))
+                wrong.append(s)
         quota_moves = applying and any(s.resource == QUOTA for s in wrong)
         if rising is not None and quota_moves and self.writer.quota_rises(entry.group, want):
             rising.append(key)
