@@ -35,6 +35,10 @@ order reversed every other round):
   the same with the QoS manager off (BE as SCHED_IDLE and no quota: all the CPU LS leaves);
   and ``budget90``, the default with the usage budget at 90 % of the node instead of 65 % and
   CPUEvict off (the budget caps node utilization at its threshold whenever BE fills the node);
+  ``agent-noidle``, the default with BE's group at its lowest weight only, not SCHED_IDLE
+  (``beGroupIdle: false``); ``generous``, the default with the level's bound reserving what a
+  calm LS uses below HIGH instead of its whole request (``reserveLSRequestFrom: HIGH``) and
+  the usage budget at 90 %;
 - ``be-alone``: BE's reference throughput (above), no load.
 Each LS configuration is measured at two load levels, one after the other on the same pods: a
 moderate one and one near the knee, by default ``--load`` 0.35 and 0.7 of the node's CPUs at
@@ -228,10 +232,23 @@ BUDGET90 = (
     "resourceUsedThresholdWithBE:\n  cpuSuppressThresholdPercent: 90\nqosManager:\n  cpuEvict:\n    enabled: false\n"
 )
 
+# the default with BE's QoS-level group at its lowest weight only, not SCHED_IDLE (cgroup v1's
+# default before kernels had cpu.idle there)
+NOIDLE = "qosManager:\n  cpuSuppress:\n    beGroupIdle: false\n"
+
+# the level's bound reserves what a calm LS uses (below HIGH), not its whole request, and the
+# usage budget lets BE fill the node up to 90 %
+GENEROUS = (
+    "qosManager:\n  cpuSuppress:\n    reserveLSRequestFrom: HIGH\n"
+    "resourceUsedThresholdWithBE:\n  cpuSuppressThresholdPercent: 90\n"
+)
+
 CONFIGS = [
     Config("alone", be=False),
     Config("no-agent"),
     Config("agent", agent=True),
+    Config("agent-noidle", agent=True, policy=NOIDLE),
+    Config("generous", agent=True, policy=GENEROUS),
     Config("latency-first", agent=True, policy="qosManager:\n  profile: latency-first\n"),
     Config("throughput-first", agent=True, policy="qosManager:\n  profile: throughput-first\n"),
     # levers (the agent's own policy knobs): BE as SCHED_IDLE with the default suppression, and alone

@@ -404,3 +404,49 @@ def test_no_idle_where_the_kernel_has_no_cpu_idle_file() -> None:
     intent = h.desired.intent(group_key(BE_GROUP))
     assert intent is None or intent.get("cpu.idle") is None
     assert not h.desired.overlays.targets(IDLE)
+
+
+def calm_ls(ls_usage: float = 0.5) -> Capacity:
+    """4 CPUs, LS requesting 2 and using ``ls_usage``, the system 0.2 besides."""
+    return Capacity(4.0, 0.0, 2.0, ls_usage=ls_usage, be_usage=0.0, non_be_usage=ls_usage + 0.2)
+
+
+def reserve_from(level: str | None, threshold: float = 90) -> Policy:
+    suppress = {} if level is None else {"reserveLSRequestFrom": level}
+    return Policy.model_validate(
+        {
+            "qosManager": {"cpuSuppress": suppress},
+            "resourceUsedThresholdWithBE": {"cpuSuppressThresholdPercent": threshold},
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("level", "cores", "why"),
+    [
+        (Level.LOW, 2.9, "4 x 90% - 0.70 used by LS and the system (the level's bound, 3.50, is looser)"),
+        (Level.MEDIUM, 2.8, "MEDIUM: (4 total - 0.50 LS use - 0 reserved) x 0.8"),
+        (Level.HIGH, 1.0, "HIGH: (4 total - 2.00 LS request - 0 reserved) x 0.5"),
+        (Level.CRITICAL, 0.6, "CRITICAL: (4 total - 2.00 LS request - 0 reserved) x 0.3"),
+    ],
+)
+def test_reserve_from_high_keeps_what_ls_uses_below_high_and_its_request_from_high(
+    level: Level, cores: float, why: str
+) -> None:
+    """``reserveLSRequestFrom: HIGH``: LS's request reserved from HIGH up (the boundary is
+    inclusive), what LS uses below it."""
+    t = CPUSuppressStrategy(Host()).target(round_at(0.0, level, reserve_from("HIGH")), calm_ls())  # type: ignore[arg-type]
+    assert t.cores == pytest.approx(cores) and t.why == why
+
+
+def test_the_request_is_reserved_by_default_and_whenever_ls_uses_more() -> None:
+    s = CPUSuppressStrategy(Host())  # type: ignore[arg-type]
+    assert Policy().qosManager.cpuSuppress.reserveLSRequestFrom == "LOW"  # the seed's formula
+    t = s.target(round_at(0.0, Level.LOW, reserve_from(None)), calm_ls(), usage_known=False)
+    assert t.cores == pytest.approx(2.0) and t.why == "LOW: (4 total - 2.00 LS request - 0 reserved) x 1"
+    t = s.target(round_at(0.0, Level.MEDIUM, reserve_from("HIGH")), calm_ls(3.0), usage_known=False)
+    assert t.cores == pytest.approx(1.6) and t.why == "MEDIUM: (4 total - 2.00 LS request - 0 reserved) x 0.8"
+    t = s.target(round_at(0.0, Level.HIGH, reserve_from("CRITICAL")), calm_ls(), usage_known=False)
+    assert t.cores == pytest.approx(1.75) and t.why == "HIGH: (4 total - 0.50 LS use - 0 reserved) x 0.5"
+    with pytest.raises(ValueError, match="reserveLSRequestFrom"):
+        reserve_from("SOMETIMES")

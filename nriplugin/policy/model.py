@@ -226,7 +226,7 @@ class MemoryPressure(CPUPressure):
 
 
 class SuppressRatio(_M):
-    """The share of BE's budget (total - LS request - system reserved) BE keeps, by CPU level."""
+    """The share of BE's budget (total - LS reserve - system reserved) BE keeps, by CPU level."""
 
     low: Ratio = 1.0
     medium: Ratio = 0.8
@@ -249,8 +249,17 @@ class SuppressRatio(_M):
         return (self.low, self.medium, self.high, self.critical, self.emergency)[max(0, min(4, int(level)))]
 
 
+LevelName = Literal["LOW", "MEDIUM", "HIGH", "CRITICAL", "EMERGENCY"]
+LEVEL_NAMES: tuple[LevelName, ...] = ("LOW", "MEDIUM", "HIGH", "CRITICAL", "EMERGENCY")
+
+
 class CPUSuppress(_M):
-    """BE limit = max(minCores, (total - LS request - systemReserved) x suppressRatio[level]).
+    """BE limit = max(minCores, (total - LS reserve - systemReserved) x suppressRatio[level]).
+
+    The LS reserve is LS's request from level ``reserveLSRequestFrom`` up; below it, what LS
+    uses now (never more than its request). ``LOW`` (the default) reserves the request at every
+    level, the seed's formula. Requests are sized for peaks: reserving a calm LS's unused
+    request keeps it from BE on top of the usage budget's headroom.
 
     ``policy`` None follows ``resourceUsedThresholdWithBE.cpuSuppressPolicy`` (cfsQuota by
     default; see ``Policy.cpu_suppress_policy``). ``minCores``: BE is never starved to zero, so
@@ -270,6 +279,7 @@ class CPUSuppress(_M):
     beGroupIdle: bool = True
     policy: Literal["cfsQuota", "cpuset"] | None = None
     suppressRatio: SuppressRatio = SuppressRatio()
+    reserveLSRequestFrom: LevelName = "LOW"
     minCores: Annotated[Cores, Field(gt=0, le=1024)] = 0.1
     deadbandCores: Annotated[Cores, Field(ge=0, le=1024)] = 0.2
     raiseDelay: Annotated[Seconds, Field(ge=0, le=600)] = 2.0

@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from nriplugin.policy.model import LEVEL_NAMES
 from nriplugin.policy.model import QoSManager as ManagerConfig
 from nriplugin.policy.qos import QoSClass
 from nriplugin.qos.strategy import Capacity, Decision, Host, Round, Strategy, register
@@ -52,11 +53,18 @@ def be_target(
     usage_threshold_percent: float = 0.0,
     burst_granted: float = 0.0,
     floor: float = 0.0,
+    ls_reserve: float | None = None,
 ) -> Target:
-    """BE's CPU limit in cores, and which bound set it."""
-    by_level = max(0.0, cap.for_be - burst_granted) * ratio
+    """BE's CPU limit in cores, and which bound set it. ``ls_reserve``: what the level's bound
+    keeps for LS when that is less than LS's request (LS's use, below ``reserveLSRequestFrom``);
+    None keeps the request."""
+    if ls_reserve is None or ls_reserve >= cap.ls_request:
+        kept, what = cap.ls_request, "LS request"
+    else:
+        kept, what = max(0.0, ls_reserve), "LS use"
+    by_level = max(0.0, cap.total - kept - cap.system_reserved - burst_granted) * ratio
     why = (
-        f"{level}: ({cap.total:g} total - {cap.ls_request:.2f} LS request - {cap.system_reserved:g} reserved"
+        f"{level}: ({cap.total:g} total - {kept:.2f} {what} - {cap.system_reserved:g} reserved"
         + (f" - {burst_granted:.2f} LS burst" if burst_granted else "")
         + f") x {ratio:g}"
     )
@@ -208,6 +216,7 @@ class CPUSuppressStrategy(Strategy):
 
     def target(self, r: Round, cap: Capacity, usage_known: bool = True) -> Target:
         s, usage = r.config.cpuSuppress, r.policy.resourceUsedThresholdWithBE
+        calm = r.level < LEVEL_NAMES.index(s.reserveLSRequestFrom)
         return be_target(
             cap,
             s.suppressRatio.of(r.level),
@@ -215,6 +224,7 @@ class CPUSuppressStrategy(Strategy):
             usage_threshold_percent=usage.cpuSuppressThresholdPercent if usage.enable and usage_known else 0.0,
             burst_granted=r.burst_extra,
             floor=s.minCores,
+            ls_reserve=cap.ls_usage if calm else None,
         )
 
     def apply(self, r: Round, target: Target, tighten_only: bool = False) -> None:
