@@ -33,12 +33,12 @@ order reversed every other round):
 - two levers the agent's policy already has: ``agent+idle``, the default with
   ``cpuPolicy: coreSched`` (BE's cgroups get ``cpu.idle`` 1: SCHED_IDLE), and ``idle-only``,
   the same with the QoS manager off (BE as SCHED_IDLE and no quota: all the CPU LS leaves);
-  and ``budget90``, the default with the usage budget at 90 % of the node instead of 65 % and
-  CPUEvict off (the budget caps node utilization at its threshold whenever BE fills the node);
+  and ``budget90``, the usage budget at 90 % of the node with LS's whole request reserved
+  (``reserveLSRequestFrom: LOW``) and CPUEvict off;
   ``agent-noidle``, the default with BE's group at its lowest weight only, not SCHED_IDLE
-  (``beGroupIdle: false``); ``generous``, the default with the level's bound reserving what a
-  calm LS uses below HIGH instead of its whole request (``reserveLSRequestFrom: HIGH``) and
-  the usage budget at 90 %;
+  (``beGroupIdle: false``); ``seed``, the default before f939fa8: the level's bound reserving
+  LS's whole request at every level (``reserveLSRequestFrom: LOW``) and koordlet's 65 % usage
+  budget;
 - ``be-alone``: BE's reference throughput (above), no load.
 Each LS configuration is measured at two load levels, one after the other on the same pods: a
 moderate one and one near the knee, by default ``--load`` 0.35 and 0.7 of the node's CPUs at
@@ -226,21 +226,22 @@ class Config:
 
 IDLE = "resourceQOSStrategy:\n  policies:\n    cpuPolicy: coreSched\n"  # BE's cgroups get cpu.idle = 1
 
-# a generous usage budget: BE may fill the node up to 90 % (not 65 %), and no CPUEvict (which on
-# cgroup v1 reads the node's PSI as LS's stall, BE's own waits included)
+# the usage budget at 90 % with the seed's level bound (LS's whole request reserved) and no
+# CPUEvict: what ef2b8e2 measured, before 90 % became the default
 BUDGET90 = (
-    "resourceUsedThresholdWithBE:\n  cpuSuppressThresholdPercent: 90\nqosManager:\n  cpuEvict:\n    enabled: false\n"
+    "resourceUsedThresholdWithBE:\n  cpuSuppressThresholdPercent: 90\n"
+    "qosManager:\n  cpuEvict:\n    enabled: false\n  cpuSuppress:\n    reserveLSRequestFrom: LOW\n"
 )
 
 # the default with BE's QoS-level group at its lowest weight only, not SCHED_IDLE (cgroup v1's
 # default before kernels had cpu.idle there)
 NOIDLE = "qosManager:\n  cpuSuppress:\n    beGroupIdle: false\n"
 
-# the level's bound reserves what a calm LS uses (below HIGH), not its whole request, and the
-# usage budget lets BE fill the node up to 90 %
-GENEROUS = (
-    "qosManager:\n  cpuSuppress:\n    reserveLSRequestFrom: HIGH\n"
-    "resourceUsedThresholdWithBE:\n  cpuSuppressThresholdPercent: 90\n"
+# the default until f939fa8: the level's bound reserves LS's whole request at every level (the
+# seed's formula) and the usage budget is koordlet's 65 %
+SEED = (
+    "qosManager:\n  cpuSuppress:\n    reserveLSRequestFrom: LOW\n"
+    "resourceUsedThresholdWithBE:\n  cpuSuppressThresholdPercent: 65\n"
 )
 
 CONFIGS = [
@@ -248,7 +249,7 @@ CONFIGS = [
     Config("no-agent"),
     Config("agent", agent=True),
     Config("agent-noidle", agent=True, policy=NOIDLE),
-    Config("generous", agent=True, policy=GENEROUS),
+    Config("seed", agent=True, policy=SEED),
     Config("latency-first", agent=True, policy="qosManager:\n  profile: latency-first\n"),
     Config("throughput-first", agent=True, policy="qosManager:\n  profile: throughput-first\n"),
     # levers (the agent's own policy knobs): BE as SCHED_IDLE with the default suppression, and alone

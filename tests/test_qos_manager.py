@@ -78,6 +78,18 @@ class Script:
         return None  # cgroup v1
 
 
+def seed_policy(**qos: object) -> Policy:
+    """The seed's suppression formula (LS's whole request reserved at every level) and
+    koordlet's 65 % usage budget: the loop's figures below are worked in them. The defaults
+    (LS's use reserved below HIGH, 90 %) have their own tests (test_qos_suppress_pinned.py)."""
+    return Policy.model_validate(
+        {
+            "qosManager": {"cpuSuppress": {"reserveLSRequestFrom": "LOW"}, **qos},
+            "resourceUsedThresholdWithBE": {"cpuSuppressThresholdPercent": 65},
+        }
+    )
+
+
 def node_with_pods(
     tmp_path: Path, policy: Policy | None = None, capabilities: Capabilities | None = None
 ) -> tuple[Node, Reconciler, QoSManager, Script, Path]:
@@ -88,7 +100,7 @@ def node_with_pods(
     ctrs[1].linux.resources.cpu.period.value = 100000
     root = v1_tree(tmp_path, [BE_GROUP, "kubepods/burstable"] + [c.linux.cgroups_path.lstrip("/") for c in ctrs])
     (root / "cpu" / BE_GROUP / "cpu.cfs_quota_us").write_text("-1")
-    rules = RuleCache(policy or Policy())
+    rules = RuleCache(policy or seed_policy())
     node = Node.create(rules, caps=capabilities or caps(), cgroups=Cgroups(root))
     rec = Reconciler(node.desired, node.writer, node.model, watch=False, resync_period=3600)
     for pod, c in ((be, ctrs[0]), (ls, ctrs[1])):
@@ -370,7 +382,7 @@ def test_on_the_real_v1_tree_bes_group_runs_idle_and_gets_its_weight_back_after(
     ctr = make_container(1, be)
     with occupied(ctr.linux.cgroups_path.lstrip("/")) as cpu:
         group = cpu.parent.parent
-        rules = RuleCache(Policy())
+        rules = RuleCache(seed_policy())
         node = Node.create(rules, cgroups=Cgroups(REAL))
         rec = Reconciler(node.desired, node.writer, node.model, watch=False, resync_period=3600)
         node.model.container_started(be, ctr)

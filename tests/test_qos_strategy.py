@@ -125,12 +125,12 @@ def policy(without: str = "", reserved: float = 0.25) -> Policy:
 def test_with_every_plugin_each_does_its_part(tmp_path: Path) -> None:
     """A quarter core reserved for the system."""
     sc = Scene.of(tmp_path, policy())
-    # CPUBurst: 1.5x, the node more than 30 % idle; CPUSuppress: (2 total - 1 LS request -
-    # 0.25 reserved - 0.5 burst) x 0.8 (MEDIUM)
-    assert sc.round() == ("150000", "20000")
+    # CPUBurst: 1.5x, the node more than 30 % idle; CPUSuppress: (2 total - 0.95 LS use -
+    # 0.25 reserved - 0.5 burst) x 0.8 (MEDIUM, below HIGH: LS's use is reserved, not its request)
+    assert sc.round() == ("150000", "24000")
     (r,) = sc.evictions.cpu
     assert r.capacity == Capacity(2.0, 0.25, 1.0, 0.95, 0.5, 0.95, be_measured=False)
-    assert r.burst_extra == pytest.approx(0.5) and r.be_limit == pytest.approx(0.2)
+    assert r.burst_extra == pytest.approx(0.5) and r.be_limit == pytest.approx(0.24)
     assert sc.evictions.memory == [r]  # MemoryEvict after CPUEvict, in the same round
 
 
@@ -141,11 +141,11 @@ def test_leaving_a_plugin_out_changes_what_a_round_does(tmp_path: Path, left_out
     if left_out == "NodeQOSResource":  # no capacity: nothing that sizes CPU runs
         assert (quotas, ev.cpu) == (("100000", "-1"), [])
         assert [r.capacity for r in ev.memory] == [None]  # MemoryEvict measures memory itself
-    elif left_out == "SystemQOSResource":  # nothing held back: (2 - 1 - 0 - 0.5) x 0.8
-        assert quotas == ("150000", "40000")
+    elif left_out == "SystemQOSResource":  # nothing held back: (2 - 0.95 - 0 - 0.5) x 0.8
+        assert quotas == ("150000", "44000")
         assert [r.capacity.system_reserved for r in ev.cpu if r.capacity] == [0.0]
-    elif left_out == "CPUBurst":  # no burst, so none taken from BE: (2 - 1 - 0.25) x 0.8
-        assert quotas == ("100000", "60000")
+    elif left_out == "CPUBurst":  # no burst, so none taken from BE: (2 - 0.95 - 0.25) x 0.8
+        assert quotas == ("100000", "64000")
     elif left_out == "CPUSuppress":  # BE unlimited, CPUEvict sees no limit
         assert quotas == ("150000", "-1") and [r.be_limit for r in ev.cpu] == [None]
     elif left_out == "CPUEvict":
@@ -157,7 +157,7 @@ def test_leaving_a_plugin_out_changes_what_a_round_does(tmp_path: Path, left_out
 
 def test_a_plugin_the_policy_drops_withdraws_its_overlays(tmp_path: Path) -> None:
     sc = Scene.of(tmp_path, policy())
-    assert sc.round() == ("150000", "20000")
+    assert sc.round() == ("150000", "24000")
     # the burst is CPUBurst's, which still runs
     assert sc.round(policy(without="CPUSuppress")) == ("150000", "-1")
     assert not sc.node.desired.overlays.targets(SUPPRESS)
@@ -170,7 +170,7 @@ def test_without_node_qos_resource_the_cpu_strategies_stand_down_said_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     sc = Scene.of(tmp_path, policy())
-    assert sc.round() == ("150000", "20000")
+    assert sc.round() == ("150000", "24000")
     with caplog.at_level(logging.INFO, logger="nriplugin.qos"):
         for _ in range(3):
             assert sc.round(policy(without="NodeQOSResource")) == ("100000", "-1")

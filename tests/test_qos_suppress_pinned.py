@@ -66,9 +66,17 @@ class Host:
         return group_key(path)
 
 
-def policy(**suppress: object) -> Policy:
+def policy(threshold: float = 65, **suppress: object) -> Policy:
+    """The seed's formula (LS's whole request reserved at every level) and koordlet's 65 %
+    usage budget, so the figures below are the seed's; the defaults have tests of their own."""
     return Policy.model_validate(
-        {"qosManager": {"cpuSuppress": {"deadbandCores": 0.1, "raiseDelay": 1.0, **suppress}}, "beMinCPUShares": 3}
+        {
+            "qosManager": {
+                "cpuSuppress": {"deadbandCores": 0.1, "raiseDelay": 1.0, "reserveLSRequestFrom": "LOW", **suppress}
+            },
+            "resourceUsedThresholdWithBE": {"cpuSuppressThresholdPercent": threshold},
+            "beMinCPUShares": 3,
+        }
     )
 
 
@@ -439,10 +447,20 @@ def test_reserve_from_high_keeps_what_ls_uses_below_high_and_its_request_from_hi
     assert t.cores == pytest.approx(cores) and t.why == why
 
 
-def test_the_request_is_reserved_by_default_and_whenever_ls_uses_more() -> None:
+def test_the_defaults_are_high_and_90_and_the_request_is_reserved_whenever_ls_uses_more() -> None:
     s = CPUSuppressStrategy(Host())  # type: ignore[arg-type]
-    assert Policy().qosManager.cpuSuppress.reserveLSRequestFrom == "LOW"  # the seed's formula
-    t = s.target(round_at(0.0, Level.LOW, reserve_from(None)), calm_ls(), usage_known=False)
+    p = Policy()
+    assert p.qosManager.cpuSuppress.reserveLSRequestFrom == "HIGH"
+    assert p.resourceUsedThresholdWithBE.cpuSuppressThresholdPercent == 90
+    t = s.target(round_at(0.0, Level.MEDIUM, p), calm_ls())
+    assert t.cores == pytest.approx(2.8) and t.why == "MEDIUM: (4 total - 0.50 LS use - 0 reserved) x 0.8"
+    assert (
+        Policy.model_validate({"qosManager": {"profile": "latency-first"}}).qosManager.cpuSuppress.reserveLSRequestFrom
+        == "LOW"
+    )
+    throughput = Policy.model_validate({"qosManager": {"profile": "throughput-first"}})
+    assert throughput.qosManager.cpuSuppress.reserveLSRequestFrom == "CRITICAL"
+    t = s.target(round_at(0.0, Level.LOW, reserve_from("LOW")), calm_ls(), usage_known=False)  # the seed's formula
     assert t.cores == pytest.approx(2.0) and t.why == "LOW: (4 total - 2.00 LS request - 0 reserved) x 1"
     t = s.target(round_at(0.0, Level.MEDIUM, reserve_from("HIGH")), calm_ls(3.0), usage_known=False)
     assert t.cores == pytest.approx(1.6) and t.why == "MEDIUM: (4 total - 2.00 LS request - 0 reserved) x 0.8"

@@ -137,10 +137,16 @@ class ResourceThresholdStrategy(_M):
     ``total x cpuSuppressThresholdPercent % - non-BE usage`` (BE's own usage is not counted,
     as in the pressure score), at least ``cpuSuppressMinPercent`` % of the node. When
     ``enable`` is set the manager takes the lower of the two budgets. ``cpuSuppressPolicy`` is
-    the suppression policy unless ``qosManager.cpuSuppress.policy`` names one."""
+    the suppression policy unless ``qosManager.cpuSuppress.policy`` names one.
+
+    ``cpuSuppressThresholdPercent`` is 90 here where koordlet's default is 65: koordlet's loop
+    sees an LS rise a second or two late and keeps a third of the node idle for it; this
+    agent's fast path cuts BE within 150 ms of it, and at 65 the node cannot be busier than
+    65 % whenever BE fills the rest (the colocation benchmark, docs/benchmarks.md). A
+    NodeSLO's own value wins."""
 
     enable: bool = True
-    cpuSuppressThresholdPercent: Percent = 65
+    cpuSuppressThresholdPercent: Percent = 90
     cpuSuppressMinPercent: Percent | None = None
     cpuSuppressPolicy: Literal["cfsQuota", "cpuset"] = "cfsQuota"
     memoryEvictThresholdPercent: Percent = 70
@@ -256,10 +262,12 @@ LEVEL_NAMES: tuple[LevelName, ...] = ("LOW", "MEDIUM", "HIGH", "CRITICAL", "EMER
 class CPUSuppress(_M):
     """BE limit = max(minCores, (total - LS reserve - systemReserved) x suppressRatio[level]).
 
-    The LS reserve is LS's request from level ``reserveLSRequestFrom`` up; below it, what LS
-    uses now (never more than its request). ``LOW`` (the default) reserves the request at every
-    level, the seed's formula. Requests are sized for peaks: reserving a calm LS's unused
-    request keeps it from BE on top of the usage budget's headroom.
+    The LS reserve is LS's request from level ``reserveLSRequestFrom`` (HIGH) up; below it,
+    what LS uses now (never more than its request). Requests are sized for peaks: reserving a
+    calm LS's unused request kept it from BE on top of the usage budget's headroom (the
+    colocation benchmark, docs/benchmarks.md). The usage budget's fast path gives it back to LS
+    within 150 ms of LS needing it, and BE's group runs SCHED_IDLE (``beGroupIdle``). ``LOW``
+    reserves the request at every level (the seed's formula).
 
     ``policy`` None follows ``resourceUsedThresholdWithBE.cpuSuppressPolicy`` (cfsQuota by
     default; see ``Policy.cpu_suppress_policy``). ``minCores``: BE is never starved to zero, so
@@ -279,7 +287,7 @@ class CPUSuppress(_M):
     beGroupIdle: bool = True
     policy: Literal["cfsQuota", "cpuset"] | None = None
     suppressRatio: SuppressRatio = SuppressRatio()
-    reserveLSRequestFrom: LevelName = "LOW"
+    reserveLSRequestFrom: LevelName = "HIGH"
     minCores: Annotated[Cores, Field(gt=0, le=1024)] = 0.1
     deadbandCores: Annotated[Cores, Field(ge=0, le=1024)] = 0.2
     raiseDelay: Annotated[Seconds, Field(ge=0, le=600)] = 2.0

@@ -1,8 +1,11 @@
 """CPUSuppress: how much CPU best-effort work may have, and when to change it.
 
 Two bounds, the tighter wins:
-- the level's: ``(total - LS request - system reserved - LS burst granted) x ratio(level)`` —
-  LS bursts are served first, BE gets what is left, so the sum never exceeds the node;
+- the level's: ``(total - LS reserve - system reserved - LS burst granted) x ratio(level)`` —
+  LS bursts are served first, BE gets what is left, so the sum never exceeds the node. The LS
+  reserve is LS's request from ``reserveLSRequestFrom`` (HIGH) up, and below it what LS uses:
+  a calm LS's unused request goes to BE, and the usage budget below takes it back within the
+  fast path's 150 ms window when LS needs it;
 - Koordinator's usage budget (NodeSLO ``cpuSuppressThresholdPercent``): ``total x threshold -
   what everything but BE uses now``. It follows LS's actual use, so it reacts within one fast
   sample (100 ms) to an LS spike, long before a pressure level (smoothed, with hysteresis)
