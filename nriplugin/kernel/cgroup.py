@@ -87,6 +87,7 @@ IDLE_SHARES_V1 = "3"
 # kernel's again (idle, or the default), so a weight wanted in the same group is written after
 # it, whether or not it read as in place before.
 RESETS: dict[str, tuple[str, ...]] = {"cpu.idle": ("cpu.shares",)}
+RESET_BY_OTHERS = frozenset(r for named in RESETS.values() for r in named)
 
 
 class InvalidValue(ValueError):

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Protocol
 
 from nriplugin.intent.core import QUOTA, Setting
-from nriplugin.kernel.cgroup import RESETS, RESOURCES, Cgroups, InvalidValue
+from nriplugin.kernel.cgroup import RESET_BY_OTHERS, RESETS, RESOURCES, Cgroups, InvalidValue
 from nriplugin.kernel.inotify import IN_CREATE, IN_DELETE, IN_IGNORED, IN_ISDIR, IN_MODIFY, IN_Q_OVERFLOW, Inotify
 from nriplugin.node.model import NodeModel, State
 from nriplugin.node.overlays import group_key
@@ -382,7 +382,7 @@ class Reconciler:
         paths: dict[tuple[str, str], str] = {}  # the files of the settings that differ
         complete = True
         reset: set[str] = set()  # what the writes make the kernel reset (RESETS)
-        in_place: list[Setting] = []
+        in_place: list[Setting] = []  # of those, the ones that read as wanted
         for s in want:
             if only is not None and s.resource != only:
                 continue
@@ -394,7 +394,8 @@ class Reconciler:
                 complete = False  # gone (the runtime will tell us), or not there yet
                 continue
             if ok:
-                in_place.append(s)
+                if s.resource in RESET_BY_OTHERS:
+                    in_place.append(s)
                 continue
             path = paths[s.key] = str(self.cgroups.file(entry.group, s.resource))
             if self._refused_until(path, retrying):
