@@ -357,7 +357,8 @@ class Cgroups:
         the file's own terms, so kernel normalisation (cpu lists, page rounding, "max", the
         v1 "unlimited" number) is not mistaken for drift."""
         try:
-            text = _read(self._file(group, resource))
+            path = self._file(group, resource)
+            text = _read(path)
         except (FileNotFoundError, KeyError, NotADirectoryError):
             return None
         want = self.encode(resource, value, period)
@@ -372,7 +373,7 @@ class Cgroups:
             dev, _, kv = want.partition(" ")
             return any(ln.split(" ")[0] == dev and kv in ln.split(" ")[1:] for ln in text.splitlines())
         if resource == "cpu.shares" and text == IDLE_SHARES_V1 and self.version is Version.V1:
-            return self._is_idle(group)  # an idle group's weight: in place, not drift
+            return _idle_flag(path)  # an idle group's weight: in place, not drift
         res = RESOURCES[resource]
         assert isinstance(value, int)  # the string resources were all compared above
         try:
@@ -467,17 +468,11 @@ class Cgroups:
         """Is ``path`` the weight of an idle group (the kernel refuses any weight written there)?"""
         if resource != "cpu.shares":
             return False
+        if self.version is Version.V1:
+            return _idle_flag(path)
         try:
-            if self.version is Version.V2:
-                return _read(path) == IDLE_WEIGHT
-            return _read(path.parent / "cpu.idle") == "1"
+            return _read(path) == IDLE_WEIGHT
         except OSError:
-            return False
-
-    def _is_idle(self, group: str) -> bool:
-        try:
-            return _read(self._file(group, "cpu.idle")) == "1"
-        except (OSError, KeyError):
             return False
 
     def supported(self, resource: str) -> bool:
@@ -506,6 +501,14 @@ class Cgroups:
             self.unsupported.add(resource)
             if self.on_unsupported is not None:
                 self.on_unsupported(resource, why)
+
+
+def _idle_flag(weight_file: str | Path) -> bool:
+    """Does the group of this (v1) ``cpu.shares`` file have ``cpu.idle`` 1 beside it?"""
+    try:
+        return _read(os.path.join(os.path.dirname(weight_file), "cpu.idle")) == "1"
+    except OSError:
+        return False
 
 
 def _read(path: str | Path) -> str:
