@@ -560,9 +560,10 @@ def test_capacity_of_a_sample() -> None:
 
 def test_capacity_shares_are_never_negative() -> None:
     c = Capacity(total=4, system_reserved=1, ls_request=2, ls_usage=0, be_usage=0, non_be_usage=0)
-    assert (c.schedulable, c.for_be) == (3, 1)
+    assert (c.schedulable, c.for_be()) == (3, 1)
+    assert c.for_be(0.5) == 2.5  # a reserve below the request
     c = Capacity(total=4, system_reserved=5, ls_request=2, ls_usage=0, be_usage=0, non_be_usage=0)
-    assert (c.schedulable, c.for_be) == (0.0, 0.0)
+    assert (c.schedulable, c.for_be(), c.for_be(0.0)) == (0.0, 0.0, 0.0)
 
 
 def test_rate_of_a_counter() -> None:

@@ -468,3 +468,13 @@ def test_the_defaults_are_high_and_90_and_the_request_is_reserved_whenever_ls_us
     assert t.cores == pytest.approx(1.75) and t.why == "HIGH: (4 total - 0.50 LS use - 0 reserved) x 0.5"
     with pytest.raises(ValueError, match="reserveLSRequestFrom"):
         reserve_from("SOMETIMES")
+
+
+def test_the_policys_level_names_are_the_levels_in_their_order() -> None:
+    """``reserveLSRequestFrom`` is validated against the policy's own list of names, which the
+    strategy looks up in ``Level``: the two must agree."""
+    from typing import get_args
+
+    from nriplugin.policy.model import LevelName
+
+    assert get_args(LevelName) == tuple(level.name for level in Level)

@@ -255,8 +255,8 @@ class SuppressRatio(_M):
         return (self.low, self.medium, self.high, self.critical, self.emergency)[max(0, min(4, int(level)))]
 
 
+# the names of nriplugin.qos.levels.Level, in its order (the policy layer does not import qos)
 LevelName = Literal["LOW", "MEDIUM", "HIGH", "CRITICAL", "EMERGENCY"]
-LEVEL_NAMES: tuple[LevelName, ...] = ("LOW", "MEDIUM", "HIGH", "CRITICAL", "EMERGENCY")
 
 
 class CPUSuppress(_M):

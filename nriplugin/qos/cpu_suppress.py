@@ -28,9 +28,9 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from nriplugin.policy.model import LEVEL_NAMES
 from nriplugin.policy.model import QoSManager as ManagerConfig
 from nriplugin.policy.qos import QoSClass
+from nriplugin.qos.levels import Level
 from nriplugin.qos.strategy import Capacity, Decision, Host, Round, Strategy, register
 
 log = logging.getLogger("nriplugin.qos")
@@ -65,7 +65,7 @@ def be_target(
         kept, what = cap.ls_request, "LS request"
     else:
         kept, what = max(0.0, ls_reserve), "LS use"
-    by_level = max(0.0, cap.total - kept - cap.system_reserved - burst_granted) * ratio
+    by_level = max(0.0, cap.for_be(kept) - burst_granted) * ratio
     why = (
         f"{level}: ({cap.total:g} total - {kept:.2f} {what} - {cap.system_reserved:g} reserved"
         + (f" - {burst_granted:.2f} LS burst" if burst_granted else "")
@@ -219,7 +219,7 @@ class CPUSuppressStrategy(Strategy):
 
     def target(self, r: Round, cap: Capacity, usage_known: bool = True) -> Target:
         s, usage = r.config.cpuSuppress, r.policy.resourceUsedThresholdWithBE
-        calm = r.level < LEVEL_NAMES.index(s.reserveLSRequestFrom)
+        calm = r.level < Level[s.reserveLSRequestFrom]
         return be_target(
             cap,
             s.suppressRatio.of(r.level),

@@ -54,10 +54,11 @@ class Capacity:
         """What LS and BE may share: total minus the system's share."""
         return max(0.0, self.total - self.system_reserved)
 
-    @property
-    def for_be(self) -> float:
-        """``total - LS request - system reserved`` (never negative): what LS did not ask for."""
-        return max(0.0, self.total - self.ls_request - self.system_reserved)
+    def for_be(self, ls_reserve: float | None = None) -> float:
+        """``total - LS reserve - system reserved`` (never negative): what LS does not hold,
+        the reserve being its request unless given."""
+        kept = self.ls_request if ls_reserve is None else ls_reserve
+        return max(0.0, self.total - kept - self.system_reserved)
 
 
 @dataclass(frozen=True, slots=True)
