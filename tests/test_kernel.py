@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -208,49 +209,52 @@ def test_bad_cpulists(bad: str) -> None:
 REAL = Path("/sys/fs/cgroup")
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not (REAL / "cpu" / "cpu.shares").exists(), reason="needs root + cgroup v1")
-def test_real_cgroup_v1(tmp_path: Path) -> None:
-    """On this machine's real cpu controller: writes land, read back, match, and nothing is left
-    behind."""
+@pytest.fixture
+def real_cpu_group() -> Iterator[tuple[str, Path]]:
+    """A group of its own in this machine's real cpu controller (its name and directory),
+    removed afterwards."""
     group = f"nriplugin-test-{os.getpid()}"
     d = REAL / "cpu" / group
     d.mkdir()
     try:
-        cg = Cgroups(REAL)
-        assert cg.write(group, "cpu.shares", 3).status == "written"
-        assert (d / "cpu.shares").read_text().strip() == "3"
-        assert cg.write(group, "cpu.cfs_quota_us", 20000).status == "written"
-        assert cg.read(group, "cpu.cfs_quota_us") == 20000
-        assert cg.matches(group, "cpu.cfs_quota_us", 20000) and not cg.matches(group, "cpu.cfs_quota_us", 30000)
-        assert cg.write(group, "cpu.bvt_warp_ns", 1).status == "unsupported"  # not an Anolis kernel
+        yield group, d
     finally:
         d.rmdir()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not (REAL / "cpu" / "cpu.shares").exists(), reason="needs root + cgroup v1")
+def test_real_cgroup_v1(real_cpu_group: tuple[str, Path]) -> None:
+    """On this machine's real cpu controller: writes land, read back, match, and nothing is left
+    behind."""
+    group, d = real_cpu_group
+    cg = Cgroups(REAL)
+    assert cg.write(group, "cpu.shares", 3).status == "written"
+    assert (d / "cpu.shares").read_text().strip() == "3"
+    assert cg.write(group, "cpu.cfs_quota_us", 20000).status == "written"
+    assert cg.read(group, "cpu.cfs_quota_us") == 20000
+    assert cg.matches(group, "cpu.cfs_quota_us", 20000) and not cg.matches(group, "cpu.cfs_quota_us", 30000)
+    assert cg.write(group, "cpu.bvt_warp_ns", 1).status == "unsupported"  # not an Anolis kernel
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not (REAL / "cpu" / "cpu.idle").exists(), reason="needs root + v1 cpu.idle")
-def test_real_cgroup_v1_idle_group_keeps_the_kernels_idle_weight() -> None:
+def test_real_cgroup_v1_idle_group_keeps_the_kernels_idle_weight(real_cpu_group: tuple[str, Path]) -> None:
     """A v1 group with cpu.idle 1 (kernel 5.15 and later) reads its cpu.shares as 3 and refuses
     any weight written: the lowest weight wanted there is in place, the refusal is no error.
     cpu.idle 0 resets the weight to 1024, which is drift again."""
-    group = f"nriplugin-test-idle-{os.getpid()}"
-    d = REAL / "cpu" / group
-    d.mkdir()
-    try:
-        cg = Cgroups(REAL)
-        assert cg.write(group, "cpu.shares", 2).status == "written"
-        assert cg.write(group, "cpu.idle", 1).status == "written"
-        assert (d / "cpu.shares").read_text().strip() == "3"
-        assert cg.matches(group, "cpu.shares", 2)
-        out = cg.write(group, "cpu.shares", 2)
-        assert (out.status, out.errno) == ("unchanged", errno.EINVAL)
-        assert cg.write(group, "cpu.shares", 512).status == "unchanged"  # any weight: the kernel's word
-        assert "cpu.shares" not in cg.unsupported
-        assert cg.write(group, "cpu.idle", 0).status == "written"
-        assert (d / "cpu.shares").read_text().strip() == "1024"
-        assert not cg.matches(group, "cpu.shares", 2) and not cg.matches(group, "cpu.shares", 3)
-        assert cg.write(group, "cpu.shares", 2).status == "written"
-    finally:
-        d.rmdir()
+    group, d = real_cpu_group
+    cg = Cgroups(REAL)
+    assert cg.write(group, "cpu.shares", 2).status == "written"
+    assert cg.write(group, "cpu.idle", 1).status == "written"
+    assert (d / "cpu.shares").read_text().strip() == "3"
+    assert cg.matches(group, "cpu.shares", 2)
+    out = cg.write(group, "cpu.shares", 2)
+    assert (out.status, out.errno) == ("unchanged", errno.EINVAL)
+    assert cg.write(group, "cpu.shares", 512).status == "unchanged"  # any weight: the kernel's word
+    assert "cpu.shares" not in cg.unsupported
+    assert cg.write(group, "cpu.idle", 0).status == "written"
+    assert (d / "cpu.shares").read_text().strip() == "1024"
+    assert not cg.matches(group, "cpu.shares", 2) and not cg.matches(group, "cpu.shares", 3)
+    assert cg.write(group, "cpu.shares", 2).status == "written"
 
 
 def test_inotify_usage_counts_our_watches_against_the_user_limit(tmp_path: Path) -> None:
