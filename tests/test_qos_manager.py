@@ -78,13 +78,13 @@ class Script:
         return None  # cgroup v1
 
 
-def seed_policy(**qos: object) -> Policy:
+def seed_policy() -> Policy:
     """The seed's suppression formula (LS's whole request reserved at every level) and
     koordlet's 65 % usage budget: the loop's figures below are worked in them. The defaults
     (LS's use reserved below HIGH, 90 %) have their own tests (test_qos_suppress_pinned.py)."""
     return Policy.model_validate(
         {
-            "qosManager": {"cpuSuppress": {"reserveLSRequestFrom": "LOW"}, **qos},
+            "qosManager": {"cpuSuppress": {"reserveLSRequestFrom": "LOW"}},
             "resourceUsedThresholdWithBE": {"cpuSuppressThresholdPercent": 65},
         }
     )

@@ -66,7 +66,7 @@ class Host:
         return group_key(path)
 
 
-def policy(threshold: float = 65, **suppress: object) -> Policy:
+def policy(**suppress: object) -> Policy:
     """The seed's formula (LS's whole request reserved at every level) and koordlet's 65 %
     usage budget, so the figures below are the seed's; the defaults have tests of their own."""
     return Policy.model_validate(
@@ -74,7 +74,7 @@ def policy(threshold: float = 65, **suppress: object) -> Policy:
             "qosManager": {
                 "cpuSuppress": {"deadbandCores": 0.1, "raiseDelay": 1.0, "reserveLSRequestFrom": "LOW", **suppress}
             },
-            "resourceUsedThresholdWithBE": {"cpuSuppressThresholdPercent": threshold},
+            "resourceUsedThresholdWithBE": {"cpuSuppressThresholdPercent": 65},
             "beMinCPUShares": 3,
         }
     )
@@ -419,14 +419,9 @@ def calm_ls(ls_usage: float = 0.5) -> Capacity:
     return Capacity(4.0, 0.0, 2.0, ls_usage=ls_usage, be_usage=0.0, non_be_usage=ls_usage + 0.2)
 
 
-def reserve_from(level: str | None, threshold: float = 90) -> Policy:
-    suppress = {} if level is None else {"reserveLSRequestFrom": level}
-    return Policy.model_validate(
-        {
-            "qosManager": {"cpuSuppress": suppress},
-            "resourceUsedThresholdWithBE": {"cpuSuppressThresholdPercent": threshold},
-        }
-    )
+def reserve_from(level: str) -> Policy:
+    """The default policy (a 90 % usage budget) with the LS request reserved from ``level``."""
+    return Policy.model_validate({"qosManager": {"cpuSuppress": {"reserveLSRequestFrom": level}}})
 
 
 @pytest.mark.parametrize(
