@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import selectors
 import socket
+from collections.abc import Callable
 
 import pytest
 
@@ -21,13 +22,15 @@ class Scripted(PollClock):
     """A PollClock on a fake clock: a look (``_poll(0)``) takes ``look`` seconds, a sleep lasts
     until the next scripted arrival or its timeout; bytes arrive at the times in ``arrivals``."""
 
-    def __init__(self, burst_poll: float = BURST_POLL, look: float = 10e-6) -> None:
+    def __init__(
+        self, burst_poll: float = BURST_POLL, look: float = 10e-6, idle: Callable[[], bool] | None = None
+    ) -> None:
         self.t = 0.0
         self.look = look
         self.arrivals: list[float] = []
         self.sleeps: list[float | None] = []  # timeouts of the polls that slept
         self.looks = 0
-        super().__init__(burst_poll)
+        super().__init__(burst_poll, idle)
 
     def _now(self) -> float:  # type: ignore[override]
         return self.t
@@ -126,6 +129,65 @@ def test_zero_never_looks_beyond_the_first() -> None:
     for _ in range(4):
         c.answer_then_wait(0, 50e-6)
     assert len(c.sleeps) == 4 and c.looks == 4 and c.spun == 0
+
+
+class IdleWork:
+    """Idle work on the scripted clock: each call takes ``takes`` seconds and says it did work
+    (``did``), and notes when it began."""
+
+    def __init__(self, takes: float, did: bool = True) -> None:
+        self.clock: Scripted | None = None
+        self.takes = takes
+        self.did = did
+        self.began: list[float] = []
+
+    def __call__(self) -> bool:
+        assert self.clock is not None
+        self.began.append(self.clock.t)
+        self.clock.t += self.takes
+        return self.did
+
+
+def scripted_with(idle: IdleWork) -> Scripted:
+    c = Scripted(idle=idle)
+    idle.clock = c
+    return c
+
+
+def test_idle_work_runs_before_the_loop_sleeps_and_never_inside_a_burst() -> None:
+    """Where the agent collects garbage: when no request is in sight, not between hooks."""
+    idle = IdleWork(100e-6)
+    c = scripted_with(idle)
+    c.answer_then_wait(0, 1.0)  # a lone request: idle work, then sleep
+    assert len(idle.began) == 1 and len(c.sleeps) == 1
+    c.answer_then_wait(50e-6, 150e-6)  # idle work, then slept: woken soon, a burst begins
+    assert len(idle.began) == 2 and c.burst
+    for _ in range(20):
+        assert c.answer_then_wait(50e-6, 120e-6)
+    assert len(idle.began) == 2  # every request of the burst was found by looking
+    c.answer_then_wait(0, 0.5)  # the burst ends: looked for burst_poll, then idle work, then sleep
+    assert len(idle.began) == 3 and not c.burst
+    assert idle.began[-1] >= c.t - 0.5 + BURST_POLL - 100e-6 - 1e-9  # after the look, not before
+
+
+def test_a_request_that_came_during_idle_work_arrived_no_later_than_when_it_began() -> None:
+    idle = IdleWork(300e-6)
+    c = scripted_with(idle)
+    c.answer_then_wait(0, 1.0)
+    sleeps = len(c.sleeps)
+    sent = c.t + 100e-6
+    assert c.answer_then_wait(0, 100e-6)  # came 100 us into 300 us of idle work
+    assert len(c.sleeps) == sleeps  # found by the look after the work: no sleep
+    assert c.arrived == idle.began[-1] <= sent
+
+
+def test_idle_that_did_nothing_costs_no_extra_look() -> None:
+    idle = IdleWork(0, did=False)
+    with_idle, plain = scripted_with(idle), Scripted()
+    for c in (with_idle, plain):
+        for gap in (1.0, 50e-6, 120e-6, 0.5):
+            c.answer_then_wait(0, gap)
+    assert with_idle.looks == plain.looks and with_idle.sleeps == plain.sleeps and idle.began
 
 
 def test_a_burst_on_a_real_socket() -> None:

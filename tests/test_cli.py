@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -104,8 +105,10 @@ def test_preregistered_launcher_runs_with_no_path(tmp_path: Path) -> None:
         await peer.adopt(ours)
         # containerd passes fd 3; any inherited number exercises the same path.
         env = {"NRI_PLUGIN_NAME": "nriplugin", "NRI_PLUGIN_IDX": "11", "NRI_PLUGIN_SOCKET": str(theirs.fileno())}
+        # Its own process group: if the agent crashes, the launcher hands over to a successor
+        # supervisor, which the finally below must end too (it holds the stderr pipe).
         proc = await asyncio.create_subprocess_exec(
-            str(launcher), env=env, pass_fds=(theirs.fileno(),), stderr=subprocess.PIPE
+            str(launcher), env=env, pass_fds=(theirs.fileno(),), stderr=subprocess.PIPE, start_new_session=True
         )
         theirs.close()
         try:
@@ -117,9 +120,9 @@ def test_preregistered_launcher_runs_with_no_path(tmp_path: Path) -> None:
             s.close()  # the runtime goes away: a pre-registered plugin exits
             assert await asyncio.wait_for(proc.wait(), 10) == 0
         finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await asyncio.wait_for(proc.wait(), 10)
             await peer.close()
 
     asyncio.run(main())

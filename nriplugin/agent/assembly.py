@@ -37,15 +37,17 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from nriplugin.agent.idle_gc import IdleCollector
 from nriplugin.agent.lock import AgentLock, Holder
 from nriplugin.agent.preflight import StartupError, bind_metrics, check_cgroup_root, check_policy_readable, check_socket
 from nriplugin.agent.supervise import ENV_GAP_CAUSE, ENV_GAP_SINCE
 from nriplugin.nri.stub import BufferedObserver, HookPolicy, Plugin, Stub, StubOptions, handled_events
+from nriplugin.nri.transport import PollClock
 
 if TYPE_CHECKING:
     from nriplugin.inventory.cri import CriInventory
@@ -686,16 +688,25 @@ class Agent:
         )
 
 
+@contextlib.contextmanager
+def agent_loop(ns: argparse.Namespace) -> Iterator[PollClock]:
+    """The selector ``nriplugin run`` runs its loop on: it times each request from the moment
+    its bytes could be read (so the hook-latency histogram sees a request that waited behind
+    other work), stays awake through a burst of hooks, and collects garbage when the loop is
+    idle rather than in a hook (:mod:`nriplugin.agent.idle_gc`)."""
+    collector = IdleCollector()
+    collector.install()
+    try:
+        yield PollClock(burst_poll=ns.burst_poll_us / 1e6, idle=collector.idle)
+    finally:
+        collector.uninstall()
+
+
 def main(ns: argparse.Namespace) -> int:
-    """``nriplugin run``: the agent on an event loop whose selector times each request from the
-    moment its bytes could be read (so the hook-latency histogram sees a request that waited
-    behind other work)."""
-    from nriplugin.nri.transport import PollClock
+    """``nriplugin run``: the agent on :func:`agent_loop`'s event loop."""
+    with agent_loop(ns) as poll, asyncio.Runner(loop_factory=poll.loop) as runner:
 
-    poll = PollClock(burst_poll=ns.burst_poll_us / 1e6)
+        async def serve() -> int:  # the Agent is made on the running loop
+            return await Agent(ns, poll.arrival, poll.answered).run()
 
-    async def serve() -> int:
-        return await Agent(ns, poll.arrival, poll.answered).run()
-
-    with asyncio.Runner(loop_factory=poll.loop) as runner:
         return runner.run(serve())

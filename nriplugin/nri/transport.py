@@ -59,11 +59,16 @@ class PollClock(selectors.DefaultSelector):
     look that finds nothing ends the burst: outside bursts (hooks milliseconds apart) the loop
     sleeps at once, and a burst costs at most ``burst_poll`` of CPU beyond its own work.
     ``burst_poll`` 0: never.
+
+    ``idle``, when given, runs just before a poll would sleep, outside bursts (the agent
+    collects garbage there, :mod:`nriplugin.agent.idle_gc`); it returns whether it did work,
+    and bytes found ready after it arrived while it ran.
     """
 
-    def __init__(self, burst_poll: float = BURST_POLL) -> None:
+    def __init__(self, burst_poll: float = BURST_POLL, idle: Callable[[], bool] | None = None) -> None:
         super().__init__()
         self.burst_poll = burst_poll
+        self.idle = idle
         self._returned = self._now()
         self.arrived = self._returned  # the earliest the bytes of this turn can have arrived
         self.burst = False  # the last sleeping poll after an answer was woken by I/O within burst_poll
@@ -93,6 +98,11 @@ class PollClock(selectors.DefaultSelector):
             began = self._now()
             if self.burst and self.burst_poll > 0:
                 ready = self._spin(began, self.burst_poll if timeout is None else min(self.burst_poll, timeout))
+            if not ready and self.idle is not None:
+                quiet = self._now()
+                if self.idle():
+                    ready = self._poll(0)
+                    self.arrived = quiet  # came while idle work ran
             if not ready:
                 left = None if timeout is None else max(0.0, timeout - (self._now() - began))
                 ready = self._poll(left)
