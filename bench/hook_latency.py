@@ -82,9 +82,13 @@ def commit() -> str:
     return head.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
-def runtime_bench(bench: Path, sock: Path, calls: int, sync_pods: int, settle: float = 0.0) -> subprocess.Popen[str]:
+def runtime_bench(
+    bench: Path, sock: Path, calls: int, sync_pods: int, settle: float = 0.0, cpus: set[int] | None = None
+) -> subprocess.Popen[str]:
+    """The Go runtime side, listening on ``sock`` (on ``cpus`` only, when given)."""
     proc = subprocess.Popen(
         [
+            *(["taskset", "-c", ",".join(map(str, sorted(cpus)))] if cpus is not None else []),
             *(str(bench), "-socket", str(sock), "-n", str(calls), "-sync-pods", str(sync_pods)),
             *("-wait", "60s", "-settle", f"{settle}s"),
         ],
@@ -205,10 +209,16 @@ def run_external(bench: Path, name: str, calls: int, sync_pods: int, goplugin: P
         return res
 
 
-def run_inprocess(bench: Path, calls: int, sync_pods: int, settle: float) -> tuple[dict[str, Any], list[float]]:
+def run_inprocess(
+    bench: Path, calls: int, sync_pods: int, settle: float, own_cpus: bool = False
+) -> tuple[dict[str, Any], list[float]]:
     """The real agent (``nriplugin run``, every loop on) in this process, timing each
-    data_received that answered a request: bytes in -> response written."""
-    from nriplugin.agent.assembly import Agent
+    data_received that answered a request: bytes in -> response written.
+
+    ``own_cpus``: the agent (this process) and the runtime each on a CPU of their own. On a
+    shared CPU the runtime, woken by the answer's write, can preempt the agent inside that
+    write and run its own side first; the handling then counts the runtime's work too."""
+    from nriplugin.agent.assembly import Agent, agent_loop
     from nriplugin.cli.main import build_parser
     from nriplugin.node.hooks import QoSPlugin
     from nriplugin.nri import transport
@@ -230,15 +240,12 @@ def run_inprocess(bench: Path, calls: int, sync_pods: int, settle: float) -> tup
         took.append(seconds * 1e3)
         return seconds
 
-    async def main(sock: Path, cri: str, poll: PollClock) -> dict[str, Any]:
+    async def main(sock: Path, ns: argparse.Namespace, poll: PollClock) -> dict[str, Any]:
         transport.Trunk.data_received = timed  # type: ignore[method-assign]
         QoSPlugin._observe_sync = timed_take_in  # type: ignore[method-assign,assignment]
-        ns = build_parser().parse_args(
-            ["run", "--socket", str(sock), "--metrics-address", f"127.0.0.1:{free_port()}", "--cri-socket", cri]
-        )
         agent = Agent(ns, poll.arrival, poll.answered)
         try:
-            rt = await asyncio.to_thread(runtime_bench, bench, sock, calls, sync_pods, settle)
+            rt = await asyncio.to_thread(runtime_bench, bench, sock, calls, sync_pods, settle, runtime_cpus)
             task = asyncio.ensure_future(agent.run())
             out, _ = await asyncio.to_thread(rt.communicate, None, 300)
             agent.on_signal()
@@ -250,9 +257,24 @@ def run_inprocess(bench: Path, calls: int, sync_pods: int, settle: float) -> tup
         result["sync_take_in_ms"] = took[0] if took else None
         return result  # type: ignore[no-any-return]
 
-    poll = PollClock()
-    with tempfile.TemporaryDirectory() as d, cri_node(sync_pods) as cri, asyncio.Runner(loop_factory=poll.loop) as r:
-        result = r.run(main(Path(d) / "nri.sock", cri, poll))
+    runtime_cpus: set[int] | None = None
+    before = os.sched_getaffinity(0)
+    if own_cpus:
+        if len(before) < 2:
+            raise RuntimeError("own CPUs need two CPUs")
+        agent_cpu, *rest = sorted(before)
+        runtime_cpus = {rest[0]}
+        os.sched_setaffinity(0, {agent_cpu})  # threads and processes started from here on too
+    try:
+        with tempfile.TemporaryDirectory() as d, cri_node(sync_pods) as cri:
+            sock = Path(d) / "nri.sock"
+            ns = build_parser().parse_args(
+                ["run", "--socket", str(sock), "--metrics-address", f"127.0.0.1:{free_port()}", "--cri-socket", cri]
+            )
+            with agent_loop(ns) as poll, asyncio.Runner(loop_factory=poll.loop) as r:
+                result = r.run(main(sock, ns, poll))
+    finally:
+        os.sched_setaffinity(0, before)
     # The last `calls` reads are the timed CreateContainer calls (one request per read: the
     # runtime waits for each answer before sending the next).
     return result, handled[-calls:]
@@ -278,6 +300,12 @@ def main() -> int:
     ap.add_argument("--cri-rounds", type=int, default=5)
     ap.add_argument("--cri-per-round", type=int, default=60)
     ap.add_argument("--start-reps", type=int, default=6)
+    ap.add_argument(
+        "--inprocess-rounds",
+        type=int,
+        default=3,
+        help="runs of the agent in this process timing its own handling, each on shared CPUs and on its own CPU",
+    )
     ap.add_argument(
         "--asleep", action="store_true", help=f"also run the agent with its loop always sleeping ({ASLEEP!r})"
     )
@@ -310,7 +338,19 @@ def main() -> int:
                 + (f"  | histogram p50 {hist['p50_us']:6.1f} p99 {hist['p99_us']:6.1f} us" if hist else ""),
                 file=sys.stderr,
             )
-    inproc, handled = run_inprocess(bench, args.calls, args.sync_pods, args.settle)
+    # The plugin side, alternating: on CPUs shared with the runtime (as the rounds above), and
+    # on a CPU of its own (its handling alone). Each is the median over its runs.
+    sides: dict[str, list[dict[str, Any]]] = {"own": [], "shared": []}
+    inproc: dict[str, Any] = {}
+    for r in range(args.inprocess_rounds):
+        for side in ("own", "shared") if r % 2 == 0 else ("shared", "own"):
+            inproc, handled = run_inprocess(bench, args.calls, args.sync_pods, args.settle, own_cpus=side == "own")
+            sides[side].append({"p50_us": pct(handled, 0.5), "p99_us": pct(handled, 0.99), "n": len(handled)})
+            print(
+                f"in-process {side:6s} CPUs  plugin side p50 {pct(handled, 0.5):7.1f} us  "
+                f"p99 {pct(handled, 0.99):7.1f} us",
+                file=sys.stderr,
+            )
 
     def med(key: str, field: str, of: str = "") -> float:
         vals = [float((x[of] if of else x)[field]) for x in runs[key] if not of or x.get(of)]
@@ -332,9 +372,12 @@ def main() -> int:
             k: {f: med(k, f, "histogram") for f in ("p50_us", "p99_us")} for k in runs if k.startswith("nriplugin")
         },
         "nriplugin_plugin_side": {
-            "p50_us": pct(handled, 0.5),
-            "p99_us": pct(handled, 0.99),
-            "n": len(handled),
+            **{
+                f"{side}_cpus": {f: float(statistics.median(x[f] for x in xs)) for f in ("p50_us", "p99_us")}
+                | {"runs": xs}
+                for side, xs in sides.items()
+            },
+            "n": args.calls,
             "be_adjusted": inproc.get("be_adjusted"),
             "sync_answer_ms": inproc.get("sync_ms"),
             "sync_take_in_ms": inproc.get("sync_take_in_ms"),
@@ -455,6 +498,7 @@ def containerd_part(out: dict[str, Any]) -> str:
 def write_section(path: Path, out: dict[str, Any], command: str) -> None:
     s, r, p, h = out["median_of_rounds"], out["ratio_nriplugin_over_go"], out["nriplugin_plugin_side"], out["histogram"]
     small, large = out["nodes"][0], out["nodes"][-1]
+    own, shared = p["own_cpus"], p["shared_cpus"]
     host = f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}"
     rows = [row(f"Go stub (`go-nri-refplugin`), node of {small}", s[f"go@{small}"])]
     rows += [row(f"**nriplugin**, node of {n}", s[f"nriplugin@{n}"]) for n in out["nodes"]]
@@ -512,9 +556,18 @@ the median over rounds.
 
 {scale_line}
 
-nriplugin's plugin-side handling of CreateContainer (bytes in -> response written, timed inside
-the real agent run in the bench's process, node of {small}, {p["n"]} calls): p50 {p["p50_us"]:.0f} µs,
-p99 {p["p99_us"]:.0f} µs.
+nriplugin's plugin-side handling of CreateContainer: bytes in -> response written, timed inside
+the real agent run in the bench's process, node of {small}, {p["n"]} calls a run, median of
+{len(own["runs"])} runs each way (alternating):
+
+| agent and runtime | p50 | p99 |
+|---|---|---|
+| each on a CPU of its own (the agent's handling alone) | {own["p50_us"]:.0f} µs | {own["p99_us"]:.0f} µs |
+| sharing both CPUs, as in the rounds above | {shared["p50_us"]:.0f} µs | {shared["p99_us"]:.0f} µs |
+
+On shared CPUs the runtime, woken by the answer's write, can run on the agent's CPU before the
+write returns: its own side of the call then counts as the agent's (the runtime's figures
+above hold it once either way).
 
 The SLO's histogram against the runtime: `nriplugin_hook_duration_seconds{{event="create_container"}}`
 scraped from the agent after the runtime's warm-up and at the end of each round, so that it
