@@ -12,7 +12,12 @@ busybox's layer):
 - the load: an open-loop, constant-rate generator on the host (``coloc load``): request i is due
   at start + i/rate and sent then, whether or not earlier ones returned, and its latency is
   counted from the time it was due (no coordinated omission); a request not answered within
-  5 s is an error, counted and kept in the percentiles at the time it failed;
+  5 s is an error, counted and kept in the percentiles at the time it failed. It stands in for
+  a remote client, so it runs where the node's pods do not compete with it: its own cgroup
+  beside ``kubepods`` (``<top>/client``) with cgroup v1's highest CPU weight. In the root
+  cgroup it competed with the whole ``kubepods`` entity, and a BE group released from its
+  quota at each period's start ran its slice before the woken generator: 2-4 ms of send lag
+  wherever the agent held BE under a quota, counted as LS latency;
 - BE: two BestEffort pods labelled BE (``cpu.shares`` 2, as kubelet gives them): a CPU-bound
   worker (2 threads of xorshift) and a memory/cache-heavy one (random cache-line
   read-modify-writes over 64 MiB), each writing its bogo-ops counter to a file the bench reads
@@ -56,7 +61,7 @@ Prints one line per configuration and level as it goes and, last, one JSON line
 moderate level, and the same under ``knee``. No figure is asserted.
 
 ``--isolate`` is for a shared machine only (development): the node under test (the pods, the
-load generator and the agent, in our top cgroup) gets cgroup v1's highest CPU weight against the
+load generator and the agent, all in our top cgroup) gets cgroup v1's highest CPU weight against the
 rest of the host, and node utilization is what that tree uses instead of /proc/stat. The agent
 still sees the whole host (its usage budget counts the other work as the system's).
 
@@ -306,6 +311,9 @@ def fresh_node(b: Bench) -> None:
         d = cpu_dir(b.rt, "cpu", *parts)
         d.mkdir(parents=True, exist_ok=True)
         (d / "cpu.shares").write_text(str(shares))
+    for c in ("cpu", "cpuacct"):
+        (harness.CGROUP_FS / c / b.rt.cgroup_root / "client").mkdir(parents=True, exist_ok=True)
+    (harness.CGROUP_FS / "cpu" / b.rt.cgroup_root / "client" / "cpu.shares").write_text(str(MAX_SHARES))
     if b.isolate:
         top = harness.CGROUP_FS / "cpu" / b.rt.cgroup_root
         (top / "cpu.shares").write_text(str(MAX_SHARES))
@@ -313,10 +321,17 @@ def fresh_node(b: Bench) -> None:
             (harness.CGROUP_FS / c / b.rt.cgroup_root / "bench").mkdir(parents=True, exist_ok=True)
 
 
+def as_client(b: Bench, pid: int) -> None:
+    """The load generator joins ``<top>/client``: the top CPU weight beside ``kubepods``, as a
+    remote client's CPU would not be the node's."""
+    for c in ("cpu", "cpuacct"):
+        (harness.CGROUP_FS / c / b.rt.cgroup_root / "client" / "cgroup.procs").write_text(str(pid))
+
+
 def isolate(b: Bench, pid: int) -> None:
     """With ``--isolate`` (for a shared machine): the node under test is our top cgroup, with
-    the highest weight against everything else on the host; the load generator and the agent
-    join it (``<top>/bench``, next to ``kubepods``), and node utilization is what that tree uses."""
+    the highest weight against everything else on the host; the agent joins it
+    (``<top>/bench``, next to ``kubepods``), and node utilization is what that tree uses."""
     if b.isolate:
         for c in ("cpu", "cpuacct"):
             (harness.CGROUP_FS / c / b.rt.cgroup_root / "bench" / "cgroup.procs").write_text(str(pid))
@@ -490,7 +505,7 @@ def measure(b: Bench, node: Node, rate: float | None) -> dict[str, Any]:
     cmd = [str(b.binary), "load", "-url", b.url, "-rate", f"{rate:g}", "-seconds", f"{b.warmup + b.window:g}"]
     proc = subprocess.Popen([*cmd, "-timeout", f"{TIMEOUT_S:g}s"], stdout=subprocess.PIPE, text=True)
     try:
-        isolate(b, proc.pid)
+        as_client(b, proc.pid)
         assert proc.stdout is not None
         first = proc.stdout.readline()
         t0 = int(first.split()[1]) / 1e9
@@ -526,7 +541,7 @@ def calibrate_rates(b: Bench, fractions: list[float]) -> tuple[list[float], floa
         ls0 = node.snapshot()["ls_s"]
         cmd = [str(b.binary), "load", "-url", b.url, "-rate", "200", "-seconds", "5"]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-        isolate(b, proc.pid)
+        as_client(b, proc.pid)
         out, _ = proc.communicate(timeout=60)
         _, reqs = parse_load(out)
         ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -763,7 +778,8 @@ def write_section(path: Path, s: dict[str, Any], command: str, plot: Path | None
 Command: `.venv/bin/{command}` ({s["cpus"]} CPUs, {time.strftime("%Y-%m-%d")}), commit `{commit()}`; the
 private containerd 1.7 and the host's cgroup v1 tree laid out as kubelet does. LS: an HTTP server
 (LS pod requesting one core, no limit) doing {s["work_us"]} µs of table-walking work per request,
-driven open-loop at a constant rate from the host (latency from each request's scheduled send).
+driven open-loop at a constant rate from the host (latency from each request's scheduled send),
+the generator in its own cgroup beside `kubepods` with the top CPU weight (a remote client's stand-in).
 BE: a CPU-bound pod (2 threads) and a cache-thrashing pod (64 MiB), BestEffort, labelled BE.
 Per request the node spends {s["cost_ms"]:.2f} ms of CPU (LS and the load generator, measured
 alone). {s["rounds"]} round(s), configurations alternating, each on a fresh node; per level
