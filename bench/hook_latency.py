@@ -310,6 +310,8 @@ def main() -> int:
         "--asleep", action="store_true", help=f"also run the agent with its loop always sleeping ({ASLEEP!r})"
     )
     args = ap.parse_args()
+    if args.inprocess_rounds < 1:
+        ap.error("--inprocess-rounds must be at least 1 (the plugin-side figures come from them)")
     bench = go_peer("nri-runtime-bench", args.nri)
     goplugin = go_peer("go-nri-refplugin", args.nri)
     if bench is None or goplugin is None:
