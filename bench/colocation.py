@@ -311,21 +311,30 @@ def fresh_node(b: Bench) -> None:
         d = cpu_dir(b.rt, "cpu", *parts)
         d.mkdir(parents=True, exist_ok=True)
         (d / "cpu.shares").write_text(str(shares))
-    for c in ("cpu", "cpuacct"):
-        (harness.CGROUP_FS / c / b.rt.cgroup_root / "client").mkdir(parents=True, exist_ok=True)
-    (harness.CGROUP_FS / "cpu" / b.rt.cgroup_root / "client" / "cpu.shares").write_text(str(MAX_SHARES))
+    side_group(b, "client", shares=MAX_SHARES)
     if b.isolate:
-        top = harness.CGROUP_FS / "cpu" / b.rt.cgroup_root
-        (top / "cpu.shares").write_text(str(MAX_SHARES))
-        for c in ("cpu", "cpuacct"):
-            (harness.CGROUP_FS / c / b.rt.cgroup_root / "bench").mkdir(parents=True, exist_ok=True)
+        (harness.CGROUP_FS / "cpu" / b.rt.cgroup_root / "cpu.shares").write_text(str(MAX_SHARES))
+        side_group(b, "bench")
+
+
+def side_group(b: Bench, name: str, shares: int | None = None) -> None:
+    """``<top>/NAME`` beside ``kubepods``, in the cpu and cpuacct hierarchies (with ``shares``)."""
+    for c in ("cpu", "cpuacct"):
+        (harness.CGROUP_FS / c / b.rt.cgroup_root / name).mkdir(parents=True, exist_ok=True)
+    if shares is not None:
+        (harness.CGROUP_FS / "cpu" / b.rt.cgroup_root / name / "cpu.shares").write_text(str(shares))
+
+
+def join(b: Bench, name: str, pid: int) -> None:
+    """Process ``pid`` joins ``<top>/NAME`` in both hierarchies."""
+    for c in ("cpu", "cpuacct"):
+        (harness.CGROUP_FS / c / b.rt.cgroup_root / name / "cgroup.procs").write_text(str(pid))
 
 
 def as_client(b: Bench, pid: int) -> None:
     """The load generator joins ``<top>/client``: the top CPU weight beside ``kubepods``, as a
     remote client's CPU would not be the node's."""
-    for c in ("cpu", "cpuacct"):
-        (harness.CGROUP_FS / c / b.rt.cgroup_root / "client" / "cgroup.procs").write_text(str(pid))
+    join(b, "client", pid)
 
 
 def isolate(b: Bench, pid: int) -> None:
@@ -333,8 +342,7 @@ def isolate(b: Bench, pid: int) -> None:
     the highest weight against everything else on the host; the agent joins it
     (``<top>/bench``, next to ``kubepods``), and node utilization is what that tree uses."""
     if b.isolate:
-        for c in ("cpu", "cpuacct"):
-            (harness.CGROUP_FS / c / b.rt.cgroup_root / "bench" / "cgroup.procs").write_text(str(pid))
+        join(b, "bench", pid)
 
 
 def start_container(
