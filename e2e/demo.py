@@ -295,11 +295,11 @@ def run_act(
 
 
 def settled(changes: list[tuple[float, float | None]], now: float) -> bool:
-    """BE has the idle CPU: a limit of at least GIVEN cores, unchanged for STABLE seconds."""
+    """BE has the idle CPU: no quota, or one of at least GIVEN cores, unchanged for STABLE seconds."""
     if not changes:
         return False
     t, lim = changes[-1]
-    return lim is not None and lim >= GIVEN and now - t >= STABLE
+    return (lim is None or lim >= GIVEN) and now - t >= STABLE
 
 
 def came_back(changes: list[tuple[float, float | None]], idle: float, now: float) -> bool:
@@ -369,6 +369,16 @@ def cores(v: float | None) -> str:
     return "none" if v is None else f"{v:.2f}"
 
 
+def limit(v: float | None) -> str:
+    """A limit in words: no quota (BE's idle group below quotaFrom) or so many cores."""
+    return "no quota" if v is None else f"{v:.2f} cores"
+
+
+def span(a: float | None, b: float | None) -> str:
+    """``0.10 to 1.00 cores``, or with words where either is no quota."""
+    return f"{a:.2f} to {b:.2f} cores" if a is not None and b is not None else f"{limit(a)} to {limit(b)}"
+
+
 def phase(t: float, spike: float, idle: float) -> str:
     return "settle" if t < spike else "LS busy" if t < idle else "LS idle"
 
@@ -422,15 +432,19 @@ def reading(points: list[Point], changes: list[tuple[float, float | None]], spik
     out = []
     if tighter(start, before):
         given = next(t for t, v in changes if t <= spike and v == before)
-        out.append(f"Settling: BE's limit went from {cores(start)} to {cores(before)} cores at t={given:.1f} s.")
+        out.append(f"Settling: BE's limit went from {span(start, before)} at t={given:.1f} s.")
+    held = "without a quota" if before is None else f"limited to {limit(before)}"
     out.append(
-        f"LS idle until t={spike:.1f} s: BE limited to {cores(before)} cores, using "
+        f"LS idle until t={spike:.1f} s: BE {held}, using "
         f"{avg('be_cpu', max(0.0, spike - 1.5), spike):.2f}; the rest of the node (not BE, not LS) used "
         f"{avg('other', 0.0, spike):.2f}."
     )
     cut = next(((t, v) for t, v in changes if spike <= t < idle and tighter(v, before)), None)
     if cut is None:
-        out.append(f"LS spike at t={spike:.1f} s: BE's limit did not move ({cores(before)} cores).")
+        out.append(
+            f"LS spike at t={spike:.1f} s: BE's limit did not move ({limit(before)}); while LS was busy it "
+            f"used {avg('ls_cpu', spike + 0.5, idle):.2f} cores and BE {avg('be_cpu', spike + 0.5, idle):.2f}."
+        )
     else:
         low = min((v for t, v in changes if spike <= t < idle and v is not None), default=cut[1])
         lv0, lv1 = level_at(spike), level_at(cut[0])
@@ -440,7 +454,7 @@ def reading(points: list[Point], changes: list[tuple[float, float | None]], spik
             else f" as the CPU level went {lv0} -> {lv1}"
         )
         out.append(
-            f"LS spike at t={spike:.1f} s: BE cut from {cores(before)} to {cores(cut[1])} cores within "
+            f"LS spike at t={spike:.1f} s: BE cut from {span(before, cut[1])} within "
             f"{(cut[0] - spike) * 1000:.0f} ms{why}"
             + (f", later down to {cores(low)}" if tighter(low, cut[1]) else "")
             + f"; while LS was busy it used {avg('ls_cpu', cut[0] + 0.5, idle):.2f} cores and BE "
@@ -450,13 +464,13 @@ def reading(points: list[Point], changes: list[tuple[float, float | None]], spik
     back = next(((t, v) for t, v in changes if t >= idle and tighter(during, v)), None)
     if back is None:
         out.append(
-            f"LS idle at t={idle:.1f} s: BE still at {cores(during)} cores at t={end:.1f} s, with the CPU level "
+            f"LS idle at t={idle:.1f} s: BE still at {limit(during)} at t={end:.1f} s, with the CPU level "
             f"at {level_at(end)} and the rest of the node using {avg('other', idle, end):.2f} cores (a raise "
             "waits for raiseDelay and the level, at most maxWritesPerMinute a minute)."
         )
     else:
         out.append(
-            f"LS idle at t={idle:.1f} s: BE back to {cores(back[1])} cores at t={back[0]:.1f} s "
+            f"LS idle at t={idle:.1f} s: BE back to {limit(back[1])} at t={back[0]:.1f} s "
             f"({back[0] - idle:.1f} s later), then using {avg('be_cpu', back[0] + 0.5, end):.2f}."
         )
     scores = [p.score for p in points if p.score is not None]

@@ -28,7 +28,7 @@ from testkit.workloads import BE, LS, running
 BATCH = (
     '{"containers":{"main":{"requests":{"kubernetes.io/batch-cpu":"500"},"limits":{"kubernetes.io/batch-cpu":"1k"}}}}'
 )
-# BE's limit from the LS request alone: one ratio at every level, the request reserved at every
+# BE's limit from the LS request alone: a quota and one ratio at every level, the request reserved at every
 # level (not what a calm LS uses), no usage budget; raises after half a second, so a test sees a
 # few cuts and raises.
 POLICY = """\
@@ -37,6 +37,7 @@ resourceUsedThresholdWithBE:
 qosManager:
   cpuSuppress:
     reserveLSRequestFrom: LOW
+    quotaFrom: LOW
     raiseDelay: 0.5
     maxWritesPerMinute: 60
     suppressRatio: {low: 0.5, medium: 0.5, high: 0.5, critical: 0.5, emergency: 0.5}

@@ -37,6 +37,8 @@ def test_settled_needs_the_idle_cpu_for_a_while() -> None:
     assert not settled([(0.0, 0.1)], 5.0)  # the floor: BE does not have the idle CPU
     assert not settled([(0.0, 0.1), (4.5, 1.0)], 5.0)  # just given
     assert settled([(0.0, 0.1), (3.0, 1.0)], 5.0)
+    assert settled([(0.0, 0.1), (3.0, None)], 5.0)  # no quota: BE's idle group below quotaFrom
+    assert not settled([(0.0, 0.1), (4.5, None)], 5.0)
 
 
 def timeline() -> tuple[list[Point], list[tuple[float, float | None]]]:

@@ -79,12 +79,13 @@ class Script:
 
 
 def seed_policy() -> Policy:
-    """The seed's suppression formula (LS's whole request reserved at every level) and
-    koordlet's 65 % usage budget: the loop's figures below are worked in them. The defaults
-    (LS's use reserved below HIGH, 90 %) have their own tests (test_qos_suppress_pinned.py)."""
+    """The seed's suppression formula (LS's whole request reserved at every level, a quota at
+    every level) and koordlet's 65 % usage budget: the loop's figures below are worked in them.
+    The defaults (LS's use reserved below HIGH, 90 %, no quota below HIGH while BE runs
+    SCHED_IDLE) have their own tests (test_qos_suppress_pinned.py)."""
     return Policy.model_validate(
         {
-            "qosManager": {"cpuSuppress": {"reserveLSRequestFrom": "LOW"}},
+            "qosManager": {"cpuSuppress": {"reserveLSRequestFrom": "LOW", "quotaFrom": "LOW"}},
             "resourceUsedThresholdWithBE": {"cpuSuppressThresholdPercent": 65},
         }
     )
@@ -266,7 +267,8 @@ def test_the_cpuset_policy_moves_be_between_whole_cpus_and_lifts_cleanly(tmp_pat
         s.advance(0.1)
         mgr.round() if i % 10 == 0 else mgr.fast_round()
     assert cpus.read_text() == "3" and mgr.limiter.writes == writes
-    node.rules.set(Policy(), "test")  # back to the default policy, cfsQuota
+    back = {"qosManager": {"cpuSuppress": {"quotaFrom": "LOW"}}}  # cfsQuota, a quota at every level
+    node.rules.set(Policy.model_validate(back), "test")
     mgr.round()
     assert cpus.read_text() == "0-3"  # the whole share pool again
     assert quota.read_text() != "-1"

@@ -118,8 +118,17 @@ class Scene:
 
 
 def policy(without: str = "", reserved: float = 0.25) -> Policy:
+    """A quota at every level (``quotaFrom: LOW``): the rounds below are worked in it."""
     plugins = [p for p in PLUGINS if p != without]
-    return Policy.model_validate({"qosManager": {"plugins": plugins, "systemReserved": {"cpu": reserved}}})
+    return Policy.model_validate(
+        {
+            "qosManager": {
+                "plugins": plugins,
+                "systemReserved": {"cpu": reserved},
+                "cpuSuppress": {"quotaFrom": "LOW"},
+            }
+        }
+    )
 
 
 def test_with_every_plugin_each_does_its_part(tmp_path: Path) -> None:

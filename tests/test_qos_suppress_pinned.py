@@ -5,6 +5,7 @@ when raising), the cpuset policy's whole-CPU steps, switching policy and turning
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -473,3 +474,89 @@ def test_the_policys_level_names_are_the_levels_in_their_order() -> None:
     from nriplugin.policy.model import LevelName
 
     assert get_args(LevelName) == tuple(level.name for level in Level)
+
+
+def unquoted_policy(quota_from: str = "HIGH") -> Policy:
+    return policy(quotaFrom=quota_from)
+
+
+def test_below_quota_from_an_idle_be_group_has_no_quota_and_from_it_the_bounds(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """BE's group SCHED_IDLE, ``quotaFrom: HIGH``: no quota at LOW and MEDIUM (-1 written, so a
+    previous agent's cut goes too, and no ceiling on BE's pods), the level's bound from HIGH on
+    (inclusive), at once; back below HIGH the quota is lifted like any raise, after the hold."""
+    h = idle_host()
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    p, g = unquoted_policy(), group_key(BE_GROUP)
+    r = round_at(0.0, Level.LOW, p, cap())
+    with caplog.at_level(logging.INFO, "nriplugin.qos"):
+        s.decide(r)
+    intent = h.desired.intent(g)
+    assert intent is not None and intent.get("cpu.cfs_quota_us") == -1 and intent.get("cpu.idle") == 1
+    assert intent.files[("cpu.cfs_quota_us", "")].owner == SUPPRESS
+    assert QoSClass.BE not in h.desired._caps  # no decided ceiling on BE's pods
+    assert (r.be_limit, r.be_target) == (None, None)  # CPUEvict: BE is not suppressed
+    why = "LOW: below quotaFrom HIGH, BE runs SCHED_IDLE without a quota"
+    assert list(h.decisions) == [Decision(0.0, SUPPRESS, BE_GROUP, "no quota", why)]
+    assert h.observer.limits == [math.inf]
+    rec = next(x for x in caplog.records if x.getMessage().startswith("BE not limited"))
+    assert rec.getMessage() == f"BE not limited (no quota): {why}"
+    assert rec.be_limit_cores is None  # type: ignore[attr-defined]
+    writes = s.limiter.writes
+    s.decide(round_at(1.0, Level.MEDIUM, p, cap()))
+    s.between_rounds(round_at(1.1, Level.MEDIUM, p, cap(non_be=2.5)))  # the usage budget is not in force
+    assert s.limiter.writes == writes and len(h.decisions) == 1
+    r = round_at(2.0, Level.HIGH, p, cap())
+    s.decide(r)  # (4 - 2) x 0.5 = 1 core, at once
+    intent = h.desired.intent(g)
+    assert intent is not None and intent.get("cpu.cfs_quota_us") == 100000
+    assert h.desired._caps[QoSClass.BE][0] == 1.0 and (r.be_limit, r.be_target) == (1.0, 1.0)
+    s.between_rounds(round_at(2.1, Level.HIGH, p, cap(non_be=2.5)))  # 4 x 65 % - 2.5: cut by the fast path
+    assert s.limiter.current == pytest.approx(0.1)
+    s.decide(round_at(3.0, Level.MEDIUM, p, cap()))  # the hold begins
+    s.decide(round_at(3.9, Level.MEDIUM, p, cap()))
+    assert s.limiter.current == pytest.approx(0.1)
+    s.decide(round_at(4.0, Level.MEDIUM, p, cap()))  # held raiseDelay (1 s): lifted
+    intent = h.desired.intent(g)
+    assert intent is not None and intent.get("cpu.cfs_quota_us") == -1
+    assert QoSClass.BE not in h.desired._caps and s.limiter.current == math.inf
+    assert [d.value for d in h.decisions] == ["no quota", "1.00 cores", "0.10 cores", "no quota"]
+
+
+@pytest.mark.parametrize(
+    ("idle_file", "quota_from", "mode", "quota"),
+    [
+        (False, "HIGH", "cfsQuota", 200000),  # no cpu.idle: BE is not SCHED_IDLE, the quota stays
+        (True, "LOW", "cfsQuota", 200000),  # a quota at every level
+        (True, "MEDIUM", "cfsQuota", -1),  # LOW is below MEDIUM
+    ],
+)
+def test_the_quota_goes_only_where_be_is_idle_and_below_quota_from(
+    idle_file: bool, quota_from: str, mode: str, quota: int
+) -> None:
+    h = idle_host(idle_file=idle_file)
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    s.decide(round_at(0.0, Level.LOW, unquoted_policy(quota_from), cap()))  # (4 - 2) x 1.0 = 2 cores
+    intent = h.desired.intent(group_key(BE_GROUP))
+    assert intent is not None and intent.get("cpu.cfs_quota_us") == quota
+
+
+def test_the_cpuset_policy_limits_be_at_every_level_even_when_it_is_idle() -> None:
+    h = idle_host()
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    p = policy(quotaFrom="HIGH", policy="cpuset")
+    assert not s.unquoted(round_at(0.0, Level.LOW, p, cap()))
+    s.decide(round_at(0.0, Level.LOW, p, cap()))  # 2 cores: 2 CPUs
+    assert [d.value for d in h.decisions] == ["2 CPU(s)"]
+
+
+def test_quota_from_defaults_to_high_and_follows_the_profiles() -> None:
+    assert Policy().qosManager.cpuSuppress.quotaFrom == "HIGH"
+    got = {
+        name: Policy.model_validate({"qosManager": {"profile": name}}).qosManager.cpuSuppress.quotaFrom
+        for name in ("balanced", "latency-first", "throughput-first")
+    }
+    assert got == {"balanced": "HIGH", "latency-first": "MEDIUM", "throughput-first": "CRITICAL"}
+    with pytest.raises(ValueError, match="quotaFrom"):
+        unquoted_policy("SOMETIMES")

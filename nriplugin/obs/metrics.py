@@ -184,7 +184,7 @@ class Metrics:
     qos_burst = Declared(
         Counter, "nriplugin_qos_cpu_burst_total", "LS bursts granted (started) and ended.", ("change",)
     )
-    qos_be_limit = Declared(Gauge, "nriplugin_qos_be_cpu_limit_cores", "BE's CPU limit in cores.")
+    qos_be_limit = Declared(Gauge, "nriplugin_qos_be_cpu_limit_cores", "BE's CPU limit in cores (+Inf: no quota).")
     qos_evictions = Declared(
         Counter,
         "nriplugin_qos_evictions_total",

@@ -281,13 +281,18 @@ class CPUSuppress(_M):
     gives BE its CPU back within seconds each time, a flapping one ever more slowly.
     ``beGroupIdle`` (where the kernel has ``cpu.idle``: 5.15 and later, cgroup v1 or v2): BE's
     QoS-level group runs with ``cpu.idle`` 1, SCHED_IDLE against LS's groups, so within whatever
-    quota BE has an LS task that wakes takes the CPU."""
+    quota BE has an LS task that wakes takes the CPU. ``quotaFrom``: while that idle flag is in
+    force (cfsQuota policy), BE has no quota at all below this level: SCHED_IDLE gives LS every
+    CPU it wakes up on, and a quota only makes BE run in bursts from each period's start, which
+    the colocation benchmark measured as LS's tail. From this level on the bounds above apply
+    (BE's cache and memory traffic is what hurts LS there). ``LOW``: a quota at every level."""
 
     enabled: bool = True
     beGroupIdle: bool = True
     policy: Literal["cfsQuota", "cpuset"] | None = None
     suppressRatio: SuppressRatio = SuppressRatio()
     reserveLSRequestFrom: LevelName = "HIGH"
+    quotaFrom: LevelName = "HIGH"
     minCores: Annotated[Cores, Field(gt=0, le=1024)] = 0.1
     deadbandCores: Annotated[Cores, Field(ge=0, le=1024)] = 0.2
     raiseDelay: Annotated[Seconds, Field(ge=0, le=600)] = 2.0

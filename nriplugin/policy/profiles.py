@@ -17,7 +17,11 @@ PROFILES: dict[str, dict[str, Any]] = {
     # LS first, BE may be sacrificed: react earlier, suppress harder, burst more readily.
     "latency-first": {
         "cpuPressure": {"medium": 50, "high": 65, "critical": 80},
-        "cpuSuppress": {"suppressRatio": {"medium": 0.7, "high": 0.4, "critical": 0.2}, "reserveLSRequestFrom": "LOW"},
+        "cpuSuppress": {
+            "suppressRatio": {"medium": 0.7, "high": 0.4, "critical": 0.2},
+            "reserveLSRequestFrom": "LOW",
+            "quotaFrom": "MEDIUM",
+        },
         "cpuBurst": {"enabled": True, "burstRatio": 2.0, "minNodeCPUIdle": 0.15},
     },
     # BE throughput first, LS less demanding: intervene later and more gently, never evict for CPU.
@@ -26,13 +30,18 @@ PROFILES: dict[str, dict[str, Any]] = {
         "cpuSuppress": {
             "suppressRatio": {"medium": 0.9, "high": 0.7, "critical": 0.5},
             "reserveLSRequestFrom": "CRITICAL",
+            "quotaFrom": "CRITICAL",
         },
         "cpuEvict": {"enabled": False},
     },
     # LS and BE about 1:1.
     "balanced": {
         "cpuPressure": {"medium": 60, "high": 75, "critical": 90},
-        "cpuSuppress": {"suppressRatio": {"medium": 0.8, "high": 0.5, "critical": 0.3}, "reserveLSRequestFrom": "HIGH"},
+        "cpuSuppress": {
+            "suppressRatio": {"medium": 0.8, "high": 0.5, "critical": 0.3},
+            "reserveLSRequestFrom": "HIGH",
+            "quotaFrom": "HIGH",
+        },
     },
 }
 

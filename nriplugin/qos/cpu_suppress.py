@@ -44,7 +44,7 @@ MIN_QUOTA_US = 1_000  # the kernel's minimum quota (1 ms)
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    cores: float
+    cores: float  # math.inf: no quota at all (see CPUSuppressStrategy.unquoted)
     why: str
 
 
@@ -210,15 +210,32 @@ class CPUSuppressStrategy(Strategy):
         # Until BE's group has been read twice, what is not BE is not known: the usage budget
         # waits for it rather than taking BE's own CPU for LS's.
         self.apply(r, self.target(r, cap, usage_known=cap.be_measured))
-        r.be_limit = self.limiter.current
-        r.be_target = self.target(r, cap).cores
+        limit, target = self.limiter.current, self.target(r, cap).cores
+        r.be_limit = limit if limit is not None and math.isfinite(limit) else None
+        r.be_target = target if math.isfinite(target) else None
 
     def between_rounds(self, r: Round) -> None:
         if r.capacity is not None:
             self.apply(r, self.target(r, r.capacity), tighten_only=True)
 
+    def unquoted(self, r: Round) -> bool:
+        """Whether BE goes without a quota this round: its group runs SCHED_IDLE (the idle
+        overlay is in force), the policy is cfsQuota and the level is below ``quotaFrom``.
+        SCHED_IDLE already hands every CPU to an LS task the moment it wakes; a quota on top
+        makes BE run in bursts from each period's start until throttled, and the colocation
+        benchmark measured those bursts as LS's tail (docs/benchmarks.md)."""
+        return (
+            bool(self._idle)
+            and r.policy.cpu_suppress_policy() == "cfsQuota"
+            and r.level < Level[r.config.cpuSuppress.quotaFrom]
+        )
+
     def target(self, r: Round, cap: Capacity, usage_known: bool = True) -> Target:
         s, usage = r.config.cpuSuppress, r.policy.resourceUsedThresholdWithBE
+        if self.unquoted(r):
+            return Target(
+                math.inf, f"{r.level.name}: below quotaFrom {s.quotaFrom}, BE runs SCHED_IDLE without a quota"
+            )
         calm = r.level < Level[s.reserveLSRequestFrom]
         return be_target(
             cap,
@@ -247,24 +264,27 @@ class CPUSuppressStrategy(Strategy):
             written = self._apply_cpuset(new, before, target.why)
         else:
             self._apply_quota(new, target.why, r.policy.beMinCPUShares)
-            written = f"{new:.2f} cores"
+            written = f"{new:.2f} cores" if math.isfinite(new) else "no quota"
         if written is None:
             return
         host = self.host
         host.observer.be_limit(new if mode == "cfsQuota" else float(cpuset_size(new)))
         host.observer.suppressed(r.level.name)
         host.decisions.append(Decision(r.t, SUPPRESS, ",".join(groups), written, target.why))
+        finite = math.isfinite(new)
         log.info(
-            "BE limited to %s: %s",
+            "BE limited to %s: %s" if finite else "BE not limited (%s): %s",
             written,
             target.why,
-            extra={"be_limit_cores": round(new, 3), "level": r.level.name, "policy": mode},
+            extra={"be_limit_cores": round(new, 3) if finite else None, "level": r.level.name, "policy": mode},
         )
 
     def _apply_quota(self, new: float, why: str, shares: int) -> None:
-        """cfsQuota: BE's QoS-level group gets the quota (and the lowest weight)."""
+        """cfsQuota: BE's QoS-level group gets the quota (and the lowest weight); ``new``
+        infinite: no quota (-1 written, so a previous agent's cut is lifted too)."""
+        unlimited = not math.isfinite(new)
         values: dict[str, int | str] = {
-            "cpu.cfs_quota_us": quota_us(new),
+            "cpu.cfs_quota_us": -1 if unlimited else quota_us(new),
             "cpu.cfs_period_us": PERIOD_US,
             # the lowest weight, as kubelet gives its besteffort group: within its quota BE
             # still yields to LS on every CPU
@@ -275,7 +295,10 @@ class CPUSuppressStrategy(Strategy):
         # no higher than what the group holds (a raise reaches the children once the group
         # has it), and the one writer lowers children before the group.
         desired = self.host.desired
-        desired.set_ceiling(QoSClass.BE, new, SUPPRESS, f"BE's group is limited to {new:.2f} cores")
+        if unlimited:
+            desired.withdraw_ceiling(QoSClass.BE)  # what the groups hold bounds until they are raised
+        else:
+            desired.set_ceiling(QoSClass.BE, new, SUPPRESS, f"BE's group is limited to {new:.2f} cores")
         for group in self.host.groups:
             desired.bound(QoSClass.BE, group)
             key = self.host.owner.own_group(group)

@@ -1,6 +1,8 @@
 """Runs INSIDE the VM (e2e/vm/test_vm.py starts it there): the QoS manager with the embedded
-default policy on a real cgroup v2 tree and real spinning processes (BE's QoS-level group
-runs ``cpu.idle`` 1, the default's beGroupIdle). BE spins on every CPU;
+default policy, but a quota at every level (``quotaFrom: LOW``: the default gives BE's idle
+group none below HIGH, and how fast the quota is cut is this test's subject), on a real cgroup
+v2 tree and real spinning processes (BE's QoS-level group runs ``cpu.idle`` 1, the default's
+beGroupIdle). BE spins on every CPU;
 when LS starts spinning BE's limit is cut, once with the PSI triggers armed (the node's
 ``/proc/pressure/cpu`` and each LS pod's ``cpu.pressure``: the kernel wakes a round) and once
 with the 50 ms fast path alone. Times under TCG are evidence of behaviour, not benchmarks: the
@@ -50,7 +52,7 @@ def reaction(trigger: bool) -> tuple[float, float, float, list[str]]:
         ctrs = [make_container(1, be), make_container(2, ls, shares=1024)]
         for c, pod in zip(ctrs, (be, ls), strict=True):
             c.linux.cgroups_path = f"{pod.linux.cgroup_parent}/c"
-        rules = RuleCache(Policy())
+        rules = RuleCache(Policy.model_validate({"qosManager": {"cpuSuppress": {"quotaFrom": "LOW"}}}))
         node = Node.create(rules, cgroups=Cgroups(ROOT))
         rec = Reconciler(node.desired, node.writer, node.model, resync_period=3600)
         for pod, c in ((be, ctrs[0]), (ls, ctrs[1])):

@@ -32,7 +32,8 @@ POLICY = (  # the CPU suppression alone among the QoS strategies, on its level-b
     # (total - LS requests) x ratio: the TCG guest's own CPU use would otherwise decide it
     "cpuBurstStrategy: {policy: cpuBurstOnly}\n"
     "resourceUsedThresholdWithBE: {enable: false}\n"
-    "qosManager: {cpuEvict: {enabled: false}, memoryEvict: {enabled: false}, cpuBurst: {enabled: false}}\n"
+    "qosManager: {cpuEvict: {enabled: false}, memoryEvict: {enabled: false}, cpuBurst: {enabled: false},"
+    " cpuSuppress: {quotaFrom: LOW}}\n"  # a quota at every level: BE's cut is this test's subject
 )
 SPIN = ["sh", "-c", "while :; do :; done & while :; do :; done"]  # both CPUs
 
