@@ -41,7 +41,8 @@ order reversed every other round):
   and ``budget90``, the usage budget at 90 % of the node with LS's whole request reserved
   (``reserveLSRequestFrom: LOW``) and CPUEvict off;
   ``agent-noidle``, the default with BE's group at its lowest weight only, not SCHED_IDLE
-  (``beGroupIdle: false``); ``seed``, the default before f939fa8: the level's bound reserving
+  (``beGroupIdle: false``); ``agent-quota``, the default with a quota at every level
+  (``quotaFrom: LOW``; the default gives BE's idle group none below HIGH); ``seed``, the default before f939fa8: the level's bound reserving
   LS's whole request at every level (``reserveLSRequestFrom: LOW``) and koordlet's 65 % usage
   budget;
 - ``be-alone``: BE's reference throughput (above), no load.
@@ -242,6 +243,10 @@ BUDGET90 = (
 # default before kernels had cpu.idle there)
 NOIDLE = "qosManager:\n  cpuSuppress:\n    beGroupIdle: false\n"
 
+# the default with a quota at every level (quotaFrom LOW): the default until BE's idle group went
+# without a quota below HIGH
+QUOTA_ALWAYS = "qosManager:\n  cpuSuppress:\n    quotaFrom: LOW\n"
+
 # the default until f939fa8: the level's bound reserves LS's whole request at every level (the
 # seed's formula) and the usage budget is koordlet's 65 %
 SEED = (
@@ -254,6 +259,7 @@ CONFIGS = [
     Config("no-agent"),
     Config("agent", agent=True),
     Config("agent-noidle", agent=True, policy=NOIDLE),
+    Config("agent-quota", agent=True, policy=QUOTA_ALWAYS),
     Config("seed", agent=True, policy=SEED),
     Config("latency-first", agent=True, policy="qosManager:\n  profile: latency-first\n"),
     Config("throughput-first", agent=True, policy="qosManager:\n  profile: throughput-first\n"),
@@ -498,7 +504,8 @@ def figures(node: Node, s0: dict[str, Any], s1: dict[str, Any], limits: list[flo
 
 def agent_log(plugin: PluginProcess, last: int = 6) -> list[str]:
     """The agent's last BE-limit and eviction lines: why BE had what it had."""
-    keep = [ln[:400] for ln in plugin.logs().splitlines() if "BE limited to" in ln or "evict" in ln.lower()]
+    marks = ("BE limited to", "BE not limited")
+    keep = [ln[:400] for ln in plugin.logs().splitlines() if any(m in ln for m in marks) or "evict" in ln.lower()]
     return keep[-last:]
 
 
