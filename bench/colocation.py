@@ -42,9 +42,9 @@ order reversed every other round):
   (``reserveLSRequestFrom: LOW``) and CPUEvict off;
   ``agent-noidle``, the default with BE's group at its lowest weight only, not SCHED_IDLE
   (``beGroupIdle: false``); ``agent-quota``, the default with a quota at every level
-  (``quotaFrom: LOW``; the default gives BE's idle group none below HIGH); ``seed``, the default before f939fa8: the level's bound reserving
-  LS's whole request at every level (``reserveLSRequestFrom: LOW``) and koordlet's 65 % usage
-  budget;
+  (``quotaFrom: LOW``; the default gives BE's idle group none below HIGH); ``seed``, the
+  default before f939fa8: the level's bound reserving LS's whole request at every level
+  (``reserveLSRequestFrom: LOW``) and koordlet's 65 % usage budget;
 - ``be-alone``: BE's reference throughput (above), no load.
 Each LS configuration is measured at two load levels, one after the other on the same pods: a
 moderate one and one near the knee, by default ``--load`` 0.35 and 0.7 of the node's CPUs at
