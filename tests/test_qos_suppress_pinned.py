@@ -560,3 +560,21 @@ def test_quota_from_defaults_to_high_and_follows_the_profiles() -> None:
     assert got == {"balanced": "HIGH", "latency-first": "MEDIUM", "throughput-first": "CRITICAL"}
     with pytest.raises(ValueError, match="quotaFrom"):
         unquoted_policy("SOMETIMES")
+
+
+def test_a_kernel_layer_that_never_probed_cpu_idle_gets_no_idle_overlay() -> None:
+    """No ``cpu.idle`` entry at all in the capabilities is a kernel without the file."""
+    h = idle_host()
+    del h.desired.caps.files["cpu.idle"]
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    s.decide(round_at(0.0, Level.LOW, unquoted_policy(), cap()))
+    assert not h.desired.overlays.targets(IDLE)
+    intent = h.desired.intent(group_key(BE_GROUP))
+    assert intent is not None and intent.get("cpu.cfs_quota_us") == 200000  # not idle: a quota
+
+
+def test_ls_using_exactly_its_request_is_reserved_as_its_request() -> None:
+    """The boundary of the LS reserve: a use equal to the request keeps the request (inclusive)."""
+    c = Capacity(4.0, 0.0, 2.0, ls_usage=2.0, be_usage=0.0, non_be_usage=2.0)
+    t = be_target(c, 0.8, "MEDIUM", ls_reserve=2.0)
+    assert t.cores == pytest.approx(1.6) and t.why == "MEDIUM: (4 total - 2.00 LS request - 0 reserved) x 0.8"

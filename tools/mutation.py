@@ -348,8 +348,8 @@ EQUIVALENT: dict[str, str] = {
     _DS + "learn_held__mutmut_3": _XX_STRIP,
     # qos/cpu_suppress.py
     "nriplugin.qos.cpu_suppress.x_be_groups__mutmut_4": _XX_STRIP,
-    _CS + "_group_idle__mutmut_7": "`get('cpu.idle', None)`: None is as false as the False it replaces",
-    _CS + "_group_idle__mutmut_9": "`get('cpu.idle')`: its None is as false as the False it replaces",
+    _CS + "_group_idle__mutmut_5": "`get('cpu.idle', None)`: None is as false as the False it replaces",
+    _CS + "_group_idle__mutmut_7": "`get('cpu.idle')`: its None is as false as the False it replaces",
     _CS + "off__mutmut_1": "_group_idle(None): as false as False, so the idle overlays are withdrawn alike",
     _CS + "off__mutmut_23": _NO_MODE,
     # qos/collect.py
