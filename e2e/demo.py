@@ -303,11 +303,12 @@ def settled(changes: list[tuple[float, float | None]], now: float) -> bool:
 
 
 def came_back(changes: list[tuple[float, float | None]], idle: float, now: float) -> bool:
-    """BE's limit rose after LS went idle, at least 1.5 s ago (to show BE using it)."""
+    """BE's limit rose after LS went idle, at least 1.5 s ago (to show BE using it); with no
+    quota when LS went idle there is nothing to give back: 1.5 s of LS idle is enough."""
     at_idle = next((v for t, v in reversed(changes) if t <= idle), None)
-    return at_idle is not None and any(
-        t > idle and (v is None or v > at_idle + 0.05) and now - t >= 1.5 for t, v in changes
-    )
+    if at_idle is None:
+        return now - idle >= 1.5
+    return any(t > idle and (v is None or v > at_idle + 0.05) and now - t >= 1.5 for t, v in changes)
 
 
 def node_seconds() -> float:
@@ -462,7 +463,11 @@ def reading(points: list[Point], changes: list[tuple[float, float | None]], spik
         )
     during = limit_at(idle)
     back = next(((t, v) for t, v in changes if t >= idle and tighter(during, v)), None)
-    if back is None:
+    if back is None and during is None:
+        out.append(
+            f"LS idle at t={idle:.1f} s: BE, still without a quota, used {avg('be_cpu', idle + 0.5, end):.2f} cores."
+        )
+    elif back is None:
         out.append(
             f"LS idle at t={idle:.1f} s: BE still at {limit(during)} at t={end:.1f} s, with the CPU level "
             f"at {level_at(end)} and the rest of the node using {avg('other', idle, end):.2f} cores (a raise "

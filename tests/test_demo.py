@@ -72,6 +72,15 @@ def test_reading_says_when_nothing_moved() -> None:
     assert "BE still at 0.10 cores at t=15.0 s, with the CPU level at LOW and the rest of the node using 0.25" in text
 
 
+def test_reading_says_when_be_had_no_quota_throughout() -> None:
+    """The default where BE's group runs SCHED_IDLE: no quota below HIGH, LS takes its core."""
+    points, _ = timeline()
+    text = reading(points, [(0.0, None)], 3.0, 9.0)
+    assert "LS idle until t=3.0 s: BE without a quota, using 1.00" in text
+    assert "BE's limit did not move (no quota); while LS was busy it used 1.00 cores and BE" in text
+    assert "LS idle at t=9.0 s: BE, still without a quota, used" in text and "raiseDelay" not in text
+
+
 def test_reading_tells_the_settling() -> None:
     points, changes = timeline()
     text = reading(points, [(0.0, 0.1), (1.4, 1.0), *changes[1:]], 3.0, 9.0)
@@ -95,3 +104,5 @@ def test_came_back_waits_for_a_raise_after_ls_goes_idle() -> None:
     assert not came_back([*changes, (11.2, 1.0)], 9.0, 12.0)  # just raised
     assert came_back([*changes, (11.2, 1.0)], 9.0, 12.8)
     assert not came_back([*changes, (11.2, 0.2)], 9.0, 13.0)  # a cut is not a way back
+    unlimited: list[tuple[float, float | None]] = [(0.0, None)]  # no quota (BE's idle group below quotaFrom)
+    assert not came_back(unlimited, 9.0, 10.0) and came_back(unlimited, 9.0, 10.5)
