@@ -439,10 +439,12 @@ class Containerd:
         self.proc = None
 
     def remove_pod(self, pod: Pod) -> None:
-        """StopPodSandbox and RemovePodSandbox, as kubelet does when a pod goes."""
+        """StopPodSandbox and RemovePodSandbox, then the pod's own cgroup, as kubelet does when
+        a pod goes."""
         assert self.cri is not None
         self.cri.call("StopPodSandbox", msg("StopPodSandboxRequest", pod_sandbox_id=pod.id))
         self.cri.call("RemovePodSandbox", msg("RemovePodSandboxRequest", pod_sandbox_id=pod.id))
+        self.remove_pod_cgroups()
 
     def remove_all_pods(self) -> None:
         assert self.cri is not None
@@ -452,6 +454,20 @@ class Containerd:
                 self.cri.call("StopPodSandbox", msg("StopPodSandboxRequest", pod_sandbox_id=p.id))
             with contextlib.suppress(Exception):
                 self.cri.call("RemovePodSandbox", msg("RemovePodSandboxRequest", pod_sandbox_id=p.id))
+        self.remove_pod_cgroups()
+
+    def remove_pod_cgroups(self) -> None:
+        """kubelet's part after a pod's sandbox is gone (the runtime leaves the pod's own
+        group): every empty ``pod<uid>`` group under our kubepods (cgroupfs driver) is removed.
+        A left group kept its CFS quota, which a later cut of BE's group below it would be
+        refused for (cgroup v1)."""
+        if self.systemd or not self.cgroup_root:
+            return
+        for top in cgroup_dirs(self.cgroup_root):
+            for qos in ("kubepods/besteffort", "kubepods/burstable", "kubepods"):
+                for d in (top / qos).glob("pod*"):
+                    with contextlib.suppress(OSError):
+                        d.rmdir()  # only an empty group goes: one with a container or a task stays
 
     def teardown(self) -> None:
         """Remove everything this runtime created; safe to call more than once."""
