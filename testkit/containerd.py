@@ -444,7 +444,10 @@ class Containerd:
         assert self.cri is not None
         self.cri.call("StopPodSandbox", msg("StopPodSandboxRequest", pod_sandbox_id=pod.id))
         self.cri.call("RemovePodSandbox", msg("RemovePodSandboxRequest", pod_sandbox_id=pod.id))
-        self.remove_pod_cgroups()
+        if not self.systemd:
+            for hierarchy in CGROUP_FS.iterdir():
+                with contextlib.suppress(OSError):
+                    (hierarchy / pod.config.linux.cgroup_parent.lstrip("/")).rmdir()
 
     def remove_all_pods(self) -> None:
         assert self.cri is not None
@@ -457,7 +460,7 @@ class Containerd:
         self.remove_pod_cgroups()
 
     def remove_pod_cgroups(self) -> None:
-        """kubelet's part after a pod's sandbox is gone (the runtime leaves the pod's own
+        """kubelet's part after the pods' sandboxes are gone (the runtime leaves each pod's own
         group): every empty ``pod<uid>`` group under our kubepods (cgroupfs driver) is removed.
         A left group kept its CFS quota, which a later cut of BE's group below it would be
         refused for (cgroup v1)."""

@@ -260,18 +260,18 @@ class CPUSuppressStrategy(Strategy):
         new = lim.step(r.t, target.cores, tighten_only)
         if new is None:
             return
+        finite = math.isfinite(new)
         if mode == "cpuset":
             written = self._apply_cpuset(new, before, target.why)
         else:
             self._apply_quota(new, target.why, r.policy.beMinCPUShares)
-            written = f"{new:.2f} cores" if math.isfinite(new) else "no quota"
+            written = f"{new:.2f} cores" if finite else "no quota"
         if written is None:
             return
         host = self.host
         host.observer.be_limit(new if mode == "cfsQuota" else float(cpuset_size(new)))
         host.observer.suppressed(r.level.name)
         host.decisions.append(Decision(r.t, SUPPRESS, ",".join(groups), written, target.why))
-        finite = math.isfinite(new)
         log.info(
             "BE limited to %s: %s" if finite else "BE not limited (%s): %s",
             written,
