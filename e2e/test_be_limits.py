@@ -6,7 +6,8 @@ BE one core. BE pods carry a 1-core batch-cpu limit, so their pod and container 
 quotas of their own under BE's group.
 
 - Cut and raised, over and over: the agent never meets ``Invalid argument`` (the one writer
-  orders its writes) and every group converges.
+  orders its writes, and first lowers a pod group under BE's that it does not hold) and every
+  group converges.
 - Under the cut, the agent SIGKILLed and restarted while BE pods are created: each starts (the
   new agent learns the cut before its first answer) and converges.
 - BE containers created while BE has its core and started only after a cut (one created before
@@ -89,16 +90,26 @@ def test_be_cut_and_raised_over_and_over_is_never_refused(
     plugin = plugin_factory(runtime, "--policy", str(policy))
     pods = [be_pod(runtime, f"batch-{i}") for i in range(3)]
     until(converged(runtime, pods, RAISED), 15, "BE not limited to one core with no LS request")
-    for i in range(3):
-        ls = ls_pod(runtime, f"web-{i}")
-        took = until(converged(runtime, pods, FLOOR), 10, f"cut {i}: BE's groups not at the floor")
-        print(f"cut {i} converged in {took:.2f} s")
-        runtime.remove_pod(ls)
-        took = until(converged(runtime, pods, RAISED), 15, f"raise {i}: BE's groups not at one core")
-        print(f"raise {i} converged in {took:.2f} s")
+    # A pod's group the agent never heard of (left behind), with the 1-core quota of its kind:
+    # the first cut lowers it before BE's own group, and no cut is refused for it.
+    stray = be_group(runtime) / "pod-left-behind"
+    stray.mkdir()
+    try:
+        (stray / "cpu.cfs_quota_us").write_text(RAISED)
+        for i in range(3):
+            ls = ls_pod(runtime, f"web-{i}")
+            took = until(converged(runtime, pods, FLOOR), 10, f"cut {i}: BE's groups not at the floor")
+            print(f"cut {i} converged in {took:.2f} s")
+            assert quota(stray) == FLOOR
+            runtime.remove_pod(ls)
+            took = until(converged(runtime, pods, RAISED), 15, f"raise {i}: BE's groups not at one core")
+            print(f"raise {i} converged in {took:.2f} s")
+    finally:
+        stray.rmdir()
     assert all(running(runtime, cid) for _, cid in pods)
     assert plugin.metric_sum("nriplugin_qos_cpu_suppress_total") >= 6
     assert refused(plugin) == []
+    assert "besteffort/pod-left-behind's cpu.cfs_quota_us from 100000 to 10000 first" in plugin.logs()
 
 
 def test_be_pods_created_while_the_agent_restarts_under_the_cut_start(

@@ -235,6 +235,88 @@ def test_a_value_the_kernel_rejects_is_warned_with_its_errno(caplog: pytest.LogC
         (REAL / "cpu" / parent).rmdir()
 
 
+@pytest.mark.skipif(os.geteuid() != 0 or not (REAL / "cpu" / "cpu.shares").exists(), reason="needs root + cgroup v1")
+def test_a_falling_quota_lowers_the_groups_under_it_first(caplog: pytest.LogCaptureFixture) -> None:
+    """On this machine's real cpu controller: groups the writer was never asked about, under the
+    group it cuts, are lowered first (deepest first, each at its own period), so the cut is not
+    refused; those at or under the new bandwidth, or unlimited, keep what they have."""
+    parent = f"nriplugin-room-{os.getpid()}"
+    values = {  # group: (quota, period) before; the cut is 30000 per 100000 (0.3 cores)
+        "a": (80000, 100000),
+        "a/deep": (60000, 100000),
+        "b": (-1, 100000),
+        "b/half": (45000, 50000),  # 0.9 cores at a 50 ms period: 15000 after
+        "c": (30000, 100000),  # exactly the new bandwidth: kept
+        "d": (20000, 100000),
+    }
+    made = [parent, *(f"{parent}/{g}" for g in values)]
+    for g in made:
+        (REAL / "cpu" / g).mkdir()
+    try:
+        for g, (q, p) in values.items():
+            (REAL / "cpu" / parent / g / "cpu.cfs_period_us").write_text(str(p))
+            (REAL / "cpu" / parent / g / "cpu.cfs_quota_us").write_text(str(q))
+        w = Writer(Cgroups(REAL), Policy)
+        with caplog.at_level(logging.INFO, "nriplugin.node.writer"):
+            out = w.apply(parent, [quota(30000)], "besteffort")
+        assert [r.status for _, r in out] == ["written"]
+        have = {g: int((REAL / "cpu" / parent / g / "cpu.cfs_quota_us").read_text()) for g in values}
+        assert have == {"a": 30000, "a/deep": 30000, "b": -1, "b/half": 15000, "c": 30000, "d": 20000}
+        said = [r.getMessage() for r in caplog.records]
+        assert all(r.levelno == logging.INFO for r in caplog.records)
+        assert sorted(m.split(" ")[2] for m in said) == [f"{parent}/{g}'s" for g in ("a", "a/deep", "b/half")]
+        assert f"besteffort: lowered {parent}/a/deep's cpu.cfs_quota_us from 60000 to 30000 first" in said[0]
+    finally:
+        for g in reversed(made):
+            (REAL / "cpu" / g).rmdir()
+
+
+def test_fit_descendants_never_goes_under_the_kernels_1ms(tmp_path: Path) -> None:
+    root = v1_tree(tmp_path, [G, f"{G}/c1", f"{G}/c2"])
+    (root / "cpu" / G / "c1" / "cpu.cfs_quota_us").write_text("50000\n")
+    (root / "cpu" / G / "c2" / "cpu.cfs_quota_us").write_text("1000\n")  # at the floor: kept
+    (root / "cpu" / G / "c2" / "cpu.cfs_period_us").write_text("1000000\n")
+    cg = Cgroups(root)
+    assert cg.fit_descendants(G, 500, 100000) == [(f"{G}/c1", 50000, 1000)]
+    assert (root / "cpu" / G / "c2" / "cpu.cfs_quota_us").read_text().strip() == "1000"
+
+
+def test_fit_descendants_uses_the_groups_own_period_when_none_is_given(tmp_path: Path) -> None:
+    root = v1_tree(tmp_path, [G, f"{G}/c"])
+    (root / "cpu" / G / "cpu.cfs_period_us").write_text("50000\n")
+    (root / "cpu" / G / "c" / "cpu.cfs_quota_us").write_text("80000\n")  # 0.8 of 100000
+    assert Cgroups(root).fit_descendants(G, 20000) == [(f"{G}/c", 80000, 40000)]  # 0.4 cores
+    (root / "cpu" / G / "cpu.cfs_period_us").unlink()  # unreadable: the kernel's default
+    (root / "cpu" / G / "c" / "cpu.cfs_quota_us").write_text("80000\n")
+    assert Cgroups(root).fit_descendants(G, 20000) == [(f"{G}/c", 80000, 20000)]
+
+
+def test_fit_descendants_leaves_a_lift_v2_and_unreadable_groups_alone(tmp_path: Path) -> None:
+    root = v1_tree(tmp_path / "v1", [G, f"{G}/c", f"{G}/odd"])
+    (root / "cpu" / G / "c" / "cpu.cfs_quota_us").write_text("50000\n")
+    (root / "cpu" / G / "odd" / "cpu.cfs_quota_us").write_text("many\n")
+    cg = Cgroups(root)
+    assert cg.fit_descendants(G, -1, 100000) == []
+    assert cg.fit_descendants(G, 10000, 100000) == [(f"{G}/c", 50000, 10000)]
+    assert (root / "cpu" / G / "odd" / "cpu.cfs_quota_us").read_text() == "many\n"
+    v2 = v2_tree(tmp_path / "v2", [G, f"{G}/c"])
+    (v2 / G / "c" / "cpu.max").write_text("50000 100000\n")
+    assert Cgroups(v2).fit_descendants(G, 10000, 100000) == []
+    assert (v2 / G / "c" / "cpu.max").read_text() == "50000 100000\n"
+
+
+def test_apply_makes_room_only_for_a_finite_quota(tmp_path: Path) -> None:
+    w = writer_v1(tmp_path, q="90000")
+    (tmp_path / "cpu" / G / "c").mkdir()
+    child = tmp_path / "cpu" / G / "c" / "cpu.cfs_quota_us"
+    child.write_text("90000\n")
+    (tmp_path / "cpu" / G / "c" / "cpu.cfs_period_us").write_text("100000\n")
+    w.apply(G, [quota(-1), Setting("cpu.shares", 2, "s")], "be")
+    assert child.read_text() == "90000\n"
+    w.apply(G, [quota(40000), period(100000)], "be")
+    assert child.read_text() == "40000"
+
+
 # --- task groups ---------------------------------------------------------------------------------
 
 

@@ -24,6 +24,8 @@ from nriplugin.kernel.cpulist import parse_cpulist
 MAX_SHARES, MIN_SHARES = 262144, 2
 MAX_WEIGHT, MIN_WEIGHT = 10000, 1
 PID_MAX_LIMIT = 4 * 1024 * 1024  # the kernel's ceiling on pid numbers (64-bit), so on pids.max
+MIN_QUOTA_US = 1000  # the kernel's smallest CFS quota (1 ms)
+
 # Resources whose "no limit" is the word "max" in cgroup v1 too (v1's others take -1).
 MAX_WORD_V1 = frozenset({"pids.max"})
 
@@ -463,6 +465,43 @@ class Cgroups:
         finally:
             os.close(fd)
         return Outcome("written")
+
+    def fit_descendants(self, group: str, quota: int, period: int | None = None) -> list[tuple[str, int, int]]:
+        """Make room for ``group`` to take ``quota`` per ``period`` (its own period when None).
+
+        cgroup v1 refuses a group's CFS bandwidth below any descendant's, at any depth, so one
+        group under BE's that the agent does not hold (a pod's group left behind, a sub-group a
+        runtime made) would make every cut of BE's group fail. Every descendant above the new
+        bandwidth is lowered to it first, deepest first, each at its own period (never under the
+        kernel's 1 ms). cgroup v2 has no such rule, and a lift (-1) needs no room: nothing is
+        done. Returns (descendant, old quota, new quota) for each one lowered."""
+        if self.version is not Version.V1 or quota < 0:
+            return []
+        top = self._dir("cpu", group)
+        if period is None:
+            have = self.read(group, "cpu.cfs_period_us")
+            period = have if isinstance(have, int) and have > 0 else 100_000
+        lowered: list[tuple[str, int, int]] = []
+        for d, _, _ in os.walk(top, topdown=False):  # deepest first; never follows a link
+            if d == top:
+                continue
+            try:
+                old = int(_read(f"{d}/cpu.cfs_quota_us"))
+                own = int(_read(f"{d}/cpu.cfs_period_us"))
+            except (OSError, ValueError):
+                continue  # gone meanwhile, or not a group the kernel reads this way
+            new = max(MIN_QUOTA_US, quota * own // period)
+            if old < 0 or old * period <= quota * own or new >= old:
+                continue
+            fd = os.open(f"{d}/cpu.cfs_quota_us", os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
+            try:
+                os.write(fd, str(new).encode())
+            except OSError:
+                continue  # the parent's own write reports what the kernel says
+            finally:
+                os.close(fd)
+            lowered.append((f"{group.rstrip('/')}/{os.path.relpath(d, top)}", old, new))
+        return lowered
 
     def _idle_weight(self, resource: str, path: Path) -> bool:
         """Is ``path`` the weight of an idle group (the kernel refuses any weight written there)?"""

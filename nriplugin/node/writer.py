@@ -10,8 +10,10 @@ The ordering rules live here and nowhere else:
 - across groups (a batch of keys, :func:`children_first` and :meth:`Writer.quota_rises`):
   cgroup v1 refuses a parent's CFS bandwidth below a child's and a child's above its
   parent's, so a batch writes the groups whose bandwidth falls deepest first and those whose
-  bandwidth rises afterwards, parents first. Whatever the final state, no write in between is
-  refused, so the kernel never says ``Invalid argument`` to a value the agent meant.
+  bandwidth rises afterwards, parents first. Groups it does not hold (a pod's group left
+  behind) are lowered under a falling quota before it (:meth:`Cgroups.fit_descendants`).
+  Whatever the final state, no write in between is refused, so the kernel never says
+  ``Invalid argument`` to a value the agent meant.
 """
 
 from __future__ import annotations
@@ -137,6 +139,8 @@ class Writer:
         done = []
         for s in self.order(group, settings):
             try:
+                if s.resource == QUOTA and isinstance(s.value, int):
+                    self._make_room(group, s.value, period, who)
                 res = self.cgroups.write(group, s.resource, s.file_value, period=period, force=force)
             except (InvalidValue, PermissionError) as exc:
                 self.on_invalid("write_refused")
@@ -157,6 +161,20 @@ class Writer:
                 )
             done.append((s, res))
         return done
+
+    def _make_room(self, group: str, quota: int, period: int | None, who: str) -> None:
+        """cgroup v1: lower any group under ``group`` whose bandwidth is above ``quota`` (ones
+        the agent holds were ordered children first; this is for those it does not)."""
+        for sub, old, new in self.cgroups.fit_descendants(group, quota, period):
+            log.info(
+                "%s: lowered %s's cpu.cfs_quota_us from %d to %d first: cgroup v1 refuses a group's "
+                "quota below a descendant's",
+                who,
+                sub,
+                old,
+                new,
+                extra={"group": sub, "old": old, "new": new},
+            )
 
     def join(self, intent: Intent, group: str, pid: int, who: str, resctrl_too: bool = True) -> None:
         """Put a container's tasks in its task groups. ``pid``: a new container's init process
