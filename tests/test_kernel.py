@@ -249,12 +249,67 @@ def test_real_cgroup_v1_idle_group_keeps_the_kernels_idle_weight(real_cpu_group:
     assert cg.matches(group, "cpu.shares", 2)
     out = cg.write(group, "cpu.shares", 2)
     assert (out.status, out.errno) == ("unchanged", errno.EINVAL)
+    assert out.detail == f"{d}: cpu.idle=1, the kernel keeps its weight"
     assert cg.write(group, "cpu.shares", 512).status == "unchanged"  # any weight: the kernel's word
     assert "cpu.shares" not in cg.unsupported
     assert cg.write(group, "cpu.idle", 0).status == "written"
     assert (d / "cpu.shares").read_text().strip() == "1024"
     assert not cg.matches(group, "cpu.shares", 2) and not cg.matches(group, "cpu.shares", 3)
     assert cg.write(group, "cpu.shares", 2).status == "written"
+
+
+def test_an_idle_weight_is_known_by_cpu_idle_on_v1_and_by_the_weight_on_v2(tmp_path: Path) -> None:
+    """Where the kernel refuses every weight written (an idle group), the refusal is no error:
+    v1 tells by the group's ``cpu.idle``, v2 by its weight reading 0. A file that cannot be read
+    tells nothing: not idle."""
+    from nriplugin.kernel.cgroup import _idle_flag
+
+    g = tmp_path / "g"
+    g.mkdir()
+    (g / "cpu.shares").write_text("3\n")
+    assert not _idle_flag(g / "cpu.shares")  # no cpu.idle beside it
+    for flag, idle in (("1", True), ("0", False)):
+        (g / "cpu.idle").write_text(flag + "\n")
+        assert _idle_flag(g / "cpu.shares") is idle
+    v1 = Cgroups(v1_tree(tmp_path / "v1", ["a"]))
+    assert v1._idle_weight("cpu.shares", g / "cpu.shares") is False  # cpu.idle 0 above
+    assert v1._idle_weight("cpu.cfs_quota_us", g / "cpu.shares") is False  # only a weight is kept so
+    v2 = Cgroups(v2_tree(tmp_path / "v2", ["a"]))
+    weight = tmp_path / "v2" / "a" / "cpu.weight"
+    for text, idle in (("0", True), ("1", False), ("100", False)):
+        weight.write_text(text + "\n")
+        assert v2._idle_weight("cpu.shares", weight) is idle
+    assert v2._idle_weight("cpu.shares", tmp_path / "v2" / "gone" / "cpu.weight") is False
+
+
+def test_a_v2_tree_without_groups_is_probed_once_for_a_new_groups_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nriplugin.kernel import cgroup
+
+    probes: list[Path] = []
+
+    def probe_child(root: Path) -> frozenset[str]:
+        probes.append(root)
+        return frozenset({"cpu.max", "cpu.weight"})
+
+    monkeypatch.setattr(cgroup, "_probe_child", probe_child)
+    cg = Cgroups(v2_tree(tmp_path / "v2"))
+    assert cg.supported("cpu.cfs_quota_us") and cg.supported("cpu.shares")
+    assert not cg.supported("memory.limit_in_bytes")
+    assert probes == [tmp_path / "v2"]
+
+
+def test_the_probe_group_that_cannot_be_removed_is_left_without_an_error(tmp_path: Path) -> None:
+    """A probe group of the same name already there (and not empty): its files are the answer,
+    and failing to remove it is not an error."""
+    from nriplugin.kernel.cgroup import _probe_child
+
+    left = tmp_path / f"nriplugin-probe-{os.getpid()}"
+    left.mkdir()
+    (left / "cpu.max").write_text("max 100000\n")
+    assert _probe_child(tmp_path) == frozenset({"cpu.max"})
+    assert left.is_dir()
 
 
 def test_inotify_usage_counts_our_watches_against_the_user_limit(tmp_path: Path) -> None:

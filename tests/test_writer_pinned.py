@@ -256,50 +256,110 @@ def test_a_falling_quota_lowers_the_groups_under_it_first(caplog: pytest.LogCapt
         for g, (q, p) in values.items():
             (REAL / "cpu" / parent / g / "cpu.cfs_period_us").write_text(str(p))
             (REAL / "cpu" / parent / g / "cpu.cfs_quota_us").write_text(str(q))
+        (REAL / "cpu" / parent / "a" / "cpu.cfs_burst_us").write_text("50000")  # the kernel: burst <= quota
         w = Writer(Cgroups(REAL), Policy)
         with caplog.at_level(logging.INFO, "nriplugin.node.writer"):
             out = w.apply(parent, [quota(30000)], "besteffort")
         assert [r.status for _, r in out] == ["written"]
         have = {g: int((REAL / "cpu" / parent / g / "cpu.cfs_quota_us").read_text()) for g in values}
         assert have == {"a": 30000, "a/deep": 30000, "b": -1, "b/half": 15000, "c": 30000, "d": 20000}
-        said = [r.getMessage() for r in caplog.records]
+        assert (REAL / "cpu" / parent / "a" / "cpu.cfs_burst_us").read_text().strip() == "30000"
         assert all(r.levelno == logging.INFO for r in caplog.records)
-        assert sorted(m.split(" ")[2] for m in said) == [f"{parent}/{g}'s" for g in ("a", "a/deep", "b/half")]
-        assert f"besteffort: lowered {parent}/a/deep's cpu.cfs_quota_us from 60000 to 30000 first" in said[0]
+        said = sorted((r.group, r.old, r.new) for r in caplog.records)  # type: ignore[attr-defined]
+        assert said == [
+            (f"{parent}/a", 80000, 30000),
+            (f"{parent}/a/deep", 60000, 30000),
+            (f"{parent}/b/half", 45000, 15000),
+        ]
+        assert caplog.records[0].getMessage() == (
+            f"besteffort: lowered {parent}/a/deep's cpu.cfs_quota_us from 60000 to 30000 first: cgroup v1 refuses"
+            " a group's quota below a descendant's"
+        )
     finally:
         for g in reversed(made):
             (REAL / "cpu" / g).rmdir()
 
 
+def v1_groups(tmp_path: Path, groups: dict[str, tuple[int, int]]) -> Path:
+    """A v1 tree with ``G`` (quota -1, period 100000) and groups under it: name -> (quota, period)."""
+    root = v1_tree(tmp_path, [G, *(f"{G}/{g}" for g in groups)])
+    for g, (q, p) in groups.items():
+        (root / "cpu" / G / g / "cpu.cfs_quota_us").write_text(f"{q}\n")
+        (root / "cpu" / G / g / "cpu.cfs_period_us").write_text(f"{p}\n")
+    return root
+
+
+def quotas(root: Path, *groups: str) -> list[str]:
+    return [(root / "cpu" / G / g / "cpu.cfs_quota_us").read_text().strip() for g in groups]
+
+
+def test_fit_descendants_lowers_deepest_first_past_groups_already_within(tmp_path: Path) -> None:
+    """Bottom-up: a group within the new bandwidth (``c/ok``, exactly at it) or unlimited
+    (``c/free``) is passed over, not the end of the walk; the group itself is never written."""
+    root = v1_groups(tmp_path, {"c": (90000, 100000), "c/ok": (30000, 100000), "c/free": (-1, 100000)})
+    (root / "cpu" / G / "cpu.cfs_quota_us").write_text("70000\n")
+    assert Cgroups(root).fit_descendants(G + "/", 30000, 100000) == [(f"{G}/c", 90000, 30000)]
+    assert quotas(root, "c", "c/ok", "c/free") == ["30000", "30000", "-1"]
+    assert (root / "cpu" / G / "cpu.cfs_quota_us").read_text() == "70000\n"
+
+
 def test_fit_descendants_never_goes_under_the_kernels_1ms(tmp_path: Path) -> None:
-    root = v1_tree(tmp_path, [G, f"{G}/c1", f"{G}/c2"])
-    (root / "cpu" / G / "c1" / "cpu.cfs_quota_us").write_text("50000\n")
-    (root / "cpu" / G / "c2" / "cpu.cfs_quota_us").write_text("1000\n")  # at the floor: kept
-    (root / "cpu" / G / "c2" / "cpu.cfs_period_us").write_text("1000000\n")
+    root = v1_groups(tmp_path, {"c1": (50000, 100000), "c2": (1000, 100000)})
+    (root / "cpu" / G / "cpu.cfs_period_us").write_text("1000000\n")
     cg = Cgroups(root)
-    assert cg.fit_descendants(G, 500, 100000) == [(f"{G}/c1", 50000, 1000)]
-    assert (root / "cpu" / G / "c2" / "cpu.cfs_quota_us").read_text().strip() == "1000"
+    assert cg.fit_descendants(G, 1000) == [(f"{G}/c1", 50000, 1000)]  # 0.1 ms per 100 ms: 1 ms
+    assert quotas(root, "c1", "c2") == ["1000", "1000"]
+    (root / "cpu" / G / "c1" / "cpu.cfs_quota_us").write_text("50000\n")
+    assert cg.fit_descendants(G, 999, 100000) == []  # the kernel's to refuse: nothing is moved for it
+    assert quotas(root, "c1") == ["50000"]
 
 
 def test_fit_descendants_uses_the_groups_own_period_when_none_is_given(tmp_path: Path) -> None:
-    root = v1_tree(tmp_path, [G, f"{G}/c"])
-    (root / "cpu" / G / "cpu.cfs_period_us").write_text("50000\n")
-    (root / "cpu" / G / "c" / "cpu.cfs_quota_us").write_text("80000\n")  # 0.8 of 100000
+    root = v1_groups(tmp_path, {"c": (80000, 100000)})
+    period = root / "cpu" / G / "cpu.cfs_period_us"
+    period.write_text("50000\n")
     assert Cgroups(root).fit_descendants(G, 20000) == [(f"{G}/c", 80000, 40000)]  # 0.4 cores
-    (root / "cpu" / G / "cpu.cfs_period_us").unlink()  # unreadable: the kernel's default
+    for unusable in ("0", "-5"):  # no period the kernel has: its default, 100 ms
+        period.write_text(unusable + "\n")
+        (root / "cpu" / G / "c" / "cpu.cfs_quota_us").write_text("80000\n")
+        assert Cgroups(root).fit_descendants(G, 20000) == [(f"{G}/c", 80000, 20000)]
+    period.write_text("1\n")  # any positive period is the group's: 1 ms per 1 µs is no limit to c
     (root / "cpu" / G / "c" / "cpu.cfs_quota_us").write_text("80000\n")
-    assert Cgroups(root).fit_descendants(G, 20000) == [(f"{G}/c", 80000, 20000)]
+    assert Cgroups(root).fit_descendants(G, 1000) == []
 
 
-def test_fit_descendants_leaves_a_lift_v2_and_unreadable_groups_alone(tmp_path: Path) -> None:
-    root = v1_tree(tmp_path / "v1", [G, f"{G}/c", f"{G}/odd"])
-    (root / "cpu" / G / "c" / "cpu.cfs_quota_us").write_text("50000\n")
-    (root / "cpu" / G / "odd" / "cpu.cfs_quota_us").write_text("many\n")
+def test_fit_descendants_lowers_a_burst_above_the_new_quota_first(tmp_path: Path) -> None:
+    root = v1_groups(tmp_path, {"c": (80000, 100000), "d": (80000, 100000), "e": (80000, 100000)})
+    (root / "cpu" / G / "c" / "cpu.cfs_burst_us").write_text("50000\n")
+    (root / "cpu" / G / "d" / "cpu.cfs_burst_us").write_text("20000\n")  # under the new quota: kept
+    (root / "cpu" / G / "e" / "cpu.cfs_burst_us").unlink()  # a kernel without burst
+    assert len(Cgroups(root).fit_descendants(G, 30000, 100000)) == 3
+    assert quotas(root, "c", "d", "e") == ["30000", "30000", "30000"]
+    assert (root / "cpu" / G / "c" / "cpu.cfs_burst_us").read_text() == "30000"
+    assert (root / "cpu" / G / "d" / "cpu.cfs_burst_us").read_text() == "20000\n"
+
+
+def test_fit_descendants_passes_over_groups_it_cannot_read_or_write(tmp_path: Path) -> None:
+    """Deepest first, so each odd group below is met before the one above it that can be lowered."""
+    root = v1_groups(tmp_path, {"a": (50000, 100000), "b": (50000, 100000), "c": (50000, 100000)})
+    for name, odd in (("a/odd", "cpu.cfs_quota_us"), ("b/odd", "cpu.cfs_period_us")):
+        (root / "cpu" / G / name).mkdir()
+        (root / "cpu" / G / name / odd).write_text("many\n")
+        (
+            root / "cpu" / G / name / ("cpu.cfs_period_us" if odd == "cpu.cfs_quota_us" else "cpu.cfs_quota_us")
+        ).write_text("90000\n")
+    (root / "cpu" / G / "c" / "gone").mkdir()  # no files: gone meanwhile
+    (root / "cpu" / G / "c" / "ro").mkdir()  # its quota cannot be written (a directory stands in the file's place)
+    (root / "cpu" / G / "c" / "ro" / "cpu.cfs_period_us").write_text("100000\n")
+    (root / "cpu" / G / "c" / "ro" / "cpu.cfs_quota_us").mkdir()
     cg = Cgroups(root)
-    assert cg.fit_descendants(G, -1, 100000) == []
-    assert cg.fit_descendants(G, 10000, 100000) == [(f"{G}/c", 50000, 10000)]
-    assert (root / "cpu" / G / "odd" / "cpu.cfs_quota_us").read_text() == "many\n"
-    v2 = v2_tree(tmp_path / "v2", [G, f"{G}/c"])
+    assert cg.fit_descendants(G, -1, 100000) == []  # a lift needs no room
+    assert sorted(cg.fit_descendants(G, 10000, 100000)) == [(f"{G}/{g}", 50000, 10000) for g in ("a", "b", "c")]
+    assert (root / "cpu" / G / "a" / "odd" / "cpu.cfs_quota_us").read_text() == "many\n"
+
+
+def test_fit_descendants_does_nothing_on_v2(tmp_path: Path) -> None:
+    v2 = v2_tree(tmp_path, [G, f"{G}/c"])
     (v2 / G / "c" / "cpu.max").write_text("50000 100000\n")
     assert Cgroups(v2).fit_descendants(G, 10000, 100000) == []
     assert (v2 / G / "c" / "cpu.max").read_text() == "50000 100000\n"
@@ -313,8 +373,8 @@ def test_apply_makes_room_only_for_a_finite_quota(tmp_path: Path) -> None:
     (tmp_path / "cpu" / G / "c" / "cpu.cfs_period_us").write_text("100000\n")
     w.apply(G, [quota(-1), Setting("cpu.shares", 2, "s")], "be")
     assert child.read_text() == "90000\n"
-    w.apply(G, [quota(40000), period(100000)], "be")
-    assert child.read_text() == "40000"
+    w.apply(G, [quota(40000), period(50000)], "be")  # 0.8 cores at the new period, not 0.4 at the old
+    assert child.read_text() == "80000"
 
 
 # --- task groups ---------------------------------------------------------------------------------
@@ -335,6 +395,20 @@ def test_join_puts_a_new_containers_init_in_its_resctrl_group(tmp_path: Path) ->
     assert (root / "BE" / "schemata").read_text() == fs.schemata(0, 30, 100)
     w.join(intent, G, 0, "ns/pod")  # a container that ran already: every thread of its cgroup
     assert sorted((root / "BE" / "tasks").read_text().split()) == ["11", "12", "4242"]
+
+
+def test_ensure_resctrl_groups_makes_each_class_group_or_says_why_not(tmp_path: Path) -> None:
+    reasons: list[str] = []
+    cg = Cgroups(v1_tree(tmp_path / "cg", [G]))
+    assert Writer(cg, Policy, on_invalid=reasons.append).ensure_resctrl_groups({"BE": "L3:0=f"}) == "no resctrl mount"
+    root = resctrl_tree(tmp_path / "resctrl")
+    w = Writer(cg, Policy, resctrl_fs=ResctrlFS(root, resctrl(root)), on_invalid=reasons.append)
+    assert w.ensure_resctrl_groups({"BE": "L3:0=f\n"}) is None
+    assert (root / "BE" / "schemata").read_text() == "L3:0=f\n"
+    assert w.ensure_resctrl_groups({"LS": "L3:0=ff\n", "../x": "L3:0=f\n"}) == (
+        "resctrl group ../x: invalid resctrl group name '../x'"
+    )
+    assert reasons == ["resctrl"]
 
 
 def test_a_resctrl_group_that_cannot_be_joined_is_counted_and_said(

@@ -119,12 +119,12 @@ EQUIVALENT: dict[str, str] = {
     _CG + "xǁCgroupsǁ_resolve__mutmut_24": "realpath of a missing name under a resolved parent is that name",
     _CG + "xǁCgroupsǁ_resolve__mutmut_26": "realpath of a non-link under a resolved parent is that name",
     _CG + "xǁCgroupsǁdecode__mutmut_12": "rpartition of cpu.max's 'QUOTA PERIOD': the kernel writes exactly one space",
-    _CG + "xǁCgroupsǁmatches__mutmut_10": _PERIOD,
-    _CG + "xǁCgroupsǁmatches__mutmut_13": _PERIOD,
-    _CG + "xǁCgroupsǁmatches__mutmut_28": "rpartition of an encoded device rule: it has exactly one space",
-    _CG + "xǁCgroupsǁmatches__mutmut_32": "split() of an io.max line: the kernel separates its fields by single spaces",
-    _CG + "xǁCgroupsǁmatches__mutmut_37": "split() of an io.max line: the kernel separates its fields by single spaces",
-    _CG + "xǁCgroupsǁwrite__mutmut_80": "`errno or 1` where errno is one of EINVAL/EPERM/EACCES/EOPNOTSUPP, never 0",
+    _CG + "xǁCgroupsǁmatches__mutmut_11": _PERIOD,
+    _CG + "xǁCgroupsǁmatches__mutmut_14": _PERIOD,
+    _CG + "xǁCgroupsǁmatches__mutmut_29": "rpartition of an encoded device rule: it has exactly one space",
+    _CG + "xǁCgroupsǁmatches__mutmut_33": "split() of an io.max line: the kernel separates its fields by single spaces",
+    _CG + "xǁCgroupsǁmatches__mutmut_38": "split() of an io.max line: the kernel separates its fields by single spaces",
+    _CG + "xǁCgroupsǁwrite__mutmut_94": "`errno or 1` where errno is one of EINVAL/EPERM/EACCES/EOPNOTSUPP, never 0",
     _ST + "x__psi_line__mutmut_4": "rpartition('=') of 'key=value': a field with a second '=' is refused either way",
     _ST + "x__psi_line__mutmut_35": "also checks total_us for finite and >= 0, which the next test does anyway",
     _CG + "x_shares_to_weight_log__mutmut_1": "2 shares through the formula: exponent 0, weight 1 all the same",
@@ -302,7 +302,7 @@ EQUIVALENT: dict[str, str] = {
         "to one fast period (50 ms) later; no unit test times that"
     ),
     # node/writer.py
-    "nriplugin.node.writer.xǁWriterǁjoin__mutmut_10": "`processes=None`: as false as False (threads, not processes)",
+    "nriplugin.node.writer.xǁWriterǁjoin__mutmut_12": "`processes=None`: as false as False (threads, not processes)",
     "nriplugin.node.writer.xǁWriterǁquota_rises__mutmut_34": (
         "an unreadable period as '' rather than None: neither is an int, so both take the default period"
     ),

@@ -473,34 +473,31 @@ class Cgroups:
         group under BE's that the agent does not hold (a pod's group left behind, a sub-group a
         runtime made) would make every cut of BE's group fail. Every descendant above the new
         bandwidth is lowered to it first, deepest first, each at its own period (never under the
-        kernel's 1 ms). cgroup v2 has no such rule, and a lift (-1) needs no room: nothing is
-        done. Returns (descendant, old quota, new quota) for each one lowered."""
-        if self.version is not Version.V1 or quota < 0:
+        kernel's 1 ms; its burst first when that is above the new quota). cgroup v2 has no such
+        rule, a lift (-1) needs no room, and a quota under 1 ms is the kernel's to refuse: nothing
+        is done. Returns (descendant, old quota, new quota) for each one lowered; one that cannot
+        be lowered is left for the group's own write to report."""
+        if self.version is not Version.V1 or quota < MIN_QUOTA_US:
             return []
         top = self._dir("cpu", group)
         if period is None:
             have = self.read(group, "cpu.cfs_period_us")
             period = have if isinstance(have, int) and have > 0 else 100_000
+        base = self._path("cpu")
         lowered: list[tuple[str, int, int]] = []
-        for d, _, _ in os.walk(top, topdown=False):  # deepest first; never follows a link
-            if d == top:
-                continue
+        for d, _, _ in os.walk(top, topdown=False):  # deepest first, the group itself last; no links followed
             try:
                 old = int(_read(f"{d}/cpu.cfs_quota_us"))
-                own = int(_read(f"{d}/cpu.cfs_period_us"))
+                new = max(MIN_QUOTA_US, quota * int(_read(f"{d}/cpu.cfs_period_us")) // period)
+                if d == top or new >= old:  # the group itself, or unlimited (-1) or within it already
+                    continue
+                with contextlib.suppress(FileNotFoundError, ValueError):  # a kernel without burst
+                    if int(_read(f"{d}/cpu.cfs_burst_us")) > new:
+                        _write(f"{d}/cpu.cfs_burst_us", new)
+                _write(f"{d}/cpu.cfs_quota_us", new)
             except (OSError, ValueError):
-                continue  # gone meanwhile, or not a group the kernel reads this way
-            new = max(MIN_QUOTA_US, quota * own // period)
-            if old < 0 or old * period <= quota * own or new >= old:
-                continue
-            fd = os.open(f"{d}/cpu.cfs_quota_us", os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
-            try:
-                os.write(fd, str(new).encode())
-            except OSError:
-                continue  # the parent's own write reports what the kernel says
-            finally:
-                os.close(fd)
-            lowered.append((f"{group.rstrip('/')}/{os.path.relpath(d, top)}", old, new))
+                continue  # gone meanwhile, unreadable, or refused
+            lowered.append((os.path.relpath(d, base), old, new))
         return lowered
 
     def _idle_weight(self, resource: str, path: Path) -> bool:
@@ -548,6 +545,14 @@ def _idle_flag(weight_file: str | Path) -> bool:
         return _read(os.path.join(os.path.dirname(weight_file), "cpu.idle")) == "1"
     except OSError:
         return False
+
+
+def _write(path: str, value: int) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
+    try:
+        os.write(fd, str(value).encode())
+    finally:
+        os.close(fd)
 
 
 def _read(path: str | Path) -> str:
