@@ -7,7 +7,9 @@ default policy and no API server (so through the runtime: CRI StopContainer/Stop
   the kernel has to reclaim at the limit or OOM-kill anything in the root, while an LS pod and a
   quiet BE pod keep running.
 - CPU: an LS pod asking for half a core spins four threads next to a BE pod spinning two: a
-  sustained EMERGENCY with LS starved. CPUEvict evicts the spinning BE pod and nothing else.
+  sustained EMERGENCY with LS starved. With BE's group not SCHED_IDLE, CPUEvict evicts the
+  spinning BE pod and nothing else; with it idle (the default) LS waits for its own threads,
+  and no pod is evicted.
 - A failing evictor: the agent's CRI socket unreachable, the growing pod's eviction fails; no
   other pod is evicted in its place, and each failed attempt (one per back-off, not per pod)
   is counted and logged once.
@@ -106,17 +108,28 @@ def test_dry_run_evicts_nothing(runtime: Containerd, plugin_factory: Callable[..
     assert "dry run: would evict default/leaky" in plugin.logs()
 
 
+def cpu_scene(rt: Containerd) -> tuple[str, str, str]:
+    """LS asking for half a core and spinning four threads, a quiet BE pod, a BE pod spinning two."""
+    ls = rt.run_pod("web", "Burstable", LS)
+    quiet = rt.run_pod("quiet", "BestEffort", BE)
+    spin = rt.run_pod("batch", "BestEffort", BE)
+    return (
+        rt.create_container(ls, "main", cpu_shares=512, command=SPIN_FOUR),
+        rt.create_container(quiet, "main"),
+        rt.create_container(spin, "main", command=SPIN_TWO),
+    )
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) != 2, reason="the figures are for a 2-CPU node")
 def test_sustained_emergency_with_ls_starved_evicts_be_work_only(
-    runtime: Containerd, plugin_factory: Callable[..., PluginProcess]
+    runtime: Containerd, plugin_factory: Callable[..., PluginProcess], tmp_path: Path
 ) -> None:
-    plugin = plugin_factory(runtime)
-    ls = runtime.run_pod("web", "Burstable", LS)
-    ls_c = runtime.create_container(ls, "main", cpu_shares=512, command=SPIN_FOUR)
-    quiet = runtime.run_pod("quiet", "BestEffort", BE)
-    quiet_c = runtime.create_container(quiet, "main")
-    spin = runtime.run_pod("batch", "BestEffort", BE)
-    spin_c = runtime.create_container(spin, "main", command=SPIN_TWO)
+    """BE's group not SCHED_IDLE (a kernel without cpu.idle, or ``beGroupIdle: false``): BE's
+    CPU at its floor is CPU LS waits for, and CPUEvict evicts the spinning BE pod."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("qosManager:\n  cpuSuppress:\n    beGroupIdle: false\n")
+    plugin = plugin_factory(runtime, "--policy", str(policy))
+    ls_c, quiet_c, spin_c = cpu_scene(runtime)
     took = until(lambda: not running(runtime, spin_c), 60, "the spinning BE pod was not evicted", step=0.2)
     print(f"CPUEvict after {took:.1f} s")
     time.sleep(3)
@@ -124,3 +137,29 @@ def test_sustained_emergency_with_ls_starved_evicts_be_work_only(
     assert plugin.metric('nriplugin_qos_evictions_total{dry_run="false",reason="emergency",strategy="CPUEvict"}') == 1
     assert plugin.metric_sum("nriplugin_qos_evictions_total") == 1
     assert "Invalid argument" not in plugin.logs()  # BE cut to its floor, nothing refused
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) != 2, reason="the figures are for a 2-CPU node")
+def test_ls_starving_itself_beside_an_idle_be_evicts_no_one(
+    runtime: Containerd, plugin_factory: Callable[..., PluginProcess]
+) -> None:
+    """The default (BE's group SCHED_IDLE): the same scene reaches EMERGENCY with LS waiting, but
+    its waits are for its own four threads on two CPUs, not BE's (an idle BE gives up the CPU
+    the moment an LS task wakes), and evicting BE would not shorten them: no pod is evicted."""
+    plugin = plugin_factory(runtime)
+    ls_c, quiet_c, spin_c = cpu_scene(runtime)
+
+    def emergency() -> bool:
+        return any(
+            ln.startswith("nriplugin_qos_pressure_level{")
+            and 'resource="cpu"' in ln
+            and 'level="EMERGENCY"' in ln
+            and ln.endswith(" 1.0")
+            for ln in plugin.get("/metrics")[1].splitlines()
+        )
+
+    until(emergency, 30, "the scene never reached EMERGENCY")
+    time.sleep(8)  # CPUEvict's 2 s sustain, several times over
+    assert emergency()
+    assert all(running(runtime, c) for c in (ls_c, quiet_c, spin_c))
+    assert plugin.metric_sum("nriplugin_qos_evictions_total") == 0

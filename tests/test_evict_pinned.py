@@ -235,6 +235,8 @@ def test_the_emergency_release_and_its_reason() -> None:
     assert emergency_release(facts(total=70.0, ls_usage=50.0, ls_stall=0.25, be_usage=3.5), cfg) is None  # no shortage
     other = emergency_release(facts(), replace(cfg, release_factor=2.0))
     assert other is not None and other.amount == pytest.approx(2 * 52 * 0.13)
+    # BE's group SCHED_IDLE: LS's waits are not BE's, however short LS is
+    assert emergency_release(facts(score=100.0, be_idle=True, ls_stall=0.5), cfg) is None
 
 
 def test_the_satisfaction_release_boundaries() -> None:
@@ -867,6 +869,7 @@ def test_cpu_facts_from_a_round() -> None:
         be_request=6.0,
         be_limit=4.0,
     )
+    assert cpu_facts(replace(r, be_idle=True)) == replace(f, be_idle=True)
     assert cpu_facts(replace(r, capacity=None)) is None
 
 

@@ -396,7 +396,9 @@ def idle_host(idle_file: bool = True, version: Version = Version.V2) -> Host:
 def test_bes_group_is_idle_with_its_reason_and_back_to_0_when_suppression_stops(version: Version) -> None:
     h = idle_host(version=version)
     s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
-    s.decide(round_at(0.0, Level.LOW, policy(), cap()))
+    r = round_at(0.0, Level.LOW, policy(), cap())
+    s.decide(r)
+    assert r.be_idle  # the round tells CPUEvict
     intent = h.desired.intent(group_key(BE_GROUP))
     assert intent is not None
     st = intent.files[("cpu.idle", "")]
@@ -409,7 +411,9 @@ def test_bes_group_is_idle_with_its_reason_and_back_to_0_when_suppression_stops(
 def test_no_idle_where_the_kernel_has_no_cpu_idle_file() -> None:
     h = idle_host(idle_file=False)
     s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
-    s.decide(round_at(0.0, Level.LOW, policy(), cap()))
+    r = round_at(0.0, Level.LOW, policy(), cap())
+    s.decide(r)
+    assert not r.be_idle
     intent = h.desired.intent(group_key(BE_GROUP))
     assert intent is None or intent.get("cpu.idle") is None
     assert not h.desired.overlays.targets(IDLE)

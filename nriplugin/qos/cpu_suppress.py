@@ -204,6 +204,7 @@ class CPUSuppressStrategy(Strategy):
 
     def decide(self, r: Round) -> None:
         self._group_idle(r.config.cpuSuppress.beGroupIdle)
+        r.be_idle = bool(self._idle)
         cap = r.capacity
         if cap is None:
             return

@@ -1,13 +1,14 @@
 """CPUEvict: when suppressing BE is not enough, evict BE pods to give LS its CPU back.
 
 The trigger: the CPU pressure score at ``evictThreshold`` (EMERGENCY), BE already suppressed to
-what the level allows, and LS suffering. The agent cannot see request latency, so LS suffering
-is what the kernel shows of it: the share of time LS had runnable tasks waiting for a CPU (PSI
-``some`` of the LS containers' own ``cpu.pressure`` on cgroup v2; on v1, which has no
-per-group PSI, their tasks' run-queue delay summed; the node's PSI, which counts BE's waits,
-only when neither could be read) or LS containers throttled at their quota. The conditions must hold for
-``sustain`` seconds (a one-round spike is suppression's job), and after an eviction CPUEvict
-waits ``cooldown``.
+what the level allows, LS suffering, and BE's group not SCHED_IDLE (``beGroupIdle``): an idle BE
+gives up each CPU the moment an LS task wakes there, so what LS waits for is not BE's. The agent
+cannot see request latency, so LS suffering is what the kernel shows of it: the share of time
+LS had runnable tasks waiting for a CPU (PSI ``some`` of the LS containers' own ``cpu.pressure``
+on cgroup v2; on v1, which has no per-group PSI, their tasks' run-queue delay summed; the node's
+PSI, which counts BE's waits, only when neither could be read) or LS containers throttled at
+their quota. The conditions must hold for ``sustain`` seconds (a one-round spike is
+suppression's job), and after an eviction CPUEvict waits ``cooldown``.
 
 How much: ``release = 1.2 x (LS demand - LS available)`` — 20 % more than the shortage, so
 one eviction is enough — with ``available = total - system - BE usage`` (the system's share
@@ -53,6 +54,7 @@ class CpuFacts:
     ls_throttled: float = 0.0  # LS throttled periods / periods
     be_request: float = 0.0  # what BE pods requested (batch-cpu)
     be_limit: float | None = None  # BE's real limit (None: unlimited)
+    be_idle: bool = False  # BE's QoS-level group runs SCHED_IDLE (it yields every CPU LS wakes on)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +84,11 @@ def suffering(f: CpuFacts, cfg: CpuConfig) -> bool:
 
 def emergency_release(f: CpuFacts, cfg: CpuConfig) -> Release | None:
     """The release under emergency (score, BE suppressed, LS suffering, a shortage), or None
-    when its conditions do not all hold."""
-    if f.score < cfg.threshold or not f.suppressed or not suffering(f, cfg):
+    when its conditions do not all hold, or when BE runs SCHED_IDLE: an LS task that wakes then
+    takes the CPU from BE at once, so LS's waits are for LS's own tasks and the system's, and
+    evicting BE would not shorten them (the colocation benchmark near its knee: evictions on LS
+    stalled 41-50 % with BE at its floor, and LS's tail worse for the teardown)."""
+    if f.be_idle or f.score < cfg.threshold or not f.suppressed or not suffering(f, cfg):
         return None
     demand, available, short = shortage(f)
     if short <= 0:

@@ -444,6 +444,7 @@ def cpu_facts(r: Round) -> CpuFacts | None:
         ls_throttled=throttled,
         be_request=sample.usage("BE").cpu_request_cores,
         be_limit=r.be_limit,
+        be_idle=r.be_idle,
     )
 
 
