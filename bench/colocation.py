@@ -40,6 +40,8 @@ order reversed every other round):
   the same with the QoS manager off (BE as SCHED_IDLE and no quota: all the CPU LS leaves);
   and ``budget90``, the usage budget at 90 % of the node with LS's whole request reserved
   (``reserveLSRequestFrom: LOW``) and CPUEvict off;
+  ``agent-cpu-only`` and ``agent-mem-only``, the default with one of the two BE workers only
+  (which of them costs LS its tail);
   ``agent-noidle``, the default with BE's group at its lowest weight only, not SCHED_IDLE
   (``beGroupIdle: false``); ``agent-quota``, the default with a quota at every level
   (``quotaFrom: LOW``; the default gives BE's idle group none below HIGH); ``seed``, the
@@ -228,6 +230,7 @@ class Config:
     agent: bool = False  # the agent runs (started before the pods)
     policy: str = ""  # a policy file's text (merged onto the embedded default); "": none
     load: bool = True  # the LS service gets requests
+    kinds: tuple[str, ...] = ("cpu", "mem")  # which BE workers run (when ``be``)
 
 
 IDLE = "resourceQOSStrategy:\n  policies:\n    cpuPolicy: coreSched\n"  # BE's cgroups get cpu.idle = 1
@@ -254,6 +257,8 @@ SEED = (
     "resourceUsedThresholdWithBE:\n  cpuSuppressThresholdPercent: 65\n"
 )
 
+BE_WORKERS = {"cpu": ["-threads", "2"], "mem": ["-mib", "64"]}  # name: the coloc worker's arguments
+
 CONFIGS = [
     Config("alone", be=False),
     Config("no-agent"),
@@ -267,6 +272,9 @@ CONFIGS = [
     Config("agent+idle", agent=True, policy=IDLE),
     Config("idle-only", agent=True, policy=IDLE + "qosManager:\n  enable: false\n"),
     Config("budget90", agent=True, policy=BUDGET90),
+    # which BE worker costs LS its tail: the default with one of them only
+    Config("agent-cpu-only", agent=True, kinds=("cpu",)),
+    Config("agent-mem-only", agent=True, kinds=("mem",)),
     Config("be-alone", load=False),
 ]
 
@@ -404,20 +412,20 @@ class Node:
         self.be_ids: list[str] = []
         self.be_pods: list[Path] = []  # their pod cgroups (cpu)
         if cfg.be:
-            for name, cmd in (("cpu", ["-threads", "2"]), ("mem", ["-mib", "64"])):
+            for name, cmd in ((n, c) for n, c in BE_WORKERS.items() if n in cfg.kinds):
                 pod = b.rt.run_pod(f"batch-{name}", "BestEffort", BE)
                 argv = ["/bin/coloc", name, *cmd, "-out", f"/out/{name}"]
                 self.be_ids.append(start_container(b.rt, pod, argv, 2, {self.out: "/out"}))
                 self.be_pods.append(harness.CGROUP_FS / "cpu" / pod.config.linux.cgroup_parent.lstrip("/"))
             deadline = time.monotonic() + 20
-            while not all((self.out / n).exists() for n in ("cpu", "mem")):
+            while not all((self.out / n).exists() for n in cfg.kinds):
                 if time.monotonic() > deadline:
                     raise RuntimeError("the BE workers never wrote their counters")
                 time.sleep(0.1)
 
     def counters(self) -> dict[str, tuple[int, int]]:
         out = {}
-        for n in ("cpu", "mem") if self.cfg.be else ():
+        for n in self.cfg.kinds if self.cfg.be else ():
             ops, ns = (self.out / n).read_text().split()
             out[n] = (int(ops), int(ns))
         return out
