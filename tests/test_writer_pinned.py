@@ -296,9 +296,9 @@ def quotas(root: Path, *groups: str) -> list[str]:
 def test_fit_descendants_lowers_deepest_first_past_groups_already_within(tmp_path: Path) -> None:
     """Bottom-up: a group within the new bandwidth (``c/ok``, exactly at it) or unlimited
     (``c/free``) is passed over, not the end of the walk; the group itself is never written."""
-    root = v1_groups(tmp_path, {"c": (90000, 100000), "c/ok": (30000, 100000), "c/free": (-1, 100000)})
+    root = v1_groups(tmp_path, {"c": (150000, 100000), "c/ok": (30000, 100000), "c/free": (-1, 100000)})
     (root / "cpu" / G / "cpu.cfs_quota_us").write_text("70000\n")
-    assert Cgroups(root).fit_descendants(G + "/", 30000, 100000) == [(f"{G}/c", 90000, 30000)]
+    assert Cgroups(root).fit_descendants(G + "/", 30000, 100000) == [(f"{G}/c", 150000, 30000)]
     assert quotas(root, "c", "c/ok", "c/free") == ["30000", "30000", "-1"]
     assert (root / "cpu" / G / "cpu.cfs_quota_us").read_text() == "70000\n"
 
@@ -329,12 +329,14 @@ def test_fit_descendants_uses_the_groups_own_period_when_none_is_given(tmp_path:
 
 
 def test_fit_descendants_lowers_a_burst_above_the_new_quota_first(tmp_path: Path) -> None:
-    root = v1_groups(tmp_path, {"c": (80000, 100000), "d": (80000, 100000), "e": (80000, 100000)})
+    groups = {g: (80000, 100000) for g in ("c", "d", "e", "f")}
+    root = v1_groups(tmp_path, groups)
     (root / "cpu" / G / "c" / "cpu.cfs_burst_us").write_text("50000\n")
     (root / "cpu" / G / "d" / "cpu.cfs_burst_us").write_text("20000\n")  # under the new quota: kept
     (root / "cpu" / G / "e" / "cpu.cfs_burst_us").unlink()  # a kernel without burst
-    assert len(Cgroups(root).fit_descendants(G, 30000, 100000)) == 3
-    assert quotas(root, "c", "d", "e") == ["30000", "30000", "30000"]
+    (root / "cpu" / G / "f" / "cpu.cfs_burst_us").write_text("some\n")  # unreadable: the quota still goes
+    assert len(Cgroups(root).fit_descendants(G, 30000, 100000)) == 4
+    assert quotas(root, "c", "d", "e", "f") == ["30000"] * 4
     assert (root / "cpu" / G / "c" / "cpu.cfs_burst_us").read_text() == "30000"
     assert (root / "cpu" / G / "d" / "cpu.cfs_burst_us").read_text() == "20000\n"
 
@@ -371,7 +373,7 @@ def test_apply_makes_room_only_for_a_finite_quota(tmp_path: Path) -> None:
     child = tmp_path / "cpu" / G / "c" / "cpu.cfs_quota_us"
     child.write_text("90000\n")
     (tmp_path / "cpu" / G / "c" / "cpu.cfs_period_us").write_text("100000\n")
-    w.apply(G, [quota(-1), Setting("cpu.shares", 2, "s")], "be")
+    w.apply(G, [quota(-1), Setting("cpu.shares", 4096, "s")], "be")  # no quota, and not a quota
     assert child.read_text() == "90000\n"
     w.apply(G, [quota(40000), period(50000)], "be")  # 0.8 cores at the new period, not 0.4 at the old
     assert child.read_text() == "80000"

@@ -124,6 +124,10 @@ EQUIVALENT: dict[str, str] = {
     _CG + "xǁCgroupsǁmatches__mutmut_29": "rpartition of an encoded device rule: it has exactly one space",
     _CG + "xǁCgroupsǁmatches__mutmut_33": "split() of an io.max line: the kernel separates its fields by single spaces",
     _CG + "xǁCgroupsǁmatches__mutmut_38": "split() of an io.max line: the kernel separates its fields by single spaces",
+    _CG + "xǁCgroupsǁfit_descendants__mutmut_32": "os.walk(topdown=None): as false as False, the walk bottom-up",
+    _CG + "xǁCgroupsǁfit_descendants__mutmut_58": (
+        "a burst equal to the new quota written again: the same value, which the kernel accepts as it stands"
+    ),
     _CG + "xǁCgroupsǁwrite__mutmut_94": "`errno or 1` where errno is one of EINVAL/EPERM/EACCES/EOPNOTSUPP, never 0",
     _ST + "x__psi_line__mutmut_4": "rpartition('=') of 'key=value': a field with a second '=' is refused either way",
     _ST + "x__psi_line__mutmut_35": "also checks total_us for finite and >= 0, which the next test does anyway",

@@ -140,7 +140,7 @@ class Writer:
         for s in self.order(group, settings):
             try:
                 if s.resource == QUOTA and isinstance(s.value, int):
-                    self._make_room(group, s.value, period, who)
+                    self._make_room(group, s.value, who)
                 res = self.cgroups.write(group, s.resource, s.file_value, period=period, force=force)
             except (InvalidValue, PermissionError) as exc:
                 self.on_invalid("write_refused")
@@ -162,10 +162,12 @@ class Writer:
             done.append((s, res))
         return done
 
-    def _make_room(self, group: str, quota: int, period: int | None, who: str) -> None:
+    def _make_room(self, group: str, quota: int, who: str) -> None:
         """cgroup v1: lower any group under ``group`` whose bandwidth is above ``quota`` (ones
-        the agent holds were ordered children first; this is for those it does not)."""
-        for sub, old, new in self.cgroups.fit_descendants(group, quota, period):
+        the agent holds were ordered children first; this is for those it does not). The
+        kernel checks the quota against the period in force when it is written, so that is
+        the period read (a new one in the same batch is written before the quota, by key)."""
+        for sub, old, new in self.cgroups.fit_descendants(group, quota):
             log.info(
                 "%s: lowered %s's cpu.cfs_quota_us from %d to %d first: cgroup v1 refuses a group's "
                 "quota below a descendant's",
