@@ -303,6 +303,25 @@ def test_fit_descendants_lowers_deepest_first_past_groups_already_within(tmp_pat
     assert (root / "cpu" / G / "cpu.cfs_quota_us").read_text() == "70000\n"
 
 
+def test_fit_descendants_reads_nothing_for_a_group_without_descendants(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A container's group (a leaf: every BE container's start on v1 writes its quota) costs
+    one listing: not its own period, not its own quota."""
+    root = v1_tree(tmp_path, [G])
+    cg = Cgroups(root)
+    opened: list[str] = []
+    real_open = os.open
+
+    def counted(path: str, *args: int) -> int:
+        opened.append(path)
+        return real_open(path, *args)
+
+    monkeypatch.setattr(os, "open", counted)
+    assert cg.fit_descendants(G, 20000) == []
+    assert opened == []
+
+
 def test_fit_descendants_never_goes_under_the_kernels_1ms(tmp_path: Path) -> None:
     root = v1_groups(tmp_path, {"c1": (50000, 100000), "c2": (1000, 100000)})
     (root / "cpu" / G / "cpu.cfs_period_us").write_text("1000000\n")

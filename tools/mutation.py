@@ -124,7 +124,7 @@ EQUIVALENT: dict[str, str] = {
     _CG + "xǁCgroupsǁmatches__mutmut_29": "rpartition of an encoded device rule: it has exactly one space",
     _CG + "xǁCgroupsǁmatches__mutmut_33": "split() of an io.max line: the kernel separates its fields by single spaces",
     _CG + "xǁCgroupsǁmatches__mutmut_38": "split() of an io.max line: the kernel separates its fields by single spaces",
-    _CG + "xǁCgroupsǁfit_descendants__mutmut_32": "os.walk(topdown=None): as false as False, the walk bottom-up",
+    _CG + "xǁCgroupsǁfit_descendants__mutmut_17": "os.walk(topdown=None): as false as False, the walk bottom-up",
     _CG + "xǁCgroupsǁfit_descendants__mutmut_58": (
         "a burst equal to the new quota written again: the same value, which the kernel accepts as it stands"
     ),

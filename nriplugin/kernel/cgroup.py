@@ -480,16 +480,18 @@ class Cgroups:
         if self.version is not Version.V1 or quota < MIN_QUOTA_US:
             return []
         top = self._dir("cpu", group)
-        if period is None:
-            have = self.read(group, "cpu.cfs_period_us")
-            period = have if isinstance(have, int) and have > 0 else 100_000
         base = self._path("cpu")
         lowered: list[tuple[str, int, int]] = []
-        for d, _, _ in os.walk(top, topdown=False):  # deepest first, the group itself last; no links followed
+        for d, _, _ in os.walk(top, topdown=False):  # deepest first; no links followed
+            if d == top:
+                break  # the group itself comes last: a leaf (a container's group) costs one listing
+            if period is None:  # read once, and only for a group that has descendants
+                have = self.read(group, "cpu.cfs_period_us")
+                period = have if isinstance(have, int) and have > 0 else 100_000
             try:
                 old = int(_read(f"{d}/cpu.cfs_quota_us"))
                 new = max(MIN_QUOTA_US, quota * int(_read(f"{d}/cpu.cfs_period_us")) // period)
-                if d == top or new >= old:  # the group itself, or unlimited (-1) or within it already
+                if new >= old:  # unlimited (-1), or within the new bandwidth already
                     continue
                 with contextlib.suppress(FileNotFoundError, ValueError):  # a kernel without burst
                     if int(_read(f"{d}/cpu.cfs_burst_us")) > new:
