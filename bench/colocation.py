@@ -47,6 +47,9 @@ order reversed every other round):
   (``quotaFrom: LOW``; the default gives BE's idle group none below HIGH); ``seed``, the
   default before f939fa8: the level's bound reserving LS's whole request at every level
   (``reserveLSRequestFrom: LOW``) and koordlet's 65 % usage budget;
+  ``idle-noquota`` (and ``-cpu``, ``-mem``: one BE worker), the default with the CPU level's
+  boundaries at 97-100, so BE's group runs SCHED_IDLE and in practice never gets a quota;
+  ``agent-cpuset``, the default with the cpuset suppression policy (BE on whole CPUs, no quota);
 - ``be-alone``: BE's reference throughput (above), no load.
 Each LS configuration is measured at two load levels, one after the other on the same pods: a
 moderate one and one near the knee, by default ``--load`` 0.35 and 0.7 of the node's CPUs at
@@ -257,6 +260,10 @@ SEED = (
     "resourceUsedThresholdWithBE:\n  cpuSuppressThresholdPercent: 65\n"
 )
 
+# the default with the level's boundaries out of reach below a score of 97: BE's QoS-level group
+# SCHED_IDLE and, in practice, never a quota (the knee's question: does the quota help LS there?)
+NO_QUOTA = "qosManager:\n  cpuPressure:\n    low: 97\n    medium: 98\n    high: 99\n    critical: 100\n"
+
 BE_WORKERS = {"cpu": ["-threads", "2"], "mem": ["-mib", "64"]}  # name: the coloc worker's arguments
 
 CONFIGS = [
@@ -272,6 +279,10 @@ CONFIGS = [
     Config("agent+idle", agent=True, policy=IDLE),
     Config("idle-only", agent=True, policy=IDLE + "qosManager:\n  enable: false\n"),
     Config("budget90", agent=True, policy=BUDGET90),
+    Config("idle-noquota", agent=True, policy=NO_QUOTA),
+    Config("idle-noquota-cpu", agent=True, policy=NO_QUOTA, kinds=("cpu",)),
+    Config("idle-noquota-mem", agent=True, policy=NO_QUOTA, kinds=("mem",)),
+    Config("agent-cpuset", agent=True, policy="qosManager:\n  cpuSuppress:\n    policy: cpuset\n"),
     # which BE worker costs LS its tail: the default with one of them only
     Config("agent-cpu-only", agent=True, kinds=("cpu",)),
     Config("agent-mem-only", agent=True, kinds=("mem",)),

@@ -1,10 +1,12 @@
 """The pure parts of bench/colocation.py: latency from the open-loop schedule, nearest-rank
-percentiles, node CPU utilization from /proc/stat readings, the workers' counters."""
+percentiles, node CPU utilization from /proc/stat readings, the workers' counters, and the
+configurations' policies (the agent accepts each)."""
 
 from __future__ import annotations
 
 import pytest
 
+from bench import colocation
 from bench.colocation import (
     Request,
     counter_rate,
@@ -16,6 +18,8 @@ from bench.colocation import (
     percentile,
     pooled,
 )
+from nriplugin.policy.cache import parse
+from nriplugin.policy.model import Policy
 
 
 def test_latency_counts_from_the_scheduled_send_not_the_actual_one() -> None:
@@ -106,3 +110,17 @@ def test_pooled_percentiles_over_all_rounds_and_be_share_of_reference() -> None:
     # cpu: 200 of 400, mem: 100 of 100 -> (0.5 + 1.0) / 2
     assert p["be_throughput"] == pytest.approx(0.75)
     assert p["be_limit_cores"] is None
+
+
+@pytest.mark.parametrize("cfg", [c for c in colocation.CONFIGS if c.policy], ids=lambda c: c.name)
+def test_every_configuration_s_policy_is_one_the_agent_accepts(cfg: colocation.Config) -> None:
+    """A policy the agent refuses would fail a 30-minute run at its configuration's turn."""
+    policy, _ = parse(cfg.policy, cfg.name)
+    assert policy != Policy(), f"{cfg.name}: the policy changes nothing"
+
+
+def test_the_no_quota_configurations_keep_every_cpu_level_out_of_reach() -> None:
+    policy, _ = parse(colocation.NO_QUOTA)
+    p = policy.qosManager.cpuPressure
+    assert (p.low, p.medium, p.high, p.critical) == (97, 98, 99, 100)
+    assert policy.qosManager.cpuSuppress.quotaFrom == "HIGH"  # no quota below 99 points
