@@ -14,9 +14,13 @@ from bench.colocation import (
     cpu_util,
     in_window,
     latencies_ms,
+    missed_by,
     parse_load,
     percentile,
     pooled,
+    steady,
+    summarize,
+    windows,
 )
 from nriplugin.policy.cache import parse
 from nriplugin.policy.model import Policy
@@ -85,23 +89,25 @@ def test_counter_rate() -> None:
         counter_rate((9, 5), (2, 6))
 
 
-def test_pooled_percentiles_over_all_rounds_and_be_share_of_reference() -> None:
-    def m(lat: list[float], cpu: float, mem: float) -> dict[str, object]:
-        return {
-            "rate_rps": 100,
-            "lat_ms": lat,
-            "requests": len(lat),
-            "errors": 0,
-            "node_cpu_util": 0.5,
-            "be_ops_s": {"cpu": cpu, "mem": mem},
-            "ls_cores": 0.3,
-            "be_cores": 1.0,
-            "be_limit_cores": None,
-            "send_lag_p99_ms": 0.1,
-            "evictions": 0.0,
-            "be_running": 2,
-        }
+def window(lat: list[float], cpu: float, mem: float, lag: float | None = 0.1) -> dict[str, object]:
+    return {
+        "rate_rps": 100,
+        "lat_ms": lat,
+        "requests": len(lat),
+        "errors": 0,
+        "node_cpu_util": 0.5,
+        "be_ops_s": {"cpu": cpu, "mem": mem},
+        "ls_cores": 0.3,
+        "be_cores": 1.0,
+        "be_limit_cores": None,
+        "send_lag_p99_ms": lag,
+        "evictions": 0.0,
+        "be_running": 2,
+    }
 
+
+def test_pooled_percentiles_over_all_rounds_and_be_share_of_reference() -> None:
+    m = window
     p = pooled([m([1.0] * 99, 100.0, 50.0), m([1.0] * 98 + [50.0, 60.0], 300.0, 150.0)], {"cpu": 400.0, "mem": 100.0})
     assert p["requests"] == 199
     assert p["ls_p50_ms"] == 1.0
@@ -110,6 +116,48 @@ def test_pooled_percentiles_over_all_rounds_and_be_share_of_reference() -> None:
     # cpu: 200 of 400, mem: 100 of 100 -> (0.5 + 1.0) / 2
     assert p["be_throughput"] == pytest.approx(0.75)
     assert p["be_limit_cores"] is None
+    assert (p["windows"], p["stalled"], p["stalled_kept"]) == (2, 0, False)
+
+
+def test_a_window_whose_generator_sent_late_is_left_out_and_counted() -> None:
+    calm, late = window([1.0] * 100, 100.0, 50.0, lag=1.2), window([90.0] * 100, 10.0, 5.0, lag=3.01)
+    at_limit = window([2.0] * 100, 100.0, 50.0, lag=3.0)
+    assert steady([calm, late, at_limit], 3.0) == [calm, at_limit]  # the limit itself is steady
+    assert steady([calm, late], 0.0) == [calm, late]  # 0: every window
+    assert steady([late, late], 3.0) == [late, late]  # none steady: all kept
+    p = pooled([calm, late], {"cpu": 100.0, "mem": 50.0}, 3.0)
+    assert p["ls_p99_ms"] == 1.0 and p["requests"] == 100
+    assert p["be_throughput"] == pytest.approx(1.0)  # the stalled window's BE does not count either
+    assert p["ls_p99_ms_by_round"] == [1.0, 90.0]  # every window still shown
+    assert p["send_lag_p99_ms_by_round"] == [1.2, 3.01]
+    assert (p["windows"], p["stalled"], p["stalled_kept"]) == (2, 1, False)
+    assert windows(p) == "1 of 2"
+    q = pooled([late, late], {}, 3.0)
+    assert (q["ls_p99_ms"], q["stalled"], q["stalled_kept"]) == (90.0, 2, True)
+    assert windows(q) == "2 (2 stalled)"
+    assert windows(pooled([calm], {}, 3.0)) == "1"
+
+
+def test_a_window_without_a_send_lag_is_steady() -> None:
+    """BE's reference runs without load: no generator, nothing to stall."""
+    ref = window([], 100.0, 50.0, lag=None)
+    assert steady([ref], 3.0) == [ref]
+
+
+def test_summarize_leaves_stalled_windows_out_at_every_level_and_says_where() -> None:
+    raw = {
+        "alone": [
+            [window([1.0] * 100, 0, 0), window([50.0] * 100, 0, 0, lag=9.0)],
+            [window([2.0] * 100, 0, 0), window([3.0] * 100, 0, 0)],
+        ],
+        "be-alone": [[window([], 200.0, 100.0, lag=None)]],
+    }
+    s = summarize(raw, 3.0)
+    assert s["stall_lag_ms"] == 3.0
+    assert s["configs"]["alone"]["ls_p99_ms"] == 1.0
+    assert s["configs"]["alone"]["knee"]["ls_p99_ms"] == 3.0
+    assert s["configs"]["alone"]["knee"]["stalled"] == 0
+    assert summarize(raw, 0.0)["configs"]["alone"]["ls_p99_ms"] == 50.0
 
 
 @pytest.mark.parametrize("cfg", [c for c in colocation.CONFIGS if c.policy], ids=lambda c: c.name)
@@ -124,3 +172,8 @@ def test_the_no_quota_configurations_keep_every_cpu_level_out_of_reach() -> None
     p = policy.qosManager.cpuPressure
     assert (p.low, p.medium, p.high, p.critical) == (97, 98, 99, 100)
     assert policy.qosManager.cpuSuppress.quotaFrom == "HIGH"  # no quota below 99 points
+
+
+def test_a_miss_too_small_to_show_still_reads_as_a_miss() -> None:
+    assert missed_by(0.3) == "missed by 0.30x"
+    assert missed_by(0.004) == "missed by less than 0.01x"
