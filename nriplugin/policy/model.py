@@ -285,7 +285,8 @@ class CPUSuppress(_M):
     force (cfsQuota policy), BE has no quota at all below this level: SCHED_IDLE gives LS every
     CPU it wakes up on, and a quota only makes BE run in bursts from each period's start, which
     the colocation benchmark measured as LS's tail. From this level on the bounds above apply
-    (BE's cache and memory traffic is what hurts LS there). ``LOW``: a quota at every level."""
+    (near the knee BE's CPU hurts LS whatever its priority; only less of it helps). ``LOW``: a
+    quota at every level."""
 
     enabled: bool = True
     beGroupIdle: bool = True
