@@ -674,3 +674,28 @@ def test_a_disabled_manager_collects_nothing(tmp_path: Path) -> None:
     mgr.round()
     asyncio.run(mgr.round_async())
     assert s.rounds == 0 and mgr.last is None and mgr.groups == []
+
+
+def test_a_limit_change_names_the_cpu_score_and_the_terms_behind_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An operator reading "BE limited to 0.10 cores: EMERGENCY: ..." asks why EMERGENCY: the
+    line says the (smoothed) score and the last round's terms, one JSON field each."""
+    _, _, mgr, _, _ = node_with_pods(tmp_path)
+    with caplog.at_level(logging.INFO, "nriplugin.qos"):
+        mgr.round()
+    rec = next(r for r in caplog.records if r.getMessage().startswith(("BE limited to", "BE not limited")))
+    assert mgr.cpu_terms is not None and set(mgr.cpu_terms) == {"node", "ls", "trend", "load"}
+    terms = ", ".join(f"{k} {v:.0f}" for k, v in mgr.cpu_terms.items())
+    assert rec.getMessage().endswith(f" [CPU score {mgr.cpu.score:.0f}; last round's terms: {terms}]")
+    assert rec.__dict__["cpu_score"] == round(mgr.cpu.score, 1)
+    assert {k: rec.__dict__[f"cpu_{k}"] for k in mgr.cpu_terms} == {k: round(v, 1) for k, v in mgr.cpu_terms.items()}
+
+
+def test_a_round_without_terms_says_nothing_of_them() -> None:
+    r = Round(
+        0.0, NodeSample(t=0.0, interval=1.0, ncpu=2, cpu_busy_cores=0.0, load1=0.0), Level.HIGH, 61.0, 0.0, Policy()
+    )
+    assert r.cpu_said() == ""
+    r.cpu_terms = {"node": 30.04, "ls": 41.5, "trend": 20.0, "load": 0.0}
+    assert r.cpu_said() == " [CPU score 61; last round's terms: node 30, ls 42, trend 20, load 0]"

@@ -274,10 +274,17 @@ class CPUSuppressStrategy(Strategy):
         host.observer.suppressed(r.level.name)
         host.decisions.append(Decision(r.t, SUPPRESS, ",".join(groups), written, target.why))
         log.info(
-            "BE limited to %s: %s" if finite else "BE not limited (%s): %s",
+            "BE limited to %s: %s%s" if finite else "BE not limited (%s): %s%s",
             written,
             target.why,
-            extra={"be_limit_cores": round(new, 3) if finite else None, "level": r.level.name, "policy": mode},
+            r.cpu_said(),
+            extra={
+                "be_limit_cores": round(new, 3) if finite else None,
+                "level": r.level.name,
+                "policy": mode,
+                "cpu_score": round(r.cpu_score, 1),
+                **{f"cpu_{k}": round(v, 1) for k, v in (r.cpu_terms or {}).items()},  # scalars: one JSON field each
+            },
         )
 
     def _apply_quota(self, new: float, why: str, shares: int) -> None:

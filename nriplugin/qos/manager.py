@@ -187,6 +187,7 @@ class QoSManager:
         self.memory = Assessor.from_config(cfg.memoryPressure)
         self.level = Level.LOW
         self.ratio = 1.0
+        self.cpu_terms: dict[str, float] | None = None  # the last raw CPU score's terms
         self.groups: list[str] = []  # the QoS-level groups holding BE pods
         self.pods = PodGroups(model, desired, collector.pressure_path)
         self._fast = node_resource.FastWindow(FAST_WINDOW)  # node and BE usage between rounds
@@ -299,6 +300,7 @@ class QoSManager:
         t0 = time.perf_counter()
         self.assess(sample)
         r = Round(sample.t, sample, self.level, self.cpu.score, self.memory.score, self.rules.policy)
+        r.cpu_terms = self.cpu_terms
         for s in self.strategies:
             why = self._why_not(s, r)
             if why is None:
@@ -344,6 +346,7 @@ class QoSManager:
         if abs(non_be - self._non_be) < FAST_JUMP:
             return
         r = Round(fast.t, self.last, self.level, self.cpu.score, self.memory.score, policy, FastUsage(be, non_be))
+        r.cpu_terms = self.cpu_terms
         for s in self.strategies:
             if s.runs(r.config) and not (s.needs_capacity and r.capacity is None):
                 s.between_rounds(r)
@@ -380,7 +383,9 @@ class QoSManager:
         cfg = self.rules.policy.qosManager
         for assessor, pc in ((self.cpu, cfg.cpuPressure), (self.memory, cfg.memoryPressure)):
             assessor.configure(thresholds_of(pc), pc.hysteresis, pc.fallTime)  # a reload applies at once
-        cpu = self.cpu.update(sample.t, scores.cpu_pressure(scores.cpu_inputs(sample, self.trends)).total)
+        raw = scores.cpu_pressure(scores.cpu_inputs(sample, self.trends))
+        self.cpu_terms = raw.terms
+        cpu = self.cpu.update(sample.t, raw.total)
         mem = self.memory.update(sample.t, scores.memory_pressure(scores.memory_inputs(sample, self.trends)).total)
         self.last = sample
         self.level = cpu.level

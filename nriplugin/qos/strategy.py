@@ -86,6 +86,14 @@ class Round:
     be_limit: float | None = None  # CPUSuppress: BE's limit in force (None: not limited)
     be_target: float | None = None  # CPUSuppress: what this level allows BE
     be_idle: bool = False  # CPUSuppress: BE's QoS-level group runs SCHED_IDLE
+    cpu_terms: dict[str, float] | None = None  # the last raw CPU score's terms (what drove the level)
+
+    def cpu_said(self) -> str:
+        """The CPU score and the terms behind it, for a decision's log line ("" without terms)."""
+        if self.cpu_terms is None:
+            return ""
+        terms = ", ".join(f"{k} {v:.0f}" for k, v in self.cpu_terms.items())
+        return f" [CPU score {self.cpu_score:.0f}; last round's terms: {terms}]"
 
     @property
     def config(self) -> Config:
