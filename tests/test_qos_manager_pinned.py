@@ -490,6 +490,12 @@ def test_the_fast_path_hands_the_scores_on(tmp_path: Path) -> None:
     mgr.fast_round()
     (r,) = between.rounds
     assert (r.cpu_score, r.memory_score) == (61.0, 23.0)
+    assert r.cpu_terms is not None and r.cpu_terms == mgr.cpu_terms  # the last full round's terms
+
+
+def test_a_new_manager_has_no_terms_to_say(tmp_path: Path) -> None:
+    _, _, mgr, _, _ = node_with_pods(tmp_path)
+    assert mgr.cpu_terms is None
 
 
 def test_the_fast_path_sums_bes_groups(tmp_path: Path) -> None:

@@ -272,6 +272,19 @@ def test_a_write_is_logged_with_its_figures(caplog: pytest.LogCaptureFixture) ->
     assert (rec.be_limit_cores, rec.level, rec.policy) == (0.6, "CRITICAL", "cfsQuota")  # type: ignore[attr-defined]
 
 
+def test_a_write_says_the_cpu_score_and_its_terms_to_a_tenth(caplog: pytest.LogCaptureFixture) -> None:
+    s = CPUSuppressStrategy(Host())  # type: ignore[arg-type]
+    r = round_at(0.0, Level.CRITICAL, policy(), cap())
+    r.cpu_score = 80.27
+    r.cpu_terms = {"node": 30.04, "ls": 41.46, "trend": 8.14, "load": 0.63}
+    with caplog.at_level(logging.INFO, "nriplugin.qos"):
+        s.decide(r)
+    rec = next(x for x in caplog.records if x.getMessage().startswith("BE limited to"))
+    assert rec.getMessage().endswith(" x 0.3 [CPU score 80; last round's terms: node 30, ls 41, trend 8, load 1]")
+    fields = {k: rec.__dict__[k] for k in ("cpu_score", "cpu_node", "cpu_ls", "cpu_trend", "cpu_load")}
+    assert fields == {"cpu_score": 80.3, "cpu_node": 30.0, "cpu_ls": 41.5, "cpu_trend": 8.1, "cpu_load": 0.6}
+
+
 def test_the_fast_path_never_begins_a_raise() -> None:
     h = Host()
     s = CPUSuppressStrategy(h)  # type: ignore[arg-type]

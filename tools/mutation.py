@@ -282,12 +282,12 @@ EQUIVALENT: dict[str, str] = {
         "`not groups and last is None`: with no BE group the BE counter is None, so it returns all the same"
     ),
     _PG + "removed__mutmut_2": "a removed pod left among the news: the model no longer has it, so a refresh skips it",
-    _QM + "__init____mutmut_35": (
+    _QM + "__init____mutmut_36": (
         "None for the fast window's groups: unequal to any list as [] is to a non-empty one, and "
         "the fast path returns before the comparison while there is no BE group"
     ),
-    _QM + "__init____mutmut_42": _FALSE_NONE,
-    _QM + "__init____mutmut_44": _FALSE_NONE,
+    _QM + "__init____mutmut_43": _FALSE_NONE,
+    _QM + "__init____mutmut_45": _FALSE_NONE,
     _QM + "_be_seconds__mutmut_3": (
         "BE's counters summed from 1 rather than 0: a constant offset, and only differences of the sum are used"
     ),
