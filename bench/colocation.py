@@ -642,15 +642,17 @@ def mean(rounds: list[dict[str, Any]], key: str) -> float | None:
 STALL_LAG_MS = 3.0  # a window whose generator sent later than this (its p99) ran on a stalled host
 
 
+def stalled(m: dict[str, Any], stall_lag_ms: float) -> bool:
+    """The host stalled the generator in this window (``stall_lag_ms`` 0: never said)."""
+    return stall_lag_ms > 0 and (m.get("send_lag_p99_ms") or 0.0) > stall_lag_ms
+
+
 def steady(rounds: list[dict[str, Any]], stall_lag_ms: float) -> list[dict[str, Any]]:
     """The windows in which the load generator kept its schedule (send lag p99 at most
     ``stall_lag_ms``; 0: every window). The generator has the top CPU weight on the node, so
     when it sends late the host stalled it (other tenants, the hypervisor), not the pods, and
     that window measures the host, not LS beside BE. Every window when none kept it."""
-    if stall_lag_ms <= 0:
-        return rounds
-    kept = [m for m in rounds if (m.get("send_lag_p99_ms") or 0.0) <= stall_lag_ms]
-    return kept or rounds
+    return [m for m in rounds if not stalled(m, stall_lag_ms)] or rounds
 
 
 def pooled(rounds: list[dict[str, Any]], reference: dict[str, float], stall_lag_ms: float = 0.0) -> dict[str, Any]:
@@ -661,7 +663,7 @@ def pooled(rounds: list[dict[str, Any]], reference: dict[str, float], stall_lag_
     steady, those kept anyway: ``stalled_kept``)."""
     every = rounds
     rounds = steady(every, stall_lag_ms)
-    stalled = [m for m in every if stall_lag_ms > 0 and (m.get("send_lag_p99_ms") or 0.0) > stall_lag_ms]
+    late = sum(stalled(m, stall_lag_ms) for m in every)
     lat = [x for m in rounds for x in m.get("lat_ms", [])]
     ops = {n: statistics.fmean(m["be_ops_s"][n] for m in rounds) for n in rounds[0]["be_ops_s"]}
     shares = [ops[n] / reference[n] for n in ops if reference.get(n)]
@@ -678,8 +680,8 @@ def pooled(rounds: list[dict[str, Any]], reference: dict[str, float], stall_lag_
         "ls_p99_ms_by_round": [percentile(m.get("lat_ms", []), 0.99) for m in every],
         "send_lag_p99_ms_by_round": [m.get("send_lag_p99_ms") for m in every],
         "windows": len(every),
-        "stalled": len(stalled),
-        "stalled_kept": bool(stalled) and len(rounds) == len(every),
+        "stalled": late,
+        "stalled_kept": late > 0 and len(rounds) == len(every),
         "requests": sum(m.get("requests", 0) for m in rounds),
         "errors": sum(m.get("errors", 0) for m in rounds),
         "node_cpu_util": mean(rounds, "node_cpu_util"),
@@ -836,9 +838,9 @@ def targets(configs: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def write_section(path: Path, s: dict[str, Any], command: str, plot: Path | None) -> None:
-    from bench.hook_latency import commit
-
+def write_section(path: Path, s: dict[str, Any], plot: Path | None) -> None:
+    """The section from the summary alone: a saved run without its command, commit or date
+    (``--from-json`` of a run saved before they were kept) says so rather than today's."""
     cfgs = s["configs"]
     knee = next((c["knee"]["rate_rps"] for c in cfgs.values() if "knee" in c), None)
     ref = ", ".join(f"{k} {v:.0f}" for k, v in s["be_alone"]["be_ops_s"].items())
@@ -850,9 +852,9 @@ def write_section(path: Path, s: dict[str, Any], command: str, plot: Path | None
     )
     png = f"\n![LS latency tails and utilization]({plot})\n" if plot is not None else ""
     again = " (summarized again from its `--json` with `--from-json`)" if s.get("resummarized") else ""
-    when = s.get("date") or time.strftime("%Y-%m-%d")
+    when = s.get("date", "date not recorded")
     stall = s.get("stall_lag_ms", 0)
-    cmd, at = s.get("command", command), s.get("commit") or commit()
+    cmd, at = s.get("command", "python -m bench.colocation (command not recorded)"), s.get("commit", "not recorded")
     section = f"""<!-- colocation:begin -->
 ## Colocation: LS tail latency, node utilization, BE progress (`bench/colocation.py`)
 
@@ -928,7 +930,7 @@ def resummarize(args: argparse.Namespace) -> int:
     if args.plot:
         draw(raw, s, args.plot)
     if args.write:
-        write_section(args.write, s, "python -m bench.colocation (command not recorded)", args.plot)
+        write_section(args.write, s, args.plot)
     print(json.dumps(s))
     return 0
 
@@ -989,7 +991,7 @@ def main() -> int:
     if args.plot:
         draw(raw, s, args.plot)
     if args.write:
-        write_section(args.write, s, command, args.plot)
+        write_section(args.write, s, args.plot)
     print(json.dumps(s))
     return 0
 

@@ -4,6 +4,8 @@ configurations' policies (the agent accepts each)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from bench import colocation
@@ -21,6 +23,7 @@ from bench.colocation import (
     steady,
     summarize,
     windows,
+    write_section,
 )
 from nriplugin.policy.cache import parse
 from nriplugin.policy.model import Policy
@@ -177,3 +180,21 @@ def test_the_no_quota_configurations_keep_every_cpu_level_out_of_reach() -> None
 def test_a_miss_too_small_to_show_still_reads_as_a_miss() -> None:
     assert missed_by(0.3) == "missed by 0.30x"
     assert missed_by(0.004) == "missed by less than 0.01x"
+
+
+def test_a_saved_run_without_its_command_commit_or_date_says_so(tmp_path: Path) -> None:
+    """``--from-json`` of a run saved before they were kept: never today's date or HEAD's commit."""
+    raw = {n: [[window([1.0] * 100, 0, 0)]] for n in ("alone", "no-agent", "agent")}
+    raw["be-alone"] = [[window([], 200.0, 100.0, lag=None)]]
+    s = summarize(raw)
+    s.update(cpus=2, work_us=1000, cost_ms=3.0, rounds=1, warmup=10.0, seconds=60.0)
+    out = tmp_path / "BENCHMARKS.md"
+    write_section(out, s, None)
+    text = out.read_text()
+    assert "Command: `.venv/bin/python -m bench.colocation (command not recorded)` (2 CPUs, date not recorded)" in text
+    assert "commit `not recorded`;" in text
+    s.update(command="python -m bench.colocation --seconds 60", commit="abc1234", date="2026-12-03")
+    write_section(out, s, None)
+    assert (
+        "`.venv/bin/python -m bench.colocation --seconds 60` (2 CPUs, 2026-12-03), commit `abc1234`;" in out.read_text()
+    )

@@ -299,8 +299,9 @@ class QoSManager:
         collection's own time plus this (not the waits between collection chunks)."""
         t0 = time.perf_counter()
         self.assess(sample)
-        r = Round(sample.t, sample, self.level, self.cpu.score, self.memory.score, self.rules.policy)
-        r.cpu_terms = self.cpu_terms
+        r = Round(
+            sample.t, sample, self.level, self.cpu.score, self.memory.score, self.rules.policy, cpu_terms=self.cpu_terms
+        )
         for s in self.strategies:
             why = self._why_not(s, r)
             if why is None:
@@ -345,8 +346,16 @@ class QoSManager:
         non_be = max(0.0, busy - be)
         if abs(non_be - self._non_be) < FAST_JUMP:
             return
-        r = Round(fast.t, self.last, self.level, self.cpu.score, self.memory.score, policy, FastUsage(be, non_be))
-        r.cpu_terms = self.cpu_terms
+        r = Round(
+            fast.t,
+            self.last,
+            self.level,
+            self.cpu.score,
+            self.memory.score,
+            policy,
+            FastUsage(be, non_be),
+            cpu_terms=self.cpu_terms,
+        )
         for s in self.strategies:
             if s.runs(r.config) and not (s.needs_capacity and r.capacity is None):
                 s.between_rounds(r)
