@@ -818,7 +818,10 @@ def targets(configs: dict[str, Any]) -> str:
     """The issue's targets for the agent's default, met or missed by how much, per level."""
     out = []
     for label, key in (("moderate", None), ("knee", "knee")):
-        a, alone, none = (configs[n].get(key) if key else configs[n] for n in ("agent", "alone", "no-agent"))
+        # a --configs subset may lack agent or no-agent: then there is no target to judge
+        a, alone, none = (
+            (configs.get(n) or {}).get(key) if key else configs.get(n) for n in ("agent", "alone", "no-agent")
+        )
         if not (a and alone and none) or None in (a["ls_p99_ms"], alone["ls_p99_ms"], none["ls_p99_ms"]):
             continue
         if alone["errors"]:

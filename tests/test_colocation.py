@@ -22,6 +22,7 @@ from bench.colocation import (
     pooled,
     steady,
     summarize,
+    targets,
     windows,
     write_section,
 )
@@ -198,3 +199,14 @@ def test_a_saved_run_without_its_command_commit_or_date_says_so(tmp_path: Path) 
     assert (
         "`.venv/bin/python -m bench.colocation --seconds 60` (2 CPUs, 2026-12-03), commit `abc1234`;" in out.read_text()
     )
+
+
+def test_a_subset_without_the_agent_or_no_agent_has_no_targets_to_judge() -> None:
+    """`--configs alone,idle-noquota --write` must write its table, not fail at the end of the run."""
+    raw = {"alone": [[window([1.0] * 100, 0, 0)], [window([2.0] * 100, 0, 0)]]}
+    raw["agent"] = raw["alone"]
+    assert targets(summarize({"alone": raw["alone"]})["configs"]) == ""
+    assert targets(summarize(raw)["configs"]) == ""  # no no-agent either
+    raw["no-agent"] = raw["alone"]
+    judged = targets(summarize(raw)["configs"]).splitlines()
+    assert [ln.split(" (")[0] for ln in judged] == ["- moderate load", "- knee load"]
