@@ -8,6 +8,7 @@ computed on its own, before and after the node's state moves."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -177,3 +178,21 @@ def test_a_container_with_an_overlay_of_its_own_is_worked_out_alone(tmp_path: Pa
     pod, ctr = realistic_pod(4000, "LS")
     p.desired.overlays.set(ctr.id, "test", {"cpu.shares": 77}, "an overlay set before birth")
     assert p.desired.birth_key(pod, ctr) is None
+
+
+def test_a_create_leaves_the_containers_queued_before_it_to_the_take_in_after_its_answer(tmp_path: Path) -> None:
+    """The loop runs a request it found before the take-in queued by the previous answer: the
+    request must not do that take-in in its own answer (the runtime would wait for it)."""
+    p = plugin(tmp_path)
+    (pod1, c1), (pod2, c2) = realistic_pod(3001, "BE"), realistic_pod(3002, "LS")
+
+    async def burst() -> list[bool]:
+        p.create_container(pod1, c1)  # queues its take-in right after this callback
+        p.create_container(pod2, c2)  # a request run before that take-in
+        seen = [c1.id in p.model, c2.id in p.model]
+        await asyncio.sleep(0)  # the queued take-in
+        return [*seen, c1.id in p.model, c2.id in p.model]
+
+    assert asyncio.run(burst()) == [False, False, True, True]
+    keys = [k for k, _ in p.model.containers()]
+    assert keys.index(c1.id) < keys.index(c2.id), "taken in out of order"

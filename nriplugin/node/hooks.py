@@ -230,9 +230,12 @@ class QoSPlugin(Plugin):
     ) -> api.ContainerAdjustment | tuple[api.ContainerAdjustment, list[api.ContainerUpdate]] | None:
         """The answer first: the model takes the container in right after it (its listeners'
         work is not the runtime's wait), unless the container gets exclusive CPUs, which must
-        be handed out before its values are worked out."""
-        self._take_in_created()
+        be handed out before its values are worked out. The containers created before it and
+        not taken in yet stay queued too: a request that the loop runs before their take-in (it
+        runs I/O first) must not do that work in its own answer, and nothing a container's
+        values depend on moves when a container without exclusive CPUs is taken in."""
         if self.desired.pins(pod):
+            self._take_in_created()
             return self._create_pinned(pod, container)
         key = self.desired.birth_key(pod, container)
         if key is not None and key in self._births:
