@@ -930,6 +930,11 @@ def resummarize(args: argparse.Namespace) -> int:
         raise SystemExit(f"--from-json {args.from_json}: not a run saved with --json ({exc})") from exc
     s = summarize(raw, args.stall_lag_ms)
     s.update({k: v for k, v in before.items() if k not in s and k != "configs"}, resummarized=True)
+    return report(args, raw, s)
+
+
+def report(args: argparse.Namespace, raw: dict[str, list[list[dict[str, Any]]]], s: dict[str, Any]) -> int:
+    """The plot, the BENCHMARKS section and, last, the JSON line: of a run or of a saved one."""
     if args.plot:
         draw(raw, s, args.plot)
     if args.write:
@@ -991,12 +996,7 @@ def main() -> int:
     )
     if args.json:
         args.json.write_text(json.dumps({"summary": s, "raw": raw}))
-    if args.plot:
-        draw(raw, s, args.plot)
-    if args.write:
-        write_section(args.write, s, args.plot)
-    print(json.dumps(s))
-    return 0
+    return report(args, raw, s)
 
 
 if __name__ == "__main__":

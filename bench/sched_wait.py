@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.colocation import calibrate, go_binary, latencies_ms, parse_load, percentile
+from bench.hook_latency import commit
 from bench.report import replace_section
 from testkit.plugin import free_port
 
@@ -206,11 +207,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 pairs.append(pair)
             result["rates"][str(rate)] = {"pairs": pairs, "summary": summarize(pairs)}
     return result
-
-
-def commit() -> str:
-    r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
-    return r.stdout.strip() or "unknown"
 
 
 def write_section(path: Path, result: dict[str, Any], command: str) -> None:
