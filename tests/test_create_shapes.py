@@ -196,3 +196,46 @@ def test_a_create_leaves_the_containers_queued_before_it_to_the_take_in_after_it
     assert asyncio.run(burst()) == [False, False, True, True]
     keys = [k for k, _ in p.model.containers()]
     assert keys.index(c1.id) < keys.index(c2.id), "taken in out of order"
+
+
+def test_the_take_in_gives_the_loop_to_a_waiting_request_after_each_container(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A burst's take-in runs in turns that end as soon as a hook request waits on the trunk:
+    the request waits for one container's take-in, not the burst's; the rest follow in order."""
+    import nriplugin.node.turns as loop_turns
+
+    p = plugin(tmp_path)
+    burst = [realistic_pod(3100 + i, "BE" if i % 2 else "LS") for i in range(4)]
+    monkeypatch.setattr(loop_turns, "LOOK", 0.0)
+    waiting = [True]
+    monkeypatch.setattr(loop_turns, "hook_waiting", lambda: waiting[0])
+
+    async def main() -> list[int]:
+        for pod, ctr in burst:
+            p.create_container(pod, ctr)
+        taken = []
+        for _ in range(3):
+            await asyncio.sleep(0)  # one loop iteration: one turn of the take-in
+            taken.append(sum(c.id in p.model for _, c in burst))
+        waiting[0] = False  # nobody waits: the rest in one turn
+        await asyncio.sleep(0)
+        taken.append(sum(c.id in p.model for _, c in burst))
+        return taken
+
+    assert asyncio.run(main()) == [1, 2, 3, 4]
+    keys = [k for k, _ in p.model.containers()]
+    assert keys == [c.id for _, c in burst], "taken in out of order"
+
+
+def test_a_take_in_with_nobody_waiting_takes_the_burst_in_one_turn(tmp_path: Path) -> None:
+    p = plugin(tmp_path)
+    burst = [realistic_pod(3200 + i, "BE") for i in range(4)]
+
+    async def main() -> int:
+        for pod, ctr in burst:
+            p.create_container(pod, ctr)
+        await asyncio.sleep(0)
+        return sum(c.id in p.model for _, c in burst)
+
+    assert asyncio.run(main()) == 4

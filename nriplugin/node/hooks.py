@@ -6,6 +6,7 @@ pushes when the share pool moves — plus, through the one writer, the values NR
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -136,7 +137,7 @@ class QoSPlugin(Plugin):
         self._pushes: set[asyncio.Future[None]] = set()  # UpdateContainers in flight (kept referenced)
         # Containers answered, not yet in the model: taken in right after the answer, and by
         # every hook before it looks at the model (so the order of events is the model's).
-        self._created: list[tuple[api.PodSandbox, api.Container]] = []
+        self._created: collections.deque[tuple[api.PodSandbox, api.Container]] = collections.deque()
         self.runtime = RuntimeCaps()  # what the runtime's NRI carries: learnt at Configure
         self.fields = carried(self.runtime)  # the resources its LinuxResources has as fields
         # CreateContainer's answer by the container's shape (DesiredState.birth_key): the pods
@@ -182,10 +183,18 @@ class QoSPlugin(Plugin):
         self._rdt = (policy, templates)
         return templates
 
-    def _take_in_created(self) -> None:
-        created, self._created = self._created, []
-        for pod, container in created:
+    def _take_in_created(self, in_turns: bool = False) -> None:
+        """The model takes in the containers answered and not taken in yet, in order; ``in_turns``
+        (on the loop, after the answers), a turn at a time: a request that arrives meanwhile
+        waits for one container's take-in, not for a burst's."""
+        created = self._created
+        turn = Turn() if in_turns else None
+        while created:
+            pod, container = created.popleft()
             self.model.container_created(pod, container)
+            if turn is not None and created and turn.over():
+                asyncio.get_running_loop().call_soon(self._take_in_created, True)
+                return
 
     def _pool_updates(self, skip: str = "") -> list[api.ContainerUpdate]:
         """Updates moving every sharer to the current share pool."""
@@ -254,7 +263,7 @@ class QoSPlugin(Plugin):
         self._created.append((pod, container))
         if len(self._created) == 1:
             try:
-                asyncio.get_running_loop().call_soon(self._take_in_created)
+                asyncio.get_running_loop().call_soon(self._take_in_created, True)
             except RuntimeError:  # no loop (tests, explain): now
                 self._take_in_created()
         return adj
