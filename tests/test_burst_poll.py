@@ -30,7 +30,11 @@ class Scripted(PollClock):
         self.arrivals: list[float] = []
         self.sleeps: list[float | None] = []  # timeouts of the polls that slept
         self.looks = 0
+        self.gave_way = 0  # sched_yield calls between looks
         super().__init__(burst_poll, idle)
+
+    def _give_way(self) -> None:  # type: ignore[override]
+        self.gave_way += 1
 
     def _now(self) -> float:  # type: ignore[override]
         return self.t
@@ -79,6 +83,24 @@ def test_back_to_back_requests_are_found_by_looking_not_by_sleeping() -> None:
         assert c.answer_then_wait(50e-6, 120e-6)
     assert len(c.sleeps) == 2 and c.burst
     assert c.spun == pytest.approx(5 * 120e-6, abs=5 * 10e-6)
+
+
+def test_between_looks_that_find_nothing_the_cpu_is_offered_to_others() -> None:
+    """A look that finds nothing is followed by sched_yield before the next: on a small node
+    the runtime's threads need the CPU the loop is looking on."""
+    c = Scripted(look=10e-6)
+    c.answer_then_wait(0, 1.0)
+    c.answer_then_wait(0, 50e-6)
+    assert c.burst
+    looks, gave = c.looks, c.gave_way
+    # found by the 10th look: the poll's own first look, then 8 empty looks of the burst's,
+    # each followed by a yield, and the one that finds it
+    assert c.answer_then_wait(0, 95e-6)
+    assert c.looks - looks == 10 and c.gave_way - gave == 8
+    looks, gave = c.looks, c.gave_way
+    c.answer_then_wait(0, 0.5)  # nothing within burst_poll: no yield after the last look; then it sleeps
+    spin_looks = c.looks - looks - 1
+    assert spin_looks == round(BURST_POLL / 10e-6) and c.gave_way - gave == spin_looks - 1
 
 
 def test_io_soon_after_work_that_answered_nothing_never_starts_a_burst() -> None:
