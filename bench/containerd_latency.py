@@ -142,15 +142,32 @@ def summary(values: list[float]) -> dict[str, Any]:
     return {"n": len(s), "p50": p(0.5), "p90": p(0.9), "p99": p(0.99), "max": s[-1]}
 
 
-def diff_ci(a: list[float], b: list[float], q: float, n: int = 2000, seed: int = 1) -> tuple[float, float]:
-    """95 % bootstrap interval of quantile(a) - quantile(b): is a difference signal or noise?"""
+def diff_ci(
+    a: list[float], b: list[float], q: float, per_round: int, n: int = 2000, seed: int = 1
+) -> tuple[float, float]:
+    """95 % bootstrap interval of quantile(a) - quantile(b): is a difference signal or noise?
+
+    ``a`` and ``b`` hold ``per_round`` calls per round, round after round. The calls of one
+    round are not independent (one plugin process, one stretch of the machine's background),
+    so rounds are what is resampled, and the same rounds for both (they ran side by side):
+    resampling single calls would give a narrow interval to a difference that the next run
+    does not repeat."""
     import random
 
+    rounds = len(a) // per_round
+    if rounds < 2 or len(b) != len(a) or len(a) % per_round:
+        raise ValueError(f"need two or more whole rounds of {per_round} calls on both sides")
+    ra = [a[i * per_round : (i + 1) * per_round] for i in range(rounds)]
+    rb = [b[i * per_round : (i + 1) * per_round] for i in range(rounds)]
     rng = random.Random(seed)
 
     def quant(v: list[float]) -> float:
         s = sorted(v)
         return s[int((len(s) - 1) * q)]
 
-    d = sorted(quant(rng.choices(a, k=len(a))) - quant(rng.choices(b, k=len(b))) for _ in range(n))
+    d = []
+    for _ in range(n):
+        pick = rng.choices(range(rounds), k=rounds)
+        d.append(quant([x for i in pick for x in ra[i]]) - quant([x for i in pick for x in rb[i]]))
+    d.sort()
     return d[int(0.025 * n)], d[int(0.975 * n)]
