@@ -13,15 +13,18 @@ reconciler, network QoS (nothing configured: it only watches), metrics on a port
 inventory against a CRI stand-in (testkit/cri_standin.py, in a process of its own, like the
 runtime's CRI) that lists the same node. The two run
 alternately, for several rounds in one run, so machine noise hits both alike, on a node of
-``--sync-pods`` containers and on one of ``--large`` (10x): a hook must cost the same on both.
+``--sync-pods`` containers and on one of ``--large`` (10x): a hook must cost the same on both
+(nriplugin's bare stub, ``bench.stub_floor``, runs on both nodes too: the control that shows what
+the node's size costs the runtime's side and the machine rather than the agent).
 
 Reported per plugin and node: CreateContainer round trip p50/p90/p99 (median over rounds), the
-ratios nriplugin / Go; the hook-latency histogram nriplugin exports (scraped at the end of each
-round; its time starts when the request's bytes could first be read) next to the runtime's
-figures; nriplugin's plugin-side handling (bytes in -> response written, timed inside the real
-agent run in this process); and, for scale, `bench.stub_floor`: a plugin on nriplugin's own
-stub that answers every CreateContainer with a fixed adjustment (what the Python stack costs
-before any work).
+ratios nriplugin / Go and large node / small node with 95 % intervals that resample rounds in
+pairs (:func:`ratio_ci`), and whether each meets its target (``TARGETS``); the hook-latency
+histogram nriplugin exports (scraped at the end of each round; its time starts when the
+request's bytes could first be read) next to the runtime's figures; nriplugin's plugin-side
+handling (bytes in -> response written, timed inside the real agent run in this process); and,
+for scale, `bench.stub_floor`: a plugin on nriplugin's own stub that answers every
+CreateContainer with a fixed adjustment (what the Python stack costs before any work).
 
 With --containerd (root, the e2e harness's private containerd 1.7): CRI CreateContainer
 latency with no plugin, the Go plugin and nriplugin, alternating; and pre-registered
@@ -199,6 +202,26 @@ def within(
     return out
 
 
+def ratio_ci(a: list[float], b: list[float], n: int = 2000, seed: int = 1) -> tuple[float, float]:
+    """95 % bootstrap interval of median(a) / median(b), for per-round figures of two
+    configurations that ran side by side, round after round (``a[i]`` next to ``b[i]``).
+
+    Rounds are resampled, the same rounds for both: a round's neighbours share its stretch of
+    the machine's background, so the pairing cancels noise that hits both alike, and a ratio
+    of medians that one noisy round moves gets the wide interval it deserves."""
+    import random
+
+    if len(a) != len(b) or len(a) < 2:
+        raise ValueError(f"need two or more paired rounds (got {len(a)} and {len(b)})")
+    rng = random.Random(seed)
+    r = []
+    for _ in range(n):
+        pick = rng.choices(range(len(a)), k=len(a))
+        r.append(statistics.median(a[i] for i in pick) / statistics.median(b[i] for i in pick))
+    r.sort()
+    return r[int(0.025 * n)], r[int(0.975 * n)]
+
+
 def run_external(bench: Path, name: str, calls: int, sync_pods: int, goplugin: Path, settle: float) -> dict[str, Any]:
     """One round of one plugin: its own process, started after the runtime listens."""
     with tempfile.TemporaryDirectory() as d, cri_node(sync_pods) as cri:
@@ -348,7 +371,9 @@ def main() -> int:
     # ASLEEP: the agent with its loop sleeping between requests, to show what the burst poll buys.
     configs = [("go", args.sync_pods), ("nriplugin", args.sync_pods), ("stub floor", args.sync_pods)]
     configs += [(ASLEEP, args.sync_pods)] if args.asleep else []
-    configs += [("nriplugin", n) for n in nodes[1:]]
+    # The larger node: nriplugin, and its stub alone as the control (what the runtime's side and
+    # the transport cost on a big node, with no agent work).
+    configs += [(name, n) for n in nodes[1:] for name in ("nriplugin", "stub floor")]
     runs: dict[str, list[dict[str, Any]]] = {f"{name}@{n}": [] for name, n in configs}
     for r in range(args.rounds):
         for name, n in configs if r % 2 == 0 else configs[::-1]:
@@ -392,7 +417,6 @@ def main() -> int:
 
     summary = {k: {f: med(k, f) for f in ("p50_us", "p90_us", "p99_us", "sync_ms")} for k in runs}
     small, large = f"@{args.sync_pods}", f"@{args.large}"
-    ratios = {small: {f: summary[f"nriplugin{small}"][f] / summary[f"go{small}"][f] for f in ("p50_us", "p99_us")}}
     out: dict[str, Any] = {
         "commit": commit(),
         "nri": args.nri,
@@ -401,7 +425,6 @@ def main() -> int:
         "calls": args.calls,
         "nodes": nodes,
         "median_of_rounds": summary,
-        "ratio_nriplugin_over_go": ratios,
         "histogram": {
             k: {f: med(k, f, "histogram") for f in ("p50_us", "p99_us")} | {"within": med_within(k)}
             for k in runs
@@ -420,9 +443,20 @@ def main() -> int:
         },
         "runs": runs,
     }
+
+    def paired(a: str, b: str) -> dict[str, Any]:
+        """The ratio of a's to b's median over rounds, with its round-resampled interval."""
+        res: dict[str, Any] = {}
+        for f in ("p50_us", "p99_us"):
+            xa, xb = [float(x[f]) for x in runs[a]], [float(x[f]) for x in runs[b]]
+            res[f] = summary[a][f] / summary[b][f]
+            res[f"{f}_ci"] = list(ratio_ci(xa, xb)) if args.rounds >= 2 else None
+        return res
+
+    out["ratio_nriplugin_over_go"] = {small: paired(f"nriplugin{small}", f"go{small}")}
     if args.large:
-        big, base = summary[f"nriplugin{large}"], summary[f"nriplugin{small}"]
-        out["large_over_small"] = {f: big[f] / base[f] for f in ("p50_us", "p99_us")}
+        out["large_over_small"] = paired(f"nriplugin{large}", f"nriplugin{small}")
+        out["stub_floor_large_over_small"] = paired(f"stub floor{large}", f"stub floor{small}")
     raw: dict[str, Any] = {}
     if args.containerd:
         from bench import containerd_latency as cl
@@ -501,6 +535,32 @@ def plot(path: Path, out: dict[str, Any], handled: list[float], raw: dict[str, A
     fig.savefig(path, dpi=90)
 
 
+# The hook-path targets (issue 21), per ratio: the most p50 and p99 may be.
+TARGETS = {"nriplugin / Go": (0.9, 0.8), "large / small": (1.1, 1.1)}
+
+
+def ratio_cell(v: dict[str, Any], f: str) -> str:
+    ci = v.get(f"{f}_ci")
+    return f"**{v[f]:.2f}**" + (f" ({ci[0]:.2f} .. {ci[1]:.2f})" if ci else "")
+
+
+def verdict(v: dict[str, Any], target: tuple[float, float] | None) -> str:
+    """Whether a ratio meets its target in this run: held (the whole interval within it), held
+    at the median only (the interval reaches past it), or missed."""
+    if target is None:
+        return "-"
+    parts = []
+    for f, most in zip(("p50_us", "p99_us"), target, strict=True):
+        ci, q = v.get(f"{f}_ci"), f[:3]
+        if v[f] > most:
+            parts.append(f"{q} ≤ {most:g}: missed")
+        elif ci and ci[1] > most:
+            parts.append(f"{q} ≤ {most:g}: at the median, not across the interval")
+        else:
+            parts.append(f"{q} ≤ {most:g}: held")
+    return "; ".join(parts)
+
+
 def row(name: str, x: dict[str, float]) -> str:
     return f"| {name} | {x['p50_us']:.0f} µs | {x['p90_us']:.0f} µs | {x['p99_us']:.0f} µs | {x['sync_ms']:.1f} ms |"
 
@@ -566,19 +626,19 @@ def write_section(path: Path, out: dict[str, Any], command: str) -> None:
     host = f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}"
     rows = [row(f"Go stub (`go-nri-refplugin`), node of {small}", s[f"go@{small}"])]
     rows += [row(f"**nriplugin**, node of {n}", s[f"nriplugin@{n}"]) for n in out["nodes"]]
-    rows.append(row(f"nriplugin's stub alone (`bench.stub_floor`), node of {small}", s[f"stub floor@{small}"]))
+    stub = "nriplugin's stub alone (`bench.stub_floor`)"
+    rows += [row(f"{stub}, node of {n}", s[f"stub floor@{n}"]) for n in out["nodes"]]
     if f"{ASLEEP}@{small}" in s:
         rows.append(row(f"nriplugin `--burst-poll-us 0` (always sleeps), node of {small}", s[f"{ASLEEP}@{small}"]))
+    paired: list[tuple[str, dict[str, Any], tuple[float, float] | None]]
+    paired = [(f"nriplugin / Go, node of {k.lstrip('@')}", v, TARGETS["nriplugin / Go"]) for k, v in r.items()]
+    if "large_over_small" in out:
+        sizes = f"node of {large} / node of {small}"
+        paired.append((f"nriplugin, {sizes}", out["large_over_small"], TARGETS["large / small"]))
+        paired.append((f"its stub alone (control), {sizes}", out["stub_floor_large_over_small"], None))
     ratio_lines = "\n".join(
-        f"| nriplugin / Go, node of {k.lstrip('@')} | **{v['p50_us']:.2f}** | **{v['p99_us']:.2f}** |"
-        for k, v in r.items()
-    )
-    scale = out.get("large_over_small")
-    scale_line = (
-        f"nriplugin on the node of {large} / on the node of {small}: "
-        f"p50 {scale['p50_us']:.2f}, p99 {scale['p99_us']:.2f}."
-        if scale
-        else ""
+        f"| {name} | " + " | ".join(ratio_cell(v, f) for f in ("p50_us", "p99_us")) + f" | {verdict(v, target)} |"
+        for name, v, target in paired
     )
     hist_rows = "\n".join(
         f"| node of {k.split('@')[1]}{', `--burst-poll-us 0`' if k.startswith(ASLEEP) else ''} | "
@@ -622,11 +682,15 @@ the median over rounds.
 |---|---|---|---|---|
 {chr(10).join(rows)}
 
-| ratio | p50 | p99 |
-|---|---|---|
+| ratio (95 % interval, rounds resampled in pairs) | p50 | p99 | the issue's target |
+|---|---|---|---|
 {ratio_lines}
 
-{scale_line}
+The intervals resample whole rounds, the same rounds for both sides of a ratio (the rounds
+alternate, so a round and its neighbour share the machine's background); a target holds in
+this run when the whole interval is within it. The control row is the same runtime and
+transport on both nodes with no agent work: where it moves, the node's size costs the runtime
+or the machine, not the agent.
 
 nriplugin's plugin-side handling of CreateContainer: bytes in -> response written, timed inside
 the real agent run in the bench's process, node of {small}, {p["n"]} calls a run, median of

@@ -1,15 +1,17 @@
 """The hook-latency bench's statistics: the SLO histogram against the runtime's own timings
 (the share answered within a bound, counted exactly on both sides), and the CRI comparison's
-intervals (whole rounds resampled: calls of one round are not independent)."""
+intervals (whole rounds resampled: calls of one round are not independent), and the hook
+ratios' intervals and verdicts (rounds resampled in pairs)."""
 
 from __future__ import annotations
 
 import random
+import statistics
 
 import pytest
 
 from bench.containerd_latency import diff_ci
-from bench.hook_latency import WITHIN, within
+from bench.hook_latency import TARGETS, WITHIN, ratio_ci, verdict, within
 from nriplugin.obs.metrics import HOOK_BUCKETS
 
 
@@ -78,3 +80,34 @@ def test_partial_or_unequal_rounds_are_refused() -> None:
         diff_ci([1.0] * 40, [1.0] * 40, 0.5, per_round=40)
     with pytest.raises(ValueError):
         diff_ci([1.0] * 80, [1.0] * 120, 0.5, per_round=40)
+
+
+def test_a_ratio_paired_by_round_sees_through_background_that_moves_both_sides() -> None:
+    small = [150.0, 210.0, 170.0, 260.0, 190.0, 230.0]  # the machine's background, round by round
+    large = [x * 1.04 for x in small]
+    lo, hi = ratio_ci(large, small)
+    assert lo == pytest.approx(1.04) and hi == pytest.approx(1.04)
+    # unpaired, the same figures would leave anything from ~0.8 to ~1.3 possible
+    rng = random.Random(1)
+    q = sorted(
+        statistics.median(rng.choices(large, k=6)) / statistics.median(rng.choices(small, k=6)) for _ in range(500)
+    )
+    assert q[12] < 0.9 and q[-13] > 1.2
+
+
+def test_slow_rounds_on_one_side_widen_the_ratio_interval_and_the_verdict_says_so() -> None:
+    small = [200.0] * 6
+    large = [204.0, 400.0, 204.0, 204.0, 400.0, 204.0]  # two rounds the machine was busy
+    lo, hi = ratio_ci(large, small)
+    assert lo == pytest.approx(1.02) and hi > 1.4  # the median of rounds says 1.02; it could be far more
+    v = {"p50_us": 1.02, "p50_us_ci": [lo, hi], "p99_us": 1.0, "p99_us_ci": [0.95, 1.05]}
+    assert verdict(v, TARGETS["large / small"]) == "p50 ≤ 1.1: at the median, not across the interval; p99 ≤ 1.1: held"
+    assert verdict({"p50_us": 0.93, "p99_us": 0.7}, TARGETS["nriplugin / Go"]) == "p50 ≤ 0.9: missed; p99 ≤ 0.8: held"
+    assert verdict(v, None) == "-"
+
+
+def test_ratio_rounds_must_pair() -> None:
+    with pytest.raises(ValueError, match="two or more paired rounds"):
+        ratio_ci([1.0, 2.0, 3.0], [1.0, 2.0])
+    with pytest.raises(ValueError, match="two or more paired rounds"):
+        ratio_ci([1.0], [1.0])
