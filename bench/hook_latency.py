@@ -553,7 +553,7 @@ def verdict(v: dict[str, Any], target: tuple[float, float] | None) -> str:
     for f, most in zip(("p50_us", "p99_us"), target, strict=True):
         ci, q = v.get(f"{f}_ci"), f[:3]
         if v[f] > most:
-            parts.append(f"{q} ≤ {most:g}: missed")
+            parts.append(f"{q} ≤ {most:g}: missed ({v[f]:.3f})")
         elif ci and ci[1] > most:
             parts.append(f"{q} ≤ {most:g}: at the median, not across the interval")
         else:
