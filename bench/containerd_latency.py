@@ -13,6 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from bench.rounds import interval
 from testkit import containerd as harness
 from testkit.cri import msg
 
@@ -152,22 +153,16 @@ def diff_ci(
     so rounds are what is resampled, and the same rounds for both (they ran side by side):
     resampling single calls would give a narrow interval to a difference that the next run
     does not repeat."""
-    import random
-
     rounds = len(a) // per_round
     if rounds < 2 or len(b) != len(a) or len(a) % per_round:
         raise ValueError(f"need two or more whole rounds of {per_round} calls on both sides")
     ra = [a[i * per_round : (i + 1) * per_round] for i in range(rounds)]
     rb = [b[i * per_round : (i + 1) * per_round] for i in range(rounds)]
-    rng = random.Random(seed)
 
     def quant(v: list[float]) -> float:
         s = sorted(v)
         return s[int((len(s) - 1) * q)]
 
-    d = []
-    for _ in range(n):
-        pick = rng.choices(range(rounds), k=rounds)
-        d.append(quant([x for i in pick for x in ra[i]]) - quant([x for i in pick for x in rb[i]]))
-    d.sort()
-    return d[int(0.025 * n)], d[int(0.975 * n)]
+    return interval(
+        rounds, lambda pick: quant([x for i in pick for x in ra[i]]) - quant([x for i in pick for x in rb[i]]), n, seed
+    )

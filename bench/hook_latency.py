@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import replace_section
+from bench.rounds import interval
 from testkit.go_peers import DEFAULT_NRI, NRI_VERSIONS, go_peer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,6 +66,8 @@ ASLEEP = "nriplugin --burst-poll-us 0"  # the agent whose loop sleeps between re
 # Bounds (seconds; each a bucket bound of the hook histogram, so the histogram's count below it
 # is exact) at which the share of calls answered within is compared, runtime against histogram.
 WITHIN = (250e-6, 500e-6, 1e-3, 2e-3)
+# The hook-path targets (issue 21), per ratio: the most p50 and p99 may be.
+TARGETS = {"nriplugin / Go": (0.9, 0.8), "large / small": (1.1, 1.1)}
 
 
 def pct(values: list[float], p: float) -> float:
@@ -209,17 +212,11 @@ def ratio_ci(a: list[float], b: list[float], n: int = 2000, seed: int = 1) -> tu
     Rounds are resampled, the same rounds for both: a round's neighbours share its stretch of
     the machine's background, so the pairing cancels noise that hits both alike, and a ratio
     of medians that one noisy round moves gets the wide interval it deserves."""
-    import random
-
     if len(a) != len(b) or len(a) < 2:
         raise ValueError(f"need two or more paired rounds (got {len(a)} and {len(b)})")
-    rng = random.Random(seed)
-    r = []
-    for _ in range(n):
-        pick = rng.choices(range(len(a)), k=len(a))
-        r.append(statistics.median(a[i] for i in pick) / statistics.median(b[i] for i in pick))
-    r.sort()
-    return r[int(0.025 * n)], r[int(0.975 * n)]
+    return interval(
+        len(a), lambda pick: statistics.median(a[i] for i in pick) / statistics.median(b[i] for i in pick), n, seed
+    )
 
 
 def run_external(bench: Path, name: str, calls: int, sync_pods: int, goplugin: Path, settle: float) -> dict[str, Any]:
@@ -533,10 +530,6 @@ def plot(path: Path, out: dict[str, Any], handled: list[float], raw: dict[str, A
     ax.set_title("pre-registered: process start -> registered")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
-
-
-# The hook-path targets (issue 21), per ratio: the most p50 and p99 may be.
-TARGETS = {"nriplugin / Go": (0.9, 0.8), "large / small": (1.1, 1.1)}
 
 
 def ratio_cell(v: dict[str, Any], f: str) -> str:
