@@ -20,7 +20,7 @@ from nriplugin.cli.main import install
 from nriplugin.kernel.cpulist import parse_cpulist
 from nriplugin.node.hooks import QoSPlugin
 from nriplugin.nri import api_pb2 as api
-from nriplugin.nri.stub import HookPolicy, Plugin, Stub, StubOptions
+from nriplugin.nri.stub import HookPolicy, Plugin, Stub, StubOptions, UnsafeOnRuntime
 from testkit.containerd import Containerd, Runtime, read_cgroup
 from testkit.cri import msg
 from testkit.plugin import PluginProcess, alive, children, free_port, runtime_args, scrape
@@ -111,7 +111,7 @@ def test_synchronize_200_existing_pods(runtime: Containerd, plugin_factory: Call
     assert plugin.metric('nriplugin_synchronize_objects{kind="pods"}') == 200
     assert plugin.metric("nriplugin_synchronize_duration_seconds_sum") < 2.0
     deadline = time.monotonic() + 10  # the model takes them in right after the answer
-    while "synchronized 200 pods, 200 containers, 100 updates" not in plugin.logs():
+    while "synchronized 200 pods, 200 containers, 100 updates " not in plugin.logs():
         assert time.monotonic() < deadline, plugin.logs()[-2000:]
         time.sleep(0.05)
     # The runtime applies the pushed updates (one runc update each).
@@ -136,21 +136,35 @@ def _inprocess(rt: Containerd, plugin: Plugin, body: Callable[[Stub], Any], **op
     return asyncio.run(main())
 
 
-def test_pushed_update_changes_a_running_container(runtime: Containerd) -> None:
+def test_pushed_update_changes_a_running_container(runtime: Containerd, runtime_line: Runtime) -> None:
+    """A plugin's UpdateContainers reaches the running container where the runtime takes it
+    safely (containerd 2.4); on 1.7 and 2.1, whose NRI can deadlock on it, the stub refuses it
+    and the container keeps its values."""
     pod = runtime.run_pod("ls", "Burstable", LS)
     cid = runtime.create_container(pod, "main", cpu_shares=1024)
 
-    async def push(stub: Stub) -> list[api.ContainerUpdate]:
+    cg = runtime.container_cgroup(pod, cid)
+    before: dict[str, str] = {}
+
+    async def push(stub: Stub) -> list[api.ContainerUpdate] | Exception:
+        before.update({f: read_cgroup(cg, f) for f in ("cpu.shares", "cpu.cfs_quota_us")})
         u = api.ContainerUpdate(container_id=cid)
         u.linux.resources.cpu.shares.value = 77
         u.linux.resources.cpu.quota.value = 30000
         u.linux.resources.cpu.period.value = 100000
-        return await stub.update_containers([u])
+        try:
+            return await stub.update_containers([u])
+        except UnsafeOnRuntime as exc:
+            return exc
 
-    assert _inprocess(runtime, QoSPlugin(), push) == []
-    cg = runtime.container_cgroup(pod, cid)
-    assert read_cgroup(cg, "cpu.shares") == "77"
-    assert read_cgroup(cg, "cpu.cfs_quota_us") == "30000"
+    result = _inprocess(runtime, QoSPlugin(), push)
+    after = {f: read_cgroup(cg, f) for f in ("cpu.shares", "cpu.cfs_quota_us")}
+    if runtime_line.safe_plugin_updates:
+        assert result == []
+        assert after == {"cpu.shares": "77", "cpu.cfs_quota_us": "30000"}
+    else:
+        assert isinstance(result, UnsafeOnRuntime) and "containerd#13733" in str(result)
+        assert after == before and after["cpu.shares"] != "77"
 
 
 class SlowPlugin(Plugin):

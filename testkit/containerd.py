@@ -109,6 +109,13 @@ class Runtime:
         return self.major_minor >= (2, 0)
 
     @property
+    def safe_plugin_updates(self) -> bool:
+        """containerd 2.4 (NRI v0.12.3) takes a plugin's UpdateContainers without its adaptation
+        lock; 1.7 (v0.6.1) and 2.1 (v0.8.0) hold it while taking the runtime's, the reverse of
+        every container event, and can deadlock (containerd#13733, fixed in NRI v0.12.1)."""
+        return self.major_minor >= (2, 4)
+
+    @property
     def config_version(self) -> int:
         return 3 if self.major_minor >= (2, 0) else 2
 

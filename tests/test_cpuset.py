@@ -18,6 +18,7 @@ from nriplugin.kernel.probe import Topology, topology
 from nriplugin.node.assembly import Node
 from nriplugin.node.hooks import QoSPlugin
 from nriplugin.nri import api_pb2 as api
+from nriplugin.nri.runtime import RuntimeCaps
 from nriplugin.policy.model import Policy
 from nriplugin.policy.qos import QoSClass
 from testkit.kernel_tree import sys_tree
@@ -94,7 +95,12 @@ def test_claims_are_validated(tmp_path: Path) -> None:
     assert a.claim("x", {1}) == {0, 4}  # idempotent: the first decision stands
 
 
-def test_plugin_pins_lsr_and_moves_sharers(tmp_path: Path) -> None:
+@pytest.mark.parametrize("nri", [(0, 12, 5), (0, 6, 1)])
+def test_plugin_pins_lsr_and_moves_sharers(tmp_path: Path, nri: tuple[int, int, int]) -> None:
+    """When the pinned container goes, the sharers get the grown pool: pushed with
+    UpdateContainers where the runtime's NRI makes that safe, else only in the desired state
+    (the reconciler writes it: an old NRI can deadlock on a plugin's UpdateContainers)."""
+
     async def main() -> None:
         t = topo(tmp_path, 4, 2, 1)
         c = caps(**{"cpuset.cpus": True})
@@ -106,6 +112,7 @@ def test_plugin_pins_lsr_and_moves_sharers(tmp_path: Path) -> None:
 
         invalid: list[str] = []
         p = QoSPlugin(Node.create(caps=c, on_invalid=invalid.append), push=push)
+        p.runtime_caps(RuntimeCaps(nri=nri, source="runtime"))
         ls = make_pod(1, "LS")
         ls_c = make_container(1, ls)
         assert p.create_container(ls, ls_c) is None  # nothing exclusive yet: all CPUs, no adjustment
@@ -130,7 +137,14 @@ def test_plugin_pins_lsr_and_moves_sharers(tmp_path: Path) -> None:
         assert invalid == ["cpuset"]
         p.remove_container(lsr, lsr_c)
         await asyncio.sleep(0.01)
-        assert pushed and set(parse_cpulist(pushed[0][0].linux.resources.cpu.cpus)) == set(t.online) - {3, 7}
+        grown = set(t.online) - {3, 7}
+        target = p.desired.intent(ls_c.id)
+        assert target is not None and set(parse_cpulist(str(target.values["cpuset.cpus"]))) == grown
+        if nri >= (0, 12, 1):
+            assert len(pushed) == 1 and pushed[0][0].container_id == ls_c.id  # and the hostile pod's, a sharer
+            assert all(set(parse_cpulist(u.linux.resources.cpu.cpus)) == grown for u in pushed[0])
+        else:
+            assert pushed == []
 
     asyncio.run(main())
 

@@ -104,6 +104,11 @@ def test_doctor_and_explain_say_which_path_is_in_force() -> None:
     assert "written by the agent at StartContainer" in old["pids limit"]
     assert new["pod-level resize"].startswith("followed (UpdatePodSandbox")
     assert old["pod-level resize"].startswith("not told")
+    assert new["updates outside hooks"].startswith("pushed with UpdateContainers")
+    assert (
+        old["updates outside hooks"].startswith("in Synchronize's answer")
+        and "containerd#13733" in old["updates outside hooks"]
+    )
     assert describe_runtime(Policy(), "v0.12.5")["paths"]["pids limit"].startswith("off")
 
 

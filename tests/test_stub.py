@@ -15,7 +15,7 @@ import pytest
 from nriplugin.nri import api_pb2 as api
 from nriplugin.nri import ttrpc
 from nriplugin.nri.runtime import VENDORED, RuntimeCaps
-from nriplugin.nri.stub import HookPolicy, Plugin, Stub, StubOptions, create_response, event_mask
+from nriplugin.nri.stub import HookPolicy, Plugin, Stub, StubOptions, UnsafeOnRuntime, create_response, event_mask
 from nriplugin.nri.transport import PollClock
 from testkit.runtime_peer import PeerCallError, RuntimePeer, make_container, make_pod
 
@@ -330,7 +330,7 @@ def test_runtime_timeout_caps_the_budget(tmp_path: Path) -> None:
 
 def test_update_containers_outside_and_inside_handlers(tmp_path: Path) -> None:
     async def main(tmp: Path) -> None:
-        peer = RuntimePeer()
+        peer = RuntimePeer(nri="v0.12.5")
         peer.fail_updates = {"bad"}
         calls: list[str] = []
 
@@ -359,6 +359,31 @@ def test_update_containers_outside_and_inside_handlers(tmp_path: Path) -> None:
         await stopped(stub, task, peer)
         with pytest.raises(ConnectionError):
             await stub.update_containers([u1])
+
+    run(main, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("nri", "runtime"),
+    [("v0.6.1", ("containerd", "1.7.24")), ("v0.8.0", ("containerd", "2.1.9")), ("v0.12.0", ("containerd", "2.3.0"))],
+)
+def test_update_containers_is_refused_where_it_can_deadlock_the_runtime(
+    tmp_path: Path, nri: str, runtime: tuple[str, str]
+) -> None:
+    """NRI before v0.12.1 holds its adaptation lock while the runtime takes its own for a
+    plugin's UpdateContainers, the reverse of every container event (containerd#13733): the
+    stub refuses the call there with the reason, and nothing reaches the runtime."""
+
+    async def main(tmp: Path) -> None:
+        peer = RuntimePeer(nri=nri, runtime=runtime)
+        stub, task = await started(peer, SharesPlugin(), tmp)
+        await peer.next_session()
+        assert not stub.caps.supports("plugin_updates")
+        with pytest.raises(UnsafeOnRuntime, match=r"containerd#13733.*not sent"):
+            await stub.update_containers([api.ContainerUpdate(container_id="x")])
+        await asyncio.sleep(0.05)
+        assert peer.updates == []
+        await stopped(stub, task, peer)
 
     run(main, tmp_path)
 
@@ -580,26 +605,39 @@ def big_node(n: int, note: int) -> tuple[list[api.PodSandbox], list[api.Containe
     return pods, [make_container(i, p) for i, p in enumerate(pods)]
 
 
-def test_synchronize_over_4mib_is_accepted_and_an_answer_over_4mib_is_split(tmp_path: Path) -> None:
+@pytest.mark.parametrize("nri", ["v0.12.5", "v0.6.1"])
+def test_synchronize_over_4mib_is_accepted_and_an_answer_over_4mib_is_split(
+    tmp_path: Path, nri: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """containerd 1.7 sends Synchronize whole (here ~5.5 MB, over ttrpc's 4 MiB): accepted.
     Our answer (~5 MB of updates) would be refused by the runtime: what fits goes in the
-    answer, the rest follows in UpdateContainers calls, each within 4 MiB, nothing lost."""
+    answer, the rest follows in UpdateContainers calls, each within 4 MiB, nothing lost. Not
+    on an NRI before v0.12.1, where a plugin's UpdateContainers can deadlock the runtime: the
+    rest is left out, said once in the log (the agent's reconciler writes those files)."""
 
     async def main(tmp: Path) -> None:
         pods, ctrs = big_node(4500, 1000)
         assert api.SynchronizeRequest(pods=pods, containers=ctrs).ByteSize() > ttrpc.MAX_MESSAGE
-        peer = RuntimePeer(pods, ctrs, request_timeout=10)
+        peer = RuntimePeer(pods, ctrs, request_timeout=10, nri=nri)
         plugin = ManyUpdates()
         stub, task = await started(peer, plugin, tmp)
         s = await peer.next_session(10)
         assert s.sync_error == "" and plugin.synced == (4500, 4500)
+        answered = [u.container_id for u in s.sync_updates]
+        assert 0 < len(answered) < 4500  # what fits
+        if nri == "v0.6.1":
+            await asyncio.sleep(0.2)
+            assert peer.updates == []
+            left = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+            assert len(left) == 1 and f"{4500 - len(answered)} updates left out" in left[0], left
+            await stopped(stub, task, peer)
+            return
         for _ in range(200):
             if len(s.sync_updates) + sum(len(r.update) for r in peer.updates) >= 4500:
                 break
             await asyncio.sleep(0.02)
         pushed = [u.container_id for r in peer.updates for u in r.update]
-        answered = [u.container_id for u in s.sync_updates]
-        assert 0 < len(answered) < 4500 and pushed  # split, both ways used
+        assert pushed  # split, both ways used
         assert sorted(answered + pushed) == sorted(c.id for c in ctrs)  # each exactly once
         assert all(r.ByteSize() <= ttrpc.MAX_MESSAGE for r in peer.updates)
         await stopped(stub, task, peer)

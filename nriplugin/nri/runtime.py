@@ -4,7 +4,8 @@ NRI grew by versions (containerd/nri tags): v0.8 splits a large Synchronize and 
 OOM score adjustment and the runtime's timeouts in Configure; v0.10 adds UpdatePodSandbox /
 PostUpdatePodSandbox and validation plugins (events 12-14) and IO priority; v0.11 the Linux
 scheduler, RDT and sysctl adjustments; v0.12 a dedicated RPC per event and the NRI version sent
-in RegisterPlugin and Configure. A runtime refuses a subscription to an event it does not know
+in RegisterPlugin and Configure; v0.12.1 makes a plugin's own UpdateContainers safe (earlier
+adaptations can deadlock the runtime with it). A runtime refuses a subscription to an event it does not know
 ("invalid plugin events"), and ignores fields it does not know.
 
 :func:`from_configure` reads the runtime's NRI version where it sends it (v0.12 and later),
@@ -47,6 +48,12 @@ FEATURES: dict[str, Version] = {
     "sysctl": (0, 11, 0),  # LinuxContainerAdjustment.sysctl
     "dedicated_rpcs": (0, 12, 0),  # one RPC per event; StateChange only as the fallback
     "failure_policy": (0, 12, 4),  # ConfigureResponse.failure_policy (not in v0.12.3: containerd 2.4.2)
+    # Runtime.UpdateContainers outside a hook. Before v0.12.1 the adaptation holds its lock
+    # while the runtime takes its own, and every container event takes them the other way
+    # round: a plugin's call that meets a StartContainer wedges the runtime for good
+    # (containerd#13733; seen here on containerd 1.7.24). Before that, updates travel only in
+    # answers, and the agent writes the rest of the files itself.
+    "plugin_updates": (0, 12, 1),
 }
 
 # containerd release -> the NRI it vendors (for runtimes older than NRI v0.12, which do not say).

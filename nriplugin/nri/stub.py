@@ -286,6 +286,10 @@ def create_response(result: Any, later: Callable[[Updates], None]) -> bytes:
     return _reply(api.CreateContainerResponse, _as_updates(updates), later, adjust=adjust)
 
 
+class UnsafeOnRuntime(RuntimeError):
+    """The call is not safe on the connected runtime's NRI (see :mod:`nriplugin.nri.runtime`)."""
+
+
 @dataclass
 class StubOptions:
     name: str = "nriplugin"
@@ -605,6 +609,14 @@ class Stub:
         """What did not fit in an answer: pushed right after it (this callback writes it first)."""
         if not updates:
             return
+        if not self.caps.supports("plugin_updates"):
+            log.warning(
+                "answer too large for one message: %d updates left out (%s: UpdateContainers is not safe there); "
+                "the agent writes their files itself",
+                len(updates),
+                self.caps.describe(),
+            )
+            return
         log.info("answer too large for one message: %d updates follow in UpdateContainers", len(updates))
         task = asyncio.ensure_future(self._push_rest(updates))
         self._overflow.add(task)
@@ -646,7 +658,10 @@ class Stub:
         """Push updates to running containers; returns the updates the runtime failed.
 
         Must not be called from inside an event handler: the runtime holds its lock while it
-        waits for the handler's answer, so this call would dead-lock until both time out.
+        waits for the handler's answer, so this call would dead-lock until both time out. Nor
+        at all on a runtime whose NRI is older than v0.12.1 (``RuntimeCaps.supports
+        ("plugin_updates")``): there it can deadlock the runtime for good against any container
+        event (containerd#13733), so it raises :class:`UnsafeOnRuntime` and sends nothing.
         """
         scope = _in_handler.get()
         if scope is not None and scope.active:
@@ -654,6 +669,11 @@ class Stub:
         trunk = self.trunk
         if trunk is None or not self.ready.is_set():
             raise ConnectionError("not connected to the runtime")
+        if not self.caps.supports("plugin_updates"):
+            raise UnsafeOnRuntime(
+                f"{self.caps.describe()}: a plugin's UpdateContainers can deadlock this runtime against a container "
+                "event (containerd#13733, fixed in NRI v0.12.1); not sent"
+            )
         evict = list(evictions)
         failed: Updates = []
         for part in chunks(list(updates), SEND_LIMIT - api.UpdateContainersRequest(evict=evict).ByteSize()) or [[]]:
