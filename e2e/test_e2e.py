@@ -254,7 +254,8 @@ def test_lsr_gets_exclusive_cores_and_sharers_follow(
 ) -> None:
     """On this node's real topology: an LSR container is pinned to whole cores, a running LS
     container is moved off them in the same CreateContainer answer, and gets them back when the
-    LSR container goes (pushed with UpdateContainers from outside the handler)."""
+    LSR container goes (pushed with UpdateContainers from outside the handler where the runtime
+    takes that safely, 2.4; written by the reconciler on 1.7 and 2.1: containerd#13733)."""
     online = parse_cpulist(Path("/sys/devices/system/cpu/online").read_text())
     if len(online) < 2:
         pytest.skip("needs at least two CPUs")

@@ -129,7 +129,8 @@ def test_plugin_pins_lsr_and_moves_sharers(tmp_path: Path, nri: tuple[int, int, 
         assert set(parse_cpulist(updates[0].linux.resources.cpu.cpus)) == set(t.online) - pinned
         sched = make_pod(3, "LSE")
         sched.annotations["scheduling.koordinator.sh/resource-status"] = json.dumps({"cpuset": "3,7"})
-        out = p.create_container(sched, make_container(3, sched))
+        sched_c = make_container(3, sched)
+        out = p.create_container(sched, sched_c)
         assert isinstance(out, tuple) and out[0].linux.resources.cpu.cpus == "3,7"
         hostile = make_pod(4, "LSE")
         hostile.annotations["scheduling.koordinator.sh/resource-status"] = json.dumps({"cpuset": "0-9999"})
@@ -145,6 +146,11 @@ def test_plugin_pins_lsr_and_moves_sharers(tmp_path: Path, nri: tuple[int, int, 
             assert all(set(parse_cpulist(u.linux.resources.cpu.cpus)) == grown for u in pushed[0])
         else:
             assert pushed == []
+        # The last exclusive set gone: all CPUs again, a value the sharers' desired state keeps
+        # (the runtime's default no longer holds for them; the reconciler writes it back).
+        p.remove_container(sched, sched_c)
+        target = p.desired.intent(ls_c.id)
+        assert target is not None and set(parse_cpulist(str(target.values["cpuset.cpus"]))) == set(t.online)
 
     asyncio.run(main())
 

@@ -101,6 +101,9 @@ def desired(ctx: Context, intent: Intent) -> None:
     if note.startswith("cannot pin: ") and ctx.policy.features.cpuset.failurePolicy == "fail-closed":
         raise InvalidInput("cpuset", note)  # fail-closed: refuse rather than run unpinned
     pool = alloc.share_pool()
-    if pool != alloc.online:  # while nothing is exclusive, the runtime's default (all CPUs) is right
+    # Until something is first pinned, the runtime's default (all CPUs) is right; from then on
+    # the sharers' cpuset is ours, all CPUs again once the last exclusive set is gone (the
+    # reconciler puts it back where the runtime cannot be told: containerd#13733).
+    if pool != alloc.online or alloc.generation:
         why = f"{ctx.qos}: the share pool (online CPUs minus exclusive ones)"
         intent.set("cpuset.cpus", format_cpulist(pool), f"{why}; {note}" if note else why)

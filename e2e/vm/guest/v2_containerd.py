@@ -161,7 +161,7 @@ def _scenario(runtime: harness.Containerd, plugin: PluginProcess, policy: Path) 
     )
     settle({(d, "memory.low"): {str((256 << 20) * 60 // 100 // 4096 * 4096)}}, timeout=60)
     logs = plugin.logs()
-    assert "rejected" not in logs and "UpdateContainers" not in logs and "could not update" not in logs, logs[-3000:]
+    assert "rejected" not in logs and "UpdateContainers of" not in logs and "could not update" not in logs, logs[-3000:]
     return [d, ld]
 
 
