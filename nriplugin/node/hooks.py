@@ -16,7 +16,7 @@ from nriplugin.intent.core import requested
 from nriplugin.kernel.cgroup import RESOURCES, Cgroups, Version
 from nriplugin.kernel.cpulist import format_cpulist
 from nriplugin.node.assembly import Node
-from nriplugin.node.turns import Turn
+from nriplugin.node.turns import Turn, soon
 from nriplugin.nri import api_pb2 as api
 from nriplugin.nri.runtime import RuntimeCaps
 from nriplugin.nri.stub import Plugin
@@ -205,7 +205,7 @@ class QoSPlugin(Plugin):
             pod, container = created.popleft()
             self.model.container_created(pod, container)
             if turn is not None and created and turn.over():
-                asyncio.get_running_loop().call_soon(self._take_in_created, True)
+                soon(self._take_in_created, True)
                 return
 
     def _pool_updates(self, skip: str = "") -> list[api.ContainerUpdate]:
@@ -276,10 +276,7 @@ class QoSPlugin(Plugin):
         self._placed_by_runtime(container, adj)
         self._created.append((pod, container))
         if len(self._created) == 1:
-            try:
-                asyncio.get_running_loop().call_soon(self._take_in_created, True)
-            except RuntimeError:  # no loop (tests, explain): now
-                self._take_in_created()
+            soon(self._take_in_created, True)  # with no loop (tests, explain): now
         return adj
 
     def _create_pinned(

@@ -11,7 +11,11 @@ turn instead of stretching it.
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import time
+import weakref
+from collections.abc import Callable
 
 from nriplugin.nri.transport import hook_waiting
 
@@ -48,3 +52,58 @@ class Turn:
 
     def restart(self) -> None:
         self.started = self.looked = time.perf_counter()
+
+
+class Soon:
+    """Work for right after the current callback (a hook's answer goes first), run in one loop
+    callback for as long as its turn lasts: a hook's take-in and the reconciler's news that it
+    causes then cost one pass of the loop (a poll of every socket), not one each. Jobs run in
+    the order given; a used-up turn or a waiting hook request ends the callback, and the rest
+    runs in the next, after that request. One per loop (:func:`soon`); it holds no reference
+    to its loop, so a closed loop and its runner go together."""
+
+    __slots__ = ("_jobs", "_queued")
+
+    def __init__(self) -> None:
+        self._jobs: collections.deque[tuple[Callable[..., object], tuple[object, ...]]] = collections.deque()
+        self._queued = False  # a callback is on the loop, or running
+
+    def call(self, loop: asyncio.AbstractEventLoop, fn: Callable[..., object], *args: object) -> None:
+        self._jobs.append((fn, args))
+        if not self._queued:
+            self._queued = True
+            loop.call_soon(self._run)
+
+    def _run(self) -> None:
+        jobs = self._jobs
+        turn = Turn()
+        try:
+            while jobs:
+                fn, args = jobs.popleft()
+                fn(*args)
+                if jobs and turn.over():
+                    break
+        finally:  # a job that raised (the loop logs it) leaves the rest queued, not stuck
+            if jobs:
+                asyncio.get_running_loop().call_soon(self._run)
+            else:
+                self._queued = False
+
+
+_soon: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Soon] = weakref.WeakKeyDictionary()
+
+
+def soon(fn: Callable[..., object], *args: object, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    """Run ``fn(*args)`` right after the current callback, with the loop's other such work
+    (:class:`Soon`); ``loop``: the one to run it on (default: the running loop). With no loop
+    (tests, ``explain``), now."""
+    if loop is None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            fn(*args)
+            return
+    runner = _soon.get(loop)
+    if runner is None:
+        runner = _soon[loop] = Soon()
+    runner.call(loop, fn, *args)

@@ -36,7 +36,7 @@ from nriplugin.kernel.cgroup import RESET_BY_OTHERS, RESETS, RESOURCES, Cgroups,
 from nriplugin.kernel.inotify import IN_CREATE, IN_DELETE, IN_IGNORED, IN_ISDIR, IN_MODIFY, IN_Q_OVERFLOW, Inotify
 from nriplugin.node.model import NodeModel, State
 from nriplugin.node.overlays import group_key
-from nriplugin.node.turns import Turn
+from nriplugin.node.turns import Turn, soon
 from nriplugin.node.writer import Writer, children_first, parents_first, period_of
 from nriplugin.obs.quiet import Quiet
 
@@ -192,7 +192,7 @@ class Reconciler:
             except RuntimeError:  # no loop (tests, explain): now
                 self._drain()
                 return
-        loop.call_soon(self._drain, True)
+        soon(self._drain, True, loop=loop)  # in the same loop callback as the take-in that told us
 
     def _drain(self, in_turns: bool = False) -> None:
         """Take the queued news in order; ``in_turns`` (on the loop), a turn at a time, the
@@ -202,7 +202,7 @@ class Reconciler:
             fn, key = self._events.popleft()
             fn(key)
             if in_turns and self._events and turn.over():
-                asyncio.get_running_loop().call_soon(self._drain, True)
+                soon(self._drain, True)
                 return
 
     @property
