@@ -722,15 +722,30 @@ started before the request was sent (the bound it takes for a request found read
 |---|{"---|" * len(bounds)}
 {within_rows}
 
-Synchronize: nriplugin answers as soon as the message is read (the runtime holds its lock, and
-every pod event waits, until the answer); right after it the node model takes the containers
-in and their NRI updates are pushed with UpdateContainers. In the in-process run (one sample)
-the runtime had the answer after {p["sync_answer_ms"]:.1f} ms, and taking the {small} containers in
-took {p["sync_take_in_ms"]:.1f} ms more, after the answer, outside the runtime's lock.
+{sync_part(nri, p, small)}
 {containerd_part(out)}
 {image}<!-- {key}:end -->
 """
     replace_section(path, key, section)
+
+
+def sync_part(nri: str, p: dict[str, Any], small: int | str) -> str:
+    """How Synchronize went: answered at once, or (where a plugin's UpdateContainers can
+    deadlock the runtime) with the take-in and the updates in the answer."""
+    from nriplugin.nri.runtime import RuntimeCaps, parse_version
+
+    version = parse_version(nri)
+    if version is not None and RuntimeCaps(nri=version).supports("plugin_updates"):
+        return f"""Synchronize: nriplugin answers as soon as the message is read (the runtime holds its lock, and
+every pod event waits, until the answer); right after it the node model takes the containers
+in and their NRI updates are pushed with UpdateContainers. In the in-process run (one sample)
+the runtime had the answer after {p["sync_answer_ms"]:.1f} ms, and taking the {small} containers in
+took {p["sync_take_in_ms"]:.1f} ms more, after the answer, outside the runtime's lock."""
+    return f"""Synchronize: on NRI {nri} a plugin's UpdateContainers can deadlock the runtime
+(containerd#13733), so nriplugin takes the containers in before it answers and the answer
+carries their NRI updates (the runtime holds its lock, and every pod event waits, meanwhile).
+In the in-process run (one sample) the runtime had the answer after {p["sync_answer_ms"]:.1f} ms,
+{p["sync_take_in_ms"]:.1f} ms of it taking the {small} containers in."""
 
 
 if __name__ == "__main__":
