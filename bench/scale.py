@@ -175,10 +175,10 @@ def plot(rows: list[dict[str, Any]], out: Path) -> None:
     ns = [r["n"] for r in rows]
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
     ax = axes[0]
-    if all(r["ours"].get("take_in_answered") for r in rows):
-        ax.plot(ns, [r["ours"]["sync_ms"] for r in rows], "o-", label="nriplugin: answer (take-in included)")
-    else:
-        ax.plot(ns, [r["ours"]["sync_ms"] for r in rows], "o-", label="nriplugin: answer")
+    answered = all(r["ours"].get("take_in_answered") for r in rows)  # the take-in ran before the answer
+    label = "nriplugin: answer (take-in included)" if answered else "nriplugin: answer"
+    ax.plot(ns, [r["ours"]["sync_ms"] for r in rows], "o-", label=label)
+    if not answered:
         after = [r["ours"]["sync_ms"] + r["ours"]["take_in_ms"] for r in rows]
         ax.plot(ns, after, "o--", label="nriplugin: + take-in")
     go = [(r["n"], r["go"]["sync_ms"]) for r in rows if r["go"].get("ready")]
