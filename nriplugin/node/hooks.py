@@ -16,7 +16,7 @@ from nriplugin.intent.core import requested
 from nriplugin.kernel.cgroup import RESOURCES, Cgroups, Version
 from nriplugin.kernel.cpulist import format_cpulist
 from nriplugin.node.assembly import Node
-from nriplugin.node.turns import Turn, soon
+from nriplugin.node.turns import Turn, soon, when_quiet
 from nriplugin.nri import api_pb2 as api
 from nriplugin.nri.runtime import RuntimeCaps
 from nriplugin.nri.stub import Plugin
@@ -147,9 +147,9 @@ class QoSPlugin(Plugin):
         self.cgroups = self.node.cgroups
         self.push = push  # UpdateContainers from outside handlers (the stub's)
         self._pushes: set[asyncio.Future[None]] = set()  # UpdateContainers in flight (kept referenced)
-        # Containers answered, not yet in the model: taken in right after the answer, and by
-        # every hook before it looks at the model (so the order of events is the model's).
-        self._created: collections.deque[tuple[api.PodSandbox, api.Container]] = collections.deque()
+        # Containers answered, not yet in the model, by id: taken in once a burst of hooks is
+        # over (turns.Quiet), and by any hook about one of them before it looks at the model.
+        self._created: collections.OrderedDict[str, tuple[api.PodSandbox, api.Container]] = collections.OrderedDict()
         self.runtime = RuntimeCaps()  # what the runtime's NRI carries: learnt at Configure
         self.fields = carried(self.runtime)  # the resources its LinuxResources has as fields
         # CreateContainer's answer by the container's shape (DesiredState.birth_key): the pods
@@ -202,11 +202,25 @@ class QoSPlugin(Plugin):
         created = self._created
         turn = Turn() if in_turns else None
         while created:
-            pod, container = created.popleft()
+            _, (pod, container) = created.popitem(last=False)
             self.model.container_created(pod, container)
             if turn is not None and created and turn.over():
                 soon(self._take_in_created, True)
                 return
+
+    def _take_in_one(self, cid: str) -> None:
+        """The model takes in container ``cid`` if it waits to be: a hook about it looks at the
+        model next, and the others (a burst's) stay queued, so the hook's work does not grow
+        with them."""
+        queued = self._created.pop(cid, None)
+        if queued is not None:
+            self.model.container_created(*queued)
+
+    def _take_in_pod(self, pod_id: str) -> None:
+        """The model takes in the waiting containers of pod ``pod_id`` (a pod hook looks at the
+        model next); a look at each waiting container, none of the others taken in."""
+        for cid in [cid for cid, (pod, _) in self._created.items() if pod.id == pod_id]:
+            self._take_in_one(cid)
 
     def _pool_updates(self, skip: str = "") -> list[api.ContainerUpdate]:
         """Updates moving every sharer to the current share pool."""
@@ -251,14 +265,15 @@ class QoSPlugin(Plugin):
     def create_container(
         self, pod: api.PodSandbox, container: api.Container
     ) -> api.ContainerAdjustment | tuple[api.ContainerAdjustment, list[api.ContainerUpdate]] | None:
-        """The answer first: the model takes the container in right after it (its listeners'
-        work is not the runtime's wait), unless the container gets exclusive CPUs, which must
-        be handed out before its values are worked out. The containers created before it and
-        not taken in yet stay queued too: a request that the loop runs before their take-in (it
-        runs I/O first) must not do that work in its own answer, and nothing a container's
-        values depend on moves when a container without exclusive CPUs is taken in."""
+        """The answer first: the model takes the container in after it, once the loop is quiet
+        (:func:`when_quiet`: in a burst, when the burst is over), unless the container gets
+        exclusive CPUs, which must be handed out before its values are worked out. Nothing a
+        container's values depend on moves when a container without exclusive CPUs is taken
+        in, and a container that has not started holds nothing the agent manages, so its
+        take-in waits for the burst; a hook about it takes it in first. A request that the
+        loop runs before the queued take-in must not do that work in its own answer."""
         if self.desired.pins(pod):
-            self._take_in_created()
+            self._take_in_created()  # the waiting sharers too: the share pool's move reaches them
             return self._create_pinned(pod, container)
         key = self.desired.birth_key(pod, container)
         if key is not None and key in self._births:
@@ -274,9 +289,9 @@ class QoSPlugin(Plugin):
                     self._births.clear()
                 self._births[key] = adj
         self._placed_by_runtime(container, adj)
-        self._created.append((pod, container))
+        self._created[container.id] = (pod, container)
         if len(self._created) == 1:
-            soon(self._take_in_created, True)  # with no loop (tests, explain): now
+            when_quiet(self._take_in_created, True)  # with no loop (tests, explain): now
         return adj
 
     def _create_pinned(
@@ -333,8 +348,8 @@ class QoSPlugin(Plugin):
         runtime created the task (so the cgroup exists and the pid is known) and has not
         started it yet. Starting it in the model joins its task groups and lets the
         reconciler converge whatever NRI did not carry at creation, right after this answer."""
-        self._take_in_created()
         key = container.id
+        self._take_in_one(key)
         self.model.container_started(pod, container)
         try:
             intent = self.desired.intent(key)
@@ -387,15 +402,15 @@ class QoSPlugin(Plugin):
         return isinstance(q, int) and q > 0
 
     def remove_container(self, pod: api.PodSandbox, container: api.Container) -> None:
-        self._take_in_created()
+        self._take_in_one(container.id)  # its listeners let go of what they hold for it
         generation = self.desired.cpus.generation
         self.model.container_removed(container.id)
         if self.desired.cpus.generation != generation:  # the share pool grew
             self._push_later(self._pool_updates())
 
     def run_pod_sandbox(self, pod: api.PodSandbox) -> None:
-        """Pod-level values (NRI has no pod adjustment) go to the pod's cgroup."""
-        self._take_in_created()
+        """Pod-level values (NRI has no pod adjustment) go to the pod's cgroup. (None of its
+        containers can wait to be taken in: they come after it.)"""
         self.model.pod_seen(pod)
         r = self.model.get(f"pod:{pod.id}")
         intent = self.desired.intent(f"pod:{pod.id}")
@@ -403,7 +418,7 @@ class QoSPlugin(Plugin):
             self.writer.apply(r.group, intent.settings(), f"{pod.namespace}/{pod.name}")
 
     def remove_pod_sandbox(self, pod: api.PodSandbox) -> None:
-        self._take_in_created()
+        self._take_in_pod(pod.id)
         self.model.pod_removed(pod.id)
 
     def update_pod_sandbox(self, pod: api.PodSandbox, resources: api.LinuxResources) -> None:
@@ -412,7 +427,7 @@ class QoSPlugin(Plugin):
         the pod's values are recomputed and applied by the one writer (none derives from the
         pod's quota: a pod burst would block the kubelet's lowering of it, see cpu_burst).
         Nothing to answer: NRI has no pod adjustment."""
-        self._take_in_created()
+        self._take_in_pod(pod.id)
         if self.model.pod(pod.id) is None:
             self.model.pod_seen(pod)
         new = resources if resources.ByteSize() else pod.linux.pod_resources
@@ -422,7 +437,7 @@ class QoSPlugin(Plugin):
     def post_update_pod_sandbox(self, pod: api.PodSandbox) -> None:
         """The resize is through (the kubelet writes the pod group itself): converge the pod's
         values again, over whatever it wrote."""
-        self._take_in_created()
+        self._take_in_pod(pod.id)
         self.model.refresh(f"pod:{pod.id}")
 
     def update_container(
@@ -430,7 +445,7 @@ class QoSPlugin(Plugin):
     ) -> list[api.ContainerUpdate]:
         """An in-place resize: the model takes the new resources, so every value derived from
         them (burst from the quota) follows; the desired values are kept in the update."""
-        self._take_in_created()
+        self._take_in_one(container.id)
         if container.id not in self.model:
             self.model.container_started(pod, container, existing=True)
         before = self.model.get(container.id)
@@ -463,7 +478,7 @@ class QoSPlugin(Plugin):
     def post_update_container(self, pod: api.PodSandbox, container: api.Container) -> None:
         """The runtime applied the new resources: converge what depends on them (a burst that
         the old quota would not admit)."""
-        self._take_in_created()
+        self._take_in_one(container.id)
         self.model.refresh(container.id)
 
     def synchronize(self, pods: list[api.PodSandbox], containers: list[api.Container]) -> list[api.ContainerUpdate]:

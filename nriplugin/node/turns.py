@@ -107,3 +107,73 @@ def soon(fn: Callable[..., object], *args: object, loop: asyncio.AbstractEventLo
     if runner is None:
         runner = _soon[loop] = Soon()
     runner.call(loop, fn, *args)
+
+
+# Seconds work may wait for the loop's quiet moment (:func:`when_quiet`) before it runs anyway.
+LAG = 0.1
+
+
+class Quiet:
+    """Work that waits out a burst of hooks: it runs when the loop's selector is about to sleep
+    (:meth:`moment`, the selector's ``idle``: no request came within the burst poll after the
+    last answer), or ``lag`` seconds after the first of it was queued if that moment does not
+    come, whichever is first. Either way it goes to :func:`soon`, so it runs a turn at a time
+    with hooks answered in between.
+
+    Why: in a burst the runtime sends the next request within its own turnaround of the last
+    answer, and on a small node the agent's bookkeeping then competes with the runtime for
+    the CPU it needs to send it. Work whose result nothing needs until a later event (the
+    take-in of a container that was created but has not started) is done once the burst
+    is over; whatever needs it sooner does it itself."""
+
+    __slots__ = ("_jobs", "_timer", "lag", "loop")
+
+    def __init__(self, lag: float | None = None) -> None:
+        self._jobs: collections.deque[tuple[Callable[..., object], tuple[object, ...]]] = collections.deque()
+        self._timer: asyncio.TimerHandle | None = None
+        self.lag = LAG if lag is None else lag
+        self.loop: asyncio.AbstractEventLoop | None = None  # the loop whose quiet moments these are
+
+    def call(self, loop: asyncio.AbstractEventLoop, fn: Callable[..., object], *args: object) -> None:
+        self._jobs.append((fn, args))
+        if self._timer is None:
+            self._timer = loop.call_later(self.lag, self._release)
+
+    def moment(self) -> bool:
+        """The loop is about to sleep: the waiting work is queued to run now. True if there was
+        any (the loop must then not sleep). The first call binds this to the running loop:
+        from then on :func:`when_quiet` on that loop waits for these moments."""
+        if self.loop is None:
+            self.loop = asyncio.get_running_loop()
+            _quiet[self.loop] = self
+        return self._release()
+
+    def _release(self) -> bool:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        jobs = self._jobs
+        if not jobs:
+            return False
+        while jobs:
+            fn, args = jobs.popleft()
+            soon(fn, *args, loop=self.loop)
+        return True
+
+
+_quiet: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Quiet] = weakref.WeakKeyDictionary()
+
+
+def when_quiet(fn: Callable[..., object], *args: object) -> None:
+    """Run ``fn(*args)`` when the running loop is next quiet (:class:`Quiet`); on a loop
+    without quiet moments, right after the current callback (:func:`soon`); with no loop, now."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        fn(*args)
+        return
+    runner = _quiet.get(loop)
+    if runner is None:
+        soon(fn, *args, loop=loop)
+    else:
+        runner.call(loop, fn, *args)

@@ -63,8 +63,9 @@ class PollClock(selectors.DefaultSelector):
     ``burst_poll`` 0: never.
 
     ``idle``, when given, runs just before a poll would sleep, outside bursts (the agent
-    collects garbage there, :mod:`nriplugin.agent.idle_gc`); it returns whether it did work,
-    and bytes found ready after it arrived while it ran.
+    collects garbage there, :mod:`nriplugin.agent.idle_gc`, and releases the work that waited
+    out the burst, :class:`nriplugin.node.turns.Quiet`); it returns whether it did work or
+    queued some, and then the poll does not sleep: the loop runs that work and comes back.
     """
 
     def __init__(self, burst_poll: float = BURST_POLL, idle: Callable[[], bool] | None = None) -> None:
@@ -105,6 +106,10 @@ class PollClock(selectors.DefaultSelector):
                 if self.idle():
                     ready = self._poll(0)
                     self.arrived = quiet  # came while idle work ran
+                    if not ready:  # the loop runs the work idle queued, then waits again
+                        self.burst = False  # (an answer since the last wait still counts then)
+                        self._returned = self._now()
+                        return ready
             if not ready:
                 left = None if timeout is None else max(0.0, timeout - (self._now() - began))
                 ready = self._poll(left)
