@@ -71,12 +71,7 @@ class Scripted(PollClock):
         if answer:
             self.answered()
         self.arrivals.append(self.t + gap)
-        if isinstance(self.idle, IdleWork):
-            self.idle.owed = 1  # the answer's work leaves some for idle (garbage, a take-in)
-        ready = self.select(timeout)
-        while not ready and timeout is None:  # idle queued work: the loop runs it, then polls again
-            ready = self.select(timeout)
-        return ready  # type: ignore[return-value]
+        return self.select(timeout)  # type: ignore[return-value]
 
 
 def test_back_to_back_requests_are_found_by_looking_not_by_sleeping() -> None:
@@ -159,27 +154,20 @@ def test_zero_never_looks_beyond_the_first() -> None:
 
 
 class IdleWork:
-    """Idle work on the scripted clock: what an answer left (``owed``, unless ``did`` is
-    False) takes ``takes`` seconds, and the call says it did work and notes when it began;
-    once done, a call finds nothing to do."""
+    """Idle work on the scripted clock: each call takes ``takes`` seconds and says it did work
+    (``did``), and notes when it began."""
 
     def __init__(self, takes: float, did: bool = True) -> None:
         self.clock: Scripted | None = None
         self.takes = takes
         self.did = did
-        self.owed = 0
-        self.calls = 0
         self.began: list[float] = []
 
     def __call__(self) -> bool:
         assert self.clock is not None
-        self.calls += 1
-        if not self.did or not self.owed:
-            return False
-        self.owed -= 1
         self.began.append(self.clock.t)
         self.clock.t += self.takes
-        return True
+        return self.did
 
 
 def scripted_with(idle: IdleWork) -> Scripted:
@@ -204,18 +192,6 @@ def test_idle_work_runs_before_the_loop_sleeps_and_never_inside_a_burst() -> Non
     assert idle.began[-1] >= c.t - 0.5 + BURST_POLL - 100e-6 - 1e-9  # after the look, not before
 
 
-def test_idle_work_gives_the_loop_back_before_it_sleeps() -> None:
-    """What idle queued (the take-in a burst left) runs on the loop: the poll after the work
-    returns empty instead of sleeping, and the next poll, with nothing left, sleeps."""
-    idle = IdleWork(100e-6)
-    c = scripted_with(idle)
-    c.answered()
-    idle.owed = 1
-    c.arrivals.append(1.0)
-    assert c.select(None) == [] and c.sleeps == [] and len(idle.began) == 1
-    assert c.select(None) and c.sleeps == [None] and idle.calls == 2
-
-
 def test_a_request_that_came_during_idle_work_arrived_no_later_than_when_it_began() -> None:
     idle = IdleWork(300e-6)
     c = scripted_with(idle)
@@ -233,7 +209,7 @@ def test_idle_that_did_nothing_costs_no_extra_look() -> None:
     for c in (with_idle, plain):
         for gap in (1.0, 50e-6, 120e-6, 0.5):
             c.answer_then_wait(0, gap)
-    assert with_idle.looks == plain.looks and with_idle.sleeps == plain.sleeps and idle.calls
+    assert with_idle.looks == plain.looks and with_idle.sleeps == plain.sleeps and idle.began
 
 
 def test_a_burst_on_a_real_socket() -> None:

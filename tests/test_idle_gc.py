@@ -10,7 +10,6 @@ import asyncio
 import gc
 import socket
 import threading
-import time
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -20,8 +19,6 @@ import pytest
 from nriplugin.agent.assembly import agent_loop
 from nriplugin.agent.idle_gc import BACKSTOP, IdleCollector
 from nriplugin.cli.main import build_parser
-from nriplugin.node import turns
-from nriplugin.node.turns import when_quiet
 from nriplugin.nri.transport import PollClock
 
 
@@ -94,27 +91,6 @@ def test_the_agent_loop_collects_at_idle_and_gives_the_thresholds_back() -> None
         assert isinstance(poll, PollClock) and poll.idle is not None
         assert gc.get_threshold()[0] == before[0] * BACKSTOP
     assert gc.get_threshold() == before
-
-
-def test_the_agent_loop_runs_quiet_work_when_it_is_idle() -> None:
-    """The take-in a burst left waits for the loop's idle moment (``turns.Quiet``), well
-    within the lag, on the loop ``nriplugin run`` runs."""
-    ns = build_parser().parse_args(["run"])
-    done: list[float] = []
-
-    async def main() -> float:
-        await asyncio.sleep(0.01)  # the loop has been idle: its quiet moments are bound
-        queued = time.perf_counter()
-        when_quiet(lambda: done.append(time.perf_counter()))
-        for _ in range(5):  # the loop stays busy: its polls do not sleep
-            await asyncio.sleep(0)
-        assert done == []
-        await asyncio.sleep(0.05)
-        return queued
-
-    with agent_loop(ns) as poll, asyncio.Runner(loop_factory=poll.loop) as runner:
-        queued = runner.run(main())
-    assert len(done) == 1 and done[0] - queued < turns.LAG / 2
 
 
 def burst_of_requests(poll: PollClock, requests: int, kept_per_request: int) -> tuple[int, int]:

@@ -6,12 +6,18 @@ no hook takes in the others of the burst, except those that need them."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import pytest
+
+from nriplugin.agent.assembly import Agent
+from nriplugin.cli.main import build_parser
+from nriplugin.node import turns
 from nriplugin.node.assembly import Node
 from nriplugin.node.hooks import QoSPlugin
-from nriplugin.node.turns import Quiet, when_quiet
+from nriplugin.node.turns import Quiet, install_quiet, when_quiet
 from nriplugin.nri import api_pb2 as api
 from nriplugin.nri.runtime import RuntimeCaps
 from testkit.runtime_peer import make_container, make_pod
@@ -24,50 +30,51 @@ async def turns_of_the_loop(n: int = 3) -> None:
         await asyncio.sleep(0)
 
 
-def on_quiet_loop(body: Callable[[Quiet], Awaitable[None]], lag: float = 60.0) -> None:
-    """Run ``body`` on a loop whose quiet moments are ``body``'s to call (``quiet.moment()``, as
-    the agent's selector does before it sleeps)."""
+def on_quiet_loop(body: Callable[[Quiet], Awaitable[None]], settle: float = 60.0, lag: float = 600.0) -> None:
+    """Run ``body`` on a loop with :func:`install_quiet` (as the agent's), bursts ending after
+    ``settle`` seconds without an answer (the default: never, unless ``body`` releases)."""
 
     async def main() -> None:
-        quiet = Quiet(lag)
-        assert not quiet.moment()  # binds it to this loop; nothing waits yet
-        await body(quiet)
+        await body(install_quiet(asyncio.get_running_loop(), settle, lag))
 
     asyncio.run(main())
 
 
-def test_work_waits_for_the_quiet_moment_and_runs_in_order() -> None:
+def test_work_waits_while_hooks_are_answered_and_runs_in_order_once_they_stop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     done: list[str] = []
+    answered = [time.perf_counter()]
+    monkeypatch.setattr(turns, "last_answer", lambda: answered[0])
 
     async def body(quiet: Quiet) -> None:
         when_quiet(done.append, "first")
         when_quiet(done.append, "second")
-        await turns_of_the_loop()
-        assert done == []  # the loop never went quiet
-        assert quiet.moment()  # the selector is about to sleep: the work is released
-        assert done == []  # to run on the loop, a turn at a time, not inside the selector
-        await turns_of_the_loop()
-        assert done == ["first", "second"]
-        assert not quiet.moment()  # nothing left: the selector may sleep
+        for _ in range(6):  # a burst: an answer every 5 ms, well within the settle time
+            await asyncio.sleep(0.005)
+            answered[0] = time.perf_counter()
+        assert done == [] and quiet.waiting == 2
+        await asyncio.sleep(0.6)  # the burst is over
+        assert done == ["first", "second"] and quiet.waiting == 0
 
-    on_quiet_loop(body)
+    on_quiet_loop(body, settle=0.2)
 
 
-def test_work_runs_after_the_lag_when_the_loop_is_never_quiet() -> None:
+def test_work_runs_after_the_lag_when_the_burst_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
     done: list[str] = []
+    monkeypatch.setattr(turns, "last_answer", time.perf_counter)  # an answer every moment
 
     async def body(quiet: Quiet) -> None:
         when_quiet(done.append, "late")
-        await asyncio.sleep(0.005)
+        await asyncio.sleep(0.01)
         assert done == []
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.6)
         assert done == ["late"]
-        assert not quiet.moment()
 
-    on_quiet_loop(body, lag=0.02)
+    on_quiet_loop(body, settle=0.002, lag=0.2)
 
 
-def test_on_a_loop_without_quiet_moments_it_runs_right_after_the_callback() -> None:
+def test_on_a_loop_without_quiet_it_runs_right_after_the_callback() -> None:
     done: list[str] = []
 
     async def main() -> None:
@@ -79,6 +86,15 @@ def test_on_a_loop_without_quiet_moments_it_runs_right_after_the_callback() -> N
     asyncio.run(main())
     when_quiet(done.append, "no loop: now")
     assert done == ["soon", "no loop: now"]
+
+
+def test_the_agent_installs_quiet_on_its_loop(tmp_path: Path) -> None:
+    async def main() -> None:
+        ns = build_parser().parse_args(["run", "--socket", str(tmp_path / "nri.sock")])
+        Agent(ns)
+        assert turns._quiet.get(asyncio.get_running_loop()) is not None
+
+    asyncio.run(main())
 
 
 def plugin(tmp_path: Path) -> QoSPlugin:
@@ -114,7 +130,7 @@ def test_a_burst_is_taken_in_when_it_is_over_and_a_hook_takes_in_only_its_own(tm
         p.remove_container(pod2, c2)  # taken in and let go: nothing of it stays queued
         assert c2.id not in p.model and c2.id not in p._created
         assert list(p._created) == [c4.id]
-        assert quiet.moment()
+        quiet.release()  # the burst is over
         await turns_of_the_loop()
         assert c4.id in p.model and not p._created
 
@@ -128,15 +144,16 @@ def test_a_pod_hook_takes_in_the_waiting_containers_of_its_pod_alone(tmp_path: P
         (pod1, c1), (_, c2) = burst(p, 1, 2)
         p.remove_pod_sandbox(pod1)
         assert c1.id not in p.model and f"pod:{pod1.id}" not in p.model and list(p._created) == [c2.id]
-        assert quiet.moment()
+        quiet.release()  # the burst is over
         await turns_of_the_loop()
         assert c2.id in p.model
 
     on_quiet_loop(body)
 
 
-def test_an_exclusive_container_takes_the_waiting_sharers_in_and_moves_them(tmp_path: Path) -> None:
-    """Cores leave the share pool: the sharers created in the burst are in the answer's updates."""
+def test_an_exclusive_container_moves_the_waiting_sharers_without_taking_them_in(tmp_path: Path) -> None:
+    """Cores leave the share pool: the sharers created in the burst are in the answer's updates;
+    their take-in still waits (the hook's work does not grow with the burst)."""
     p = plugin(tmp_path)
 
     async def body(quiet: Quiet) -> None:
@@ -148,6 +165,10 @@ def test_an_exclusive_container_takes_the_waiting_sharers_in_and_moves_them(tmp_
         out = p.create_container(lsr, lsr_c)
         assert isinstance(out, tuple)
         assert sorted(u.container_id for u in out[1]) == sorted(c.id for _, c in sharers)
-        assert not p._created
+        assert list(p._created) == [c.id for _, c in sharers]
+        quiet.release()
+        await turns_of_the_loop()
+        pool = p.desired.intent(sharers[0][1].id)
+        assert pool is not None and pool.values["cpuset.cpus"] == out[1][0].linux.resources.cpu.cpus
 
     on_quiet_loop(body)

@@ -46,7 +46,7 @@ from nriplugin.agent.idle_gc import IdleCollector
 from nriplugin.agent.lock import AgentLock, Holder
 from nriplugin.agent.preflight import StartupError, bind_metrics, check_cgroup_root, check_policy_readable, check_socket
 from nriplugin.agent.supervise import ENV_GAP_CAUSE, ENV_GAP_SINCE
-from nriplugin.node.turns import Quiet
+from nriplugin.node.turns import install_quiet
 from nriplugin.nri.stub import BufferedObserver, HookPolicy, Plugin, Stub, StubOptions, handled_events
 from nriplugin.nri.transport import PollClock
 
@@ -173,6 +173,7 @@ class Agent:
         self.gap_cause = os.environ.pop(ENV_GAP_CAUSE, "crash")
         self.lock = AgentLock(ns.socket)
         self.loop = asyncio.get_running_loop()
+        install_quiet(self.loop)  # a burst's take-in of created containers waits until it is over
         self.stopping = asyncio.Event()
         self.active: list[Stub] = []  # stubs to close first on SIGTERM
         self.closed_at: float | None = None
@@ -693,14 +694,12 @@ class Agent:
 def agent_loop(ns: argparse.Namespace) -> Iterator[PollClock]:
     """The selector ``nriplugin run`` runs its loop on: it times each request from the moment
     its bytes could be read (so the hook-latency histogram sees a request that waited behind
-    other work), stays awake through a burst of hooks, and when the loop is idle rather than
-    in a hook takes in the containers a burst created (:class:`~nriplugin.node.turns.Quiet`)
-    and collects garbage (:mod:`nriplugin.agent.idle_gc`)."""
+    other work), stays awake through a burst of hooks, and collects garbage when the loop is
+    idle rather than in a hook (:mod:`nriplugin.agent.idle_gc`)."""
     collector = IdleCollector()
     collector.install()
-    quiet = Quiet()
     try:
-        yield PollClock(burst_poll=ns.burst_poll_us / 1e6, idle=lambda: quiet.moment() or collector.idle())
+        yield PollClock(burst_poll=ns.burst_poll_us / 1e6, idle=collector.idle)
     finally:
         collector.uninstall()
 

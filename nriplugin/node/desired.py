@@ -183,6 +183,15 @@ class DesiredState:
             return self._classes[pod.id]
         return qos_class(pod.labels, pod.linux.cgroup_parent)
 
+    def manages(self, pod: api.PodSandbox) -> bool:
+        """Whether the pod's containers have a desired state (a class the agent manages), known
+        to the model or not: what :meth:`intent` being None says, without working it out."""
+        try:
+            qos = self._class_before_known(pod)
+        except InvalidQoSLabel:
+            return False
+        return qos is not None and qos is not QoSClass.SYSTEM
+
     def birth_key(self, pod: api.PodSandbox, container: api.Container) -> tuple[object, ...] | None:
         """Everything :meth:`intent_before_known`'s values for ``container`` depend on, as one
         hashable key: the class, the pod annotations and labels the features declare, the

@@ -132,6 +132,9 @@ def runtime_paths(
 
 
 MAX_SHAPES = 256  # CreateContainer answers kept (a node runs a few dozen workload shapes)
+# Containers created and not yet taken in, at most: more than a node runs (the kubelet's
+# maxPods is 110 by default), so only a runtime's synthetic flood reaches it.
+MAX_WAITING = 4096
 
 
 class QoSPlugin(Plugin):
@@ -223,15 +226,16 @@ class QoSPlugin(Plugin):
             self._take_in_one(cid)
 
     def _pool_updates(self, skip: str = "") -> list[api.ContainerUpdate]:
-        """Updates moving every sharer to the current share pool."""
+        """Updates moving every sharer to the current share pool: those in the model, and
+        those created and waiting to be taken in (their values are worked out at their
+        take-in, with the pool as it is then)."""
         if not self.desired.rules.policy.features.cpuset.enable or not self.desired.caps.files.get("cpuset.cpus"):
             return []
         pool = format_cpulist(self.desired.cpus.share_pool())
+        known = [cid for cid in self.desired.sharers(skip) if self.desired.intent(cid) is not None]
+        waiting = [cid for cid, (pod, _) in self._created.items() if self.desired.manages(pod)]
         out = []
-        for cid in self.desired.sharers(skip):
-            r = self.model.get(cid)
-            if r is None or self.desired.intent(cid) is None:
-                continue
+        for cid in known + waiting:
             u = api.ContainerUpdate(container_id=cid, ignore_failure=True)
             u.linux.resources.cpu.cpus = pool
             out.append(u)
@@ -265,15 +269,14 @@ class QoSPlugin(Plugin):
     def create_container(
         self, pod: api.PodSandbox, container: api.Container
     ) -> api.ContainerAdjustment | tuple[api.ContainerAdjustment, list[api.ContainerUpdate]] | None:
-        """The answer first: the model takes the container in after it, once the loop is quiet
-        (:func:`when_quiet`: in a burst, when the burst is over), unless the container gets
+        """The answer first. The model takes the container in once the burst of hooks is over
+        (:func:`when_quiet`; right after the answer outside bursts), unless the container gets
         exclusive CPUs, which must be handed out before its values are worked out. Nothing a
         container's values depend on moves when a container without exclusive CPUs is taken
-        in, and a container that has not started holds nothing the agent manages, so its
-        take-in waits for the burst; a hook about it takes it in first. A request that the
-        loop runs before the queued take-in must not do that work in its own answer."""
+        in, and one that has not started holds nothing the agent manages, so its take-in can
+        wait: a hook about it takes it in first (and a request the loop runs before a queued
+        take-in does not do that work in its own answer)."""
         if self.desired.pins(pod):
-            self._take_in_created()  # the waiting sharers too: the share pool's move reaches them
             return self._create_pinned(pod, container)
         key = self.desired.birth_key(pod, container)
         if key is not None and key in self._births:
@@ -289,9 +292,12 @@ class QoSPlugin(Plugin):
                     self._births.clear()
                 self._births[key] = adj
         self._placed_by_runtime(container, adj)
-        self._created[container.id] = (pod, container)
-        if len(self._created) == 1:
+        created = self._created
+        created[container.id] = (pod, container)
+        if len(created) == 1:
             when_quiet(self._take_in_created, True)  # with no loop (tests, explain): now
+        elif len(created) == MAX_WAITING:
+            soon(self._take_in_created, True)
         return adj
 
     def _create_pinned(

@@ -17,7 +17,7 @@ import time
 import weakref
 from collections.abc import Callable
 
-from nriplugin.nri.transport import hook_waiting
+from nriplugin.nri.transport import hook_waiting, last_answer
 
 # Seconds a job may hold the loop before it lets a waiting hook in. 0.25 ms: on a node of 3000
 # containers a QoS round is some 150 turns; halving them from 0.5 ms took the hook p99 there
@@ -109,64 +109,80 @@ def soon(fn: Callable[..., object], *args: object, loop: asyncio.AbstractEventLo
     runner.call(loop, fn, *args)
 
 
-# Seconds work may wait for the loop's quiet moment (:func:`when_quiet`) before it runs anyway.
-LAG = 0.1
+# Seconds without a hook answered after which a burst of hooks is over (the runtime sends the
+# next request of a burst within its own turnaround, some 100 us; hooks through CRI come
+# milliseconds apart).
+SETTLE = 0.001
+
+# Seconds work waits for a burst to end before it runs anyway.
+LAG = 1.0
 
 
 class Quiet:
-    """Work that waits out a burst of hooks: it runs when the loop's selector is about to sleep
-    (:meth:`moment`, the selector's ``idle``: no request came within the burst poll after the
-    last answer), or ``lag`` seconds after the first of it was queued if that moment does not
-    come, whichever is first. Either way it goes to :func:`soon`, so it runs a turn at a time
-    with hooks answered in between.
+    """Work that waits out a burst of hooks: it runs once no hook was answered for ``settle``
+    seconds (:func:`~nriplugin.nri.transport.last_answer`), or ``lag`` seconds after the first
+    of it was queued if the burst goes on that long; then through :func:`soon`, a turn at a
+    time, hooks answered in between. One timer per ``settle`` while work waits, none per hook.
 
-    Why: in a burst the runtime sends the next request within its own turnaround of the last
-    answer, and on a small node the agent's bookkeeping then competes with the runtime for
-    the CPU it needs to send it. Work whose result nothing needs until a later event (the
-    take-in of a container that was created but has not started) is done once the burst
-    is over; whatever needs it sooner does it itself."""
+    Why: in a burst the runtime sends the next request within its turnaround of the last
+    answer, and on a small node work done meanwhile takes CPU the runtime needs to send it,
+    or holds the loop when it comes. Work whose result nothing needs before a later event (the
+    take-in of containers created, not started) is done once the burst is over; whatever
+    needs it sooner does it itself. Installed on the agent's loop (:func:`install_quiet`);
+    elsewhere :func:`when_quiet` is :func:`soon`."""
 
-    __slots__ = ("_jobs", "_timer", "lag", "loop")
+    __slots__ = ("_jobs", "_since", "_timer", "lag", "loop", "settle")
 
-    def __init__(self, lag: float | None = None) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, settle: float | None = None, lag: float | None = None) -> None:
         self._jobs: collections.deque[tuple[Callable[..., object], tuple[object, ...]]] = collections.deque()
         self._timer: asyncio.TimerHandle | None = None
+        self._since = 0.0  # when the first waiting job was queued
+        self.loop = loop
+        self.settle = SETTLE if settle is None else settle
         self.lag = LAG if lag is None else lag
-        self.loop: asyncio.AbstractEventLoop | None = None  # the loop whose quiet moments these are
 
-    def call(self, loop: asyncio.AbstractEventLoop, fn: Callable[..., object], *args: object) -> None:
+    def call(self, fn: Callable[..., object], *args: object) -> None:
         self._jobs.append((fn, args))
         if self._timer is None:
-            self._timer = loop.call_later(self.lag, self._release)
+            self._since = time.perf_counter()
+            self._timer = self.loop.call_later(self.settle, self._check)
 
-    def moment(self) -> bool:
-        """The loop is about to sleep: the waiting work is queued to run now. True if there was
-        any (the loop must then not sleep). The first call binds this to the running loop:
-        from then on :func:`when_quiet` on that loop waits for these moments."""
-        if self.loop is None:
-            self.loop = asyncio.get_running_loop()
-            _quiet[self.loop] = self
-        return self._release()
+    @property
+    def waiting(self) -> int:
+        return len(self._jobs)
 
-    def _release(self) -> bool:
+    def _check(self) -> None:
+        now = time.perf_counter()
+        quiet_for = now - last_answer()
+        if quiet_for < self.settle and now - self._since < self.lag:  # the burst goes on
+            self._timer = self.loop.call_later(self.settle - quiet_for, self._check)
+            return
+        self.release()
+
+    def release(self) -> None:
+        """Run the waiting work now (through :func:`soon`)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         jobs = self._jobs
-        if not jobs:
-            return False
         while jobs:
             fn, args = jobs.popleft()
             soon(fn, *args, loop=self.loop)
-        return True
 
 
 _quiet: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Quiet] = weakref.WeakKeyDictionary()
 
 
+def install_quiet(loop: asyncio.AbstractEventLoop, settle: float | None = None, lag: float | None = None) -> Quiet:
+    """Work queued with :func:`when_quiet` on ``loop`` waits out bursts of hooks from now on."""
+    q = _quiet[loop] = Quiet(loop, settle, lag)
+    return q
+
+
 def when_quiet(fn: Callable[..., object], *args: object) -> None:
-    """Run ``fn(*args)`` when the running loop is next quiet (:class:`Quiet`); on a loop
-    without quiet moments, right after the current callback (:func:`soon`); with no loop, now."""
+    """Run ``fn(*args)`` once the running loop's burst of hooks is over (:class:`Quiet`); on a
+    loop without :func:`install_quiet`, right after the current callback (:func:`soon`); with
+    no loop, now."""
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
@@ -176,4 +192,4 @@ def when_quiet(fn: Callable[..., object], *args: object) -> None:
     if runner is None:
         soon(fn, *args, loop=loop)
     else:
-        runner.call(loop, fn, *args)
+        runner.call(fn, *args)

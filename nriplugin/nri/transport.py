@@ -63,9 +63,8 @@ class PollClock(selectors.DefaultSelector):
     ``burst_poll`` 0: never.
 
     ``idle``, when given, runs just before a poll would sleep, outside bursts (the agent
-    collects garbage there, :mod:`nriplugin.agent.idle_gc`, and releases the work that waited
-    out the burst, :class:`nriplugin.node.turns.Quiet`); it returns whether it did work or
-    queued some, and then the poll does not sleep: the loop runs that work and comes back.
+    collects garbage there, :mod:`nriplugin.agent.idle_gc`); it returns whether it did work,
+    and bytes found ready after it arrived while it ran.
     """
 
     def __init__(self, burst_poll: float = BURST_POLL, idle: Callable[[], bool] | None = None) -> None:
@@ -106,10 +105,6 @@ class PollClock(selectors.DefaultSelector):
                 if self.idle():
                     ready = self._poll(0)
                     self.arrived = quiet  # came while idle work ran
-                    if not ready:  # the loop runs the work idle queued, then waits again
-                        self.burst = False  # (an answer since the last wait still counts then)
-                        self._returned = self._now()
-                        return ready
             if not ready:
                 left = None if timeout is None else max(0.0, timeout - (self._now() - began))
                 ready = self._poll(left)
@@ -174,6 +169,13 @@ READ_BUFFER = 256 * 1024  # one read's most (asyncio's own read size)
 # The trunks' sockets, polled without waiting by :func:`hook_waiting`.
 _trunks = select.poll()
 _trunk_fds: set[int] = set()
+_last_answer = 0.0  # perf_counter time of the last answer on any trunk (:func:`last_answer`)
+
+
+def last_answer() -> float:
+    """When a trunk last answered a request (perf_counter time; 0: never): work that waits out
+    a burst of hooks (``node/turns.py``, ``Quiet``) tells from it whether the burst is over."""
+    return _last_answer
 
 
 def hook_waiting() -> bool:
@@ -272,8 +274,9 @@ class Trunk(asyncio.BufferedProtocol):
             self.transport.write(data)
 
     def respond(self, stream_id: int, payload: bytes = b"", code: int = 0, message: str = "") -> None:
+        global _last_answer
         self.write(self.conn.respond(stream_id, payload, code, message))
-        self._answered = time.perf_counter()
+        self._answered = _last_answer = time.perf_counter()
         if self._on_answer is not None:
             self._on_answer()
 
