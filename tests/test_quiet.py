@@ -74,6 +74,50 @@ def test_work_runs_after_the_lag_when_the_burst_goes_on(monkeypatch: pytest.Monk
     on_quiet_loop(body, settle=0.002, lag=0.2)
 
 
+def test_work_queued_after_a_release_runs_at_once_until_a_hook_is_answered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job's next turn: at once while the loop stays quiet, after the next quiet spell once
+    a hook was answered (the burst resumed)."""
+    done: list[str] = []
+    answered = [0.0]
+    monkeypatch.setattr(turns, "last_answer", lambda: answered[0])
+
+    async def body(quiet: Quiet) -> None:
+        when_quiet(done.append, "first turn")
+        quiet.release()
+        when_quiet(done.append, "next turn, still quiet")
+        await turns_of_the_loop()
+        assert done == ["first turn", "next turn, still quiet"]
+        answered[0] = time.perf_counter()  # a hook: the burst resumed
+        when_quiet(done.append, "after the burst")
+        await turns_of_the_loop()
+        assert done[-1] != "after the burst" and quiet.waiting == 1
+
+    on_quiet_loop(body)
+
+
+def test_a_take_in_that_runs_in_turns_gives_way_to_a_resumed_burst(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p = plugin(tmp_path)
+    monkeypatch.setattr(turns, "TURN", 0.0)  # one container a turn
+    answered = [0.0]
+    monkeypatch.setattr(turns, "last_answer", lambda: answered[0])
+
+    async def body(quiet: Quiet) -> None:
+        created = burst(p, 1, 4)
+        quiet.release()  # the hooks stopped
+        await turns_of_the_loop(2)
+        assert sum(c.id in p.model for _, c in created) == 2  # a turn each, one after the other
+        answered[0] = time.perf_counter()  # a hook came between two turns
+        await turns_of_the_loop(4)
+        assert sum(c.id in p.model for _, c in created) == 3 and quiet.waiting == 1
+        quiet.release()
+        await turns_of_the_loop(2)
+        assert all(c.id in p.model for _, c in created)
+
+    on_quiet_loop(body)
+
+
 def test_on_a_loop_without_quiet_it_runs_right_after_the_callback() -> None:
     done: list[str] = []
 

@@ -198,17 +198,18 @@ class QoSPlugin(Plugin):
         self._rdt = (policy, templates)
         return templates
 
-    def _take_in_created(self, in_turns: bool = False) -> None:
+    def _take_in_created(self, in_turns: bool = False, quiet: bool = True) -> None:
         """The model takes in the containers answered and not taken in yet, in order; ``in_turns``
         (on the loop, after the answers), a turn at a time: a request that arrives meanwhile
-        waits for one container's take-in, not for a burst's."""
+        waits for one container's take-in, not for a burst's. ``quiet``: each next turn waits
+        for the hooks to stop again (:func:`when_quiet`), else it follows at once."""
         created = self._created
         turn = Turn() if in_turns else None
         while created:
             _, (pod, container) = created.popitem(last=False)
             self.model.container_created(pod, container)
             if turn is not None and created and turn.over():
-                soon(self._take_in_created, True)
+                (when_quiet if quiet else soon)(self._take_in_created, True, quiet)
                 return
 
     def _take_in_one(self, cid: str) -> None:
@@ -297,7 +298,7 @@ class QoSPlugin(Plugin):
         if len(created) == 1:
             when_quiet(self._take_in_created, True)  # with no loop (tests, explain): now
         elif len(created) == MAX_WAITING:
-            soon(self._take_in_created, True)
+            soon(self._take_in_created, True, False)
         return adj
 
     def _create_pinned(

@@ -121,8 +121,10 @@ LAG = 1.0
 class Quiet:
     """Work that waits out a burst of hooks: it runs once no hook was answered for ``settle``
     seconds (:func:`~nriplugin.nri.transport.last_answer`), or ``lag`` seconds after the first
-    of it was queued if the burst goes on that long; then through :func:`soon`, a turn at a
-    time, hooks answered in between. One timer per ``settle`` while work waits, none per hook.
+    of it was queued if the burst goes on that long; then through :func:`soon`. A job that
+    does its work in turns queues its next turn here again: it runs at once while no hook
+    was answered since the release, and waits again when one was (a burst that resumed). One
+    timer per ``settle`` while work waits, none per hook.
 
     Why: in a burst the runtime sends the next request within its turnaround of the last
     answer, and on a small node work done meanwhile takes CPU the runtime needs to send it,
@@ -131,17 +133,21 @@ class Quiet:
     needs it sooner does it itself. Installed on the agent's loop (:func:`install_quiet`);
     elsewhere :func:`when_quiet` is :func:`soon`."""
 
-    __slots__ = ("_jobs", "_since", "_timer", "lag", "loop", "settle")
+    __slots__ = ("_jobs", "_released", "_since", "_timer", "lag", "loop", "settle")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, settle: float | None = None, lag: float | None = None) -> None:
         self._jobs: collections.deque[tuple[Callable[..., object], tuple[object, ...]]] = collections.deque()
         self._timer: asyncio.TimerHandle | None = None
         self._since = 0.0  # when the first waiting job was queued
+        self._released = 0.0  # when the waiting work was last released
         self.loop = loop
         self.settle = SETTLE if settle is None else settle
         self.lag = LAG if lag is None else lag
 
     def call(self, fn: Callable[..., object], *args: object) -> None:
+        if self._timer is None and last_answer() < self._released:  # still quiet since the release
+            soon(fn, *args, loop=self.loop)
+            return
         self._jobs.append((fn, args))
         if self._timer is None:
             self._since = time.perf_counter()
@@ -164,6 +170,7 @@ class Quiet:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self._released = time.perf_counter()
         jobs = self._jobs
         while jobs:
             fn, args = jobs.popleft()
