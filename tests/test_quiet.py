@@ -171,8 +171,8 @@ def test_a_burst_is_taken_in_when_it_is_over_and_a_hook_takes_in_only_its_own(tm
         assert [c.id in p.model for _, c in created] == [False, False, True, False]
         p.update_container(pod1, c1, c1.linux.resources)
         assert [c.id in p.model for _, c in created] == [True, False, True, False]
-        p.remove_container(pod2, c2)  # taken in and let go: nothing of it stays queued
-        assert c2.id not in p.model and c2.id not in p._created
+        p.remove_container(pod2, c2)  # dropped from the queue: never taken in, nor its pod
+        assert c2.id not in p.model and c2.id not in p._created and f"pod:{pod2.id}" not in p.model
         assert list(p._created) == [c4.id]
         quiet.release()  # the burst is over
         await turns_of_the_loop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from nriplugin.kernel.probe import resctrl
 from nriplugin.kernel.resctrl import ResctrlError, ResctrlFS, cat_mask, mba_value
 from nriplugin.node.assembly import Node
 from nriplugin.node.hooks import QoSPlugin, runtime_paths
+from nriplugin.node.turns import install_quiet
 from nriplugin.nri.runtime import RuntimeCaps
 from nriplugin.policy.cache import RuleCache
 from nriplugin.policy.model import Policy
@@ -142,6 +144,16 @@ def test_a_runtime_with_linux_rdt_places_new_containers_and_the_agent_joins_the_
     assert ls_adj is None or (not isinstance(ls_adj, tuple) and not ls_adj.linux.HasField("rdt"))
     paths = runtime_paths(p.desired.rules.policy, p.runtime, None, resctrl_mounted=True)
     assert paths["resctrl"].startswith("placed by the runtime (NRI LinuxRdt")
+    gone = make_container(4, be)  # placed, then removed in a burst, before its take-in
+
+    async def burst() -> None:
+        install_quiet(asyncio.get_running_loop(), settle=60.0)
+        p.create_container(be, gone)
+        assert p.writer.rdt_placed == {gone.id} and gone.id in p._created
+        p.remove_container(be, gone)
+
+    asyncio.run(burst())
+    assert p.writer.rdt_placed == set() and gone.id not in p.model and not p._created
 
 
 def test_an_older_runtime_leaves_the_join_to_the_agent(tmp_path: Path) -> None:

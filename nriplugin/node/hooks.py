@@ -409,9 +409,15 @@ class QoSPlugin(Plugin):
         return isinstance(q, int) and q > 0
 
     def remove_container(self, pod: api.PodSandbox, container: api.Container) -> None:
-        self._take_in_one(container.id)  # its listeners let go of what they hold for it
+        """A container that never left the take-in queue is only dropped from it: nothing but
+        its answer's resctrl placement knows it (a pod's first container created and removed
+        in one burst costs no take-in, nor its pod's)."""
+        cid = container.id
+        if self._created.pop(cid, None) is not None and cid not in self.model:
+            self.writer.rdt_placed.discard(cid)
+            return
         generation = self.desired.cpus.generation
-        self.model.container_removed(container.id)
+        self.model.container_removed(cid)
         if self.desired.cpus.generation != generation:  # the share pool grew
             self._push_later(self._pool_updates())
 
