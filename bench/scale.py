@@ -263,7 +263,9 @@ metrics) on the host's real cgroup v1 tree (every pod and container has its cpu 
 cgroup). CreateContainer: {rows[0]["ours"]["n"]} calls after Synchronize, each followed by
 RemoveContainer and RemovePodSandbox (the node keeps its size), round trip as the runtime sees
 it, after a 5 s pause for the agent to converge (hooks during convergence: see "first
-CreateContainer"). Synchronize: the runtime's call, and in brackets the agent's take-in (node
+CreateContainer"). The calls come back to back, so each container is removed while its
+take-in still waits for the burst to end and is dropped from the queue: the node model never
+takes these containers in. Synchronize: the runtime's call, and in brackets the agent's take-in (node
 model, desired state, the containers' updates). On NRI v0.6.1 a plugin's UpdateContainers can
 deadlock the runtime (containerd#13733), so the agent takes the node in before it answers and
 the answer carries the updates: the call includes the take-in. (Where UpdateContainers is safe,
