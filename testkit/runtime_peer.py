@@ -335,3 +335,15 @@ def make_container(i: int, pod: api.PodSandbox, shares: int = 1024) -> api.Conta
     c.linux.resources.cpu.shares.value = shares
     c.linux.cgroups_path = f"{pod.linux.cgroup_parent}/c{i:063d}"
     return c
+
+
+def make_lsr(i: int, quota: int, status: str | None = None) -> tuple[api.PodSandbox, api.Container]:
+    """An LSR pod with one container asking ``quota`` / 100000 CPUs (a candidate for exclusive
+    cores); ``status``: Koordinator's scheduling decision annotation."""
+    pod = make_pod(i, "LSR")
+    if status is not None:
+        pod.annotations["scheduling.koordinator.sh/resource-status"] = status
+    ctr = make_container(i, pod)
+    ctr.linux.resources.cpu.quota.value = quota
+    ctr.linux.resources.cpu.period.value = 100000
+    return pod, ctr

@@ -22,7 +22,7 @@ from nriplugin.nri.runtime import RuntimeCaps
 from nriplugin.policy.model import Policy
 from nriplugin.policy.qos import QoSClass
 from testkit.kernel_tree import sys_tree
-from testkit.runtime_peer import make_container, make_pod
+from testkit.runtime_peer import make_container, make_lsr, make_pod
 from tests.test_features import caps
 
 
@@ -116,10 +116,7 @@ def test_plugin_pins_lsr_and_moves_sharers(tmp_path: Path, nri: tuple[int, int, 
         ls = make_pod(1, "LS")
         ls_c = make_container(1, ls)
         assert p.create_container(ls, ls_c) is None  # nothing exclusive yet: all CPUs, no adjustment
-        lsr = make_pod(2, "LSR")
-        lsr_c = make_container(2, lsr)
-        lsr_c.linux.resources.cpu.quota.value = 200000
-        lsr_c.linux.resources.cpu.period.value = 100000
+        lsr, lsr_c = make_lsr(2, 200000)
         out = p.create_container(lsr, lsr_c)
         assert isinstance(out, tuple)
         adj, updates = out
@@ -166,10 +163,7 @@ def test_a_container_that_cannot_be_pinned_shares_never_overlaps(tmp_path: Path)
     p = QoSPlugin(Node.create(caps=c, on_invalid=invalid.append))
     got = []
     for i in range(3):
-        pod = make_pod(i, "LSR")
-        ctr = make_container(i, pod)
-        ctr.linux.resources.cpu.quota.value = 100000
-        ctr.linux.resources.cpu.period.value = 100000
+        pod, ctr = make_lsr(i, 100000)
         out = p.create_container(pod, ctr)
         adj = out[0] if isinstance(out, tuple) else out
         assert adj is not None

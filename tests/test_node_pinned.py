@@ -18,7 +18,7 @@ from nriplugin.node.overlays import GROUP_PREFIX, NET_RESOURCES, Decision, Overl
 from nriplugin.policy.cache import RuleCache
 from nriplugin.policy.model import Policy
 from nriplugin.policy.qos import QoSClass
-from testkit.runtime_peer import make_container, make_pod
+from testkit.runtime_peer import make_container, make_lsr, make_pod
 from tests.test_features import caps
 
 # --- overlays -------------------------------------------------------------------------------
@@ -684,21 +684,11 @@ def _pinning(tmp_path: Path, policy: Policy | None = None) -> tuple[DesiredState
     return d, model, invalid
 
 
-def _lsr(i: int, quota: int, status: str | None = None) -> tuple[object, object]:
-    pod = make_pod(i, "LSR")
-    if status is not None:
-        pod.annotations["scheduling.koordinator.sh/resource-status"] = status
-    ctr = make_container(i, pod)
-    ctr.linux.resources.cpu.quota.value = quota
-    ctr.linux.resources.cpu.period.value = 100000
-    return pod, ctr
-
-
 def test_a_cpuset_shortfall_is_said_once_with_the_container(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     d, model, invalid = _pinning(tmp_path)
-    pod, ctr = _lsr(1, 800000)  # 8 CPUs: one core must stay shared
+    pod, ctr = make_lsr(1, 800000)  # 8 CPUs: one core must stay shared
     with caplog.at_level(logging.WARNING, "nriplugin.node.desired"):
-        model.container_started(pod, ctr)  # type: ignore[arg-type]
+        model.container_started(pod, ctr)
     assert invalid == ["cpuset_capacity"] and d.cpus.exclusive == {}
     rec = caplog.records[-1]
     assert rec.getMessage().startswith(
@@ -712,9 +702,9 @@ def test_a_cpuset_shortfall_is_said_once_with_the_container(tmp_path: Path, capl
 
 def test_a_bad_scheduling_decision_is_said_with_its_reason(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     _, model, invalid = _pinning(tmp_path)
-    pod, ctr = _lsr(2, 200000, '{"cpuset": 5}')
+    pod, ctr = make_lsr(2, 200000, '{"cpuset": 5}')
     with caplog.at_level(logging.WARNING, "nriplugin.node.desired"):
-        model.container_started(pod, ctr)  # type: ignore[arg-type]
+        model.container_started(pod, ctr)
     assert invalid == ["cpuset"]
     msg = caplog.records[-1].getMessage()
     assert msg.startswith("pod default/pod-2: cpuset skipped: ") and "cpuset must be a cpu list string" in msg
@@ -723,11 +713,11 @@ def test_a_bad_scheduling_decision_is_said_with_its_reason(tmp_path: Path, caplo
 def test_nothing_is_pinned_while_the_cpuset_feature_is_off(tmp_path: Path) -> None:
     off = Policy.model_validate({"features": {"cpuset": {"enable": False}}})
     d, model, _ = _pinning(tmp_path, off)
-    pod, ctr = _lsr(3, 200000)
-    model.container_started(pod, ctr)  # type: ignore[arg-type]
+    pod, ctr = make_lsr(3, 200000)
+    model.container_started(pod, ctr)
     assert d.cpus.exclusive == {}
     d2, model2, _ = _pinning(tmp_path / "on")
-    model2.container_started(pod, ctr)  # type: ignore[arg-type]
+    model2.container_started(pod, ctr)
     assert len(d2.cpus.exclusive) == 1
 
 

@@ -20,7 +20,7 @@ from nriplugin.node.hooks import QoSPlugin
 from nriplugin.node.turns import Quiet, install_quiet, when_quiet
 from nriplugin.nri import api_pb2 as api
 from nriplugin.nri.runtime import RuntimeCaps
-from testkit.runtime_peer import make_container, make_pod
+from testkit.runtime_peer import make_container, make_lsr, make_pod
 from tests.test_cpuset import topo
 from tests.test_features import caps
 
@@ -202,10 +202,7 @@ def test_an_exclusive_container_moves_the_waiting_sharers_without_taking_them_in
 
     async def body(quiet: Quiet) -> None:
         sharers = burst(p, 1, 2)
-        lsr = make_pod(9, "LSR")
-        lsr_c = make_container(9, lsr)
-        lsr_c.linux.resources.cpu.quota.value = 200000
-        lsr_c.linux.resources.cpu.period.value = 100000
+        lsr, lsr_c = make_lsr(9, 200000)
         out = p.create_container(lsr, lsr_c)
         assert isinstance(out, tuple)
         assert sorted(u.container_id for u in out[1]) == sorted(c.id for _, c in sharers)
