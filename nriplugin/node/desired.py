@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from typing import Literal
+from typing import Literal, TypeGuard
 
 from nriplugin.features import (
     POD_ANNOTATIONS,
@@ -41,6 +41,11 @@ from nriplugin.policy.qos import InvalidQoSLabel, QoSClass, qos_class
 log = logging.getLogger("nriplugin.node.desired")
 
 Generation = tuple[int, int, int]  # (policy epoch, the key's own generation, its class's)
+
+
+def _managed(qos: QoSClass | None) -> TypeGuard[QoSClass]:
+    """Whether a pod of class ``qos`` has a desired state: a class, and not the system's."""
+    return qos is not None and qos is not QoSClass.SYSTEM
 
 
 class DesiredState:
@@ -135,9 +140,9 @@ class DesiredState:
         self, pod: api.PodSandbox, container: api.Container | None, qos: QoSClass | None = None
     ) -> Context | None:
         qos = self._class_of(pod) if qos is None else qos
-        if qos is None or qos is QoSClass.SYSTEM:
-            return None
-        return Context(pod, container, qos, self.rules.policy, self.caps, self.cpus)
+        if _managed(qos):
+            return Context(pod, container, qos, self.rules.policy, self.caps, self.cpus)
+        return None
 
     def _features(self, ctx: Context | None) -> Intent | None:
         """The features' values (None: not managed). Raises FeatureFailed when a fail-closed
@@ -187,10 +192,9 @@ class DesiredState:
         """Whether the pod's containers have a desired state (a class the agent manages), known
         to the model or not: what :meth:`intent` being None says, without working it out."""
         try:
-            qos = self._class_before_known(pod)
+            return _managed(self._class_before_known(pod))
         except InvalidQoSLabel:
             return False
-        return qos is not None and qos is not QoSClass.SYSTEM
 
     def birth_key(self, pod: api.PodSandbox, container: api.Container) -> tuple[object, ...] | None:
         """Everything :meth:`intent_before_known`'s values for ``container`` depend on, as one

@@ -191,12 +191,10 @@ def when_quiet(fn: Callable[..., object], *args: object) -> None:
     loop without :func:`install_quiet`, right after the current callback (:func:`soon`); with
     no loop, now."""
     try:
-        loop = asyncio.get_running_loop()
+        runner = _quiet.get(asyncio.get_running_loop())
     except RuntimeError:
-        fn(*args)
-        return
-    runner = _quiet.get(loop)
+        runner = None
     if runner is None:
-        soon(fn, *args, loop=loop)
+        soon(fn, *args)
     else:
         runner.call(fn, *args)
