@@ -18,6 +18,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -162,7 +163,8 @@ func main() {
 		atomic.AddInt64(&pushCalls, 1)
 		return nil, nil
 	}
-	dir, _ := os.MkdirTemp("", "nri-scale-plugins")
+	// Beside the socket: the caller's directory, removed with it (the caller may kill us while we linger).
+	dir, _ := os.MkdirTemp(filepath.Dir(*sock), "plugins")
 	defer os.RemoveAll(dir)
 	r, err := adaptation.New("nri-runtime-scale", "0.1", syncFn, updateFn, adaptation.WithSocketPath(*sock),
 		adaptation.WithPluginPath(dir), adaptation.WithPluginConfigPath(dir))
