@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 import yaml
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from nriplugin.obs.metrics import Declared, Metrics
+from nriplugin.obs.metrics import HOOK_BUCKETS, Declared, LoopHistogram, Metrics
 from nriplugin.obs.slo import SLO
 from testkit.prometheus import promtool
 from tools import monitoring, slo_rules
@@ -141,3 +141,29 @@ def test_custom_slo_and_bad_threshold(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"1\.5 ms is not a bucket bound; pick one of .* 2, 2\.5"):
         slo_rules.rule_groups(SLO(threshold_seconds=0.0015))
     assert monitoring.main(["--out", str(tmp_path), "--threshold-ms", "1.5"]) == 2
+
+
+def test_loop_histogram_exports_what_prometheus_client_does() -> None:
+    """The hook path's histogram is written by hand for speed: for the same observations its
+    exposition is prometheus_client's Histogram's, line for line (bar ``_created``), values on
+    a bound counted within it, values past the last in +Inf alone."""
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    fast = LoopHistogram("h_seconds", "help.", ("event",), ours, HOOK_BUCKETS)
+    slow = Histogram("h_seconds", "help.", ("event",), registry=theirs, buckets=HOOK_BUCKETS)
+    observed = [0.0, 50e-6, 50.1e-6, 1e-3, 0.0013, 2.0, 2.5, 7.0, *(i * 37e-6 for i in range(2, 200))]
+    for event, values in (("create_container", observed), ("run_pod_sandbox", observed[::3]), ("idle", [])):
+        f, s = fast.labels(event), slow.labels(event)
+        for v in values:
+            f.observe(v)
+            s.observe(v)
+
+    def text(r: CollectorRegistry) -> list[str]:
+        return [line for line in generate_latest(r).decode().splitlines() if "_created" not in line]
+
+    assert text(ours) == text(theirs)
+    assert 'h_seconds_bucket{event="create_container",le="5e-05"} 2.0' in text(ours)  # 0 and 50 µs
+    assert 'h_seconds_count{event="idle"} 0.0' in text(ours)
+    with pytest.raises(ValueError, match="expected labels"):
+        fast.labels("a", "b")
+    with pytest.raises(ValueError, match="finite bucket"):
+        LoopHistogram("empty", "help.", buckets=(float("inf"),))

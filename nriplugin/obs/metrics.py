@@ -6,9 +6,13 @@ a single histogram/counter update on pre-resolved label children.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections.abc import Iterator
 from typing import Any, Generic, TypeVar, overload
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 # From 50 µs, finely up to 1 ms (a hook's p50 and p99 fall there: the histogram's quantiles
 # are compared with the runtime's own in bench/hook_latency.py). 2 ms is the
@@ -42,7 +46,69 @@ STATES = ("disconnected", "connecting", "registered", "standby")
 GAP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
-M = TypeVar("M", Counter, Gauge, Histogram)
+class _LoopChild:
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # per bucket, not cumulative; the last is +Inf's
+        self.sum = 0.0
+
+    def observe(self, amount: float) -> None:
+        self.counts[bisect_left(self.bounds, amount)] += 1  # the first bound >= amount: le
+        self.sum += amount
+
+
+class LoopHistogram:
+    """A labelled histogram for the hook path, exported exactly as prometheus_client's
+    (``_bucket``, ``_count``, ``_sum``; no ``_created``) but observed with a bisect and two
+    additions: prometheus_client's takes a lock and walks its buckets, ~2.5 µs a hook against
+    ~0.3 (measured in a loop; each hook observes once). Lock-free, so observed from one thread
+    only: the event loop's, where every hook is answered. A scrape from the metrics server's
+    thread copies the counts; it may see an observation's count without its sum, never
+    buckets out of step with the count."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: tuple[str, ...] = (),
+        registry: CollectorRegistry | None = None,
+        buckets: tuple[float, ...] = (),
+    ) -> None:
+        bounds = tuple(sorted(float(b) for b in buckets if b != float("inf")))
+        if not bounds:
+            raise ValueError(f"{name}: a histogram needs at least one finite bucket bound")
+        self.name, self.documentation, self.labelnames, self.bounds = name, documentation, labelnames, bounds
+        self._les = [*map(floatToGoString, bounds), "+Inf"]
+        self._children: dict[tuple[str, ...], _LoopChild] = {}
+        if registry is not None:
+            registry.register(self)
+
+    def labels(self, *values: str) -> _LoopChild:
+        if len(values) != len(self.labelnames):
+            raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {values}")
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = _LoopChild(self.bounds)
+        return child
+
+    def describe(self) -> Iterator[Metric]:
+        yield HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for values, child in list(self._children.items()):
+            counts, total = list(child.counts), child.sum  # one copy: buckets and count agree
+            cumulative, seen = [], 0
+            for le, n in zip(self._les, counts, strict=True):
+                seen += n
+                cumulative.append((le, float(seen)))
+            family.add_metric(list(values), cumulative, total)
+        yield family
+
+
+M = TypeVar("M", Counter, Gauge, Histogram, LoopHistogram)
 
 
 class Declared(Generic[M]):
@@ -86,7 +152,7 @@ class Metrics:
     change one there too."""
 
     hook_latency = Declared(
-        Histogram,
+        LoopHistogram,
         "nriplugin_hook_duration_seconds",
         "Plugin-side handling time of NRI requests, by event.",
         ("event",),
@@ -227,7 +293,7 @@ class StubMetrics:
 
     def __init__(self, m: Metrics) -> None:
         self.m = m
-        self._latency: dict[str, object] = {}
+        self._latency: dict[str, _LoopChild] = {}
 
     def expect(self, events: list[str]) -> None:
         """Makes each event's latency series exist at 0 before its first hook: a series born
@@ -241,7 +307,7 @@ class StubMetrics:
         child = self._latency.get(event)
         if child is None:
             child = self._latency[event] = self.m.hook_latency.labels(event)
-        child.observe(seconds)  # type: ignore[attr-defined]
+        child.observe(seconds)
 
     def hook_failed(self, event: str, reason: str, fail_closed: bool) -> None:
         self.m.hook_failures.labels(event, reason, "fail-closed" if fail_closed else "fail-open").inc()
