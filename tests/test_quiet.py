@@ -74,6 +74,45 @@ def test_work_runs_after_the_lag_when_the_burst_goes_on(monkeypatch: pytest.Monk
     on_quiet_loop(body, settle=0.002, lag=0.2)
 
 
+def test_the_check_for_a_bursts_end_backs_off_while_it_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long burst costs a few checks, not one per settle time; its work still runs within
+    BACKOFF settle times of its end, and a later burst is checked every settle time again."""
+    done: list[float] = []
+    answered = [time.perf_counter()]
+    monkeypatch.setattr(turns, "last_answer", lambda: answered[0])
+    checks = [0]
+    check = Quiet._check
+
+    def counted(self: Quiet) -> None:
+        checks[0] += 1
+        check(self)
+
+    monkeypatch.setattr(Quiet, "_check", counted)
+    settle = 0.01
+
+    async def burst(seconds: float) -> float:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:  # an answer every fifth of a settle time
+            answered[0] = time.perf_counter()
+            await asyncio.sleep(settle / 5)
+        return answered[0]
+
+    async def body(quiet: Quiet) -> None:
+        when_quiet(lambda: done.append(time.perf_counter()))
+        over = await burst(1.0)
+        assert done == [] and quiet.waiting == 1
+        assert checks[0] <= 15  # 9 as the backoff goes; one per settle time would be 100
+        await asyncio.sleep(turns.BACKOFF * settle + 0.05)
+        assert len(done) == 1 and done[0] - over <= turns.BACKOFF * settle + 0.05
+        checks[0] = 0
+        when_quiet(lambda: done.append(time.perf_counter()))
+        answered[0] = time.perf_counter()
+        await asyncio.sleep(3.5 * settle)  # no more answers: due a settle time after the last
+        assert len(done) == 2 and checks[0] <= 2
+
+    on_quiet_loop(body, settle=settle)
+
+
 def test_work_queued_after_a_release_runs_at_once_until_a_hook_is_answered(monkeypatch: pytest.MonkeyPatch) -> None:
     """A job's next turn: at once while the loop stays quiet, after the next quiet spell once
     a hook was answered (the burst resumed)."""
