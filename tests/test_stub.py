@@ -149,6 +149,39 @@ def test_register_configure_synchronize_and_events(tmp_path: Path) -> None:
     run(main, tmp_path)
 
 
+def test_a_plugin_that_keeps_requests_gets_each_creates_wire_bytes(tmp_path: Path) -> None:
+    """``keeps_requests``: create_container gets the request as the runtime sent it, besides
+    the messages parsed from it (what such a plugin keeps until later)."""
+
+    class Keeper(SharesPlugin):
+        keeps_requests = True
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.kept: list[bytes] = []
+
+        def create_container(  # type: ignore[override]
+            self, pod: api.PodSandbox, container: api.Container, request: bytes
+        ) -> api.ContainerAdjustment | None:
+            self.kept.append(request)
+            return super().create_container(pod, container)
+
+    async def main(tmp: Path) -> None:
+        peer = RuntimePeer()
+        plugin = Keeper()
+        stub, task = await started(peer, plugin, tmp)
+        s = await peer.next_session()
+        await asyncio.wait_for(stub.ready.wait(), 1)
+        be = make_pod(10, "BE")
+        rsp = await s.create_container(be, make_container(10, be))
+        assert rsp.adjust.linux.resources.cpu.shares.value == 2  # answered as without it
+        sent = api.CreateContainerRequest(pod=be, container=make_container(10, be)).SerializeToString()
+        assert plugin.kept == [sent] and plugin.seen == [("create", make_container(10, be).id)]
+        await stopped(stub, task, peer)
+
+    run(main, tmp_path)
+
+
 @pytest.mark.parametrize("clocked", [True, False])
 def test_a_hooks_time_includes_its_wait_behind_other_work_on_the_loop(tmp_path: Path, clocked: bool) -> None:
     """The loop's PollClock starts a hook's time when its bytes could first be read: a request

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from typing import Literal, TypeGuard
+from typing import Literal, TypeGuard, cast
 
 from nriplugin.features import (
     POD_ANNOTATIONS,
@@ -196,9 +196,14 @@ class DesiredState:
         except InvalidQoSLabel:
             return False
 
+    @staticmethod
+    def born_managed(key: tuple[object, ...]) -> bool:
+        """What :meth:`manages` says of the pod a :meth:`birth_key` was made for."""
+        return _managed(cast(QoSClass, key[0]))
+
     def birth_key(self, pod: api.PodSandbox, container: api.Container) -> tuple[object, ...] | None:
         """Everything :meth:`intent_before_known`'s values for ``container`` depend on, as one
-        hashable key: the class, the pod annotations and labels the features declare, the
+        hashable key: the class (first: :meth:`born_managed`), the pod annotations and labels the features declare, the
         container's name and resources, and the stamps of the node's state (policy epoch,
         the class's generation — its ceiling and cpuset limit —, the share pool's). Containers
         with equal keys get equal values, whatever their pod's name, uid or other metadata.

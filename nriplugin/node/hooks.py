@@ -10,6 +10,7 @@ import collections
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import NamedTuple
 
 from nriplugin.features import FeatureFailed, Intent, born_with, resctrl
 from nriplugin.intent.core import requested
@@ -137,6 +138,15 @@ MAX_SHAPES = 256  # CreateContainer answers kept (a node runs a few dozen worklo
 MAX_WAITING = 4096
 
 
+class Waiting(NamedTuple):
+    """A container answered and not taken in yet: its pod, whether the agent manages its class
+    (a share pool's move includes it), and its CreateContainer request as the runtime sent it."""
+
+    pod_id: str
+    managed: bool
+    request: bytes
+
+
 class QoSPlugin(Plugin):
     def __init__(
         self,
@@ -152,7 +162,7 @@ class QoSPlugin(Plugin):
         self._pushes: set[asyncio.Future[None]] = set()  # UpdateContainers in flight (kept referenced)
         # Containers answered, not yet in the model, by id: taken in once a burst of hooks is
         # over (turns.Quiet), and by any hook about one of them before it looks at the model.
-        self._created: collections.OrderedDict[str, tuple[api.PodSandbox, api.Container]] = collections.OrderedDict()
+        self._created: collections.OrderedDict[str, Waiting] = collections.OrderedDict()
         self.runtime = RuntimeCaps()  # what the runtime's NRI carries: learnt at Configure
         self.fields = carried(self.runtime)  # the resources its LinuxResources has as fields
         # CreateContainer's answer by the container's shape (DesiredState.birth_key): the pods
@@ -206,8 +216,8 @@ class QoSPlugin(Plugin):
         created = self._created
         turn = Turn() if in_turns else None
         while created:
-            _, (pod, container) = created.popitem(last=False)
-            self.model.container_created(pod, container)
+            _, waiting = created.popitem(last=False)
+            self._adopt(waiting)
             if turn is not None and created and turn.over():
                 (when_quiet if quiet else soon)(self._take_in_created, True, quiet)
                 return
@@ -218,12 +228,16 @@ class QoSPlugin(Plugin):
         with them."""
         queued = self._created.pop(cid, None)
         if queued is not None:
-            self.model.container_created(*queued)
+            self._adopt(queued)
+
+    def _adopt(self, waiting: Waiting) -> None:
+        req = api.CreateContainerRequest.FromString(waiting.request)
+        self.model.container_created(req.pod, req.container)
 
     def _take_in_pod(self, pod_id: str) -> None:
         """The model takes in the waiting containers of pod ``pod_id`` (a pod hook looks at the
         model next); a look at each waiting container, none of the others taken in."""
-        for cid in [cid for cid, (pod, _) in self._created.items() if pod.id == pod_id]:
+        for cid in [cid for cid, w in self._created.items() if w.pod_id == pod_id]:
             self._take_in_one(cid)
 
     def _pool_updates(self, skip: str = "") -> list[api.ContainerUpdate]:
@@ -234,7 +248,7 @@ class QoSPlugin(Plugin):
             return []
         pool = format_cpulist(self.desired.cpus.share_pool())
         known = [cid for cid in self.desired.sharers(skip) if self.desired.intent(cid) is not None]
-        waiting = [cid for cid, (pod, _) in self._created.items() if self.desired.manages(pod)]
+        waiting = [cid for cid, w in self._created.items() if w.managed]
         out = []
         for cid in known + waiting:
             u = api.ContainerUpdate(container_id=cid, ignore_failure=True)
@@ -267,8 +281,10 @@ class QoSPlugin(Plugin):
 
     # hooks -----------------------------------------------------------------------------------
 
+    keeps_requests = True  # the take-in queue holds requests as they came (Plugin.keeps_requests)
+
     def create_container(
-        self, pod: api.PodSandbox, container: api.Container
+        self, pod: api.PodSandbox, container: api.Container, request: bytes = b""
     ) -> api.ContainerAdjustment | tuple[api.ContainerAdjustment, list[api.ContainerUpdate]] | None:
         """The answer first. The model takes the container in once the burst of hooks is over
         (:func:`when_quiet`; right after the answer outside bursts), unless the container gets
@@ -276,7 +292,10 @@ class QoSPlugin(Plugin):
         container's values depend on moves when a container without exclusive CPUs is taken
         in, and one that has not started holds nothing the agent manages, so its take-in can
         wait: a hook about it takes it in first (and a request the loop runs before a queued
-        take-in does not do that work in its own answer)."""
+        take-in does not do that work in its own answer). The queue holds ``request``, the
+        request's wire bytes (given by the stub; made here for other callers), not the
+        messages: their parse is several times larger, and a burst would parse every request
+        into new memory."""
         if self.desired.pins(pod):
             return self._create_pinned(pod, container)
         key = self.desired.birth_key(pod, container)
@@ -293,8 +312,11 @@ class QoSPlugin(Plugin):
                     self._births.clear()
                 self._births[key] = adj
         self._placed_by_runtime(container, adj)
+        managed = self.desired.born_managed(key) if key is not None else self.desired.manages(pod)
+        if not request:
+            request = api.CreateContainerRequest(pod=pod, container=container).SerializeToString()
         created = self._created
-        created[container.id] = (pod, container)
+        created[container.id] = Waiting(pod.id, managed, request)
         if len(created) == 1:
             when_quiet(self._take_in_created, True)  # with no loop (tests, explain): now
         elif len(created) == MAX_WAITING:
