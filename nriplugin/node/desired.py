@@ -203,10 +203,11 @@ class DesiredState:
 
     def birth_key(self, pod: api.PodSandbox, container: api.Container) -> tuple[object, ...] | None:
         """Everything :meth:`intent_before_known`'s values for ``container`` depend on, as one
-        hashable key: the class (first: :meth:`born_managed`), the pod annotations and labels the features declare, the
-        container's name and resources, and the stamps of the node's state (policy epoch,
-        the class's generation — its ceiling and cpuset limit —, the share pool's). Containers
-        with equal keys get equal values, whatever their pod's name, uid or other metadata.
+        hashable key: the class (first: :meth:`born_managed`), the pod annotations and labels
+        the features declare, the container's name and resources, and the stamps of the node's
+        state (policy epoch, the class's generation — its ceiling and cpuset limit —, the share
+        pool's). Containers with equal keys get equal values, whatever their pod's name, uid or
+        other metadata.
         None: nothing to share (a bad label, or state of its own already, an overlay)."""
         try:
             qos = self._class_before_known(pod)
