@@ -124,3 +124,24 @@ def test_stream_hands_on_pieces_as_they_arrive() -> None:
                 got[conn_id] += bytes(piece)
             assert d.buffered < mux.HEADER_LEN
         assert got == {1: b"a" * 100 + b"d", 2: b"bc"} and d.dropped_frames == 1
+
+
+def test_a_request_in_one_frame_is_what_it_is_byte_by_byte() -> None:
+    """The usual read (a hook's request in one whole frame, taken in one step) gives the
+    events the same bytes give read one at a time; a response in one frame still reaches
+    its call; a frame while part of another is held is not mistaken for a whole one."""
+    runtime = NriConnection.runtime_side()
+    _, first = runtime.client.send_request("svc", "Create", b"c" * 3000)
+    _, second = runtime.client.send_request("svc", "Start", b"s")
+    wire = mux.encode_frame(1, first) + mux.encode_frame(1, second)
+    whole, byte_by_byte = NriConnection(), NriConnection()
+    got = whole.receive_data(wire[: 8 + len(first)]) + whole.receive_data(wire[8 + len(first) :])
+    slow = [ev for i in range(len(wire)) for ev in byte_by_byte.receive_data(wire[i : i + 1])]
+    assert got == slow and [type(e) for e in got] == [ttrpc.RequestReceived] * 2
+    assert [e.request.method for e in got if isinstance(e, ttrpc.RequestReceived)] == ["Create", "Start"]
+    sid, _ = whole.call("svc", "Register", b"")
+    (answer,) = whole.receive_data(mux.encode_frame(2, runtime.server.send_response(sid, b"ok")))
+    assert answer == ttrpc.ResponseReceived(sid, ttrpc.Response(b"ok"))
+    d = mux.Demultiplexer()
+    assert d.stream(mux.encode_frame(1, b"abc")[:5]) == []
+    assert d.whole(mux.encode_frame(1, b"xyz")) is None

@@ -339,3 +339,54 @@ def test_an_ok_response_encoded_by_hand_is_what_protobuf_encodes(size: int) -> N
     m = ttrpc.ResponsePb(payload=payload)
     assert ttrpc.encode_response(ttrpc.Response(payload)) == m.SerializeToString()
     assert ttrpc.decode_response(ttrpc.encode_response(ttrpc.Response(payload))).payload == payload
+
+
+@given(requests, st.integers(0, 2**30))
+def test_a_whole_request_is_taken_in_one_step_as_in_pieces(req: ttrpc.Request, n: int) -> None:
+    """The usual read (one whole request) decodes in one step to what the general way makes
+    of the same bytes in two reads, and uses up its stream id the same way."""
+    sid = 2 * n + 1
+    wire = ttrpc.encode_message(sid, 1, ttrpc.encode_request(req))
+    whole, pieces = ttrpc.Connection(), ttrpc.Connection()
+    got = whole.whole_request(wire)
+    assert got == ttrpc.RequestReceived(sid, req)
+    assert pieces.receive_data(wire[:-1]) == [] and pieces.receive_data(wire[-1:]) == [got]
+    for conn in (whole, pieces):
+        (again,) = conn.receive_data(wire)
+        assert isinstance(again, ttrpc.BadRequest) and "re-used" in again.message
+
+
+def test_what_is_not_one_new_request_is_left_to_the_general_way_untouched() -> None:
+    ok = ttrpc.encode_request(ttrpc.Request("svc", "M", b"p"))
+    one = ttrpc.encode_message(1, 1, ok)
+    cases = {
+        "a response": ttrpc.encode_message(1, 2, b""),
+        "two requests": one + ttrpc.encode_message(3, 1, ok),
+        "part of one": one[:-1],
+        "part of a header": one[:9],
+        "an even stream id": ttrpc.encode_message(2, 1, ok),
+        "a malformed envelope": ttrpc.encode_message(1, 1, b"\x0a\x09"),
+        "over the bound": ttrpc.encode_message(1, 1, ok + b"\x00" * 100, limit=200),
+    }
+    for what, wire in cases.items():
+        conn, fresh = ttrpc.Connection(max_message=100), ttrpc.Connection(max_message=100)
+        assert conn.whole_request(wire) is None, what
+        assert conn.receive_data(wire) == fresh.receive_data(wire), what
+    # A used stream id, and a request arriving while part of another is held.
+    conn, request = ttrpc.Connection(), ttrpc.Request("svc", "M", b"p")
+    assert conn.receive_data(ttrpc.encode_message(5, 1, ok)) == [ttrpc.RequestReceived(5, request)]
+    assert conn.whole_request(ttrpc.encode_message(5, 1, ok)) is None
+    held = ttrpc.encode_message(7, 1, ok)
+    assert conn.receive_data(held[:-2]) == []
+    assert conn.whole_request(ttrpc.encode_message(9, 1, ok)) is None
+    assert conn.receive_data(held[-2:]) == [ttrpc.RequestReceived(7, request)]
+
+
+def test_a_whole_request_read_from_a_reused_buffer_keeps_its_bytes() -> None:
+    """The transport reads into one buffer it reuses (transport.Trunk): the request parsed
+    straight from a view of it must own what it holds."""
+    req = ttrpc.Request("svc", "Method", b"payload" * 50, 7, [("k", "v")])
+    buf = bytearray(ttrpc.encode_message(1, 1, ttrpc.encode_request(req)))
+    got = ttrpc.Connection().whole_request(memoryview(buf))
+    buf[:] = bytes(len(buf))
+    assert got == ttrpc.RequestReceived(1, req)

@@ -41,6 +41,12 @@ class NriConnection:
 
         Raises :class:`~nriplugin.nri.errors.ProtocolError` on a corrupt stream.
         """
+        whole = self.demux.whole(data)
+        if whole is not None and whole[0] == self.serve_conn:
+            # The usual read, a hook's request in one frame, in one step (whole_request).
+            request = self.server.whole_request(whole[1])
+            if request is not None:
+                return [request]
         events: list[ttrpc.Event] = []
         for conn_id, chunk in self.demux.stream(data):
             if conn_id == self.serve_conn:

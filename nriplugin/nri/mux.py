@@ -65,13 +65,21 @@ class Demultiplexer:
         self.max_frame = max_frame
         self.dropped_frames = 0
 
-    def stream(self, data: bytes | memoryview) -> list[tuple[int, memoryview]]:
-        """The payload bytes in ``data``, per conn, in order (a frame may come in pieces)."""
-        if not self._left and not self._head and len(data) > HEADER_LEN:
-            # The usual read: one whole frame (the runtime sends a request as one write).
+    def whole(self, data: bytes | memoryview) -> tuple[int, memoryview] | None:
+        """The usual read (the runtime sends a request as one write): ``data`` is exactly one
+        whole, non-empty frame for a known conn and nothing partial is held. Its conn and
+        payload (a view of ``data``); None otherwise. Nothing changes either way."""
+        if not self._left and not self._head and self._error is None and len(data) > HEADER_LEN:
             conn_id, length = HEADER.unpack_from(data)
             if length + HEADER_LEN == len(data) and conn_id in self.known and length <= self.max_frame:
-                return [(conn_id, memoryview(data)[HEADER_LEN:])]
+                return conn_id, memoryview(data)[HEADER_LEN:]
+        return None
+
+    def stream(self, data: bytes | memoryview) -> list[tuple[int, memoryview]]:
+        """The payload bytes in ``data``, per conn, in order (a frame may come in pieces)."""
+        whole = self.whole(data)
+        if whole is not None:
+            return [whole]
         return [(c, piece) for c, piece, _end in self._pieces(data) if piece]
 
     def feed(self, data: bytes) -> list[tuple[int, bytes]]:
