@@ -167,8 +167,9 @@ class QoSPlugin(Plugin):
         self.fields = carried(self.runtime)  # the resources its LinuxResources has as fields
         # CreateContainer's answer by the container's shape (DesiredState.birth_key): the pods
         # of one workload come in bursts and get the same values, computed once; the key
-        # carries the node's state, so a decision since then makes a new key.
-        self._births: dict[tuple[object, ...], api.ContainerAdjustment | None] = {}
+        # carries the node's state, so a decision since then makes a new key. With the answer,
+        # whether it names a resctrl CLOS (_placed_by_runtime), not asked again each time.
+        self._births: dict[tuple[object, ...], tuple[api.ContainerAdjustment | None, bool]] = {}
         # LinuxRdt by resctrl group, while the policy and runtime stay (None: not this path)
         self._rdt: tuple[Policy, dict[str, api.LinuxRdt] | None] | None = None
 
@@ -299,19 +300,21 @@ class QoSPlugin(Plugin):
         if self.desired.pins(pod):
             return self._create_pinned(pod, container)
         key = self.desired.birth_key(pod, container)
-        if key is not None and key in self._births:
-            adj = self._births[key]
-        else:
+        born = self._births.get(key) if key is not None else None
+        if born is None:
             try:
                 intent = self.desired.intent_before_known(pod, container)
             except FeatureFailed as exc:
                 raise RuntimeError(f"refusing {pod.namespace}/{pod.name}/{container.name}: {exc}") from exc
             adj = self._adjustment(intent, pod)
+            born = adj, _names_clos(adj)
             if key is not None:
                 if len(self._births) >= MAX_SHAPES:  # old stamps: unreachable anyway
                     self._births.clear()
-                self._births[key] = adj
-        self._placed_by_runtime(container, adj)
+                self._births[key] = born
+        adj, placed = born
+        if placed:  # the runtime puts it in its resctrl group: its start joins it to none
+            self.writer.rdt_placed.add(container.id)
         managed = self.desired.born_managed(key) if key is not None else self.desired.manages(pod)
         if not request:
             request = api.CreateContainerRequest(pod=pod, container=container).SerializeToString()
@@ -342,7 +345,7 @@ class QoSPlugin(Plugin):
     def _placed_by_runtime(self, container: api.Container, adj: api.ContainerAdjustment | None) -> None:
         """An answer naming a resctrl CLOS: the runtime puts the container in its group, so
         its start joins it to none (``TaskGroups``)."""
-        if adj is not None and adj.linux.HasField("rdt"):
+        if _names_clos(adj):
             self.writer.rdt_placed.add(container.id)
 
     def _adjustment(self, intent: Intent | None, pod: api.PodSandbox) -> api.ContainerAdjustment | None:
@@ -616,6 +619,12 @@ class QoSPlugin(Plugin):
         ):
             return u
         return None
+
+
+def _names_clos(adj: api.ContainerAdjustment | None) -> bool:
+    """Whether the answer names a resctrl CLOS (NRI ``LinuxRdt``): the runtime then places the
+    container in its group (``TaskGroups``)."""
+    return adj is not None and adj.linux.HasField("rdt")
 
 
 def _is_be(pod: api.PodSandbox) -> bool:
