@@ -269,10 +269,14 @@ def decode_request(data: bytes | bytearray) -> Request:
     return Request(m.service, m.method, m.payload, m.timeout_nano, [(kv.key, kv.value) for kv in m.metadata])
 
 
+def _ok_response(payload: bytes) -> bytes:
+    """The usual answer's envelope, by hand: the payload field alone."""
+    return b"\x12" + varint(len(payload)) + payload if payload else b""
+
+
 def encode_response(resp: Response) -> bytes:
-    if not resp.code and not resp.message:  # the usual answer: the payload field alone, by hand
-        n = len(resp.payload)
-        return b"\x12" + varint(n) + resp.payload if n else b""
+    if not resp.code and not resp.message:
+        return _ok_response(resp.payload)
     m = ResponsePb(payload=resp.payload)
     if resp.code or resp.message:
         m.status.code = resp.code
@@ -359,7 +363,7 @@ class Connection:
         return sid, wire
 
     def send_response(self, stream_id: int, payload: bytes = b"", code: int = 0, message: str = "") -> bytes:
-        body = encode_response(Response(payload, code, message))
+        body = encode_response(Response(payload, code, message)) if code or message else _ok_response(payload)
         if len(body) > self.send_limit:  # callers fit their answers (stub.py); this is the last guard
             body = encode_response(
                 Response(b"", Code.RESOURCE_EXHAUSTED, f"response of {len(body)} bytes exceeds the ttrpc limit")
