@@ -390,3 +390,9 @@ def test_a_whole_request_read_from_a_reused_buffer_keeps_its_bytes() -> None:
     got = ttrpc.Connection().whole_request(memoryview(buf))
     buf[:] = bytes(len(buf))
     assert got == ttrpc.RequestReceived(1, req)
+
+
+def test_varint_is_protobufs() -> None:
+    for n in [*range(1, 300), 16383, 16384, 2**31, 2**63 - 1]:
+        assert ttrpc.RequestPb(timeout_nano=n).SerializeToString() == b"\x20" + ttrpc.varint(n), n
+    assert ttrpc.varint(0) == b"\x00"

@@ -227,6 +227,9 @@ class _Method:
     encode: Callable[[Any], bytes]  # handler result -> response payload
     event: str  # metrics/policy key
     raw: bool = False
+    # The event's HookPolicy, looked up when the table is built (None: StateChange, whose
+    # event comes with each request).
+    policy: HookPolicy | None = None
 
 
 _SYNC_MORE = api.SynchronizeResponse(more=True).SerializeToString()
@@ -421,7 +424,11 @@ class Stub:
                 "stop_container",
             ),
         }
-        return methods | self._event_methods()
+        methods |= self._event_methods()
+        for m in methods.values():
+            if m.request is not api.StateChangeEvent:
+                m.policy = self.policy(m.event)
+        return methods
 
     def _event_methods(self) -> dict[str, _Method]:
         """The events that carry nothing back: over StateChange (every runtime before NRI v0.12,
@@ -511,11 +518,6 @@ class Stub:
     def policy(self, event: str) -> HookPolicy:
         return self.opts.policies.get(event, self.opts.default_policy)
 
-    def _event_name(self, method: _Method, req: PbMessage) -> str:
-        if isinstance(req, api.StateChangeEvent):
-            return STATE_CHANGE_HANDLERS.get(req.event, "unknown")
-        return method.event
-
     def _on_request(self, ev: ttrpc.RequestReceived) -> None:
         if self._held is not None:
             self._held.append(ev)
@@ -536,8 +538,10 @@ class Stub:
         except DecodeError as exc:
             trunk.respond(ev.stream_id, code=ttrpc.Code.INVALID_ARGUMENT, message=f"cannot decode {r.method}: {exc}")
             return
-        event = self._event_name(method, req)
-        policy = self.policy(event)
+        event, policy = method.event, method.policy
+        if policy is None:  # StateChange: the event it carries
+            event = STATE_CHANGE_HANDLERS.get(cast(api.StateChangeEvent, req).event, "unknown")
+            policy = self.policy(event)
         budget = policy.budget
         if r.timeout_nano > 0:
             # Answer (even if only with the failure policy) before the runtime gives up.

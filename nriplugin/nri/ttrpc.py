@@ -241,7 +241,12 @@ def _envelope_classes() -> tuple[Any, Any, Any]:
 RequestPb, ResponsePb, KeyValuePb = _envelope_classes()
 
 
+_ONE_BYTE = [bytes((n,)) for n in range(0x80)]  # the varints of one byte: every hook's answer has two
+
+
 def varint(n: int) -> bytes:
+    if 0 <= n < 0x80:
+        return _ONE_BYTE[n]
     out = bytearray()
     while n > 0x7F:
         out.append(n & 0x7F | 0x80)
