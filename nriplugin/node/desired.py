@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from typing import Literal, TypeGuard, cast
+from typing import Literal, TypeGuard
 
 from nriplugin.features import (
     POD_ANNOTATIONS,
@@ -43,7 +43,7 @@ log = logging.getLogger("nriplugin.node.desired")
 Generation = tuple[int, int, int]  # (policy epoch, the key's own generation, its class's)
 
 
-def _managed(qos: QoSClass | None) -> TypeGuard[QoSClass]:
+def _managed(qos: object) -> TypeGuard[QoSClass]:
     """Whether a pod of class ``qos`` has a desired state: a class, and not the system's."""
     return qos is not None and qos is not QoSClass.SYSTEM
 
@@ -199,7 +199,7 @@ class DesiredState:
     @staticmethod
     def born_managed(key: tuple[object, ...]) -> bool:
         """What :meth:`manages` says of the pod a :meth:`birth_key` was made for."""
-        return _managed(cast(QoSClass, key[0]))
+        return _managed(key[0])
 
     def birth_key(self, pod: api.PodSandbox, container: api.Container) -> tuple[object, ...] | None:
         """Everything :meth:`intent_before_known`'s values for ``container`` depend on, as one
