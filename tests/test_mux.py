@@ -145,3 +145,26 @@ def test_a_request_in_one_frame_is_what_it_is_byte_by_byte() -> None:
     d = mux.Demultiplexer()
     assert d.stream(mux.encode_frame(1, b"abc")[:5]) == []
     assert d.whole(mux.encode_frame(1, b"xyz")) is None
+
+
+def test_whole_is_the_usual_read_and_nothing_else() -> None:
+    """Demultiplexer.whole: one whole, non-empty frame for a known conn with nothing held
+    (what NriConnection takes in one step); anything else is None, and changes nothing."""
+    d = mux.Demultiplexer(max_frame=10)
+    got = d.whole(mux.encode_frame(2, b"x"))
+    assert got is not None and got[0] == 2 and bytes(got[1]) == b"x"
+    at_bound = d.whole(mux.encode_frame(1, b"y" * 10))
+    assert at_bound is not None and bytes(at_bound[1]) == b"y" * 10
+    one = mux.encode_frame(1, b"x")
+    for data in (mux.encode_frame(1, b""), mux.encode_frame(7, b"x"), one + b"\x00", one[:-1]):
+        assert d.whole(data) is None, data
+    assert d.whole(struct.pack(">II", 1, 11) + b"z" * 11) is None  # over max_frame
+    assert d.stream(mux.encode_frame(1, b"")) == [] and d.buffered == 0
+    midway = mux.Demultiplexer()
+    assert [bytes(p) for _, p in midway.stream(mux.encode_frame(1, b"abc")[:10])] == [b"ab"]
+    assert midway.whole(one) is None
+    assert [bytes(p) for _, p in midway.stream(b"c")] == [b"c"]
+    broken = mux.Demultiplexer()
+    with pytest.raises(ProtocolError):
+        broken.stream(struct.pack(">II", 0, 0))
+    assert broken.whole(one) is None

@@ -396,3 +396,21 @@ def test_varint_is_protobufs() -> None:
     for n in [*range(1, 300), 16383, 16384, 2**31, 2**63 - 1]:
         assert ttrpc.RequestPb(timeout_nano=n).SerializeToString() == b"\x20" + ttrpc.varint(n), n
     assert ttrpc.varint(0) == b"\x00"
+
+
+def test_a_whole_request_at_the_bound_is_taken_and_one_over_it_is_refused() -> None:
+    req = ttrpc.Request("svc", "M", b"p" * 120)
+    env = ttrpc.encode_request(req)
+    wire = ttrpc.encode_message(1, 1, env)
+    assert ttrpc.Connection(max_message=len(env)).whole_request(wire) == ttrpc.RequestReceived(1, req)
+    over = ttrpc.Connection(max_message=len(env) - 1)
+    assert over.whole_request(wire) is None
+    assert over.receive_data(wire) == [ttrpc.RequestTooLarge(1, len(env), len(env) - 1)]
+
+
+def test_an_error_answer_keeps_its_code_message_and_payload() -> None:
+    server, client = ttrpc.Connection(), ttrpc.Connection()
+    for payload, code, message in ((b"partial", ttrpc.Code.NOT_FOUND, ""), (b"", 0, "why"), (b"", 3, "bad")):
+        sid, _ = client.send_request("svc", "M", b"")
+        (r,) = client.receive_data(server.send_response(sid, payload, code, message))
+        assert r == ttrpc.ResponseReceived(sid, ttrpc.Response(payload, code, message))

@@ -109,7 +109,8 @@ class MessageDecoder:
     out of it (one copy); a larger one gets a buffer of its announced size as soon as its
     header is read and is filled in place, so a big message is copied once, whatever the
     chunking. A message over ``max_message`` is refused from its header: its payload is
-    skipped as it streams past, then it is reported as :class:`TooLarge`.
+    skipped as it streams past, then it is reported as :class:`TooLarge`. (A request that
+    comes whole in one read does not come here: :meth:`Connection.whole_request` takes it.)
     """
 
     __slots__ = ("_body", "_error", "_filled", "_head", "_refused", "_skip", "_what", "max_message")
@@ -132,11 +133,6 @@ class MessageDecoder:
     def feed(self, data: bytes | bytearray | memoryview) -> list[Message | TooLarge]:
         if self._error is not None:
             raise self._error
-        if self._body is None and not self._head and not self._skip and len(data) >= HEADER_LEN:
-            # The usual chunk: exactly one whole message.
-            length, sid, mtype, flags = HEADER.unpack_from(data)
-            if length + HEADER_LEN == len(data) and mtype in (1, 2, 3) and length <= self.max_message:
-                return [Message(sid, mtype, flags, bytes(data[HEADER_LEN:]))]
         view = memoryview(data)
         out: list[Message | TooLarge] = []
         pos, end = 0, len(view)
