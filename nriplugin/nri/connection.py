@@ -47,8 +47,9 @@ class NriConnection:
             request = self.server.whole_request(whole[1])
             if request is not None:
                 return [request]
+        # A whole frame declined (a response to our call, say) is the one chunk: not read again.
         events: list[ttrpc.Event] = []
-        for conn_id, chunk in self.demux.stream(data):
+        for conn_id, chunk in [whole] if whole is not None else self.demux.stream(data):
             if conn_id == self.serve_conn:
                 # Only requests (and refused ones) travel this way; a stray response is dropped.
                 events += [ev for ev in self.server.receive_data(chunk) if not isinstance(ev, ttrpc.ResponseReceived)]

@@ -76,10 +76,9 @@ class Demultiplexer:
         return None
 
     def stream(self, data: bytes | memoryview) -> list[tuple[int, memoryview]]:
-        """The payload bytes in ``data``, per conn, in order (a frame may come in pieces)."""
-        whole = self.whole(data)
-        if whole is not None:
-            return [whole]
+        """The payload bytes in ``data``, per conn, in order (a frame may come in pieces). A
+        whole frame is one piece; the caller that wants it without the general way asks
+        :meth:`whole` first (NriConnection.receive_data)."""
         return [(c, piece) for c, piece, _end in self._pieces(data) if piece]
 
     def feed(self, data: bytes) -> list[tuple[int, bytes]]:

@@ -265,9 +265,14 @@ def _parse(cls: Any, data: bytes | bytearray, what: str) -> Any:
         raise ProtocolError(f"malformed ttrpc {what}: {exc}") from exc
 
 
+def _request_of(m: Any) -> Request:
+    """A parsed envelope's request (the metadata read only where there is some)."""
+    md = m.metadata
+    return Request(m.service, m.method, m.payload, m.timeout_nano, [(kv.key, kv.value) for kv in md] if md else [])
+
+
 def decode_request(data: bytes | bytearray) -> Request:
-    m = _parse(RequestPb, data, "request")
-    return Request(m.service, m.method, m.payload, m.timeout_nano, [(kv.key, kv.value) for kv in m.metadata])
+    return _request_of(_parse(RequestPb, data, "request"))
 
 
 def _ok_response(payload: bytes) -> bytes:
@@ -275,14 +280,18 @@ def _ok_response(payload: bytes) -> bytes:
     return b"\x12" + varint(len(payload)) + payload if payload else b""
 
 
-def encode_response(resp: Response) -> bytes:
-    if not resp.code and not resp.message:
-        return _ok_response(resp.payload)
-    m = ResponsePb(payload=resp.payload)
-    if resp.code or resp.message:
-        m.status.code = resp.code
-        m.status.message = resp.message
+def _status_response(payload: bytes, code: int, message: str) -> bytes:
+    """An answer with a status (an error, or a message): the envelope's status field set."""
+    m = ResponsePb(payload=payload)
+    m.status.code = code
+    m.status.message = message
     return m.SerializeToString()  # type: ignore[no-any-return]
+
+
+def encode_response(resp: Response) -> bytes:
+    if resp.code or resp.message:
+        return _status_response(resp.payload, resp.code, resp.message)
+    return _ok_response(resp.payload)
 
 
 def decode_response(data: bytes | bytearray) -> Response:
@@ -364,10 +373,10 @@ class Connection:
         return sid, wire
 
     def send_response(self, stream_id: int, payload: bytes = b"", code: int = 0, message: str = "") -> bytes:
-        body = encode_response(Response(payload, code, message)) if code or message else _ok_response(payload)
+        body = _status_response(payload, code, message) if code or message else _ok_response(payload)
         if len(body) > self.send_limit:  # callers fit their answers (stub.py); this is the last guard
-            body = encode_response(
-                Response(b"", Code.RESOURCE_EXHAUSTED, f"response of {len(body)} bytes exceeds the ttrpc limit")
+            body = _status_response(
+                b"", Code.RESOURCE_EXHAUSTED, f"response of {len(body)} bytes exceeds the ttrpc limit"
             )
         return encode_message(stream_id, MessageType.RESPONSE, body, limit=self.send_limit)
 
@@ -402,10 +411,8 @@ class Connection:
             m = RequestPb.FromString(memoryview(data)[HEADER_LEN:])
         except DecodeError:
             return None
-        md = m.metadata
-        metadata = [(kv.key, kv.value) for kv in md] if md else []
         self._last_peer_stream = sid
-        return RequestReceived(sid, Request(m.service, m.method, m.payload, m.timeout_nano, metadata))
+        return RequestReceived(sid, _request_of(m))
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> list[Event]:
         request = self.whole_request(data)
