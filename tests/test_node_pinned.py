@@ -428,6 +428,21 @@ def test_pins_only_lse_and_lsr_while_the_cpuset_feature_is_on() -> None:
     assert not s.d.pins(make_pod(7, "LSR"))
 
 
+def test_a_pod_that_pins_has_no_birth_key_while_the_cpuset_feature_is_on() -> None:
+    """Exclusive CPUs are handed out to each container: no answer of its shape to share."""
+    on = Policy.model_validate({"features": {"cpuset": {"enable": True}}})
+    off = Policy.model_validate({"features": {"cpuset": {"enable": False}}})
+    s = Scene(policy=on)
+    for n, label in ((7, "LSR"), (8, "LSE")):
+        pod = make_pod(n, label)
+        assert s.d.birth_key(pod, make_container(n, pod)) is None
+    ls = make_pod(9, "LS")
+    assert s.d.birth_key(ls, make_container(9, ls)) is not None
+    s.rules.set(off, "test")
+    lsr = make_pod(7, "LSR")
+    assert s.d.birth_key(lsr, make_container(7, lsr)) is not None
+
+
 def test_sharers_are_the_containers_not_pinned_but_the_skipped_one() -> None:
     s = Scene()
     assert s.d.sharers() == [s.be.id, s.ls.id]

@@ -39,9 +39,12 @@ def scheduled_cpus(ctx: Context) -> set[int] | None:
         raise InvalidInput(RESOURCE_STATUS, f"cpuset {raw[:40]!r}: {exc}") from exc
 
 
+PINNED = ("LSE", "LSR")  # the labels of the pods pinned to exclusive cores
+
+
 def candidate(pod: api.PodSandbox) -> bool:
     """Only pods labelled LSE/LSR are pinned (see the module's docstring)."""
-    return pod.labels.get(QOS_LABEL) in ("LSE", "LSR")
+    return pod.labels.get(QOS_LABEL) in PINNED
 
 
 def assign(ctx: Context) -> str | None:

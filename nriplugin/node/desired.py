@@ -36,7 +36,7 @@ from nriplugin.node.model import POD_PREFIX, NodeModel
 from nriplugin.node.overlays import GROUP_PREFIX, Overlays
 from nriplugin.nri import api_pb2 as api
 from nriplugin.policy.cache import RuleCache
-from nriplugin.policy.qos import InvalidQoSLabel, QoSClass, qos_class
+from nriplugin.policy.qos import QOS_LABEL, InvalidQoSLabel, QoSClass, qos_class
 
 log = logging.getLogger("nriplugin.node.desired")
 
@@ -184,9 +184,10 @@ class DesiredState:
         """The class the model decided for the pod, or for a pod it does not know yet the
         label's (raises InvalidQoSLabel, not reported here: the model reports it when it
         takes the pod in)."""
-        if pod.id in self._classes:
-            return self._classes[pod.id]
-        return qos_class(pod.labels, pod.linux.cgroup_parent)
+        try:
+            return self._classes[pod.id]  # the id read once: each read of a field makes a new str
+        except KeyError:
+            return qos_class(pod.labels, pod.linux.cgroup_parent)
 
     def manages(self, pod: api.PodSandbox) -> bool:
         """Whether the pod's containers have a desired state (a class the agent manages), known
@@ -198,7 +199,8 @@ class DesiredState:
 
     @staticmethod
     def born_managed(key: tuple[object, ...]) -> bool:
-        """What :meth:`manages` says of the pod a :meth:`birth_key` was made for."""
+        """What :meth:`manages` says of the pod a :meth:`birth_key` was made for (asked once
+        per key: the answer is kept with the key's)."""
         return _managed(key[0])
 
     def birth_key(self, pod: api.PodSandbox, container: api.Container) -> tuple[object, ...] | None:
@@ -208,7 +210,12 @@ class DesiredState:
         state (policy epoch, the class's generation — its ceiling and cpuset limit —, the share
         pool's). Containers with equal keys get equal values, whatever their pod's name, uid or
         other metadata.
-        None: nothing to share (a bad label, or state of its own already, an overlay)."""
+        None: nothing to share (a bad label, state of its own already — an overlay —, or
+        exclusive CPUs to hand out: :meth:`pins`). Each map of the request is read once (a read
+        makes a new wrapper)."""
+        labels = pod.labels
+        if self.rules.policy.features.cpuset.enable and labels.get(QOS_LABEL) in cpuset.PINNED:
+            return None
         try:
             qos = self._class_before_known(pod)
         except InvalidQoSLabel:
@@ -222,7 +229,7 @@ class DesiredState:
             self._class_gens.get(qos, 0),
             self.cpus.generation,
             tuple(map(pod.annotations.get, POD_ANNOTATIONS)),
-            tuple(map(pod.labels.get, POD_LABELS)),
+            tuple(map(labels.get, POD_LABELS)),
             container.name,
             container.linux.resources.SerializeToString(deterministic=True),
         )

@@ -168,8 +168,9 @@ class QoSPlugin(Plugin):
         # CreateContainer's answer by the container's shape (DesiredState.birth_key): the pods
         # of one workload come in bursts and get the same values, computed once; the key
         # carries the node's state, so a decision since then makes a new key. With the answer,
-        # whether it names a resctrl CLOS (_placed_by_runtime), not asked again each time.
-        self._births: dict[tuple[object, ...], tuple[api.ContainerAdjustment | None, bool]] = {}
+        # what is not asked again each time: whether it names a resctrl CLOS
+        # (_placed_by_runtime), and whether the agent manages the container (born_managed).
+        self._births: dict[tuple[object, ...], tuple[api.ContainerAdjustment | None, bool, bool]] = {}
         # LinuxRdt by resctrl group, while the policy and runtime stay (None: not this path)
         self._rdt: tuple[Policy, dict[str, api.LinuxRdt] | None] | None = None
 
@@ -297,29 +298,29 @@ class QoSPlugin(Plugin):
         request's wire bytes (given by the stub; made here for other callers), not the
         messages: their parse is several times larger, and a burst would parse every request
         into new memory."""
-        if self.desired.pins(pod):
-            return self._create_pinned(pod, container)
-        key = self.desired.birth_key(pod, container)
+        key = self.desired.birth_key(pod, container)  # None for a pod that pins, among others
         born = self._births.get(key) if key is not None else None
         if born is None:
+            if key is None and self.desired.pins(pod):
+                return self._create_pinned(pod, container)
             try:
                 intent = self.desired.intent_before_known(pod, container)
             except FeatureFailed as exc:
                 raise RuntimeError(f"refusing {pod.namespace}/{pod.name}/{container.name}: {exc}") from exc
             adj = self._adjustment(intent, pod)
-            born = adj, _names_clos(adj)
+            managed = self.desired.born_managed(key) if key is not None else self.desired.manages(pod)
+            born = adj, _names_clos(adj), managed
             if key is not None:
                 if len(self._births) >= MAX_SHAPES:  # old stamps: unreachable anyway
                     self._births.clear()
                 self._births[key] = born
-        adj, placed = born
-        if placed:  # the runtime puts it in its resctrl group: its start joins it to none
-            self.writer.rdt_placed.add(container.id)
-        managed = self.desired.born_managed(key) if key is not None else self.desired.manages(pod)
+        adj, placed, managed = born
+        cid = container.id
+        self._placed_by_runtime(cid, placed)
         if not request:
             request = api.CreateContainerRequest(pod=pod, container=container).SerializeToString()
         created = self._created
-        created[container.id] = Waiting(pod.id, managed, request)
+        created[cid] = Waiting(pod.id, managed, request)
         if len(created) == 1:
             when_quiet(self._take_in_created, True)  # with no loop (tests, explain): now
         elif len(created) == MAX_WAITING:
@@ -337,16 +338,16 @@ class QoSPlugin(Plugin):
             self.model.container_removed(container.id)  # refused: it will never exist
             raise RuntimeError(f"refusing {pod.namespace}/{pod.name}/{container.name}: {exc}") from exc
         adj = self._adjustment(intent, pod)
-        self._placed_by_runtime(container, adj)
+        self._placed_by_runtime(container.id, _names_clos(adj))
         if adj is not None and self.desired.cpus.generation != generation:  # cores left the share pool
             return adj, self._pool_updates(skip=container.id)
         return adj
 
-    def _placed_by_runtime(self, container: api.Container, adj: api.ContainerAdjustment | None) -> None:
-        """An answer naming a resctrl CLOS: the runtime puts the container in its group, so
-        its start joins it to none (``TaskGroups``)."""
-        if _names_clos(adj):
-            self.writer.rdt_placed.add(container.id)
+    def _placed_by_runtime(self, cid: str, placed: bool) -> None:
+        """An answer naming a resctrl CLOS (``placed``, :func:`_names_clos`): the runtime puts
+        the container in its group, so its start joins it to none (``TaskGroups``)."""
+        if placed:
+            self.writer.rdt_placed.add(cid)
 
     def _adjustment(self, intent: Intent | None, pod: api.PodSandbox) -> api.ContainerAdjustment | None:
         """The cgroup values NRI carries, the resctrl group where the runtime places
