@@ -428,6 +428,20 @@ def test_pins_only_lse_and_lsr_while_the_cpuset_feature_is_on() -> None:
     assert not s.d.pins(make_pod(7, "LSR"))
 
 
+def test_whether_a_pod_not_yet_known_is_managed_by_its_key_and_without_one() -> None:
+    """What the take-in queue notes of a container answered before the model knows it: the
+    agent manages the classes it has a desired state for, not SYSTEM's, not a bad label's."""
+    s = Scene()
+    for n, label, managed in ((11, "LS", True), (12, "BE", True), (13, None, True), (14, "SYSTEM", False)):
+        pod = make_pod(n, label)
+        key = s.d.birth_key(pod, make_container(n, pod))
+        assert key is not None and s.d.born_managed(key) is managed, label
+        assert s.d.manages(pod) is managed, label
+    bad = make_pod(15, "NOPE")
+    assert s.d.birth_key(bad, make_container(15, bad)) is None
+    assert s.d.manages(bad) is False
+
+
 def test_a_pod_that_pins_has_no_birth_key_while_the_cpuset_feature_is_on() -> None:
     """Exclusive CPUs are handed out to each container: no answer of its shape to share."""
     on = Policy.model_validate({"features": {"cpuset": {"enable": True}}})
