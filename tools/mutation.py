@@ -152,11 +152,8 @@ EQUIVALENT: dict[str, str] = {
     _ST + "x_parse_psi_some_total__mutmut_25": "the newline is searched after total=, so it is never at 0",
     "nriplugin.kernel.probe.x_core_sched_supported__mutmut_8": "the cookie's initial value: the kernel overwrites it",
     "nriplugin.features.cpuset.x_assign__mutmut_40": "`quota < 0` after `not quota`: 0 is already refused",
-    "nriplugin.features.cpuset.xǁCPUAllocatorǁ__post_init____mutmut_5": "an insertion-ordered set's dummy value",
+    "nriplugin.intent.cpus.xǁCPUAllocatorǁ__post_init____mutmut_5": "an insertion-ordered set's dummy value",
     "nriplugin.policy.model.x__seconds__mutmut_9": "one more pass at the end of the text: nothing matches there",
-    "nriplugin.nri.ttrpc.xǁConnectionǁsend_response__mutmut_19": (
-        "payload None in the oversize answer: protobuf leaves the field unset, as it does for b''"
-    ),
     "nriplugin.features.memory_qos.x__request__mutmut_30": "`limit >= 0` after `limit and`: 0 is already false",
     "nriplugin.features.memory_qos.x__request__mutmut_35": "the source text returned with no request is never shown",
     "nriplugin.features.memory_qos.x_desired__mutmut_75": "`v > 1`: memory.high is page-aligned, so 0 or >= 4096",
@@ -205,18 +202,15 @@ EQUIVALENT: dict[str, str] = {
     ),
     "nriplugin.nri.ttrpc.x_varint__mutmut_1": "0 through the loop rather than the table: b'\\x00' either way",
     "nriplugin.nri.ttrpc.x_varint__mutmut_2": "0 through the loop rather than the table: b'\\x00' either way",
+    "nriplugin.nri.ttrpc.x__request_of__mutmut_13": (
+        "the metadata listed even when there is none: an empty list either way"
+    ),
+    "nriplugin.nri.ttrpc.xǁConnectionǁsend_response__mutmut_17": (
+        "payload None in the oversize answer: protobuf leaves the field unset, as it does for b''"
+    ),
     "nriplugin.nri.ttrpc.xǁConnectionǁreceive_data__mutmut_1": (
         "a whole request the general way rather than in one step: the same event (whole_request's own tests "
         "hold that the step is taken)"
-    ),
-    "nriplugin.nri.ttrpc.xǁConnectionǁsend_response__mutmut_6": (
-        "an ok answer through encode_response: it takes the same hand-framed path (_ok_response)"
-    ),
-    "nriplugin.nri.ttrpc.xǁConnectionǁwhole_request__mutmut_25": (
-        "the metadata listed even when there is none: an empty list either way"
-    ),
-    "nriplugin.nri.mux.xǁDemultiplexerǁstream__mutmut_1": (
-        "a whole frame the general way rather than by whole(): the same one view of the payload"
     ),
     "nriplugin.nri.mux.xǁDemultiplexerǁ__init____mutmut_2": (
         "no frame yet as None, not 0: both false, and set before read"
