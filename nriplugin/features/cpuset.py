@@ -11,6 +11,7 @@ kubelet's CPU manager rather than fought over.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from nriplugin.features.registry import feature
 from nriplugin.intent.core import Context, Intent, InvalidInput
@@ -39,12 +40,14 @@ def scheduled_cpus(ctx: Context) -> set[int] | None:
         raise InvalidInput(RESOURCE_STATUS, f"cpuset {raw[:40]!r}: {exc}") from exc
 
 
-PINNED = ("LSE", "LSR")  # the labels of the pods pinned to exclusive cores
-
-
 def candidate(pod: api.PodSandbox) -> bool:
     """Only pods labelled LSE/LSR are pinned (see the module's docstring)."""
-    return pod.labels.get(QOS_LABEL) in PINNED
+    return candidate_labels(pod.labels)
+
+
+def candidate_labels(labels: Mapping[str, str]) -> bool:
+    """:func:`candidate` from the pod's labels (a caller that holds them already)."""
+    return labels.get(QOS_LABEL) in ("LSE", "LSR")
 
 
 def assign(ctx: Context) -> str | None:

@@ -14,7 +14,7 @@ explicit step when the node model adds it (:meth:`added`), never part of computi
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Literal, TypeGuard
 
 from nriplugin.features import (
@@ -36,7 +36,7 @@ from nriplugin.node.model import POD_PREFIX, NodeModel
 from nriplugin.node.overlays import GROUP_PREFIX, Overlays
 from nriplugin.nri import api_pb2 as api
 from nriplugin.policy.cache import RuleCache
-from nriplugin.policy.qos import QOS_LABEL, InvalidQoSLabel, QoSClass, qos_class
+from nriplugin.policy.qos import InvalidQoSLabel, QoSClass, qos_class
 
 log = logging.getLogger("nriplugin.node.desired")
 
@@ -214,7 +214,7 @@ class DesiredState:
         exclusive CPUs to hand out: :meth:`pins`). Each map of the request is read once (a read
         makes a new wrapper)."""
         labels = pod.labels
-        if self.rules.policy.features.cpuset.enable and labels.get(QOS_LABEL) in cpuset.PINNED:
+        if self._pins(labels):
             return None
         try:
             qos = self._class_before_known(pod)
@@ -268,7 +268,11 @@ class DesiredState:
     def pins(self, pod: api.PodSandbox) -> bool:
         """Whether the pod's containers get exclusive CPUs when the model takes them in (then
         the share pool may move, and every sharer with it)."""
-        return self.rules.policy.features.cpuset.enable and cpuset.candidate(pod)
+        return self._pins(pod.labels)
+
+    def _pins(self, labels: Mapping[str, str]) -> bool:
+        """:meth:`pins` from the pod's labels (birth_key holds them already)."""
+        return self.rules.policy.features.cpuset.enable and cpuset.candidate_labels(labels)
 
     def _known(self, key: str) -> bool:
         """Something that exists: in the node model, or a QoS-level group (owned, not modelled).
