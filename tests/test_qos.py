@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from nriplugin.node.hooks import QoSPlugin
 from nriplugin.nri import api_pb2 as api
-from nriplugin.policy.qos import InvalidQoSLabel, QoSClass, kubernetes_qos, qos_class
+from nriplugin.policy.qos import (
+    InvalidQoSLabel,
+    QoSClass,
+    kubernetes_class,
+    kubernetes_qos,
+    labelled_class,
+    qos_class,
+)
 from testkit.runtime_peer import make_container, make_pod
 
 
@@ -31,6 +40,19 @@ def test_label_wins_and_fallback_maps_classes() -> None:
     assert qos_class({}, "/kubepods/burstable/p") is QoSClass.LS
     assert qos_class({}, "/kubepods/p") is QoSClass.LSR
     assert qos_class({"koordinator.sh/qosClass": "SYSTEM"}, "") is QoSClass.SYSTEM
+
+
+def test_a_label_read_already_gives_the_same_class() -> None:
+    """labelled_class and kubernetes_class are qos_class in two steps, for a caller that read
+    the label (CreateContainer's birth key): an empty label is no label."""
+    for value in ("LSE", "LSR", "LS", "BE", "SYSTEM"):
+        assert labelled_class(value) is qos_class({"koordinator.sh/qosClass": value}, "") is QoSClass(value)
+    assert labelled_class(None) is None and labelled_class("") is None
+    assert qos_class({"koordinator.sh/qosClass": ""}, "/kubepods/besteffort/p") is QoSClass.BE
+    for parent, cls in (("/kubepods/besteffort/p", "BE"), ("/kubepods/burstable/p", "LS"), ("/kubepods/p", "LSR")):
+        assert kubernetes_class(parent) is qos_class({}, parent) is QoSClass(cls)
+    with pytest.raises(InvalidQoSLabel, match=re.escape("koordinator.sh/qosClass='be'")):
+        labelled_class("be")
 
 
 @pytest.mark.parametrize("value", ["be", "../../etc", "BE\n", "x" * 10_000, "LS;rm -rf /"])

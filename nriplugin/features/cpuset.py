@@ -11,7 +11,6 @@ kubelet's CPU manager rather than fought over.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 
 from nriplugin.features.registry import feature
 from nriplugin.intent.core import Context, Intent, InvalidInput
@@ -42,12 +41,12 @@ def scheduled_cpus(ctx: Context) -> set[int] | None:
 
 def candidate(pod: api.PodSandbox) -> bool:
     """Only pods labelled LSE/LSR are pinned (see the module's docstring)."""
-    return candidate_labels(pod.labels)
+    return candidate_class(pod.labels.get(QOS_LABEL))
 
 
-def candidate_labels(labels: Mapping[str, str]) -> bool:
-    """:func:`candidate` from the pod's labels (a caller that holds them already)."""
-    return labels.get(QOS_LABEL) in ("LSE", "LSR")
+def candidate_class(label: str | None) -> bool:
+    """:func:`candidate` from the value of the pod's QoS label (a caller that read it already)."""
+    return label in ("LSE", "LSR")
 
 
 def assign(ctx: Context) -> str | None:

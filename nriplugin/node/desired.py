@@ -14,7 +14,7 @@ explicit step when the node model adds it (:meth:`added`), never part of computi
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Literal, TypeGuard
 
 from nriplugin.features import (
@@ -36,9 +36,12 @@ from nriplugin.node.model import POD_PREFIX, NodeModel
 from nriplugin.node.overlays import GROUP_PREFIX, Overlays
 from nriplugin.nri import api_pb2 as api
 from nriplugin.policy.cache import RuleCache
-from nriplugin.policy.qos import InvalidQoSLabel, QoSClass, qos_class
+from nriplugin.policy.qos import QOS_LABEL, InvalidQoSLabel, QoSClass, kubernetes_class, labelled_class, qos_class
 
 log = logging.getLogger("nriplugin.node.desired")
+
+# The labels a birth key holds besides the QoS label (read once, on its own, for the class too).
+_KEY_LABELS = tuple(name for name in POD_LABELS if name != QOS_LABEL)
 
 Generation = tuple[int, int, int]  # (policy epoch, the key's own generation, its class's)
 
@@ -175,25 +178,25 @@ class DesiredState:
         the same :meth:`intent` gives once it is known. Not cached. A pod whose label cannot
         be used is unmanaged (None); the model reports it when it takes the pod in."""
         try:
-            qos = self._class_before_known(pod)
+            qos = self._class_before_known(pod, pod.labels.get(QOS_LABEL))
         except InvalidQoSLabel:
             return None
         return self._compose(container.id, pod, container, qos)
 
-    def _class_before_known(self, pod: api.PodSandbox) -> QoSClass | None:
-        """The class the model decided for the pod, or for a pod it does not know yet the
-        label's (raises InvalidQoSLabel, not reported here: the model reports it when it
-        takes the pod in)."""
-        try:
-            return self._classes[pod.id]  # the id read once: each read of a field makes a new str
-        except KeyError:
-            return qos_class(pod.labels, pod.linux.cgroup_parent)
+    def _class_before_known(self, pod: api.PodSandbox, label: str | None) -> QoSClass | None:
+        """The class the model decided for the pod, or for a pod it does not know yet its QoS
+        ``label``'s (the value, read by the caller; raises InvalidQoSLabel, not reported here:
+        the model reports it when it takes the pod in)."""
+        pid = pod.id  # read once: each read of a field makes a new str
+        if pid in self._classes:  # not try/except: a pod not known yet is the usual case
+            return self._classes[pid]
+        return labelled_class(label) or kubernetes_class(pod.linux.cgroup_parent)
 
     def manages(self, pod: api.PodSandbox) -> bool:
         """Whether the pod's containers have a desired state (a class the agent manages), known
         to the model or not: what :meth:`intent` being None says, without working it out."""
         try:
-            return _managed(self._class_before_known(pod))
+            return _managed(self._class_before_known(pod, pod.labels.get(QOS_LABEL)))
         except InvalidQoSLabel:
             return False
 
@@ -214,10 +217,11 @@ class DesiredState:
         exclusive CPUs to hand out: :meth:`pins`). Each map of the request is read once (a read
         makes a new wrapper)."""
         labels = pod.labels
-        if self._pins(labels):
+        label = labels.get(QOS_LABEL)  # read once: for the pin rule, the class and the key
+        if self._pins(label):
             return None
         try:
-            qos = self._class_before_known(pod)
+            qos = self._class_before_known(pod, label)
         except InvalidQoSLabel:
             return None
         cid = container.id
@@ -229,7 +233,8 @@ class DesiredState:
             self._class_gens.get(qos, 0),
             self.cpus.generation,
             tuple(map(pod.annotations.get, POD_ANNOTATIONS)),
-            tuple(map(labels.get, POD_LABELS)),
+            label,
+            tuple(map(labels.get, _KEY_LABELS)),
             container.name,
             container.linux.resources.SerializeToString(deterministic=True),
         )
@@ -268,11 +273,11 @@ class DesiredState:
     def pins(self, pod: api.PodSandbox) -> bool:
         """Whether the pod's containers get exclusive CPUs when the model takes them in (then
         the share pool may move, and every sharer with it)."""
-        return self._pins(pod.labels)
+        return self._pins(pod.labels.get(QOS_LABEL))
 
-    def _pins(self, labels: Mapping[str, str]) -> bool:
-        """:meth:`pins` from the pod's labels (birth_key holds them already)."""
-        return self.rules.policy.features.cpuset.enable and cpuset.candidate_labels(labels)
+    def _pins(self, label: str | None) -> bool:
+        """:meth:`pins` from the value of the pod's QoS label (birth_key read it already)."""
+        return self.rules.policy.features.cpuset.enable and cpuset.candidate_class(label)
 
     def _known(self, key: str) -> bool:
         """Something that exists: in the node model, or a QoS-level group (owned, not modelled).

@@ -44,10 +44,21 @@ _FROM_K8S = {"Guaranteed": QoSClass.LSR, "Burstable": QoSClass.LS, "BestEffort":
 
 def qos_class(labels: Mapping[str, str], cgroup_parent: str) -> QoSClass:
     """The pod's class; raises :class:`InvalidQoSLabel` for a label value we do not know."""
-    value = labels.get(QOS_LABEL)
-    if value:
-        cls = _BY_NAME.get(value)
-        if cls is None:
-            raise InvalidQoSLabel(f"{QOS_LABEL}={value[:64]!r} is not one of {', '.join(_BY_NAME)}")
-        return cls
+    return labelled_class(labels.get(QOS_LABEL)) or kubernetes_class(cgroup_parent)
+
+
+def labelled_class(value: str | None) -> QoSClass | None:
+    """The class the pod's label ``value`` names (None: no label, the cgroup parent decides);
+    raises :class:`InvalidQoSLabel` for a value we do not know. For a caller that read the
+    label already (a read of a parsed request's map is not free)."""
+    if not value:
+        return None
+    cls = _BY_NAME.get(value)
+    if cls is None:
+        raise InvalidQoSLabel(f"{QOS_LABEL}={value[:64]!r} is not one of {', '.join(_BY_NAME)}")
+    return cls
+
+
+def kubernetes_class(cgroup_parent: str) -> QoSClass:
+    """The class of a pod without the label, from its Kubernetes QoS."""
     return _FROM_K8S[kubernetes_qos(cgroup_parent)]
