@@ -15,6 +15,7 @@ from nriplugin.kernel.cpulist import format_cpulist
 from nriplugin.node.desired import DesiredState
 from nriplugin.node.model import NodeModel, pod_key
 from nriplugin.node.overlays import GROUP_PREFIX, NET_RESOURCES, Decision, Overlays, group_key
+from nriplugin.nri import api_pb2 as api
 from nriplugin.policy.cache import RuleCache
 from nriplugin.policy.model import Policy
 from nriplugin.policy.qos import QoSClass
@@ -946,11 +947,29 @@ def test_a_container_whose_kernel_values_come_back_shares_no_birth_key() -> None
 def test_equal_resources_give_equal_birth_keys_whatever_their_maps_order() -> None:
     h = Held()
     a, b = make_container(7, h.be_pod), make_container(8, h.be_pod)
-    for k in "abcdefgh":
+    names = [f"memory.k{i}" for i in range(32)]
+    for k in names:
         a.linux.resources.unified[k] = "1"
-    for k in reversed("abcdefgh"):
+    for k in reversed(names):
         b.linux.resources.unified[k] = "1"
+    plain = a.linux.resources.SerializeToString(), b.linux.resources.SerializeToString()
+    assert plain[0] != plain[1], "a plain serialization no longer shows the order: pick other entries"
     assert h.d.birth_key(h.be_pod, a) == h.d.birth_key(h.be_pod, b)
+
+
+def test_a_known_pod_keeps_the_class_the_model_decided_whatever_label_a_request_carries() -> None:
+    """The class of a pod the model knows is the model's (what the reconciler will hold its
+    containers to), not the label of the request at hand."""
+    h = Held()
+    assert h.d.intent(h.be.id) is not None  # the model decided BE for the pod
+    relabelled = api.PodSandbox()
+    relabelled.CopyFrom(h.be_pod)
+    relabelled.labels["koordinator.sh/qosClass"] = "LS"
+    key = h.d.birth_key(relabelled, make_container(9, relabelled))
+    assert key is not None and key[0] is QoSClass.BE
+    unknown = make_pod(9, "LS")
+    other = h.d.birth_key(unknown, make_container(9, unknown))
+    assert other is not None and other[0] is QoSClass.LS
 
 
 def test_a_held_cut_within_one_microsecond_a_period_leaves_the_decided_ceiling() -> None:

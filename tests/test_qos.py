@@ -60,6 +60,8 @@ def test_hostile_label_is_rejected(value: str) -> None:
     with pytest.raises(InvalidQoSLabel) as e:
         qos_class({"koordinator.sh/qosClass": value}, "/kubepods/besteffort/p")
     assert len(str(e.value)) < 200  # the message quotes a bounded prefix only
+    # The first 64 characters, quoted, and the classes there are.
+    assert str(e.value) == f"koordinator.sh/qosClass={value[:64]!r} is not one of LSE, LSR, LS, BE, SYSTEM"
 
 
 def test_plugin_adjusts_only_be() -> None:
