@@ -73,6 +73,24 @@ def metrics(port: int) -> dict[str, float]:
     return out
 
 
+def failures_by(m: dict[str, float]) -> dict[str, float]:
+    """The agent's hook failures, ``event reason`` -> count (those that happened)."""
+    out: dict[str, float] = {}
+    for k, v in m.items():
+        if k.startswith("nriplugin_hook_failures_total{") and v:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', k))
+            name = f"{labels.get('event', '?')} {labels.get('reason', '?')}"
+            out[name] = out.get(name, 0) + v
+    return out
+
+
+def errors_cell(o: dict[str, Any]) -> str:
+    """The runtime's failed calls plus the agent's hook failures, the latter named."""
+    total = f"{o['errors'] + o['hook_failures']:.0f}"
+    named = ", ".join(f"{k}: {v:.0f}" for k, v in sorted(o.get("hook_failures_by", {}).items()))
+    return f"{total} ({named})" if named else total
+
+
 def build_tree(top: str, n: int) -> None:
     """The cgroups of the pods and containers the runtime peer names (same ids)."""
     for k in range(n):
@@ -136,6 +154,7 @@ def run_ours(bench: Path, n: int, calls: int, note: int, resync: float) -> dict[
                 1, m.get("nriplugin_qos_decision_latency_milliseconds_count", 0)
             )
             result["hook_failures"] = sum(v for k, v in m.items() if k.startswith("nriplugin_hook_failures_total"))
+            result["hook_failures_by"] = failures_by(m)
         finally:
             stop(agent)
             rt.kill()
@@ -241,7 +260,7 @@ def write_section(path: Path, rows: list[dict[str, Any]], cmd: str, png: str, no
             f"{sync_cell(o)} | "
             f"{o['first_create_us'] / 1e3:.0f} ms | {o['p50_us']:.0f} / {o['p99_us']:.0f} µs | "
             f"{o['rss_mib']:.1f} MiB | {steady(o)} | "
-            f"{o['watches']} | {o['qos_round_ms']:.1f} ms | {o['errors'] + o['hook_failures']:.0f} | "
+            f"{o['watches']} | {o['qos_round_ms']:.1f} ms | {errors_cell(o)} | "
             f"{go_cell(r['go'])} |"
         )
     ok = [r for r in rows if r["ours"].get("ready")]
@@ -273,6 +292,8 @@ NRI v0.12.1 and later, the answer goes at once and the take-in follows it.) Firs
 CreateContainer: the first call right after Synchronize (it waits for the reconciler's first
 pass).
 Steady pass: the reconciler's periodic full pass (read and compare every managed file).
+Errors: the runtime's failed calls plus the agent's hook failures (`nriplugin_hook_failures_total`,
+failed, late or over budget, named by event and reason).
 Go stub: `go-nri-refplugin` on the same runtime and pods.
 
 {HEADER}

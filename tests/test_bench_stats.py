@@ -1,7 +1,7 @@
 """The hook-latency bench's statistics: the SLO histogram against the runtime's own timings
 (the share answered within a bound, counted exactly on both sides), and the CRI comparison's
 intervals (whole rounds resampled: calls of one round are not independent), and the hook
-ratios' intervals and verdicts (rounds resampled in pairs)."""
+ratios' intervals and verdicts (rounds resampled in pairs); and the scale table's errors, named."""
 
 from __future__ import annotations
 
@@ -112,3 +112,20 @@ def test_ratio_rounds_must_pair() -> None:
         ratio_ci([1.0, 2.0, 3.0], [1.0, 2.0])
     with pytest.raises(ValueError, match="two or more paired rounds"):
         ratio_ci([1.0], [1.0])
+
+
+def test_the_scale_table_names_the_hook_failures_it_counts() -> None:
+    from bench.scale import errors_cell, failures_by
+
+    scraped = {
+        'nriplugin_hook_failures_total{event="synchronize",reason="over_budget",policy="fail-open"}': 1.0,
+        'nriplugin_hook_failures_total{event="create_container",reason="error",policy="fail-open"}': 0.0,
+        'nriplugin_hook_failures_total{event="create_container",reason="error",policy="fail-closed"}': 2.0,
+        "nriplugin_hooks_total": 7.0,
+    }
+    by = failures_by(scraped)
+    assert by == {"synchronize over_budget": 1.0, "create_container error": 2.0}
+    assert errors_cell({"errors": 1, "hook_failures": 3.0, "hook_failures_by": by}) == (
+        "4 (create_container error: 2, synchronize over_budget: 1)"
+    )
+    assert errors_cell({"errors": 0, "hook_failures": 0.0, "hook_failures_by": {}}) == "0"
