@@ -153,8 +153,8 @@ def run_ours(bench: Path, n: int, calls: int, note: int, resync: float) -> dict[
             result["qos_round_ms"] = m.get("nriplugin_qos_decision_latency_milliseconds_sum", 0) / max(
                 1, m.get("nriplugin_qos_decision_latency_milliseconds_count", 0)
             )
-            result["hook_failures"] = sum(v for k, v in m.items() if k.startswith("nriplugin_hook_failures_total"))
             result["hook_failures_by"] = failures_by(m)
+            result["hook_failures"] = sum(result["hook_failures_by"].values())
         finally:
             stop(agent)
             rt.kill()
