@@ -251,7 +251,7 @@ BUDGET90 = (
 
 # the default with BE's QoS-level group at its lowest weight only, not SCHED_IDLE (cgroup v1's
 # default before kernels had cpu.idle there)
-NOIDLE = "qosManager:\n  cpuSuppress:\n    beGroupIdle: false\n"
+NOIDLE = "beProcess:\n  schedIdle: false\n"
 
 # the default with a quota at every level (quotaFrom LOW): the default until BE's idle group went
 # without a quota below HIGH

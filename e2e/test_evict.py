@@ -127,7 +127,7 @@ def test_sustained_emergency_with_ls_starved_evicts_be_work_only(
     """BE's group not SCHED_IDLE (a kernel without cpu.idle, or ``beGroupIdle: false``): BE's
     CPU at its floor is CPU LS waits for, and CPUEvict evicts the spinning BE pod."""
     policy = tmp_path / "policy.yaml"
-    policy.write_text("qosManager:\n  cpuSuppress:\n    beGroupIdle: false\n")
+    policy.write_text("beProcess:\n  schedIdle: false\n")
     plugin = plugin_factory(runtime, "--policy", str(policy))
     ls_c, quiet_c, spin_c = cpu_scene(runtime)
     took = until(lambda: not running(runtime, spin_c), 60, "the spinning BE pod was not evicted", step=0.2)

@@ -78,17 +78,19 @@ class Script:
         return None  # cgroup v1
 
 
+def seed_dict() -> dict[str, object]:
+    return {
+        "qosManager": {"cpuSuppress": {"reserveLSRequestFrom": "LOW", "quotaFrom": "LOW"}},
+        "resourceUsedThresholdWithBE": {"cpuSuppressThresholdPercent": 65},
+    }
+
+
 def seed_policy() -> Policy:
     """The seed's suppression formula (LS's whole request reserved at every level, a quota at
     every level) and koordlet's 65 % usage budget: the loop's figures below are worked in them.
     The defaults (LS's use reserved below HIGH, 90 %, no quota below HIGH while BE runs
     SCHED_IDLE) have their own tests (test_qos_suppress_pinned.py)."""
-    return Policy.model_validate(
-        {
-            "qosManager": {"cpuSuppress": {"reserveLSRequestFrom": "LOW", "quotaFrom": "LOW"}},
-            "resourceUsedThresholdWithBE": {"cpuSuppressThresholdPercent": 65},
-        }
-    )
+    return Policy.model_validate(seed_dict())
 
 
 def node_with_pods(
@@ -315,9 +317,10 @@ def test_on_cgroup_v2_the_ls_pods_pressure_is_watched(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
-def test_on_cgroup_v2_bes_group_runs_idle_until_the_manager_stands_down(tmp_path: Path) -> None:
-    """beGroupIdle (on by default): cgroup v2 gives BE's QoS-level group ``cpu.idle`` 1 while
-    the manager runs, and 0 again when it is disabled; never when turned off."""
+def test_on_cgroup_v2_bes_group_never_gets_cpu_idle_and_a_left_one_is_given_back(tmp_path: Path) -> None:
+    """The kubelet writes the weight of its besteffort group; ``cpu.idle`` 1 there makes the
+    kernel refuse it. The manager never sets it (BE's tasks run SCHED_IDLE instead), and one an
+    older agent left is put back to 0 with the kubelet's weight (1: MinShares 2 converted)."""
     be = make_pod(1, "BE", parent=f"/{BE_GROUP}/pod1")
     ls = make_pod(2, "LS", parent="/kubepods/burstable/pod2")
     ctrs = [make_container(1, be), make_container(2, ls)]
@@ -330,41 +333,26 @@ def test_on_cgroup_v2_bes_group_runs_idle_until_the_manager_stands_down(tmp_path
     for pod, c in ((be, ctrs[0]), (ls, ctrs[1])):
         node.model.container_started(pod, c)
     mgr = QoSManager(node.model, node.desired, rec, Script(), rules)
-    idle = root / BE_GROUP / "cpu.idle"
+    idle, weight = root / BE_GROUP / "cpu.idle", root / BE_GROUP / "cpu.weight"
     mgr.round()
-    assert idle.read_text().strip() == "1"
+    assert idle.read_text().strip() == "0" and not node.desired.overlays.targets(IDLE)
+    before = weight.read_text()
+    idle.write_text("1\n")  # what an older agent's beGroupIdle left
+    mgr2 = QoSManager(node.model, node.desired, rec, Script(), rules)  # the next agent's manager
+    mgr2.round()
+    assert idle.read_text().strip() == "0"
+    assert weight.read_text().strip() == "1" != before.strip()
     assert (root / "kubepods/burstable/cpu.idle").read_text().strip() == "0"  # LS's group: untouched
-    assert (root / ctrs[1].linux.cgroups_path.lstrip("/") / "cpu.idle").read_text().strip() == "0"
-    rules.set(Policy.model_validate({"qosManager": {"cpuSuppress": {"beGroupIdle": False}}}), "test")
-    mgr.round()
-    assert idle.read_text().strip() == "0"
-    rules.set(Policy(), "test")
-    mgr.round()
-    assert idle.read_text().strip() == "1"
-    rules.set(Policy.model_validate({"qosManager": {"enable": False}}), "test")
-    mgr.round()
-    assert idle.read_text().strip() == "0"
-    assert not node.desired.overlays.targets(IDLE)
 
 
-def test_on_cgroup_v1_bes_group_runs_idle_too_and_its_idle_weight_is_in_place(tmp_path: Path) -> None:
-    """v1 kernels since 5.15 have ``cpu.idle`` as well: BE's group runs idle there, next to its
-    quota. An idle group's ``cpu.shares`` reads 3 (the kernel's idle weight), which is the
-    suppression's lowest weight in place, not drift; the other groups' 3 is drift."""
-    node, _, mgr, _, quota = node_with_pods(tmp_path)
+def test_on_cgroup_v1_the_manager_writes_no_weight_to_bes_group(tmp_path: Path) -> None:
+    """BE's group gets its quota; its weight stays the kubelet's whatever beMinCPUShares says."""
+    node, _, mgr, _, quota = node_with_pods(tmp_path, Policy.model_validate({**seed_dict(), "beMinCPUShares": 5}))
     cpu = quota.parent
+    (cpu / "cpu.shares").write_text("2\n")  # the kubelet's
     mgr.round()
     assert quota.read_text() == "100000"  # the manager ran
-    assert node.desired.overlays.targets(IDLE) == [f"group:{BE_GROUP}"]
-    assert (cpu / "cpu.idle").read_text().strip() == "1"
-    assert (cpu.parent / "burstable" / "cpu.idle").read_text().strip() == "0"  # LS's group: untouched
-    (cpu / "cpu.shares").write_text("3\n")  # what the kernel makes of BE's weight once idle
-    assert node.writer.cgroups.matches(BE_GROUP, "cpu.shares", 2)
-    assert not node.writer.cgroups.matches("kubepods/burstable", "cpu.shares", 2)
-    (cpu.parent / "burstable" / "cpu.shares").write_text("3\n")
-    assert not node.writer.cgroups.matches("kubepods/burstable", "cpu.shares", 2)  # not idle: drift
-    node.rules.set(Policy.model_validate({"qosManager": {"cpuSuppress": {"beGroupIdle": False}}}), "test")
-    mgr.round()
+    assert (cpu / "cpu.shares").read_text().strip() == "2"
     assert (cpu / "cpu.idle").read_text().strip() == "0"
     assert not node.desired.overlays.targets(IDLE)
 
@@ -375,29 +363,30 @@ REAL = Path("/sys/fs/cgroup")
 @pytest.mark.skipif(
     os.geteuid() != 0 or not (REAL / "cpu" / "cpu.idle").exists(), reason="needs root + cgroup v1 with cpu.idle"
 )
-def test_on_the_real_v1_tree_bes_group_runs_idle_and_gets_its_weight_back_after() -> None:
-    """The real kernel: BE's QoS-level group gets ``cpu.idle`` 1 next to its quota (its weight
-    then reads 3 and no write of it is refused as an error); turned off, the kernel resets the
-    weight to 1024 and the writer puts the lowest weight back in the same batch."""
+def test_on_the_real_v1_tree_the_kubelets_weight_writes_are_taken_while_be_is_cut() -> None:
+    """The real kernel, the default's way: a ``cpu.idle`` 1 an older agent left on BE's group is
+    given back (0, the kubelet's weight 2, not the 1024 the kernel resets it to); while BE is
+    cut the kubelet's own write of its weight is taken; BE's running task runs SCHED_IDLE; the
+    manager off, the quota is lifted."""
     top = f"nriplugin-qtest-{os.getpid()}"
     be = make_pod(1, "BE", parent=f"/{top}/kubepods/besteffort/pod1")
     ctr = make_container(1, be)
     with occupied(ctr.linux.cgroups_path.lstrip("/")) as cpu:
         group = cpu.parent.parent
+        (group / "cpu.idle").write_text("1")
         rules = RuleCache(seed_policy())
         node = Node.create(rules, cgroups=Cgroups(REAL))
         rec = Reconciler(node.desired, node.writer, node.model, watch=False, resync_period=3600)
-        node.model.container_started(be, ctr)
+        node.model.container_started(be, ctr, existing=True)
         mgr = QoSManager(node.model, node.desired, rec, Script(), rules)
         mgr.round()
-        assert (group / "cpu.idle").read_text().strip() == "1"
-        assert (group / "cpu.cfs_quota_us").read_text().strip() == "100000"  # (2 - 1 LS) x 1.0
-        assert (group / "cpu.shares").read_text().strip() == "3"  # the kernel's idle weight
-        assert rec.rejections == 0
-        rules.set(Policy.model_validate({"qosManager": {"cpuSuppress": {"beGroupIdle": False}}}), "test")
-        mgr.round()
         assert (group / "cpu.idle").read_text().strip() == "0"
-        assert (group / "cpu.shares").read_text().strip() == "2"  # not the 1024 the kernel reset it to
+        assert (group / "cpu.cfs_quota_us").read_text().strip() == "100000"  # (2 - 1 LS) x 1.0
+        assert (group / "cpu.shares").read_text().strip() == "2"
+        (group / "cpu.shares").write_text("2")  # the kubelet's periodic update: taken
+        (pid,) = [int(p) for p in (cpu / "cgroup.procs").read_text().split()]
+        assert os.sched_getscheduler(pid) == os.SCHED_IDLE
+        assert rec.rejections == 0
         rules.set(Policy.model_validate({"qosManager": {"enable": False}}), "test")
         mgr.round()
         assert (group / "cpu.cfs_quota_us").read_text().strip() == "-1"

@@ -1,6 +1,7 @@
-"""CPUSuppress as a strategy, on the real desired state: what it writes (quota, period, the lowest
-shares), in which order on cgroup v1 (the class ceiling before the group when lowering, after it
-when raising), the cpuset policy's whole-CPU steps, switching policy and turning it off."""
+"""CPUSuppress as a strategy, on the real desired state: what it writes (quota and period, never
+the weight of the kubelet's group), in which order on cgroup v1 (the class ceiling before the
+group when lowering, after it when raising), the cpuset policy's whole-CPU steps, switching
+policy and turning it off."""
 
 from __future__ import annotations
 
@@ -53,8 +54,7 @@ class Host:
         self.scene = Scene(cpuset=cpuset)
         self.model = self.scene.model
         self.desired = self.scene.d
-        # a kernel before 5.15 unless asked: no cpu.idle, so BE's group gets no idle overlay
-        # beside the quota these tests follow (the idle tests below have their own)
+        # a kernel before 5.15 unless asked: no cpu.idle (only a left one is given back)
         self.desired.caps.files["cpu.idle"] = idle_file
         self.observer = Observed()
         self.decisions: deque[Decision] = deque()
@@ -67,11 +67,14 @@ class Host:
         return group_key(path)
 
 
-def policy(**suppress: object) -> Policy:
+def policy(idle: bool = False, **suppress: object) -> Policy:
     """The seed's formula (LS's whole request reserved at every level) and koordlet's 65 %
-    usage budget, so the figures below are the seed's; the defaults have tests of their own."""
+    usage budget, so the figures below are the seed's; the defaults have tests of their own.
+    ``idle``: BE's tasks SCHED_IDLE (the default's; off here, so BE has a quota at every level
+    in the tests that follow the quota)."""
     return Policy.model_validate(
         {
+            "beProcess": {"schedIdle": idle},
             "qosManager": {
                 "cpuSuppress": {"deadbandCores": 0.1, "raiseDelay": 1.0, "reserveLSRequestFrom": "LOW", **suppress}
             },
@@ -130,10 +133,11 @@ def test_a_cut_writes_the_ceiling_first_and_the_group_its_quota() -> None:
     assert h.scene.told == [be_keys, [g]]  # lowering: the children's ceiling before the group
     intent = h.desired.intent(g)
     assert intent is not None
+    # the group's weight is the kubelet's: never written (beMinCPUShares is 3 here)
     assert (intent.get("cpu.cfs_quota_us"), intent.get("cpu.cfs_period_us"), intent.get("cpu.shares")) == (
         100000,
         100000,
-        3,
+        None,
     )
     assert intent.files[("cpu.cfs_quota_us", "")].owner == SUPPRESS
     assert h.desired.capped(h.scene.be.id)
@@ -406,30 +410,39 @@ def idle_host(idle_file: bool = True, version: Version = Version.V2) -> Host:
 
 
 @pytest.mark.parametrize("version", [Version.V1, Version.V2])
-def test_bes_group_is_idle_with_its_reason_and_back_to_0_when_suppression_stops(version: Version) -> None:
+def test_a_cpu_idle_left_on_bes_group_is_given_back_with_the_kubelets_weight_once(version: Version) -> None:
+    """An older agent's ``beGroupIdle`` left ``cpu.idle`` 1 on the kubelet's besteffort group
+    (the kernel then refuses the kubelet's weight writes): the first round puts 0 back with
+    the kubelet's lowest weight, and the values stay once the give-back's overlay is gone."""
     h = idle_host(version=version)
+    g = group_key(BE_GROUP)
+    held = {"cpu.idle": 1}
+    h.desired.current = lambda key, resource: held.get(resource) if key == g else None
     s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
-    r = round_at(0.0, Level.LOW, policy(), cap())
-    s.decide(r)
-    assert r.be_idle  # the round tells CPUEvict
-    intent = h.desired.intent(group_key(BE_GROUP))
+    s.decide(round_at(0.0, Level.LOW, policy(idle=True), cap()))
+    intent = h.desired.intent(g)
     assert intent is not None
-    st = intent.files[("cpu.idle", "")]
-    assert (st.value, st.owner, st.why) == (1, IDLE, "BE's group runs SCHED_IDLE (beGroupIdle)")
-    s.off(1.0, "disabled")  # the kernel's file would read 777 here: kubelet's 0 comes back
-    intent = h.desired.intent(group_key(BE_GROUP))
-    assert intent is not None and intent.get("cpu.idle") == 0
+    assert (intent.get("cpu.idle"), intent.get("cpu.shares")) == (0, 2)
+    assert not h.desired.overlays.targets(IDLE)  # withdrawn: the baseline carries the values
+    told = len(h.scene.told)
+    held["cpu.idle"] = 0
+    s.decide(round_at(1.0, Level.LOW, policy(idle=True), cap()))
+    assert len(h.scene.told) == told  # checked once per group
 
 
-def test_no_idle_where_the_kernel_has_no_cpu_idle_file() -> None:
-    h = idle_host(idle_file=False)
-    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
-    r = round_at(0.0, Level.LOW, policy(), cap())
-    s.decide(r)
-    assert not r.be_idle
-    intent = h.desired.intent(group_key(BE_GROUP))
-    assert intent is None or intent.get("cpu.idle") is None
-    assert not h.desired.overlays.targets(IDLE)
+@pytest.mark.parametrize("idle_file", [True, False])
+def test_no_cpu_idle_overlay_and_be_idle_follows_the_policy_whatever_the_kernel(idle_file: bool) -> None:
+    """BE's idle class is its tasks' (``beProcess.schedIdle``): nothing goes on the kubelet's
+    group, with or without ``cpu.idle`` in the kernel; the round tells CPUEvict."""
+    for idle in (True, False):
+        h = idle_host(idle_file=idle_file)
+        s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+        r = round_at(0.0, Level.LOW, policy(idle=idle), cap())
+        s.decide(r)
+        assert r.be_idle is idle
+        intent = h.desired.intent(group_key(BE_GROUP))
+        assert intent is None or intent.get("cpu.idle") is None
+        assert not h.desired.overlays.targets(IDLE)
 
 
 def calm_ls(ls_usage: float = 0.5) -> Capacity:
@@ -438,8 +451,11 @@ def calm_ls(ls_usage: float = 0.5) -> Capacity:
 
 
 def reserve_from(level: str) -> Policy:
-    """The default policy (a 90 % usage budget) with the LS request reserved from ``level``."""
-    return Policy.model_validate({"qosManager": {"cpuSuppress": {"reserveLSRequestFrom": level}}})
+    """The default policy (a 90 % usage budget) with the LS request reserved from ``level``, BE's
+    tasks not idle (so the bounds apply below ``quotaFrom`` too)."""
+    return Policy.model_validate(
+        {"beProcess": {"schedIdle": False}, "qosManager": {"cpuSuppress": {"reserveLSRequestFrom": level}}}
+    )
 
 
 @pytest.mark.parametrize(
@@ -465,7 +481,7 @@ def test_the_defaults_are_high_and_90_and_the_request_is_reserved_whenever_ls_us
     p = Policy()
     assert p.qosManager.cpuSuppress.reserveLSRequestFrom == "HIGH"
     assert p.resourceUsedThresholdWithBE.cpuSuppressThresholdPercent == 90
-    t = s.target(round_at(0.0, Level.MEDIUM, p), calm_ls())
+    t = s.target(round_at(0.0, Level.MEDIUM, reserve_from("HIGH")), calm_ls())
     assert t.cores == pytest.approx(2.8) and t.why == "MEDIUM: (4 total - 0.50 LS use - 0 reserved) x 0.8"
     assert (
         Policy.model_validate({"qosManager": {"profile": "latency-first"}}).qosManager.cpuSuppress.reserveLSRequestFrom
@@ -494,13 +510,13 @@ def test_the_policys_level_names_are_the_levels_in_their_order() -> None:
 
 
 def unquoted_policy(quota_from: str = "HIGH") -> Policy:
-    return policy(quotaFrom=quota_from)
+    return policy(idle=True, quotaFrom=quota_from)
 
 
 def test_below_quota_from_an_idle_be_group_has_no_quota_and_from_it_the_bounds(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """BE's group SCHED_IDLE, ``quotaFrom: HIGH``: no quota at LOW and MEDIUM (-1 written, so a
+    """BE's tasks SCHED_IDLE, ``quotaFrom: HIGH``: no quota at LOW and MEDIUM (-1 written, so a
     previous agent's cut goes too, and no ceiling on BE's pods), the level's bound from HIGH on
     (inclusive), at once; back below HIGH the quota is lifted like any raise, after the hold."""
     h = idle_host()
@@ -510,7 +526,7 @@ def test_below_quota_from_an_idle_be_group_has_no_quota_and_from_it_the_bounds(
     with caplog.at_level(logging.INFO, "nriplugin.qos"):
         s.decide(r)
     intent = h.desired.intent(g)
-    assert intent is not None and intent.get("cpu.cfs_quota_us") == -1 and intent.get("cpu.idle") == 1
+    assert intent is not None and intent.get("cpu.cfs_quota_us") == -1 and intent.get("cpu.idle") is None
     assert intent.files[("cpu.cfs_quota_us", "")].owner == SUPPRESS
     assert QoSClass.BE not in h.desired._caps  # no decided ceiling on BE's pods
     assert (r.be_limit, r.be_target) == (None, None)  # CPUEvict: BE is not suppressed
@@ -542,19 +558,19 @@ def test_below_quota_from_an_idle_be_group_has_no_quota_and_from_it_the_bounds(
 
 
 @pytest.mark.parametrize(
-    ("idle_file", "quota_from", "mode", "quota"),
+    ("idle", "quota_from", "mode", "quota"),
     [
-        (False, "HIGH", "cfsQuota", 200000),  # no cpu.idle: BE is not SCHED_IDLE, the quota stays
+        (False, "HIGH", "cfsQuota", 200000),  # BE's tasks not SCHED_IDLE: the quota stays
         (True, "LOW", "cfsQuota", 200000),  # a quota at every level
         (True, "MEDIUM", "cfsQuota", -1),  # LOW is below MEDIUM
     ],
 )
 def test_the_quota_goes_only_where_be_is_idle_and_below_quota_from(
-    idle_file: bool, quota_from: str, mode: str, quota: int
+    idle: bool, quota_from: str, mode: str, quota: int
 ) -> None:
-    h = idle_host(idle_file=idle_file)
+    h = idle_host()
     s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
-    s.decide(round_at(0.0, Level.LOW, unquoted_policy(quota_from), cap()))  # (4 - 2) x 1.0 = 2 cores
+    s.decide(round_at(0.0, Level.LOW, policy(idle=idle, quotaFrom=quota_from), cap()))  # (4 - 2) x 1.0 = 2 cores
     intent = h.desired.intent(group_key(BE_GROUP))
     assert intent is not None and intent.get("cpu.cfs_quota_us") == quota
 
@@ -579,15 +595,16 @@ def test_quota_from_defaults_to_high_and_follows_the_profiles() -> None:
         unquoted_policy("SOMETIMES")
 
 
-def test_a_kernel_layer_that_never_probed_cpu_idle_gets_no_idle_overlay() -> None:
-    """No ``cpu.idle`` entry at all in the capabilities is a kernel without the file."""
+def test_a_kernel_layer_that_never_probed_cpu_idle_gives_nothing_back() -> None:
+    """No ``cpu.idle`` entry at all in the capabilities is a kernel without the file: nothing
+    to give back, whatever a read says; BE's tasks are still idle, so no quota at LOW."""
     h = idle_host()
     del h.desired.caps.files["cpu.idle"]
+    h.desired.current = lambda key, resource: 1
     s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
     s.decide(round_at(0.0, Level.LOW, unquoted_policy(), cap()))
-    assert not h.desired.overlays.targets(IDLE)
     intent = h.desired.intent(group_key(BE_GROUP))
-    assert intent is not None and intent.get("cpu.cfs_quota_us") == 200000  # not idle: a quota
+    assert intent is not None and intent.get("cpu.idle") is None and intent.get("cpu.cfs_quota_us") == -1
 
 
 def test_ls_using_exactly_its_request_is_reserved_as_its_request() -> None:

@@ -20,8 +20,9 @@ Order matters (README, "One agent per runtime"): start-up checks and the runtime
 before registering; a pre-registered agent registers within the runtime's 5 s whatever
 happens (containerd 1.7 exits otherwise) and loads the rest afterwards, so heavy imports
 (pydantic, prometheus_client) come after registration; an agent that finds the runtime held
-stands by without writing anything; on SIGTERM the NRI connection closes first, nothing is
-reset, and the lock is released last of what touches the node: once every writer has stopped
+stands by without writing anything; on SIGTERM the NRI connection closes first, the QoS
+manager's overlays are given back (BE's quota, bursts: on the kubelet's groups), and the lock
+is released last of what touches the node: once every writer has stopped
 (the HTTP endpoint, the policy watcher and the cluster side close after it).
 """
 
@@ -447,8 +448,9 @@ class Agent:
 
     async def serve(self, stub: Stub, rules: RuleCache, parts: Parts, taken: Taken) -> int:
         """The loops run until the NRI connection closes (SIGTERM closes it first, or the
-        runtime did); then writing stops, the runtime is handed over, and the rest closes.
-        No value is reset on the way out."""
+        runtime did); then the QoS overlays are given back (written at once), writing stops,
+        the runtime is handed over, and the rest closes. The features' values stay: they are
+        each container's own."""
         parts.reconciler.start(self.loop)
         parts.qos.start(self.loop)
         parts.net.start(self.loop)
@@ -465,7 +467,11 @@ class Agent:
         finally:
             if inventory_task is not None:
                 inventory_task.cancel()
-            parts.qos.stop()  # its overlays stay written: a restart must not unthrottle BE
+            # give back what was changed on groups the kubelet owns (BE's quota, bursts), written
+            # now: a kubelet that restarts after the agent must find its groups as it left them
+            parts.qos.give_back("the agent is stopping")
+            parts.reconciler.flush()
+            parts.qos.stop()
             parts.net.stop()  # tc rules stay too; the next agent adopts them
             parts.reconciler.stop()
             self.lock.release(taken.me, self.closed_at if self.closed_at is not None else time.time())

@@ -109,6 +109,9 @@ class Intent:
     files: dict[tuple[str, str], Setting] = field(default_factory=dict)
     resctrl_group: Setting | None = None
     core_sched_group: Setting | None = None
+    # the scheduling policy its tasks run under ("idle": SCHED_IDLE), where the runtime may not
+    # have given it at birth (an older NRI or OCI runtime): a task attribute, not a file
+    sched_policy: Setting | None = None
     rdt_class: str | None = None  # the NRI adjustment's RDT class (runtimes with RDT configured)
     owner: str = ""  # who sets values now (the pipeline names the feature it runs)
 
@@ -116,12 +119,15 @@ class Intent:
         self.files[(resource, device)] = Setting(resource, value, why, device, self.owner)
 
     def join(self, kind: str, group: str, why: str) -> None:
-        """Tasks join ``group``: kind "resctrl" (a resctrl group) or "coresched" (a cookie)."""
+        """Tasks join ``group``: kind "resctrl" (a resctrl group), "coresched" (a cookie) or
+        "sched" (a scheduling policy: "idle")."""
         s = Setting(f"{kind}.group", group, why, owner=self.owner)
         if kind == "resctrl":
             self.resctrl_group = s
         elif kind == "coresched":
             self.core_sched_group = s
+        elif kind == "sched":
+            self.sched_policy = s
         else:
             raise ValueError(f"unknown task group kind {kind!r}")
 
@@ -142,7 +148,9 @@ class Intent:
         return list(self.files.values())
 
     def copy(self) -> Intent:
-        return Intent(dict(self.files), self.resctrl_group, self.core_sched_group, self.rdt_class, self.owner)
+        return Intent(
+            dict(self.files), self.resctrl_group, self.core_sched_group, self.sched_policy, self.rdt_class, self.owner
+        )
 
 
 def cap_burst(files: dict[tuple[str, str], Setting]) -> None:

@@ -16,6 +16,7 @@ from nriplugin.kernel.cgroup import RESOURCES, Cgroups
 from nriplugin.kernel.coresched import CoreSched
 from nriplugin.kernel.probe import Capabilities, probe
 from nriplugin.kernel.resctrl import ResctrlFS
+from nriplugin.kernel.sched import Scheduler
 from nriplugin.node.desired import DesiredState
 from nriplugin.node.model import NodeModel
 from nriplugin.node.overlays import GROUP_PREFIX
@@ -26,10 +27,11 @@ log = logging.getLogger("nriplugin.node.assembly")
 
 
 class TaskGroups:
-    """Joins a container's tasks to its resctrl group and core scheduling cookie when it
-    starts: at StartContainer its init process (before the workload runs; children inherit
-    both), and for a container that already ran (Synchronize, inventory) every task, right
-    after the current callback (off the hook path)."""
+    """Joins a container's tasks to its resctrl group and core scheduling cookie, and gives
+    them their scheduling policy (BE's SCHED_IDLE), when it starts: at StartContainer its init
+    process (before the workload runs; children inherit all three), and for a container that
+    already ran (Synchronize, inventory) every task, right after the current callback (off the
+    hook path)."""
 
     def __init__(self, model: NodeModel, desired: DesiredState, writer: Writer) -> None:
         self.model = model
@@ -46,7 +48,8 @@ class TaskGroups:
         pass
 
     def started(self, key: str, existing: bool) -> None:
-        if self.writer.resctrl is None and self.writer.coresched is None:
+        w = self.writer
+        if w.resctrl is None and w.coresched is None and w.scheduler is None:
             return
         if not existing:
             self._join(key, new=True)
@@ -101,6 +104,7 @@ class Node:
         resctrl_root: Path = Path("/sys/fs/resctrl"),
         coresched: CoreSched | None = None,
         on_invalid: Callable[[str], None] = lambda reason: None,
+        scheduler: Scheduler | None = None,
     ) -> Node:
         rules = rules or RuleCache()
         cgroups = cgroups or Cgroups(Path("/sys/fs/cgroup"))
@@ -129,6 +133,7 @@ class Node:
             coresched or (CoreSched() if caps.core_sched else None),
             on_invalid=on_invalid,
             on_written=desired.group_written,
+            scheduler=scheduler or Scheduler(),
         )
         model.subscribe(desired)  # first: CPUs are assigned before anyone computes values
         model.subscribe(TaskGroups(model, desired, writer))

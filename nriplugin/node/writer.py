@@ -1,6 +1,7 @@
 """The one writer: every cgroup value the agent sets (at StartContainer and RunPodSandbox, in the
 reconciler's repairs, for the QoS manager's overlays) goes through :meth:`Writer.apply`, and
-every task-group membership (resctrl, core scheduling) through :meth:`Writer.join`.
+every task-group membership (resctrl, core scheduling) and task scheduling policy (BE's
+SCHED_IDLE) through :meth:`Writer.join`.
 
 The ordering rules live here and nowhere else:
 - burst is never above the quota (``intent.core.cap_burst``, applied to the desired state
@@ -26,6 +27,7 @@ from nriplugin.intent.core import BURST, PERIOD, QUOTA, Intent, Setting
 from nriplugin.kernel.cgroup import Cgroups, InvalidValue, Outcome
 from nriplugin.kernel.coresched import CoreSched
 from nriplugin.kernel.resctrl import ResctrlError, ResctrlFS
+from nriplugin.kernel.sched import IDLE, Scheduler
 from nriplugin.policy.model import Policy
 
 log = logging.getLogger("nriplugin.node.writer")
@@ -61,8 +63,11 @@ class Writer:
         coresched: CoreSched | None = None,
         on_invalid: Callable[[str], None] = lambda reason: None,
         on_written: Callable[[str, str], None] | None = None,
+        scheduler: Scheduler | None = None,
     ) -> None:
         self.cgroups = cgroups
+        self.scheduler = scheduler
+        self.sched_given = 0  # tasks the agent gave SCHED_IDLE (the runtime had not)
         # (group, resource) after each value the kernel took: the desired state follows what
         # the groups that bound a class hold (``DesiredState.group_written``).
         self.on_written = on_written
@@ -182,7 +187,10 @@ class Writer:
         """Put a container's tasks in its task groups. ``pid``: a new container's init process
         (everything it forks inherits both groups); 0: a container that already ran, so every
         thread of its cgroup (resctrl) and every process (core scheduling) is moved.
-        ``resctrl_too`` False: the runtime placed it in its resctrl group (NRI LinuxRdt)."""
+        ``resctrl_too`` False: the runtime placed it in its resctrl group (NRI LinuxRdt).
+        A scheduling policy (SCHED_IDLE) goes to every thread: for a new container its init
+        process, whose children inherit it; one that already ran, each thread of its group."""
+        self._sched(intent, group, pid, who)
         rg, cs = intent.resctrl_group, intent.core_sched_group
         if rg is not None and self.resctrl is not None and resctrl_too:
             tids = [pid] if pid else self._tasks(group, who, processes=False)
@@ -202,6 +210,18 @@ class Writer:
                 except (OSError, ValueError) as exc:
                     self.on_invalid("core_sched")
                     log.warning("%s: cannot give core scheduling group %s: %s", who, cs.value, exc)
+
+    def _sched(self, intent: Intent, group: str, pid: int, who: str) -> None:
+        if intent.sched_policy is None or self.scheduler is None:
+            return
+        tids = [pid] if pid else self._tasks(group, who, processes=False)
+        done = self.scheduler.ensure(tids, group, IDLE)
+        self.sched_given += done.set
+        if done.error is not None:
+            self.on_invalid("sched_policy")
+            log.warning("%s: cannot give its tasks SCHED_IDLE: %s", who, done.error)
+        elif done.set:
+            log.debug("%s: gave %d task(s) SCHED_IDLE (the runtime had not)", who, done.set)
 
     def _tasks(self, group: str, who: str, processes: bool) -> list[int]:
         try:

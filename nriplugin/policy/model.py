@@ -266,7 +266,7 @@ class CPUSuppress(_M):
     what LS uses now (never more than its request). Requests are sized for peaks: reserving a
     calm LS's unused request kept it from BE on top of the usage budget's headroom (the
     colocation benchmark, docs/benchmarks.md). The usage budget's fast path gives it back to LS
-    within 150 ms of LS needing it, and BE's group runs SCHED_IDLE (``beGroupIdle``). ``LOW``
+    within 150 ms of LS needing it, and BE's tasks run SCHED_IDLE (``beProcess.schedIdle``). ``LOW``
     reserves the request at every level (the seed's formula).
 
     ``policy`` None follows ``resourceUsedThresholdWithBE.cpuSuppressPolicy`` (cfsQuota by
@@ -279,17 +279,21 @@ class CPUSuppress(_M):
     cut waits ``raiseDelay`` doubled for each such reversal in the last minute, and at most
     ``maxWritesPerMinute`` of them land in a minute: LS load that comes back every half minute
     gives BE its CPU back within seconds each time, a flapping one ever more slowly.
-    ``beGroupIdle`` (where the kernel has ``cpu.idle``: 5.15 and later, cgroup v1 or v2): BE's
-    QoS-level group runs with ``cpu.idle`` 1, SCHED_IDLE against LS's groups, so within whatever
-    quota BE has an LS task that wakes takes the CPU. ``quotaFrom``: while that idle flag is in
-    force (cfsQuota policy), BE has no quota at all below this level: SCHED_IDLE gives LS every
+    ``quotaFrom``: while BE's tasks run SCHED_IDLE (``beProcess.schedIdle``; within whatever
+    quota BE has, an LS task that wakes takes the CPU) and the policy is cfsQuota, BE has no
+    quota at all below this level: SCHED_IDLE gives LS every
     CPU it wakes up on, and a quota only makes BE run in bursts from each period's start, which
     the colocation benchmark measured as LS's tail. From this level on the bounds above apply
     (near the knee BE's CPU hurts LS whatever its priority; only less of it helps). ``LOW``: a
-    quota at every level."""
+    quota at every level.
+
+    ``beGroupIdle`` is accepted and no longer applied: it wrote ``cpu.idle`` 1 on the kubelet's
+    besteffort group, where the kernel then refuses the kubelet's own weight writes (it could
+    not update its QoS groups, nor start). BE's tasks get the same idle class per task
+    (``beProcess.schedIdle``), and an agent that finds the flag left on a group gives it back."""
 
     enabled: bool = True
-    beGroupIdle: bool = True
+    beGroupIdle: bool | None = None
     policy: Literal["cfsQuota", "cpuset"] | None = None
     suppressRatio: SuppressRatio = SuppressRatio()
     reserveLSRequestFrom: LevelName = "HIGH"

@@ -36,7 +36,8 @@ from nriplugin.qos.strategy import Capacity, Decision, Host, Round, Strategy, re
 log = logging.getLogger("nriplugin.qos")
 
 SUPPRESS = "qos:cpuSuppress"  # the overlays' owner
-IDLE = "qos:beGroupIdle"  # the owner of cpu.idle on BE's QoS-level groups
+IDLE = "qos:giveBackIdle"  # the owner of the cpu.idle a previous agent left on BE's groups
+KUBELET_BE_SHARES = 2  # the kubelet's cpu.shares for its besteffort group (MinShares)
 
 PERIOD_US = 100_000  # the CFS period the BE group's quota is expressed in
 MIN_QUOTA_US = 1_000  # the kernel's minimum quota (1 ms)
@@ -196,15 +197,15 @@ class CPUSuppressStrategy(Strategy):
         self._applied: set[str] = set()  # QoS-level groups with our quota overlay
         self._mode: str | None = None  # the suppression policy in force (cfsQuota, cpuset)
         self._cpuset_n: int | None = None  # CPUs BE's containers are on (cpuset policy)
-        self._idle: set[str] = set()  # QoS-level groups with our cpu.idle overlay
+        self._checked_idle: set[str] = set()  # QoS-level groups checked for a left cpu.idle
 
     @classmethod
     def configured(cls, cfg: ManagerConfig) -> bool:
         return cfg.cpuSuppress.enabled
 
     def decide(self, r: Round) -> None:
-        self._group_idle(r.config.cpuSuppress.beGroupIdle)
-        r.be_idle = bool(self._idle)
+        self._give_back_idle()
+        r.be_idle = r.policy.beProcess.schedIdle
         cap = r.capacity
         if cap is None:
             return
@@ -220,13 +221,13 @@ class CPUSuppressStrategy(Strategy):
             self.apply(r, self.target(r, r.capacity), tighten_only=True)
 
     def unquoted(self, r: Round) -> bool:
-        """Whether BE goes without a quota this round: its group runs SCHED_IDLE (the idle
-        overlay is in force), the policy is cfsQuota and the level is below ``quotaFrom``.
+        """Whether BE goes without a quota this round: its tasks run SCHED_IDLE
+        (``beProcess.schedIdle``), the policy is cfsQuota and the level is below ``quotaFrom``.
         SCHED_IDLE already hands every CPU to an LS task the moment it wakes; a quota on top
         makes BE run in bursts from each period's start until throttled, and the colocation
         benchmark measured those bursts as LS's tail (docs/benchmarks.md)."""
         return (
-            bool(self._idle)
+            r.policy.beProcess.schedIdle
             and r.policy.cpu_suppress_policy() == "cfsQuota"
             and r.level < Level[r.config.cpuSuppress.quotaFrom]
         )
@@ -265,7 +266,7 @@ class CPUSuppressStrategy(Strategy):
         if mode == "cpuset":
             written = self._apply_cpuset(new, before, target.why)
         else:
-            self._apply_quota(new, target.why, r.policy.beMinCPUShares)
+            self._apply_quota(new, target.why)
             written = f"{new:.2f} cores" if finite else "no quota"
         if written is None:
             return
@@ -287,16 +288,14 @@ class CPUSuppressStrategy(Strategy):
             },
         )
 
-    def _apply_quota(self, new: float, why: str, shares: int) -> None:
-        """cfsQuota: BE's QoS-level group gets the quota (and the lowest weight); ``new``
-        infinite: no quota (-1 written, so a previous agent's cut is lifted too)."""
+    def _apply_quota(self, new: float, why: str) -> None:
+        """cfsQuota: BE's QoS-level group gets the quota; ``new`` infinite: no quota (-1
+        written, so a previous agent's cut is lifted too). Its weight is the kubelet's (it
+        rewrites it on every pod change): never written here."""
         unlimited = not math.isfinite(new)
         values: dict[str, int | str] = {
             "cpu.cfs_quota_us": -1 if unlimited else quota_us(new),
             "cpu.cfs_period_us": PERIOD_US,
-            # the lowest weight, as kubelet gives its besteffort group: within its quota BE
-            # still yields to LS on every CPU
-            "cpu.shares": shares,
         }
         # cgroup v1 refuses a child's quota above its parent's: BE's pods and containers get
         # the limit as a ceiling (new ones at birth too). The desired state keeps it in force
@@ -347,28 +346,29 @@ class CPUSuppressStrategy(Strategy):
             self.host.desired.set_cpuset_limit(QoSClass.BE, None, SUPPRESS, f"{why}: BE on the whole share pool again")
             self._cpuset_n = None
 
-    def _group_idle(self, wanted: bool) -> None:
-        """``cpu.idle`` 1 on each of BE's QoS-level groups, where the kernel has the file (5.15
-        and later, cgroup v1 too): every BE task then runs SCHED_IDLE against LS, so an LS
-        wakeup preempts BE at once and a CPU running only BE counts as idle when LS's task is
-        placed. The kernel keeps the group at its idle weight and refuses weight writes, which
-        the kernel layer takes as in place; the quota stays the suppression's lever."""
+    def _give_back_idle(self) -> None:
+        """A previous agent (an older policy's ``beGroupIdle``) may have left ``cpu.idle`` 1 on
+        BE's QoS-level groups: the kernel then refuses the kubelet's weight writes there. Put
+        0 back, and the kubelet's own lowest weight (which ``cpu.idle`` 0 resets to the
+        default), once per group this agent sees."""
         desired = self.host.desired
-        on = wanted and desired.caps.files.get("cpu.idle", False)
-        groups = set(self.host.groups) if on else set()
-        if groups == self._idle:
+        if not desired.caps.files.get("cpu.idle", False):
             return
-        for group in groups - self._idle:
+        for group in self.host.groups:
+            if group in self._checked_idle:
+                continue
+            self._checked_idle.add(group)
             key = self.host.owner.own_group(group)
-            # kubelet never sets it: lifting it restores 0, whatever a previous agent left
-            desired.set_overlay(key, IDLE, {"cpu.idle": 1}, "BE's group runs SCHED_IDLE (beGroupIdle)", {"cpu.idle": 0})
-        for group in self._idle - groups:
-            desired.withdraw_overlay(self.host.owner.own_group(group), IDLE)
-        self._idle = groups
+            if desired.current(key, "cpu.idle") != 1:
+                continue
+            values: dict[str, int | str] = {"cpu.idle": 0, "cpu.shares": KUBELET_BE_SHARES}
+            why = "given back: cpu.idle 1 on the kubelet's group (left by a previous agent) refuses its weight writes"
+            desired.set_overlay(key, IDLE, values, why, before=values)
+            desired.withdraw_overlay(key, IDLE)  # the values before stay as the baseline
+            log.warning("%s: %s", group, why, extra={"group": group})
 
     def off(self, t: float, why: str) -> bool:
         """BE gets its CPU back: the quota and its ceiling withdrawn, the whole pool again."""
-        self._group_idle(False)
         held = bool(self._applied) or self._cpuset_n is not None
         if held:
             self._lift_quota()

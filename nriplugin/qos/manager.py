@@ -9,8 +9,10 @@ the node's capacity: with NodeQOSResource off, those stand down too (said once i
 Every decision is an overlay on the desired state with its owner (``qos:cpuSuppress``,
 ``qos:cpuBurst``) and reason: the one writer applies it, the reconciler keeps it against
 other writers, ``explain`` and the hooks see it. Turning the manager off (policy) withdraws
-its overlays, so BE gets its CPU back; stopping the agent leaves them in place (a restart must
-not unthrottle BE).
+its overlays, so BE gets its CPU back; so does stopping the agent (:meth:`QoSManager.give_back`):
+the groups BE's quota sits on are the kubelet's, and a kubelet restarted after the agent must
+find them as it set them. BE's tasks keep SCHED_IDLE meanwhile, so LS keeps its priority until
+the next agent's first round.
 
 Timing: a full round every ``syncPeriod`` (1 s), and a fast path every 50 ms between rounds
 that reads only node CPU and BE's own usage (a few files) and, when what LS and the system use
@@ -230,8 +232,15 @@ class QoSManager:
             self.eviction.start(loop)
         self._task = loop.create_task(self.run())
 
+    def give_back(self, why: str) -> None:
+        """The agent is going: every overlay withdrawn (BE's quota and its ceiling, LS bursts),
+        so the groups the kubelet owns are left as it set them; the caller writes the result.
+        BE keeps its tasks' SCHED_IDLE, so LS still takes every CPU it wakes on until the next
+        agent's first round."""
+        self.withdraw_all(why)
+
     def stop(self) -> None:
-        """Stop deciding; overlays stay (a restarted agent takes over from them)."""
+        """Stop deciding (:meth:`give_back` first, on the way out)."""
         if self._task is not None:
             self._task.cancel()
         if self._trigger is not None:

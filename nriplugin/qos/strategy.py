@@ -85,7 +85,7 @@ class Round:
     burst_extra: float = 0.0  # CPUBurst: cores granted to LS bursts (BE's share is cut by as much)
     be_limit: float | None = None  # CPUSuppress: BE's limit in force (None: not limited)
     be_target: float | None = None  # CPUSuppress: what this level allows BE
-    be_idle: bool = False  # CPUSuppress: BE's QoS-level group runs SCHED_IDLE
+    be_idle: bool = False  # CPUSuppress: BE's tasks run SCHED_IDLE (beProcess.schedIdle)
     cpu_terms: dict[str, float] | None = None  # the last raw CPU score's terms (what drove the level)
 
     def cpu_said(self) -> str:

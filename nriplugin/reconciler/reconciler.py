@@ -306,14 +306,24 @@ class Reconciler:
         self._applying = True
         loop.call_soon(self._apply_pending)
 
-    def _apply_pending(self) -> None:
+    def flush(self, rounds: int = 8) -> None:
+        """Apply everything pending now, to the end, off turns (the agent's way out: nothing
+        runs after it). A batch may make more (a raised group lets its class's ceiling rise):
+        applied too, up to ``rounds`` batches."""
+        for _ in range(rounds):
+            if not (self._to_apply or self._batch or self._rising):
+                return
+            self._apply_pending(in_turns=False)
+
+    def _apply_pending(self, in_turns: bool | None = None) -> None:
         """Apply a batch in the order the kernel accepts (``node/writer.py``): cgroup v1 refuses
         a child's CFS quota above its parent's, so keys go deepest first, and a key whose quota
         rises waits for a second sweep, parents first. What was still refused (someone else
         moved a value meanwhile) is tried again after the rest of the batch. On the loop, a
         turn at a time."""
         self._applying = False
-        in_turns = self._loop_running()
+        if in_turns is None:
+            in_turns = self._loop_running()
         if not self._batch and not self._rising:
             self._batch = collections.deque(children_first(self._to_apply, self._group_of))
             self._to_apply = set()

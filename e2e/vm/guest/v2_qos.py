@@ -1,8 +1,9 @@
 """Runs INSIDE the VM (e2e/vm/test_vm.py starts it there): the QoS manager with the embedded
 default policy, but a quota at every level (``quotaFrom: LOW``: the default gives BE's idle
 group none below HIGH, and how fast the quota is cut is this test's subject), on a real cgroup
-v2 tree and real spinning processes (BE's QoS-level group runs ``cpu.idle`` 1, the default's
-beGroupIdle). BE spins on every CPU;
+v2 tree and real spinning processes. BE's QoS-level group starts with ``cpu.idle`` 1, as an
+agent before this one left it; the agent gives it back, and the kubelet's weight write to the
+group is taken again. BE spins on every CPU;
 when LS starts spinning BE's limit is cut, once with the PSI triggers armed (the node's
 ``/proc/pressure/cpu`` and each LS pod's ``cpu.pressure``: the kernel wakes a round) and once
 with the 50 ms fast path alone. Times under TCG are evidence of behaviour, not benchmarks: the
@@ -52,6 +53,7 @@ def reaction(trigger: bool) -> tuple[float, float, float, list[str]]:
         ctrs = [make_container(1, be), make_container(2, ls, shares=1024)]
         for c, pod in zip(ctrs, (be, ls), strict=True):
             c.linux.cgroups_path = f"{pod.linux.cgroup_parent}/c"
+        (top / "kubepods/besteffort/cpu.idle").write_text("1")  # what an older agent left
         rules = RuleCache(Policy.model_validate({"qosManager": {"cpuSuppress": {"quotaFrom": "LOW"}}}))
         node = Node.create(rules, cgroups=Cgroups(ROOT))
         rec = Reconciler(node.desired, node.writer, node.model, resync_period=3600)
@@ -83,9 +85,11 @@ async def _measure(mgr: QoSManager, rec: Reconciler, top: Path) -> tuple[float, 
         while (before := be_quota(be_group)) < 0.5:
             assert time.monotonic() - t0 < 90, f"BE never got the idle node: {before:.2f} cores; {_last(mgr)}"
             await asyncio.sleep(0.5)
-        # the default policy's beGroupIdle: BE's QoS-level group runs SCHED_IDLE against LS's;
-        # the kernel took it though the suppression also writes the group's weight (refused, in place)
-        assert (be_group / "cpu.idle").read_text().strip() == "1"
+        # the kubelet's group is its own again: cpu.idle 0 (given back), and its weight write
+        # (the kubelet's besteffort weight, 1) is taken, while BE is limited
+        assert (be_group / "cpu.idle").read_text().strip() == "0"
+        (be_group / "cpu.weight").write_text("1")
+        assert (be_group / "cpu.weight").read_text().strip() == "1"
         assert (top / "kubepods/burstable/cpu.idle").read_text().strip() == "0"
         armed = sorted(
             [*([mgr.psi_path or ""] if mgr._trigger else []), *(mgr.ls_pressure.fds if mgr.ls_pressure else [])]

@@ -1,7 +1,7 @@
 """CPUEvict: when suppressing BE is not enough, evict BE pods to give LS its CPU back.
 
 The trigger: the CPU pressure score at ``evictThreshold`` (EMERGENCY), BE already suppressed to
-what the level allows, LS suffering, and BE's group not SCHED_IDLE (``beGroupIdle``): an idle BE
+what the level allows, LS suffering, and BE's tasks not SCHED_IDLE (``beProcess.schedIdle``): an idle BE
 gives up each CPU the moment an LS task wakes there, so what LS waits for is not BE's. The agent
 cannot see request latency, so LS suffering is what the kernel shows of it: the share of time
 LS had runnable tasks waiting for a CPU (PSI ``some`` of the LS containers' own ``cpu.pressure``
@@ -54,7 +54,7 @@ class CpuFacts:
     ls_throttled: float = 0.0  # LS throttled periods / periods
     be_request: float = 0.0  # what BE pods requested (batch-cpu)
     be_limit: float | None = None  # BE's real limit (None: unlimited)
-    be_idle: bool = False  # BE's QoS-level group runs SCHED_IDLE (it yields every CPU LS wakes on)
+    be_idle: bool = False  # BE's tasks run SCHED_IDLE (they yield every CPU LS wakes on)
 
 
 @dataclass(frozen=True, slots=True)
