@@ -205,9 +205,11 @@ def test_a_pod_level_resize_reaches_the_agent_where_the_runtime_tells_it(
     if told:
         until(lambda: plugin.metric(count % "post_update_pod_sandbox") >= 1, 5, "PostUpdatePodSandbox not seen")
         assert plugin.metric(count % "update_pod_sandbox") >= 1
+        assert "pod-level resize: followed (UpdatePodSandbox seen since" in plugin.logs(), plugin.logs()[-3000:]
     else:
         time.sleep(0.5)
         assert plugin.metric(count % "update_pod_sandbox") == 0
+        assert "pod-level resize: followed" not in plugin.logs(), plugin.logs()[-3000:]
     assert (runtime.container_cgroup(pod, cid) / "cpu.shares").read_text().strip() == "512"
 
 

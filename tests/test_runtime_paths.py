@@ -14,6 +14,7 @@ real node model, desired state and reconciler on kernel-like trees."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from pydantic import ValidationError
 from nriplugin.cli.explain import describe_runtime
 from nriplugin.kernel.cgroup import Cgroups
 from nriplugin.node.assembly import Node
-from nriplugin.node.hooks import QoSPlugin
+from nriplugin.node.hooks import QoSPlugin, runtime_paths
 from nriplugin.nri import api_pb2 as api
 from nriplugin.nri.runtime import RuntimeCaps
 from nriplugin.policy.cache import RuleCache
@@ -102,7 +103,9 @@ def test_doctor_and_explain_say_which_path_is_in_force() -> None:
     old = describe_runtime(PIDS, "v0.6.1")["paths"]
     assert new["pids limit"].startswith("in force through NRI (LinuxResources.pids")
     assert "written by the agent at StartContainer" in old["pids limit"]
-    assert new["pod-level resize"].startswith("followed (UpdatePodSandbox")
+    # neither knows whether the runtime sends UpdatePodSandbox: only the running agent learns it
+    assert new["pod-level resize"].startswith("subscribed (UpdatePodSandbox, runtime NRI v0.12.5), followed once")
+    assert "reconciler repairs the pod's files" in new["pod-level resize"]
     assert old["pod-level resize"].startswith("not told")
     assert new["updates outside hooks"].startswith("pushed with UpdateContainers")
     assert (
@@ -146,7 +149,9 @@ def test_a_pod_level_resize_moves_the_model_and_the_pod_group_is_reconverged(tmp
             await until(lambda: shares.read_text().strip() == "512")
             resized = api.LinuxResources()
             resized.cpu.quota.value, resized.cpu.period.value = 100000, 100000
+            assert p.pod_updates_since is None
             await s.update_pod_sandbox(ls, resized)  # the pod in the request: still the old resources
+            assert p.pod_updates_since is not None  # learnt on the dedicated RPC too
             got = p.model.pod(ls.id)
             assert got is not None and got.linux.pod_resources.cpu.quota.value == 100000
             intent = p.desired.intent(f"pod:{ls.id}")
@@ -160,6 +165,51 @@ def test_a_pod_level_resize_moves_the_model_and_the_pod_group_is_reconverged(tmp
             rec.stop()
 
     asyncio.run(asyncio.wait_for(over_the_wire(tmp_path, p, "v0.12.5", ("containerd", "v2.4.2"), body), 30))
+
+
+def test_pod_resize_is_claimed_followed_only_once_the_runtime_sent_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """containerd 2.2.10 vendors an NRI that knows UpdatePodSandbox (v0.11, inferred) but may
+    answer the kubelet's CRI UpdatePodSandboxResources UNIMPLEMENTED, and then never sends the
+    event: the version earns a subscription, not the claim. Pod and container events leave it
+    "subscribed"; the first UpdatePodSandbox (StateChange on v0.11) turns it "followed", logged
+    once; a new connection learns it again."""
+    pod = ls_pod(200000)
+    ctr = make_container(5, pod)
+    p = plugin(v1_tree(tmp_path / "cg", [pod.linux.cgroup_parent.lstrip("/"), ctr.linux.cgroups_path.lstrip("/")]))
+
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.getMessage().startswith("pod-level resize: ")]
+
+    def claim() -> str:
+        return runtime_paths(Policy(), p.runtime, None, pod_updates_since=p.pod_updates_since)["pod-level resize"]
+
+    async def body(s: PluginSession) -> None:
+        assert s.subscribed(api.UPDATE_POD_SANDBOX)
+        assert said() == [f"pod-level resize: {claim()}"]  # at registration
+        assert claim().startswith("subscribed (UpdatePodSandbox, runtime NRI v0.11.0), followed once")
+        await s.notify(api.RUN_POD_SANDBOX, pod)
+        await s.create_container(pod, ctr)
+        await s.notify(api.START_CONTAINER, pod, ctr)
+        await s.update_container(pod, ctr, ctr.linux.resources)
+        assert p.pod_updates_since is None and claim().startswith("subscribed")
+        await s.state_change(api.UPDATE_POD_SANDBOX, pod)
+        assert p.pod_updates_since is not None
+        first = p.pod_updates_since
+        assert claim().startswith("followed (UpdatePodSandbox seen since ")
+        assert claim().endswith(", runtime NRI v0.11.0): the pod's values are recomputed and applied")
+        await s.state_change(api.UPDATE_POD_SANDBOX, pod)
+        assert p.pod_updates_since == first
+        assert said()[1:] == [f"pod-level resize: {claim()}"]  # the transition, once
+
+    with caplog.at_level(logging.INFO, logger="nriplugin.node.hooks"):
+        asyncio.run(asyncio.wait_for(over_the_wire(tmp_path, p, "v0.11.0", ("containerd", "v2.2.10"), body), 30))
+    assert [r.levelno for r in caplog.records if r.getMessage().startswith("pod-level resize: followed")] == [
+        logging.INFO
+    ]
+    p.runtime_caps(RuntimeCaps(nri=(0, 12, 5), source="runtime"))  # reconnected: perhaps another runtime
+    assert p.pod_updates_since is None and claim().startswith("subscribed (UpdatePodSandbox, runtime NRI v0.12.5)")
 
 
 def test_a_runtime_before_nri_v0_10_sends_no_pod_update(tmp_path: Path) -> None:

@@ -98,11 +98,39 @@ def rdt_path(policy: Policy, runtime: RuntimeCaps, mounted: bool) -> tuple[bool,
     return False, f"joined by the agent at StartContainer (runtime NRI {nri} < v0.11 has no LinuxRdt)"
 
 
+def pod_resize_path(runtime: RuntimeCaps, seen_since: float | None = None) -> str:
+    """What becomes of a pod-level in-place resize. A runtime whose NRI knows UpdatePodSandbox
+    lets the agent subscribe to it, but sends it only if it also implements CRI
+    UpdatePodSandboxResources, and not every one does. So "followed" is claimed from the first
+    event the runtime delivered (``seen_since``, epoch seconds), never from the version; until
+    then the reconciler keeps the pod's files, as on older runtimes."""
+    nri = runtime.nri_version
+    if not runtime.supports("pod_update"):
+        return f"not told (runtime NRI {nri} < v0.10): the reconciler repairs the pod's files when they change"
+    if seen_since is None:
+        return (
+            f"subscribed (UpdatePodSandbox, runtime NRI {nri}), followed once the runtime sends one; a runtime"
+            " without CRI UpdatePodSandboxResources sends none, and the reconciler repairs the pod's files"
+            " when they change"
+        )
+    since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seen_since))
+    return (
+        f"followed (UpdatePodSandbox seen since {since}, runtime NRI {nri}):"
+        " the pod's values are recomputed and applied"
+    )
+
+
 def runtime_paths(
-    policy: Policy, runtime: RuntimeCaps, cgroup: Version | None, resctrl_mounted: bool = False
+    policy: Policy,
+    runtime: RuntimeCaps,
+    cgroup: Version | None,
+    resctrl_mounted: bool = False,
+    pod_updates_since: float | None = None,
 ) -> dict[str, str]:
     """Which path is in force, on this runtime, for what newer NRIs carry besides BE's birth
-    attributes (those: ``born_with``): logged at Configure, shown by ``doctor`` and ``explain``."""
+    attributes (those: ``born_with``): logged at Configure, shown by ``doctor`` and ``explain``.
+    ``pod_updates_since``: when the runtime delivered its first UpdatePodSandbox (None: none
+    seen, or not known here), see :func:`pod_resize_path`."""
     nri = runtime.nri_version
     limits = policy.containerPidsLimit
     if not policy.features.pidsLimit.enable or all(limits.of(q) is None for q in ("LSR", "LS", "BE")):
@@ -113,10 +141,6 @@ def runtime_paths(
         pids = f"in force through NRI's cgroup v2 unified map (runtime NRI {nri} < v0.8 has no pids field)"
     else:
         pids = f"in force, written by the agent at StartContainer (runtime NRI {nri} < v0.8, cgroup v1)"
-    if runtime.supports("pod_update"):
-        pod = f"followed (UpdatePodSandbox, runtime NRI {nri}): the pod's values are recomputed and applied"
-    else:
-        pod = f"not told (runtime NRI {nri} < v0.10): the reconciler repairs the pod's files when they change"
     if runtime.supports("plugin_updates"):
         updates = f"pushed with UpdateContainers (runtime NRI {nri})"
     else:
@@ -126,7 +150,7 @@ def runtime_paths(
         )
     return {
         "pids limit": pids,
-        "pod-level resize": pod,
+        "pod-level resize": pod_resize_path(runtime, pod_updates_since),
         "resctrl": rdt_path(policy, runtime, resctrl_mounted)[1],
         "updates outside hooks": updates,
     }
@@ -165,6 +189,8 @@ class QoSPlugin(Plugin):
         self._created: collections.OrderedDict[str, Waiting] = collections.OrderedDict()
         self.runtime = RuntimeCaps()  # what the runtime's NRI carries: learnt at Configure
         self.fields = carried(self.runtime)  # the resources its LinuxResources has as fields
+        # When this connection's runtime delivered its first UpdatePodSandbox (pod_resize_path)
+        self.pod_updates_since: float | None = None
         # CreateContainer's answer by the container's shape (DesiredState.birth_key): the pods
         # of one workload come in bursts and get the same values, computed once; the key
         # carries the node's state, so a decision since then makes a new key. With the answer,
@@ -176,9 +202,11 @@ class QoSPlugin(Plugin):
 
     def runtime_caps(self, caps: RuntimeCaps) -> None:
         """Decided once per connection: which process attributes BE is born with, which
-        resources the adjustment carries, which pod events come."""
+        resources the adjustment carries, which pod events are subscribed. Whether pod updates
+        come is learnt again on each connection: the runtime may have changed meanwhile."""
         self.runtime = caps
         self.fields = carried(caps)
+        self.pod_updates_since = None
         self._births.clear()
         self._rdt = None
         policy = self.desired.rules.policy
@@ -466,12 +494,19 @@ class QoSPlugin(Plugin):
         the pod's values are recomputed and applied by the one writer (none derives from the
         pod's quota: a pod burst would block the kubelet's lowering of it, see cpu_burst).
         Nothing to answer: NRI has no pod adjustment."""
+        if self.pod_updates_since is None:
+            self._first_pod_update()
         self._take_in_pod(pod.id)
         if self.model.pod(pod.id) is None:
             self.model.pod_seen(pod)
         new = resources if resources.ByteSize() else pod.linux.pod_resources
         if new.ByteSize():  # nothing said (StateChange of a runtime that fills no pod resources)
             self.model.pod_updated(pod.id, new, pod.linux.pod_overhead)
+
+    def _first_pod_update(self) -> None:
+        """The runtime does pass pod-level resizes on: said once, as the registration said it."""
+        self.pod_updates_since = time.time()
+        log.info("pod-level resize: %s", pod_resize_path(self.runtime, self.pod_updates_since))
 
     def post_update_pod_sandbox(self, pod: api.PodSandbox) -> None:
         """The resize is through (the kubelet writes the pod group itself): converge the pod's

@@ -193,8 +193,9 @@ def _the_lines_nri(
     ):
         said = re.search(rf"{name}: (in force|not available)", logs)
         assert said and said[1] == ("in force" if carried else "not available"), f"{name}: {said}"
-    resize = "followed (UpdatePodSandbox" if pod_update else f"not told (runtime NRI {nri}"
+    resize = f"subscribed (UpdatePodSandbox, runtime NRI {nri}" if pod_update else f"not told (runtime NRI {nri}"
     assert f"pod-level resize: {resize}" in logs, logs[-3000:]
+    assert "pod-level resize: followed" not in logs, logs[-3000:]  # claimed only once one came
     be_adj, ls_adj = (int(Path(f"/proc/{first_pid(group(runtime, *p))}/oom_score_adj").read_text()) for p in (be, ls))
     assert be_adj == (1000 if oom else ls_adj) and ls_adj != 1000, (be_adj, ls_adj)
     res = msg("LinuxContainerResources", cpu_shares=512, cpu_quota=50000, cpu_period=100000)
@@ -208,6 +209,7 @@ def _the_lines_nri(
     count = 'nriplugin_hook_duration_seconds_count{event="%s"}'
     if pod_update:
         until(lambda: plugin.metric(count % "post_update_pod_sandbox") >= 1, 30, "PostUpdatePodSandbox not seen")
+        assert "pod-level resize: followed (UpdatePodSandbox seen since" in plugin.logs(), plugin.logs()[-3000:]
     else:
         time.sleep(1.0)
         assert plugin.metric(count % "update_pod_sandbox") == 0
