@@ -13,7 +13,14 @@ It speaks the real endpoints and their semantics, as far as nriplugin uses them:
   when a PodDisruptionBudget (``minAvailable`` over a label selector, in the pod's
   namespace) would be violated;
 - core/v1 Events: POST and PATCH (merge) in a namespace;
-- bearer-token authentication (401 without it).
+- bearer-token authentication (401 without it);
+- RBAC denials: a (verb, resource) in ``forbidden`` gets 403 with the API server's Status,
+  before anything else is looked at (authorization comes before routing there too);
+- a type that is not served: any other path, and nodeslos while ``nodeslos_served`` is off
+  (the CRD not installed, or its version ``served: false``), get the API server's 404 Status
+  for an unknown resource (``details`` without a name); a missing single object gets a 404
+  naming it;
+- ``unavailable``: 503 for every request, as an API server that cannot serve yet.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from typing import Any
 from aiohttp import web
 
 SLO_PATH = "/apis/slo.koordinator.sh/v1alpha1/nodeslos"
+TRUE = ("1", "t", "T", "true", "TRUE", "True")  # Go's strconv.ParseBool, for ?watch=
 
 
 @dataclass
@@ -53,6 +61,10 @@ class Change:
 @dataclass
 class KubeStandIn:
     token: str = "standin-token"
+    user: str = "system:serviceaccount:nriplugin-system:nriplugin"  # who the token is, in 403 messages
+    nodeslos_served: bool = True  # off: the NodeSLO CRD is not installed (its objects are kept)
+    forbidden: set[tuple[str, str]] = field(default_factory=set)  # (verb, "resource.group" or "resource")
+    unavailable: bool = False
     grace_delay: float = 0.0  # how long a gracefully deleted pod stays (Terminating)
     pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     nodeslos: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -83,6 +95,7 @@ class KubeStandIn:
         app.router.add_post("/api/v1/namespaces/{ns}/pods/{name}/eviction", self._evict)
         app.router.add_post("/api/v1/namespaces/{ns}/events", self._post_event)
         app.router.add_patch("/api/v1/namespaces/{ns}/events/{name}", self._patch_event)
+        app.router.add_route("*", "/{tail:.*}", self._unknown)  # last: what no route above serves
         self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.1)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port)
@@ -105,9 +118,29 @@ class KubeStandIn:
     @web.middleware
     async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
         self.requests.append((request.method, request.path_qs))
+        if self.unavailable:
+            return status(503, "ServiceUnavailable", "the server is currently unable to handle the request")
         if request.headers.get("Authorization") != f"Bearer {self.token}":
             return status(401, "Unauthorized", "Unauthorized")
+        verb, group, resource = rbac_request(request.method, request.path, request.query)
+        qualified = f"{resource}.{group}" if group else resource
+        if (verb, qualified) in self.forbidden:
+            why = (
+                f'{qualified} is forbidden: User "{self.user}" cannot {verb} resource "{resource}" '
+                f'in API group "{group}" at the cluster scope'
+            )
+            return status(403, "Forbidden", why, group=group, kind=resource)
         return await handler(request)  # type: ignore[no-any-return]
+
+    async def _unknown(self, request: web.Request) -> web.StreamResponse:
+        return not_served()
+
+    def serve_nodeslos(self, served: bool) -> None:
+        """Install (True) or remove the NodeSLO type; removing it ends the open NodeSLO watches
+        cleanly, as the API server does, and keeps the objects (a version switched to
+        ``served: false``)."""
+        self.nodeslos_served = served
+        asyncio.get_running_loop().create_task(self._notify())
 
     # the store ------------------------------------------------------------------------------------
 
@@ -183,13 +216,19 @@ class KubeStandIn:
         return await self._list_or_watch(request, "pods", "PodList", "v1", list(self.pods.values()))
 
     async def _list_nodeslos(self, request: web.Request) -> web.StreamResponse:
+        if not self.nodeslos_served:
+            return not_served()
         items = list(self.nodeslos.values())
         return await self._list_or_watch(request, "nodeslos", "NodeSLOList", "slo.koordinator.sh/v1alpha1", items)
 
     async def _get_nodeslo(self, request: web.Request) -> web.StreamResponse:
-        obj = self.nodeslos.get(request.match_info["name"])
+        if not self.nodeslos_served:
+            return not_served()
+        name = request.match_info["name"]
+        obj = self.nodeslos.get(name)
         if obj is None:
-            return status(404, "NotFound", f'nodeslos.slo.koordinator.sh "{request.match_info["name"]}" not found')
+            why = f'nodeslos.slo.koordinator.sh "{name}" not found'
+            return status(404, "NotFound", why, name=name, group="slo.koordinator.sh", kind="nodeslos")
         return web.json_response(obj)
 
     async def _list_or_watch(
@@ -199,7 +238,7 @@ class KubeStandIn:
             selector = parse_selector(request.query.get("fieldSelector", ""))
         except ValueError as exc:
             return status(400, "BadRequest", str(exc))
-        if request.query.get("watch") not in ("1", "t", "T", "true", "TRUE", "True"):  # Go's strconv.ParseBool
+        if request.query.get("watch") not in TRUE:
             chosen = [o for o in items if matches(o, selector)]
             meta = {"resourceVersion": str(self.rv)}
             return web.json_response({"apiVersion": api, "kind": list_kind, "metadata": meta, "items": chosen})
@@ -218,6 +257,8 @@ class KubeStandIn:
                 return resp
             deadline = asyncio.get_running_loop().time() + timeout
             while True:
+                if kind == "nodeslos" and not self.nodeslos_served:
+                    return resp  # the type went away: the API server ends its watches
                 for change in [c for c in self.history if c.rv > since]:
                     since = change.rv
                     if change.kind == kind and matches(change.obj, selector):
@@ -302,6 +343,32 @@ class KubeStandIn:
             return status(404, "NotFound", f'events "{key[1]}" not found')
         self.events[key] = merge(self.events[key], await request.json())
         return web.json_response(self.events[key])
+
+
+def rbac_request(method: str, path: str, query: Any) -> tuple[str, str, str]:
+    """(verb, API group, resource) of a request, as the API server's authorizer sees it."""
+    parts = path.strip("/").split("/")
+    if parts[:1] == ["api"]:
+        group, rest = "", parts[2:]
+    elif parts[:1] == ["apis"]:
+        group, rest = (parts[1] if len(parts) > 1 else ""), parts[3:]
+    else:
+        return method.lower(), "", ""
+    if rest[:1] == ["namespaces"] and len(rest) > 2:
+        rest = rest[2:]
+    resource = (rest[0] if rest else "") + (f"/{rest[2]}" if len(rest) > 2 else "")
+    if method == "GET":
+        verb = "watch" if query.get("watch") in TRUE else ("get" if len(rest) > 1 else "list")
+    else:
+        verb = {"POST": "create", "PUT": "update"}.get(method, method.lower())
+    return verb, group, resource
+
+
+def not_served() -> web.Response:
+    """The API server's answer for a resource type it does not serve: 404, no name in details."""
+    body = status_body(404, "NotFound", "the server could not find the requested resource")
+    body["details"] = {}
+    return web.json_response(body, status=404)
 
 
 def parse_selector(text: str) -> list[tuple[str, str]]:

@@ -2,10 +2,17 @@
 
 A watch that ends (the server's timeout) is resumed from the last resourceVersion seen; a
 ``410 Gone`` (history compacted) means the list is stale, so everything is listed again;
-any other failure (the API server away, a refused request) is retried with capped
-exponential backoff from the last resourceVersion (a too-old one then turns into a 410 and a
-re-list). Objects are handled as the API's JSON (dicts): nothing here needs the generated
-models, and a node's pods are listed faster without them.
+any other failure is retried with capped exponential backoff from the last resourceVersion
+(a too-old one then turns into a 410 and a re-list). Objects are handled as the API's JSON
+(dicts): nothing here needs the generated models, and a node's pods are listed faster
+without them.
+
+Failures are told apart because each has its own fix: the API server out of reach
+(connection, TLS, timeout, 5xx), the resource type not served (a 404 on the collection: a
+CRD not installed), refused (401/403: credentials or RBAC), or another error (the server's
+Status message). All are retried, since a CRD or an RBAC binding may come later; each is
+warned about once, then logged at debug with a rare reminder, and the line that ends it says
+what recovered. Until then the handler keeps what it had: nothing is dropped for a failure.
 """
 
 from __future__ import annotations
@@ -13,7 +20,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import aiohttp
@@ -21,6 +30,12 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.watch import Watch
 
 log = logging.getLogger("nriplugin.cluster")
+
+# What a run of failures is, each with its own warning and its own recovery line.
+UNREACHABLE = "unreachable"  # no HTTP answer, or a 5xx: the API server itself
+NOT_SERVED = "not served"  # 404 on the collection: the type (a CRD, a group/version) is unknown
+REFUSED = "refused"  # 401/403: credentials or RBAC
+FAILED = "failed"  # any other error answer
 
 
 class Handler(Protocol):
@@ -34,6 +49,49 @@ class Handler(Protocol):
 ListCall = Callable[..., Awaitable[Any]]
 
 
+@dataclass(frozen=True)
+class Resource:
+    """The type a ListWatch lists, so that a failure names it as RBAC and kubectl do."""
+
+    kind: str  # "NodeSLO"
+    plural: str  # "nodeslos"
+    group: str  # "" for the core group
+    version: str
+    missing: str = ""  # what to check when the API server does not serve the type
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def qualified(self) -> str:
+        """``plural.group``, as the API server's messages and RBAC rules name it."""
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+
+class Refused(Exception):
+    """An error answer to a list or watch, with what its Status body said (if it was one)."""
+
+    def __init__(self, verb: str, status: int, reason: str, message: str, details: dict[str, Any], url: str) -> None:
+        super().__init__(f"{status} {reason}: {message}" if message else f"{status} {reason}")
+        self.verb = verb
+        self.status = status
+        self.reason = reason
+        self.message = message
+        self.details = details
+        self.url = url
+
+
+@dataclass(frozen=True)
+class Trouble:
+    """One failed attempt, judged: its class, what to log, and what makes a repeat the same."""
+
+    kind: str
+    text: str
+    key: tuple[Any, ...] = field(default=())
+    verb: str = ""  # the request refused, if it was refused
+
+
 class ListWatch:
     def __init__(
         self,
@@ -41,19 +99,28 @@ class ListWatch:
         call: ListCall,
         handler: Handler,
         *,
+        resource: Resource,
         backoff: tuple[float, float] = (0.2, 10.0),
         watch_seconds: int = 300,
+        remind: float = 600.0,
         rng: random.Random | None = None,
     ) -> None:
         self.what = what
         self.call = call
         self.handler = handler
+        self.resource = resource
         self.backoff = backoff
         self.watch_seconds = watch_seconds
+        self.remind = remind  # seconds between reminders of a trouble that lasts (logged at warning)
         self.rng = rng or random.Random()
         self.synced = asyncio.Event()  # set after the first successful list
         self.lists = 0  # how many times everything was listed (the first one included)
         self.failures = 0  # consecutive failures (0 while connected)
+        self.trouble: str | None = None  # the class of the current run of failures (None while connected)
+        self._attempts = 0  # failed attempts in this class of trouble
+        self._verb = "list"  # of the last refused request, for the recovery line
+        self._key: tuple[Any, ...] | None = None  # the trouble last warned about
+        self._warned_at = 0.0
 
     async def run(self) -> None:
         rv: str | None = None
@@ -64,43 +131,113 @@ class ListWatch:
                     rv = await self._list()
                 rv = await self._watch(rv)
                 delay = self.backoff[0]
-            except ApiException as exc:
+                continue
+            except (Refused, ApiException) as exc:  # ApiException: an ERROR event in the watch stream
                 if exc.status == 410:
                     log.info("%s: watch history expired (410 Gone); listing again", self.what)
                     rv = None
                     continue
-                if exc.status in (401, 403):  # new credentials or RBAC take a while; keep trying
-                    self._failed(f"refused ({exc.status} {exc.reason})")
-                else:
-                    self._failed(f"{exc.status} {exc.reason}")
-            except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
-                self._failed(f"{type(exc).__name__}: {exc}")
-            except Exception as exc:  # e.g. the client library's "Malformed JSON response": never end the loop
-                self._failed(f"unexpected {type(exc).__name__}: {exc}")
-            else:
-                continue
+                trouble = self._judge(exc)
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                trouble = Trouble(UNREACHABLE, f"API server unreachable ({type(exc).__name__}: {exc})", (UNREACHABLE,))
+            except Exception as exc:  # e.g. an answer that is not JSON: never end the loop
+                trouble = Trouble(FAILED, f"unexpected {type(exc).__name__}: {exc}", (FAILED, type(exc).__name__))
+            self._failed(trouble)
             await asyncio.sleep(delay * (0.8 + 0.4 * self.rng.random()))
             delay = min(self.backoff[1], delay * 2)
 
-    def _failed(self, why: str) -> None:
+    def _judge(self, exc: Refused | ApiException) -> Trouble:
+        """What an error answer means, said so that the fix is plain."""
+        if isinstance(exc, ApiException):  # a watch's ERROR event: a Status without the request
+            exc = Refused("watch", int(exc.status or 0), "", str(exc.reason or ""), {}, "")
+        r = self.resource
+        said = " ".join(str(p) for p in (exc.status, exc.reason) if p) + (f": {exc.message}" if exc.message else "")
+        request = f"{exc.verb} {r.qualified}"
+        if exc.status >= 500:
+            return Trouble(UNREACHABLE, f"API server unavailable ({said})", (UNREACHABLE,))
+        # A missing object would be named; a collection 404s only when its type is unknown (with
+        # a Status, or a plain "404 page not found" from a server's last handler).
+        if exc.status == 404 and not exc.details.get("name"):
+            hint = f": {r.missing}" if r.missing else ""
+            where = f"{exc.verb} {exc.url}" if exc.url else request
+            text = f"{r.kind} ({r.api_version}) is not served by the API server{hint} (404 on {where})"
+            return Trouble(NOT_SERVED, text, (NOT_SERVED,))
+        if exc.status == 401:
+            text = (
+                f"the API server does not accept this agent's credentials to {request} ({said}): "
+                "check the kubeconfig's user, or the service account token"
+            )
+            return Trouble(REFUSED, text, (REFUSED, 401, exc.verb), exc.verb)
+        if exc.status == 403:
+            text = (
+                f"RBAC does not allow {request} ({said}): "
+                f"grant {exc.verb} on {r.qualified} to this agent's service account (kind/rbac.yaml)"
+            )
+            return Trouble(REFUSED, text, (REFUSED, 403, exc.verb), exc.verb)
+        return Trouble(FAILED, f"the API server refused {request}: {said}", (FAILED, exc.status))
+
+    def _failed(self, trouble: Trouble) -> None:
+        """Warn once per trouble (and now and then while it lasts), not once per attempt."""
         self.failures += 1
-        level = logging.WARNING if self.failures == 1 else logging.DEBUG  # once per outage, not a storm
-        log.log(level, "%s: API server: %s; retrying with backoff", self.what, why, extra={"failures": self.failures})
+        if trouble.kind != self.trouble:
+            if self.trouble == UNREACHABLE:  # it answers now, if not yet as wanted
+                log.info("%s: API server reachable again after %s", self.what, _attempts(self._attempts, "failed "))
+            self.trouble = trouble.kind
+            self._attempts = 0
+        self._attempts += 1
+        self._verb = trouble.verb or self._verb
+        now = time.monotonic()
+        extra = {"failures": self.failures, "trouble": trouble.kind}
+        if trouble.key != self._key:
+            self._key, self._warned_at = trouble.key, now
+            log.warning("%s: %s; retrying with backoff", self.what, trouble.text, extra=extra)
+        elif now - self._warned_at >= self.remind:
+            self._warned_at = now
+            log.warning(
+                "%s: still, after %s: %s; retrying with backoff",
+                self.what,
+                _attempts(self._attempts),
+                trouble.text,
+                extra=extra,
+            )
+        else:
+            log.debug("%s: %s; retrying with backoff", self.what, trouble.text, extra=extra)
 
     def _connected(self) -> None:
-        if self.failures:
-            log.info("%s: API server reachable again after %d failed attempts", self.what, self.failures)
-        self.failures = 0
+        """The API server answered as wanted: say what recovered, if anything had failed."""
+        if self.trouble is None:
+            return
+        n, r = self._attempts, self.resource
+        if self.trouble == UNREACHABLE:
+            log.info("%s: API server reachable again after %s", self.what, _attempts(n, "failed "))
+        elif self.trouble == NOT_SERVED:
+            log.info(
+                "%s: %s (%s) is served by the API server now, after %s", self.what, r.kind, r.api_version, _attempts(n)
+            )
+        elif self.trouble == REFUSED:
+            log.info("%s: %s %s is allowed now, after %s", self.what, self._verb, r.qualified, _attempts(n, "refused "))
+        else:
+            log.info("%s: the API server answers again, after %s", self.what, _attempts(n, "failed "))
+        self.failures = self._attempts = 0
+        self.trouble = self._key = None
+
+    async def _open(self, verb: str, **kw: Any) -> Any:
+        """The response to one request, if it is a success; an error answer raises Refused."""
+        resp = await self.call(**kw)
+        if not 200 <= resp.status <= 299:
+            try:
+                raise await _refused(verb, resp)
+            finally:
+                resp.release()
+        self._connected()
+        return resp
 
     async def _list(self) -> str:
-        resp = await self.call(_preload_content=False, _request_timeout=30)
+        resp = await self._open("list", _preload_content=False, _request_timeout=30)
         try:
-            if not 200 <= resp.status <= 299:
-                raise ApiException(status=resp.status, reason=await _reason(resp))
             body = await resp.json(content_type=None)
         finally:
             resp.release()
-        self._connected()
         items = list(body.get("items") or [])
         self.handler.replace(items)
         self.lists += 1
@@ -111,16 +248,19 @@ class ListWatch:
 
     async def _watch(self, rv: str) -> str:
         """Watch from ``rv`` until the server ends the stream; returns the last resourceVersion."""
+
+        async def opened(**kw: Any) -> Any:
+            return await self._open("watch", **kw)
+
         async with Watch(return_type="object") as watch:
             stream = watch.stream(
-                self.call,
+                opened,
                 resource_version=rv,
                 timeout_seconds=self.watch_seconds,
                 allow_watch_bookmarks=True,
                 _request_timeout=self.watch_seconds + 30,  # a silent, half-dead connection ends too
             )
             async for ev in stream:
-                self._connected()
                 kind = ev["type"]
                 if kind in ("ADDED", "MODIFIED", "DELETED"):
                     self.handler.event(kind, ev["raw_object"])
@@ -128,9 +268,22 @@ class ListWatch:
         return rv
 
 
-async def _reason(resp: Any) -> str:
+def _attempts(n: int, how: str = "") -> str:
+    return f"{n} {how}attempt" + ("" if n == 1 else "s")
+
+
+async def _refused(verb: str, resp: Any) -> Refused:
+    """The error answer as the API server meant it: its Status, or whatever the body was."""
+    status = int(resp.status)
+    reason, message, details = str(resp.reason or ""), "", dict[str, Any]()
     try:
         body = await resp.json(content_type=None)
-        return str(body.get("message") or body.get("reason") or resp.reason)
     except (ValueError, aiohttp.ClientError):
-        return str(resp.reason)
+        body = None
+    if isinstance(body, dict) and body.get("kind") == "Status":
+        reason = str(body.get("reason") or reason)
+        message = str(body.get("message") or "")
+        if isinstance(body.get("details"), dict):
+            details = body["details"]
+    url = getattr(resp, "url", None)
+    return Refused(verb, status, reason, message, details, str(url.with_query(None)) if url is not None else "")

@@ -16,7 +16,7 @@ from typing import Any
 from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
 from pydantic import ValidationError
 
-from nriplugin.cluster.listwatch import ListWatch
+from nriplugin.cluster.listwatch import ListWatch, Resource
 from nriplugin.policy.cache import PolicyError, RuleCache, describe
 from nriplugin.policy.model import Policy
 from nriplugin.policy.nodeslo import API_VERSION, NodeSLOError, check, overlay
@@ -24,6 +24,7 @@ from nriplugin.policy.nodeslo import API_VERSION, NodeSLOError, check, overlay
 log = logging.getLogger("nriplugin.cluster")
 GROUP, VERSION = API_VERSION.split("/")
 PLURAL = "nodeslos"
+RESOURCE = Resource("NodeSLO", PLURAL, GROUP, VERSION, missing="is Koordinator's NodeSLO CRD installed?")
 
 
 class NodeSLOSource:
@@ -97,4 +98,4 @@ def watcher(api: ApiClient, rules: RuleCache, node: str, **kw: Any) -> tuple[Lis
         PLURAL,
         field_selector=f"metadata.name={node}",
     )
-    return ListWatch(f"NodeSLO {node}", call, source, **kw), source
+    return ListWatch(f"NodeSLO {node}", call, source, resource=RESOURCE, **kw), source

@@ -14,9 +14,10 @@ from typing import Any, Protocol
 
 from kubernetes_asyncio.client import ApiClient, CoreV1Api
 
-from nriplugin.cluster.listwatch import ListWatch
+from nriplugin.cluster.listwatch import ListWatch, Resource
 
 log = logging.getLogger("nriplugin.cluster")
+RESOURCE = Resource("Pod", "pods", "", "v1", missing="is the configured server a Kubernetes API server?")
 KOORD_PRIORITY = "koordinator.sh/priority"
 _INT = re.compile(r"-?\d{1,10}")
 _INT32 = 1 << 31
@@ -115,4 +116,4 @@ class PodCache:
 def watcher(api: ApiClient, node: str, **kw: Any) -> tuple[ListWatch, PodCache]:
     cache = PodCache()
     call = functools.partial(CoreV1Api(api).list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node}")
-    return ListWatch(f"pods on {node}", call, cache, **kw), cache
+    return ListWatch(f"pods on {node}", call, cache, resource=RESOURCE, **kw), cache
