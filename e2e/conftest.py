@@ -1,4 +1,4 @@
-"""Fixtures for the end-to-end tests: a private containerd with NRI, and nriplugin.
+"""Fixtures for the end-to-end tests: a private containerd with NRI, nriplugin, and a newer runc.
 
 The runtime line is one switch for the whole suite: ``--runtime 1.7|2.1|2.4`` or
 ``NRIPLUGIN_RUNTIME`` (the option wins and is passed on to everything the tests start); the
@@ -7,6 +7,7 @@ newest by default. ``runtime_line`` says what it is, for tests whose runtimes di
 from __future__ import annotations
 
 import os
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -99,3 +100,34 @@ def plugin_factory() -> Iterator[object]:
 
     yield make
     each(made, PluginProcess.stop)
+
+
+def missing(why: str) -> None:
+    """A prerequisite this machine lacks: a failure in CI (NRIPLUGIN_REQUIRE_PEERS=1), else a skip."""
+    if os.environ.get("NRIPLUGIN_REQUIRE_PEERS") == "1":
+        pytest.fail(why)
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def runc() -> Path:
+    """runc from the Go module proxy, with seccomp (cached; testkit/build_runc.sh): needs Go, gcc and
+    libseccomp-dev."""
+    r = subprocess.run(["bash", str(ROOT / "testkit" / "build_runc.sh")], capture_output=True, text=True, timeout=1200)
+    if r.returncode != 0:
+        missing(f"testkit/build_runc.sh failed: {r.stderr.strip()[-500:]}")
+    return Path(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def new_runc_runtime(pkg_root: Path, runc: Path) -> Iterator[harness.Containerd]:
+    """A private containerd whose runc is ``runc``; torn down with nothing left."""
+    base = Path(tempfile.mkdtemp(prefix="nriplugin-e2e-"))
+    rt = harness.Containerd(pkg_root, base, runc=runc)
+    try:
+        rt.start()
+        rt.import_images()
+        yield rt
+    finally:
+        rt.teardown()
+    assert not harness.cgroup_dirs(rt.cgroup_root), f"cgroups left: {harness.cgroup_dirs(rt.cgroup_root)}"

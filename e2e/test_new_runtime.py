@@ -18,7 +18,7 @@ import re
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -44,36 +44,6 @@ class Born(NamedTuple):
     policy: int  # sched_getscheduler
     io_class: int  # ioprio_get's class (IOPRIO_CLASS_*)
     oom_score_adj: int
-
-
-def missing(why: str) -> None:
-    """A prerequisite this machine lacks: a failure in CI (NRIPLUGIN_REQUIRE_PEERS=1), else a skip."""
-    if os.environ.get("NRIPLUGIN_REQUIRE_PEERS") == "1":
-        pytest.fail(why)
-    pytest.skip(why)
-
-
-@pytest.fixture(scope="session")
-def runc() -> Path:
-    """runc from the Go module proxy (cached); needs Go and gcc."""
-    r = subprocess.run(["bash", str(ROOT / "testkit" / "build_runc.sh")], capture_output=True, text=True, timeout=1200)
-    if r.returncode != 0:
-        missing(f"testkit/build_runc.sh failed: {r.stderr.strip()[-500:]}")
-    return Path(r.stdout.strip().splitlines()[-1])
-
-
-@pytest.fixture
-def new_runc_runtime(pkg_root: Path, runc: Path) -> Iterator[harness.Containerd]:
-    """A private containerd whose runc is ``runc``; torn down with nothing left."""
-    base = Path(tempfile.mkdtemp(prefix="nriplugin-e2e-"))
-    rt = harness.Containerd(pkg_root, base, runc=runc)
-    try:
-        rt.start()
-        rt.import_images()
-        yield rt
-    finally:
-        rt.teardown()
-    assert not harness.cgroup_dirs(rt.cgroup_root), f"cgroups left: {harness.cgroup_dirs(rt.cgroup_root)}"
 
 
 def containerd_version(rt: harness.Containerd) -> tuple[str, tuple[int, int]]:

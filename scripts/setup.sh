@@ -3,7 +3,7 @@
 # installs Debian's python3-venv if the interpreter lacks it. Arguments name more extras to
 # install as well (scripts/main.sh: demo, for the QoS timeline's PNG). As root, also Debian's
 # CNI plugins (bridge, host-local, loopback), iperf3 and iproute2 for the network lab
-# (testkit/netlab.py), and gcc for runc, when missing.
+# (testkit/netlab.py), and gcc and libseccomp-dev for runc, when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" = 0 ] && { [ ! -x /usr/lib/cni/bridge ] || ! command -v iperf3 >/dev/null || ! command -v tc >/dev/null; }; then
@@ -20,10 +20,12 @@ if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
   fi
 fi
-# gcc and libc headers: runc (testkit/build_runc.sh) has C parts; the newest runtime's BE
-# scheduling tests build it.
-if [ "$(id -u)" = 0 ] && { ! command -v gcc >/dev/null || [ ! -f /usr/include/stdio.h ]; }; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev >/dev/null
+# gcc, libc headers and libseccomp's (through pkg-config): runc (testkit/build_runc.sh) has C
+# parts and is built with seccomp; the newest runtime's BE scheduling tests build it.
+if [ "$(id -u)" = 0 ] && { ! command -v gcc >/dev/null || [ ! -f /usr/include/stdio.h ] ||
+  ! command -v pkg-config >/dev/null || ! pkg-config --exists libseccomp; }; then
+  apt-get update -qq &&
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev libseccomp-dev pkg-config >/dev/null
 fi
 # iperf3 and ping: the network QoS tests measure real traffic between network namespaces.
 if ! command -v iperf3 >/dev/null || ! command -v ping >/dev/null; then
