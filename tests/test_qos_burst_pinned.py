@@ -52,7 +52,7 @@ def test_a_burst_raises_the_quota_by_the_ratio_and_keeps_the_period() -> None:
     assert intent is not None
     assert (intent.get("cpu.cfs_quota_us"), intent.get("cpu.cfs_period_us")) == (300000, 100000)
     assert intent.files[("cpu.cfs_quota_us", "")].owner == BURST
-    assert h.bursts == [True]
+    assert h.bursts == []  # asked: counted once the kernel holds it
     why = "at its limit with the node idle: quota x1.5 for at most 10 s"
     assert list(h.decisions) == [Decision(0.0, BURST, "default/pod-2/main", "x1.5", why)]
     assert s.burst(1.0, cap(), CFG) == pytest.approx(1.0)  # still bursting: its extra still counts
@@ -118,7 +118,7 @@ def test_a_burst_ends_and_gives_its_extra_back() -> None:
     assert s.burst(1.0, cap(), CFG) == 0.0
     intent = h.desired.intent(ls)
     assert intent is not None and intent.get("cpu.cfs_quota_us") == 200000  # the runtime's again
-    assert h.bursts == [True, False]
+    assert h.bursts == []  # never verified as held: neither granted nor ended counted
     assert h.decisions[-1].value == "x1"
 
 
@@ -195,7 +195,7 @@ def test_a_burst_is_logged_with_its_ratio(caplog: pytest.LogCaptureFixture) -> N
     rec = next(r for r in caplog.records if "CPU burst" in r.getMessage())
     assert (
         rec.getMessage()
-        == "default/pod-2/main: CPU burst x1.5: at its limit with the node idle: quota x1.5 for at most 10 s"
+        == "default/pod-2/main: CPU burst x1.5 asked: at its limit with the node idle: quota x1.5 for at most 10 s"
     )
     assert rec.ratio == 1.5  # type: ignore[attr-defined]
 
@@ -293,3 +293,81 @@ def test_a_grant_in_a_round_leaves_less_headroom_for_the_next_container() -> Non
     s = CPUBurstStrategy(h)  # type: ignore[arg-type]
     assert s.burst(0.0, cap(reserved=2.0), CFG) == pytest.approx(1.0)  # headroom 1: one of them
     assert list(s.burster.bursting()) == ["a"]
+
+
+def kernel(h: BurstHost, held: dict[tuple[str, str], int]) -> None:
+    """What the kernel holds (key, resource) -> value; anything else reads as not there."""
+    h.desired.current = lambda key, resource: held.get((key, resource))  # type: ignore[method-assign]
+
+
+def test_a_burst_counts_as_granted_once_the_kernel_holds_it() -> None:
+    h = BurstHost()
+    ls = h.scene.ls.id
+    held = {(ls, "cpu.cfs_quota_us"): 200000}
+    kernel(h, held)
+    h.at_limit(ls)
+    s = CPUBurstStrategy(h)  # type: ignore[arg-type]
+    s.burst(0.0, cap(), CFG)
+    held[(ls, "cpu.cfs_quota_us")] = 300000  # the writer wrote it
+    s._verify(1.0)
+    assert h.bursts == [True]
+    h.at_limit(ls, used=0.5)
+    s.burst(2.0, cap(), CFG)
+    assert h.bursts == [True, False]  # ended: counted once
+
+
+def test_a_burst_the_kernel_did_not_take_is_withdrawn_and_not_counted(caplog: pytest.LogCaptureFixture) -> None:
+    h = BurstHost()
+    ls = h.scene.ls.id
+    kernel(h, {(ls, "cpu.cfs_quota_us"): 200000})  # the raise was refused: the old quota stays
+    h.at_limit(ls)
+    s = CPUBurstStrategy(h)  # type: ignore[arg-type]
+    s.burst(0.0, cap(), CFG)
+    with caplog.at_level(logging.WARNING, "nriplugin.qos"):
+        s._verify(1.0)
+    assert h.bursts == [] and s.burster.bursting() == {} and h.desired.overlays.targets(BURST) == []
+    assert any(
+        "CPU burst not in force: cpu.cfs_quota_us reads 200000, asked 300000" in r.getMessage() for r in caplog.records
+    )
+    s.burst(2.0, cap(), CFG)
+    assert s.burster.bursting() == {}  # cooldown
+
+
+def test_under_a_pod_quota_the_pod_is_raised_first_and_lowered_last() -> None:
+    """The kubelet's pod-level quota (the sum of the limits): the pod gets the container's
+    extra in its own period, told before the container when raised and after it when ending;
+    the pod's own quota comes back when no container of it bursts."""
+    from nriplugin.node.model import pod_key
+
+    h = BurstHost()
+    ls = h.scene.ls.id
+    pk = pod_key(h.scene.ls_pod.id)
+    kernel(h, {(pk, "cpu.cfs_quota_us"): 250000, (pk, "cpu.cfs_period_us"): 100000, (ls, "cpu.cfs_quota_us"): 200000})
+    h.at_limit(ls)
+    s = CPUBurstStrategy(h)  # type: ignore[arg-type]
+    h.scene.told.clear()
+    s.burst(0.0, cap(), CFG)
+    assert h.scene.told == [[pk], [ls]]
+    pod = h.desired.intent(pk)
+    assert pod is not None and (pod.get("cpu.cfs_quota_us"), pod.get("cpu.cfs_period_us")) == (350000, 100000)
+    assert pod.files[("cpu.cfs_quota_us", "")].owner == BURST
+    h.scene.told.clear()
+    h.at_limit(ls, used=0.5)
+    s.burst(1.0, cap(), CFG)
+    assert h.scene.told == [[ls], [pk]]
+    assert h.desired.overlays.targets(BURST) == []
+    pod = h.desired.intent(pk)
+    assert pod is None or pod.get("cpu.cfs_quota_us") in (None, 250000)
+
+
+def test_a_pod_without_a_quota_of_its_own_is_left_alone() -> None:
+    from nriplugin.node.model import pod_key
+
+    h = BurstHost()
+    ls = h.scene.ls.id
+    pk = pod_key(h.scene.ls_pod.id)
+    kernel(h, {(pk, "cpu.cfs_quota_us"): -1})
+    h.at_limit(ls)
+    s = CPUBurstStrategy(h)  # type: ignore[arg-type]
+    s.burst(0.0, cap(), CFG)
+    assert h.desired.overlays.targets(BURST) == [ls]

@@ -8,17 +8,27 @@ The ratio by how idle the node is (BE left out: it yields): above ``fullBurstNod
 anyone. Bursts are granted before BE is suppressed: what they add comes out of BE's share. The quota is raised
 through an overlay; the kernel's CFS burst (``cpu.cfs_burst_us``) stays at most the quota (the
 one writer caps and orders it), unlike koordlet's 1000 % default that cgroup v2 refuses.
+
+Where the pod's group has a quota of its own (the kubelet gives a pod whose containers all
+have a CPU limit the sum of the limits), the container alone cannot run above it: cgroup v1
+refuses a child's quota above its parent's, v2 takes it and the parent throttles. The pod's
+quota is raised by what its bursting containers add, as an overlay of its own: the one writer
+raises the pod before the container and lowers the container before the pod. A burst is
+counted as granted only once the kernel holds the container's raised quota (checked the next
+round); one the kernel did not take is withdrawn and said.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 
 from nriplugin.intent.core import requested
+from nriplugin.node.model import pod_key
 from nriplugin.policy.model import CPUBurst as Config
 from nriplugin.policy.model import QoSManager as ManagerConfig
-from nriplugin.qos.cpu_suppress import PERIOD_US
+from nriplugin.qos.cpu_suppress import MIN_QUOTA_US, PERIOD_US
 from nriplugin.qos.sample import LS_CLASSES
 from nriplugin.qos.strategy import Capacity, Decision, Host, Round, Strategy, register
 
@@ -108,12 +118,18 @@ class CPUBurstStrategy(Strategy):
         self.host = host
         self.burster = Burster()
         self.extra = 0.0  # cores granted to bursts now
+        # pod key -> (the pod group's quota and period before any burst, container key -> the
+        # extra quota its burst adds to the pod, in the pod's period)
+        self._pods: dict[str, tuple[int, int, dict[str, int]]] = {}
+        self._unverified: dict[str, int] = {}  # container key -> the quota its burst asked for
+        self._granted: set[str] = set()  # bursts the kernel took (counted as granted)
 
     @classmethod
     def configured(cls, cfg: ManagerConfig) -> bool:
         return cfg.cpuBurst.enabled
 
     def decide(self, r: Round) -> None:
+        self._verify(r.t)
         if r.capacity is not None:
             self.extra = self.burst(r.t, r.capacity, r.config.cpuBurst)
         r.burst_extra = self.extra
@@ -126,6 +142,11 @@ class CPUBurstStrategy(Strategy):
         for key in self.burster.bursting():
             self.host.desired.withdraw_overlay(key, BURST)
             self.host.decisions.append(Decision(t, BURST, key[:12], "x1", why))
+        for pk in list(self._pods):  # after the containers: they come down first
+            self.host.desired.withdraw_overlay(pk, BURST)
+        self._pods.clear()
+        self._unverified.clear()
+        self._granted.clear()
         self.burster.forget(set())
         self.extra = 0.0
         return bursting
@@ -171,13 +192,68 @@ class CPUBurstStrategy(Strategy):
         if r is None or r.container is None:
             return
         quota = requested(r.container, "cpu.cfs_quota_us")
+        pk = pod_key(r.pod.id)
         if change.ratio > 1 and quota:
             period = requested(r.container, "cpu.cfs_period_us") or PERIOD_US
-            values: dict[str, int | str] = {"cpu.cfs_quota_us": int(quota * change.ratio), "cpu.cfs_period_us": period}
+            raised = int(quota * change.ratio)
+            self._pod_share(pk, key, (raised - quota) / period, change.why)  # the pod first
+            values: dict[str, int | str] = {"cpu.cfs_quota_us": raised, "cpu.cfs_period_us": period}
             host.desired.set_overlay(key, BURST, values, change.why)
+            self._unverified[key] = raised
         else:
             host.desired.withdraw_overlay(key, BURST)
-        host.observer.burst(change.ratio > 1)
+            self._pod_share(pk, key, 0.0, change.why)  # after the container
+            self._unverified.pop(key, None)
+            if key in self._granted:
+                self._granted.discard(key)
+                host.observer.burst(False)
         who = f"{r.pod.namespace}/{r.pod.name}/{r.container.name}"
         host.decisions.append(Decision(now, BURST, who, f"x{change.ratio:g}", change.why))
-        log.info("%s: CPU burst x%g: %s", who, change.ratio, change.why, extra={"ratio": change.ratio})
+        log.info("%s: CPU burst x%g asked: %s", who, change.ratio, change.why, extra={"ratio": change.ratio})
+
+    def _pod_share(self, pk: str, key: str, extra_cores: float, why: str) -> None:
+        """The pod's quota with ``key``'s extra (0: none): raised over the kubelet's by what
+        its bursting containers add; back to the kubelet's when none bursts. Pods without a
+        quota of their own are left alone."""
+        desired = self.host.desired
+        held = self._pods.get(pk)
+        if held is None:
+            if extra_cores <= 0:
+                return
+            base = desired.current(pk, "cpu.cfs_quota_us")
+            if not isinstance(base, int) or base < MIN_QUOTA_US:
+                return  # no pod-level quota (-1): the container's is the only one
+            period = desired.current(pk, "cpu.cfs_period_us")
+            ok = isinstance(period, int) and 1000 <= period <= 1_000_000
+            held = self._pods[pk] = (base, period if ok and isinstance(period, int) else PERIOD_US, {})
+        base, period, extras = held
+        if extra_cores > 0:
+            extras[key] = math.ceil(extra_cores * period)
+        else:
+            extras.pop(key, None)
+        if not extras:
+            desired.withdraw_overlay(pk, BURST)
+            del self._pods[pk]
+            return
+        values: dict[str, int | str] = {"cpu.cfs_quota_us": base + sum(extras.values()), "cpu.cfs_period_us": period}
+        desired.set_overlay(pk, BURST, values, f"its containers burst: {why}")
+
+    def _verify(self, now: float) -> None:
+        """Bursts asked last round: granted once the kernel holds the container's quota; one
+        it does not hold is withdrawn (the kernel refused it), so nothing counts what did not
+        happen."""
+        if not self._unverified:
+            return
+        desired = self.host.desired
+        for key, want in list(self._unverified.items()):
+            del self._unverified[key]
+            if key not in self.burster.bursting():
+                continue
+            have = desired.current(key, "cpu.cfs_quota_us")
+            if have == want:
+                self._granted.add(key)
+                self.host.observer.burst(True)
+                continue
+            self.burster.step(now, key, False, 1.0)  # over: cooldown
+            self._apply(now, key, Change(key, 1.0, f"the kernel did not take the burst (quota {have}, asked {want})"))
+            log.warning("%s: CPU burst not in force: cpu.cfs_quota_us reads %s, asked %s", key[:12], have, want)
