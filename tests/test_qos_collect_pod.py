@@ -7,6 +7,7 @@ whose group has a quota) and counts that throttling in the containers and in the
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -253,3 +254,42 @@ def test_on_v2_a_pods_throttling_is_read_from_its_cpu_stat(tmp_path: Path) -> No
         assert s.usage("LSR").throttled_ratio == pytest.approx(0.25)
     finally:
         col.close()
+
+
+# BE's request --------------------------------------------------------------------------------
+
+BATCH_SPEC = "node.koordinator.sh/extended-resource-spec"
+
+
+def _batch(cpu: str, name: str = "main") -> str:
+    return json.dumps({"containers": {name: {"requests": {"kubernetes.io/batch-cpu": cpu}, "limits": {}}}})
+
+
+def test_be_request_is_the_batch_cpu_request_where_there_is_one(tmp_path: Path) -> None:
+    """A BE pod sized by Koordinator's batch resources asks kubelet for no CPU (2 shares, what
+    the runtime was asked for): its request is its batch-cpu (the agent gives it the shares
+    for it, batch.py). A BE pod without one counts its shares as before; an annotation that
+    cannot be used, or one for another container, is no batch request."""
+    root, proc = v1_tree(tmp_path / "cg"), proc_tree(tmp_path / "proc")
+    node = Node.create(cgroups=Cgroups(root), caps=caps())
+    sized = make_pod(1, "BE")
+    sized.annotations[BATCH_SPEC] = _batch("500")
+    plain = make_pod(2, "BE")
+    bad = make_pod(3, "BE")
+    bad.annotations[BATCH_SPEC] = _batch("lots")
+    other = make_pod(4, "BE")
+    other.annotations[BATCH_SPEC] = _batch("700", name="sidecar")
+    ls = make_pod(5, "LS")
+    ls.annotations[BATCH_SPEC] = _batch("900")  # batch resources are BE's only
+    for i, pod in enumerate((sized, plain, bad, other, ls), start=1):
+        c = make_container(i, pod, shares=2 if pod is not ls else 512)
+        v1_counters(root, _group(c), usage_ns=10**9)
+        node.model.container_started(pod, c)
+    col = Collector(node.model, node.desired, Cgroups(root), proc, clock=Clock(), memory_every=1)
+    try:
+        s = col.sample()
+    finally:
+        col.close()
+    assert s.usage("BE").containers == 4
+    assert s.usage("BE").cpu_request_cores == pytest.approx(0.5 + 3 * 2 / 1024)
+    assert s.usage("LS").cpu_request_cores == pytest.approx(0.5)

@@ -23,7 +23,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple, Protocol
 
-from nriplugin.intent.core import requested
+from nriplugin.features import batch
+from nriplugin.intent.core import InvalidInput, requested
 from nriplugin.kernel import paths
 from nriplugin.kernel.cgroup import Cgroups
 from nriplugin.kernel.stats import CpuStat, MemInfo, ProcCpu, Psi, Stats
@@ -91,12 +92,31 @@ class _Facts(NamedTuple):
     request: float  # cores
 
 
+def batch_cpu_request(pod: api.PodSandbox, c: api.Container) -> float | None:
+    """A BE container's ``kubernetes.io/batch-cpu`` request in cores (None: none, or an
+    annotation that cannot be used). A pod sized by Koordinator's batch resources asks kubelet
+    for no CPU, so the runtime's request is kubelet's 2 shares; this is what it was scheduled
+    with, and what the batch feature gave it shares for. Parsed by the batch feature's own
+    parser (cached per annotation text: pods of one workload share it)."""
+    raw = pod.annotations.get(batch.ANNOTATION)
+    if raw is None:
+        return None
+    parsed = batch._parse(raw)
+    if isinstance(parsed, InvalidInput):
+        return None
+    found = parsed.get(c.name)
+    milli = None if found is None else found[0].get(batch.BATCH_CPU)
+    return None if milli is None else milli / 1000
+
+
 def _facts(qos: QoSClass, r: Record) -> _Facts:
     c = r.container
     quota = requested(c, "cpu.cfs_quota_us")
     limited = bool(quota and quota > 0)
     limit = quota / (requested(c, "cpu.cfs_period_us") or DEFAULT_PERIOD_US) if quota and limited else None
-    request = (requested(c, "cpu.shares") or 0) / 1024
+    request = batch_cpu_request(r.pod, c) if qos is QoSClass.BE and c is not None else None
+    if request is None:
+        request = (requested(c, "cpu.shares") or 0) / 1024
     return _Facts(qos, r.group, qos in LS_CLASSES and limited, limit, request)
 
 
