@@ -7,7 +7,8 @@ on (SYSTEM and unknown pods are skipped, and cost nothing). Counters are turned 
 over the interval; per-container readings are kept only for keys the model still has, so
 memory stays flat under churn.
 
-A round is a few sysfs reads per container. The agent's loop drives it with
+A round is a few sysfs reads per container, and one per LS pod whose group has a CPU quota
+(its throttling: the pod as a whole is throttled there). The agent's loop drives it with
 :meth:`Collector.sample_async`, which gives the event loop back at the end of every turn
 (``node/turns.py``), so that an NRI hook never waits behind a whole round on a node with thousands
 of containers; :meth:`Collector.sample` runs the same steps in one go (tests, tools).
@@ -95,9 +96,9 @@ class _Facts(NamedTuple):
 def batch_cpu_request(pod: api.PodSandbox, c: api.Container) -> float | None:
     """A BE container's ``kubernetes.io/batch-cpu`` request in cores (None: none, or an
     annotation that cannot be used). A pod sized by Koordinator's batch resources asks kubelet
-    for no CPU, so the runtime's request is kubelet's 2 shares; this is what it was scheduled
-    with, and what the batch feature gave it shares for. Parsed by the batch feature's own
-    parser (cached per annotation text: pods of one workload share it)."""
+    for no CPU, so the runtime's request is kubelet's minimum shares; this is what it was
+    scheduled with, and what the batch feature gave it shares for. Parsed by the batch
+    feature's own parser (cached per annotation text: pods of one workload share it)."""
     raw = pod.annotations.get(batch.ANNOTATION)
     if raw is None:
         return None
