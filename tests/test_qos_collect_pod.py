@@ -16,8 +16,10 @@ import pytest
 
 from nriplugin.kernel.cgroup import Cgroups
 from nriplugin.node.assembly import Node
+from nriplugin.node.model import NodeModel
 from nriplugin.nri import api_pb2 as api
-from nriplugin.qos.collect import Collector
+from nriplugin.policy.qos import QoSClass
+from nriplugin.qos.collect import Collector, ContainerUsage, _facts, _Round
 from testkit.kernel_tree import proc_tree, v1_counters, v1_tree, v2_counters, v2_tree
 from testkit.runtime_peer import make_container, make_pod
 from tests.test_features import caps
@@ -94,9 +96,9 @@ def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Tree]:
 
 
 def test_pod_level_throttling_shows_in_its_container_and_its_class(tree: Tree) -> None:
-    """The case seen under a real kubelet: a 1-CPU LS pod with three spinners, its container's
-    cpu.stat throttled in 0 periods, the pod's in 81 of 100. The first reading has zero
-    deltas; the pod's quota is known from it."""
+    """A pod throttled at its own quota while its container's cpu.stat counts nothing (as
+    under a real kubelet, a 1-CPU pod of spinners). The first reading has zero deltas; the
+    pod's quota is known from it."""
     pod = make_pod(1, "LS")
     c = _limited(1, pod, 1.0)
     tree.start(pod, c)
@@ -176,6 +178,30 @@ def test_a_pod_with_two_containers_is_counted_once(tree: Tree) -> None:
     v1_counters(tree.root, _group(a2), usage_ns=4 * 10**9, periods=24, throttled=0)
     assert tree.col.sample().usage("LS").throttled_ratio == pytest.approx(0.5)
     assert tree.col.tracked == 3  # a1, a2, pod A: B's pod counter went with it
+
+
+def test_a_round_takes_a_pods_ratio_into_its_containers_own_periods() -> None:
+    """The arithmetic alone: a container's throttled periods become its periods times the
+    higher ratio; one that ran no period (idle, or new) stays at 0 and adds nothing, but
+    learns its pod's figures; a container of another pod is left as it was."""
+    m = NodeModel()
+    pod, other = make_pod(1, "LS"), make_pod(2, "LS")
+    cs = [_limited(1, pod, 1.0), _limited(2, pod, 1.0), _limited(3, pod, 1.0), _limited(4, other, 1.0)]
+    for c in cs:
+        m.container_started(pod if c.pod_sandbox_id == pod.id else other, c)
+    facts = [_facts(QoSClass.LS, r) for c in cs if (r := m.get(c.id)) is not None]
+    rnd = _Round()
+    for (key, owner, periods, throttled), f in zip(
+        (("busy", pod, 10, 0), ("own", pod, 10, 9), ("idle", pod, 0, 0), ("else", other, 10, 1)), facts, strict=True
+    ):
+        u = ContainerUsage(QoSClass.LS, owner.id, 0.5, 0, 0, 1.0, throttled / periods if periods else 0.0)
+        rnd.read(key, f, u, periods, throttled)
+    rnd.pod_throttled(pod.id, 0.4, 3.0)
+    by = rnd.by_container
+    assert [by[k].throttled_ratio for k in ("busy", "own", "idle", "else")] == [0.4, 0.9, 0.0, 0.1]
+    assert by["idle"].pod_throttled_ratio == 0.4 and by["idle"].pod_limit_cores == 3.0
+    assert by["else"].pod_limit_cores is None and by["else"].pod_throttled_ratio == 0.0
+    assert rnd.by_class()["LS"].throttled_ratio == pytest.approx((4 + 9 + 0 + 1) / 30)
 
 
 def test_a_pod_without_a_quota_costs_no_read(tree: Tree) -> None:
@@ -266,10 +292,10 @@ def _batch(cpu: str, name: str = "main") -> str:
 
 
 def test_be_request_is_the_batch_cpu_request_where_there_is_one(tmp_path: Path) -> None:
-    """A BE pod sized by Koordinator's batch resources asks kubelet for no CPU (2 shares, what
-    the runtime was asked for): its request is its batch-cpu (the agent gives it the shares
-    for it, batch.py). A BE pod without one counts its shares as before; an annotation that
-    cannot be used, or one for another container, is no batch request."""
+    """A BE pod sized by Koordinator's batch resources asks kubelet for no CPU (the runtime is
+    asked for kubelet's minimum shares): its request is its batch-cpu, which the agent gives
+    it shares for (batch.py). A BE pod without one counts its shares as before; an annotation
+    that cannot be used, or one for another container, is no batch request."""
     root, proc = v1_tree(tmp_path / "cg"), proc_tree(tmp_path / "proc")
     node = Node.create(cgroups=Cgroups(root), caps=caps())
     sized = make_pod(1, "BE")
