@@ -7,7 +7,8 @@ on (SYSTEM and unknown pods are skipped, and cost nothing). Counters are turned 
 over the interval; per-container readings are kept only for keys the model still has, so
 memory stays flat under churn.
 
-A round is a few sysfs reads per container. The agent's loop drives it with
+A round is a few sysfs reads per container, and one per LS pod whose group has a CPU quota
+(its throttling: the pod as a whole is throttled there). The agent's loop drives it with
 :meth:`Collector.sample_async`, which gives the event loop back at the end of every turn
 (``node/turns.py``), so that an NRI hook never waits behind a whole round on a node with thousands
 of containers; :meth:`Collector.sample` runs the same steps in one go (tests, tools).
@@ -23,11 +24,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple, Protocol
 
-from nriplugin.intent.core import requested
+from nriplugin.features import batch
+from nriplugin.intent.core import InvalidInput, requested
+from nriplugin.kernel import paths
 from nriplugin.kernel.cgroup import Cgroups
 from nriplugin.kernel.stats import CpuStat, MemInfo, ProcCpu, Psi, Stats
-from nriplugin.node.model import Record, State
+from nriplugin.node.model import Record, State, pod_key
 from nriplugin.node.turns import Turn
+from nriplugin.nri import api_pb2 as api
 from nriplugin.policy.qos import QoSClass
 from nriplugin.qos.history import Counters
 from nriplugin.qos.sample import ClassUsage, FastSample, NodeSample, Pressure
@@ -63,8 +67,20 @@ class ContainerUsage:
     memory_bytes: int
     rss_bytes: int
     limit_cores: float | None = None  # requested quota / period; None: unlimited
-    throttled_ratio: float = 0.0  # throttled periods / periods over the last interval
+    # The share of its periods over the last interval in which its CPU was throttled, at its own
+    # quota or at its pod's, whichever is higher: kubelet gives a pod whose containers all have
+    # limits a quota of their sum, and a pod whose tasks spend it is throttled as a whole while
+    # each container's own cpu.stat counts nothing. A container that ran no period of its own
+    # (its first reading, or idle) was not throttled: 0.
+    throttled_ratio: float = 0.0
     stall_ratio: float | None = None  # share of it with a task waiting for a CPU (v2, LS only)
+    # Its pod's group's own throttled periods / periods over the interval (0.0 when the pod has
+    # no quota, or on the pod's first reading); LS containers with a quota only.
+    pod_throttled_ratio: float = 0.0
+    # Its pod's quota / period as read from the pod's group (None: the pod has no quota, or the
+    # container is not LS with a quota): raising the container's quota above it does nothing
+    # (v1 refuses it outright), the pod's must be raised too.
+    pod_limit_cores: float | None = None
 
 
 class _Facts(NamedTuple):
@@ -77,13 +93,47 @@ class _Facts(NamedTuple):
     request: float  # cores
 
 
+def batch_cpu_request(pod: api.PodSandbox, c: api.Container) -> float | None:
+    """A BE container's ``kubernetes.io/batch-cpu`` request in cores (None: none, or an
+    annotation that cannot be used). A pod sized by Koordinator's batch resources asks kubelet
+    for no CPU, so the runtime's request is kubelet's minimum shares; this is what it was
+    scheduled with, and what the batch feature gave it shares for. Parsed by the batch
+    feature's own parser (cached per annotation text: pods of one workload share it)."""
+    raw = pod.annotations.get(batch.ANNOTATION)
+    if raw is None:
+        return None
+    parsed = batch._parse(raw)
+    if isinstance(parsed, InvalidInput):
+        return None
+    found = parsed.get(c.name)
+    milli = None if found is None else found[0].get(batch.BATCH_CPU)
+    return None if milli is None else milli / 1000
+
+
 def _facts(qos: QoSClass, r: Record) -> _Facts:
     c = r.container
     quota = requested(c, "cpu.cfs_quota_us")
     limited = bool(quota and quota > 0)
     limit = quota / (requested(c, "cpu.cfs_period_us") or DEFAULT_PERIOD_US) if quota and limited else None
-    request = (requested(c, "cpu.shares") or 0) / 1024
+    request = batch_cpu_request(r.pod, c) if qos is QoSClass.BE and c is not None else None
+    if request is None:
+        request = (requested(c, "cpu.shares") or 0) / 1024
     return _Facts(qos, r.group, qos in LS_CLASSES and limited, limit, request)
+
+
+class _PodQuota(NamedTuple):
+    """A pod's CFS quota as read from its group, with what it was read for."""
+
+    shape: tuple[float, ...]  # its LS containers' limits when read: a resize reads it again
+    group: str | None
+    limit: float | None  # cores; None: no quota (its cpu.stat is not read)
+
+
+def _pod_group(pod: api.PodSandbox) -> str | None:
+    try:
+        return paths.pod_dir(pod.linux.cgroup_parent)
+    except paths.BadCgroupPath:
+        return None
 
 
 class _Acc:
@@ -105,7 +155,8 @@ class _Acc:
         self.containers = 0
         self.cpu = self.request = self.limit = self.stall = 0.0
         self.unlimited = False
-        self.periods = self.throttled = self.mem = self.rss = self.stalls = 0
+        self.periods = self.mem = self.rss = self.stalls = 0
+        self.throttled = 0.0  # periods, a container's weighted by its pod's ratio where higher
 
     def add(self, f: _Facts) -> None:
         self.containers += 1
@@ -129,9 +180,16 @@ class _Acc:
 
 
 class _Round:
-    """One round's sums as its containers are read: per class, and per container."""
+    """One round's sums as its containers are read: per class, and per container.
 
-    __slots__ = ("acc", "by_container", "groups", "ls_growth", "seen")
+    Pod-level throttling comes in after the containers (:meth:`pod_throttled`), once per pod:
+    each LS container with a quota counts its own periods, as throttled in the share that its
+    own ratio or its pod's gives, whichever is higher. A pod's periods and throttled periods
+    are never added beside its containers' (the same time counted twice, nested), nor once
+    per container (its throttling multiplied by its containers): a pod alone in its class
+    shows its own ratio, whatever the number of its containers."""
+
+    __slots__ = ("acc", "by_container", "groups", "limited", "ls_growth", "ls_pods", "seen", "unlimited")
 
     def __init__(self) -> None:
         self.acc: dict[QoSClass, _Acc] = {}
@@ -139,6 +197,12 @@ class _Round:
         self.groups: set[str] = set()  # cgroups whose files stay open
         self.ls_growth = 0  # RSS growth of LS containers measured in the last round too
         self.by_container: dict[str, ContainerUsage] = {}
+        # pod id -> its LS containers with a quota read this round: (key, class sums, periods,
+        # throttled periods)
+        self.limited: dict[str, list[tuple[str, _Acc, int, int]]] = {}
+        # pod id -> the pod and its running LS containers' limits (a shape: see _PodQuota)
+        self.ls_pods: dict[str, tuple[api.PodSandbox, list[float]]] = {}
+        self.unlimited: set[str] = set()  # pods with an LS container without a quota
 
     def _of(self, f: _Facts) -> _Acc:
         a = self.acc.get(f.qos)
@@ -147,18 +211,40 @@ class _Round:
         a.add(f)
         return a
 
+    def ls(self, pod: api.PodSandbox, limit: float | None) -> None:
+        """An LS container of ``pod`` running this round (read or not): kubelet gives the pod
+        a quota only when every container has a limit."""
+        if limit is None:
+            self.unlimited.add(pod.id)
+        else:
+            self.ls_pods.setdefault(pod.id, (pod, []))[1].append(limit)
+
     def read(self, key: str, f: _Facts, u: ContainerUsage, periods: int, throttled: int) -> None:
         """A container read this round."""
         a = self._of(f)
         a.cpu += u.cpu_cores
         a.periods += periods
         a.throttled += throttled
+        if f.throttling:
+            self.limited.setdefault(u.pod_id, []).append((key, a, periods, throttled))
         if u.stall_ratio is not None:
             a.stall += u.stall_ratio
             a.stalls += 1
         a.mem += u.memory_bytes
         a.rss += u.rss_bytes
         self.by_container[key] = u
+
+    def pod_throttled(self, pod_id: str, ratio: float, limit: float) -> None:
+        """The pod's own throttled ratio over the interval and its quota (cores), into its
+        limited containers read this round and their classes' sums."""
+        for key, a, periods, throttled in self.limited.get(pod_id, ()):
+            u = self.by_container[key]
+            own = u.throttled_ratio
+            ratio_c = max(own, ratio) if periods else own
+            a.throttled += periods * ratio_c - throttled
+            self.by_container[key] = replace(
+                u, throttled_ratio=ratio_c, pod_throttled_ratio=ratio, pod_limit_cores=limit
+            )
 
     def carried(self, key: str, f: _Facts, before: ContainerUsage) -> None:
         """A container not read this round: its last memory counts, its CPU is its group's."""
@@ -265,6 +351,7 @@ class Collector:
         self._absent_rev = -1
         self._facts_rev = -1
         self._group_key = ""  # the counter of the BE groups read by the last round
+        self._pod_quotas: dict[str, _PodQuota] = {}  # pod id -> its quota, for the pods of the last round
 
     # the full round -----------------------------------------------------------------------------
 
@@ -388,6 +475,13 @@ class Collector:
                 yield
                 turn.restart()
             self._container(rnd, t, r.container.id, r, be_from_groups, memory_read)
+        quotas: dict[str, _PodQuota] = {}
+        for pod, limits in rnd.ls_pods.values():
+            if turn.over():
+                yield
+                turn.restart()
+            self._pod(rnd, t, pod, limits, quotas)
+        self._pod_quotas = quotas
         self._forget(rnd)
         self.by_container = rnd.by_container
         return rnd.by_class(), rnd.ls_growth
@@ -406,6 +500,8 @@ class Collector:
             f = self._facts[key] = None if qos is None or qos is QoSClass.SYSTEM else _facts(qos, r)
         if f is None:
             return
+        if f.qos in LS_CLASSES:
+            rnd.ls(r.pod, f.limit)
         rnd.seen.add(key)  # its counters stay even if this round's read fails
         group = f.group
         if group is None:
@@ -430,6 +526,44 @@ class Collector:
         used, rss = self._memory(rnd, f, group, before, full)
         usage = ContainerUsage(f.qos, r.pod.id, cores, used, rss, f.limit, throttled_ratio, stall)
         rnd.read(key, f, usage, periods, throttled)
+
+    def _pod(
+        self, rnd: _Round, t: float, pod: api.PodSandbox, limits: list[float], quotas: dict[str, _PodQuota]
+    ) -> None:
+        """An LS pod's own throttling, into its limited containers read this round: its
+        ``cpu.stat``, once per round, when its group has a quota. Not looked at when one of
+        its containers has no limit (kubelet then gives the pod none) or none was read. Its
+        quota is read when the pod is first seen and again when its containers' limits change
+        (a resize), so a pod whose group has none costs nothing more after that."""
+        if pod.id in rnd.unlimited or pod.id not in rnd.limited:
+            return
+        shape = tuple(sorted(limits))
+        q = self._pod_quotas.get(pod.id)
+        if q is None or q.shape != shape:
+            group = _pod_group(pod)
+            q = _PodQuota(shape, group, None if group is None else self._quota(group))
+        quotas[pod.id] = q
+        if q.group is None or q.limit is None:
+            return
+        key = pod_key(pod.id)
+        rnd.seen.add(key)
+        rnd.groups.add(q.group)
+        cpu = self.stats.cpu(q.group)
+        d = None if cpu is None else self._counters.advance(key, t, (cpu.nr_periods, cpu.nr_throttled))
+        periods, throttled = (0, 0) if d is None else d[1]
+        rnd.pod_throttled(pod.id, throttled / periods if periods > 0 else 0.0, q.limit)
+
+    def _quota(self, group: str) -> float | None:
+        """A group's CFS quota / period in cores (None: no quota, or it cannot be read)."""
+        cg = self.stats.cgroups
+        try:
+            quota = cg.read(group, "cpu.cfs_quota_us")
+            if not isinstance(quota, int) or quota <= 0:
+                return None
+            period = cg.read(group, "cpu.cfs_period_us")
+        except (OSError, ValueError):
+            return None
+        return quota / (period if isinstance(period, int) and period > 0 else DEFAULT_PERIOD_US)
 
     def _rates(self, t: float, key: str, cpu: CpuStat) -> tuple[float, float, int, int, float | None]:
         """A container's cores and throttled ratio since its last reading (zeros the first time),
@@ -469,8 +603,8 @@ class Collector:
 
     @property
     def tracked(self) -> int:
-        """How many counters are kept (containers, and BE's groups together): follows the node
-        model, not its history."""
+        """How many counters are kept (containers, LS pods with a quota, and BE's groups
+        together): follows the node model, not its history."""
         return len(self._counters)
 
     def group_cpu_seconds(self, group: str) -> float | None:

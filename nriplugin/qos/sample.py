@@ -29,9 +29,13 @@ class ClassUsage:
 
     containers: int = 0
     cpu_cores: float = 0.0  # used over the interval
-    cpu_request_cores: float = 0.0  # requested (shares / 1024, as kubelet sets them)
+    # requested: shares / 1024 as kubelet sets them; a BE container's batch-cpu request where it
+    # has one (kubelet gives a batch-sized pod 2 shares: it asks for no CPU of its own)
+    cpu_request_cores: float = 0.0
     cpu_limit_cores: float | None = None  # sum of quotas / periods; None when any is unlimited
-    throttled_ratio: float = 0.0  # throttled periods / periods over the interval
+    # throttled periods / periods over the interval, of its containers with a quota, each
+    # container's periods throttled at its own ratio or its pod's, whichever is higher
+    throttled_ratio: float = 0.0
     # the mean share of the interval its containers had a task waiting for a CPU (their own
     # cpu.pressure, cgroup v2); None where the kernel has no per-group PSI (v1)
     stall_ratio: float | None = None
