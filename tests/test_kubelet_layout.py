@@ -207,6 +207,35 @@ def test_a_refused_qos_write_is_recorded_and_a_restart_exits_as_kubelet_does(tmp
     assert kl.writes()[-1].cause == "restart"
 
 
+def test_on_cgroup_v2_kubelet_writes_weights_and_cpu_max_and_enables_controllers(tmp_path: Path) -> None:
+    """The v2 layout on a fake tree that already has kubelet's groups and one pod's: one
+    hierarchy, ``cpu.weight`` by kubelet's mapping, ``cpu.max`` with the period, ``memory.max``,
+    and each parent enabling its controllers for its children."""
+    (tmp_path / "cgroup.controllers").write_text("cpu memory pids\n")
+    groups = ("", "kubepods", "kubepods/burstable", "kubepods/besteffort", "kubepods/burstable/podp")
+    for group in groups:
+        d = tmp_path / "node" / group
+        d.mkdir(parents=True, exist_ok=True)
+        for name in ("cgroup.subtree_control", "cpu.weight", "cpu.max", "memory.max"):
+            (d / name).write_text("")
+        (d / "cgroup.controllers").write_text("cpu memory\n")
+    kl = Kubelet("node", resync=3600, cpu_milli=2000, memory=4 << 30, fs=tmp_path, version=2)
+    with kl:
+        kl.add_pod("p", BURSTABLE, {"a": Resources(cpu_request=250, cpu_limit=1500, memory_limit=64 * MiB)})
+    node = tmp_path / "node"
+    assert kl.group_path("kubepods") == node / "kubepods"
+    assert (node / "kubepods/cpu.weight").read_text() == "79"  # 2 CPUs: 2048 shares
+    assert (node / "kubepods/memory.max").read_text() == str(4 << 30)
+    assert (node / "kubepods/besteffort/cpu.weight").read_text() == "1"
+    assert (node / "kubepods/burstable/cpu.weight").read_text() == "10"  # 256 shares
+    pod = node / "kubepods/burstable/podp"
+    got = [(pod / f).read_text() for f in ("cpu.weight", "cpu.max", "memory.max")]
+    assert got == ["10", "150000 100000", str(64 * MiB)]
+    # a plain file keeps the last "+controller" written: each parent was given its controllers
+    assert (node / "kubepods/cgroup.subtree_control").read_text() in ("+cpu", "+memory")
+    assert kl.refused() == []
+
+
 # -- the real kernel (cgroup v1) --------------------------------------------------------------------
 
 real_v1 = pytest.mark.skipif(
