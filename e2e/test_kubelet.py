@@ -20,11 +20,22 @@ from collections.abc import Callable
 from pathlib import Path
 
 from testkit.containerd import Containerd
-from testkit.kubelet import QOS_GROUPS, Kubelet, KubeletExited, Resources, Write, pod_group, weight_file
+from testkit.kubelet import (
+    QOS_GROUPS,
+    Kubelet,
+    KubeletExited,
+    Resources,
+    Write,
+    milli_cpu_to_shares,
+    pod_group,
+    weight_file,
+    weight_value,
+)
 from testkit.plugin import PluginProcess, terminate, until
 from testkit.workloads import BE, LS
 
 SPIN = ["/bin/sh", "-c", "yes >/dev/null"]
+MiB = 1 << 20
 BE_GROUP, BURSTABLE_GROUP, NODE_GROUP = QOS_GROUPS["BestEffort"], QOS_GROUPS["Burstable"], QOS_GROUPS["Guaranteed"]
 REWRITES = 3  # kubelet rounds that must land on the QoS-class groups while BE is cut
 
@@ -71,6 +82,46 @@ def read(d: Path, name: str) -> str | None:
         return (d / name).read_text().strip()
     except FileNotFoundError:
         return None
+
+
+def memory_limit(kl: Kubelet, group: str) -> int | None:
+    """A group's memory limit (None: none)."""
+    text = (kl.group_path(group, "memory") / ("memory.limit_in_bytes" if kl.version == 1 else "memory.max")).read_text()
+    return None if text.strip() == "max" or int(text) >= 1 << 62 else int(text)
+
+
+def test_pods_are_laid_out_as_kubelet_lays_them_out(runtime: Containerd, kubelet: Kubelet) -> None:
+    """The harness itself, no agent: pod groups made before the sandbox with kubelet's
+    pod-level values (a quota and a memory limit only when every container has one), runc
+    puts the sandbox and the containers into them, the containers get kubelet's own values,
+    burstable's weight follows the pods that come and go, and the pod's group goes with it."""
+    web = runtime.run_pod(
+        "web",
+        containers={
+            "app": Resources(cpu_request=500, cpu_limit=1000, memory_limit=64 * MiB),
+            "side": Resources(cpu_request=250, cpu_limit=500, memory_limit=32 * MiB),
+        },
+    )
+    api = runtime.run_pod("api", containers={"app": Resources(cpu_request=1000, cpu_limit=2000), "side": Resources()})
+    cids = {(pod.uid, name): runtime.create_container(pod, name) for pod in (web, api) for name in ("app", "side")}
+    weight = weight_file(kubelet.version)
+    web_group, api_group = pod_group("Burstable", web.uid), pod_group("Burstable", api.uid)
+    assert read(kubelet.group_path(web_group), weight) == weight_value(768, kubelet.version)
+    assert limit_cores(kubelet, web_group) == 1.5
+    assert memory_limit(kubelet, web_group) == 96 * MiB
+    assert read(kubelet.group_path(api_group), weight) == weight_value(1024, kubelet.version)
+    assert limit_cores(kubelet, api_group) == float("inf")  # "side" has no CPU limit
+    assert memory_limit(kubelet, api_group) is None
+    app = f"{web_group}/{cids[(web.uid, 'app')]}"  # runc's container group inside kubelet's
+    assert read(kubelet.group_path(app), weight) == weight_value(512, kubelet.version)
+    assert limit_cores(kubelet, app) == 1.0
+    assert memory_limit(kubelet, app) == 64 * MiB
+    burstable = kubelet.group_path(BURSTABLE_GROUP)
+    assert read(burstable, weight) == weight_value(milli_cpu_to_shares(750 + 1000), kubelet.version)
+    runtime.remove_pod(web)
+    assert not kubelet.group_path(web_group).exists()
+    assert read(burstable, weight) == weight_value(1024, kubelet.version)
+    assert kubelet.refused() == []
 
 
 def test_kubelets_qos_writes_are_taken_while_be_is_cut_and_the_agent_stopped_leaves_kubelets_values(
