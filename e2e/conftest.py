@@ -16,6 +16,7 @@ from typing import TypeVar
 import pytest
 
 from testkit import containerd as harness
+from testkit.kubelet import Kubelet
 from testkit.plugin import PluginProcess, each, runtime_args
 
 T = TypeVar("T")
@@ -85,6 +86,21 @@ def runtime_factory(pkg_root: Path) -> Iterator[object]:
 @pytest.fixture
 def runtime(runtime_factory: object) -> harness.Containerd:
     return runtime_factory()  # type: ignore[operator,no-any-return]
+
+
+@pytest.fixture
+def kubelet(runtime: harness.Containerd) -> Iterator[Kubelet]:
+    """A test-side kubelet on ``runtime``'s cgroup root (testkit/kubelet.py), started before
+    any pod and rewriting the QoS-class groups far more often than kubelet does, so a test sees
+    many rounds; ``runtime``'s pods are laid out through it. Stopped before the runtime's
+    teardown removes the groups."""
+    kl = Kubelet(runtime.cgroup_root, resync=1.0)
+    kl.start()
+    runtime.kubelet = kl
+    try:
+        yield kl
+    finally:
+        kl.stop()
 
 
 @pytest.fixture

@@ -32,12 +32,14 @@ import signal
 import subprocess
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from testkit import images, subnets
 from testkit.cri import CRI, msg
+from testkit.kubelet import Kubelet, Resources, container_resources, qos_class
 
 ROOT = Path(__file__).resolve().parent.parent
 CGROUP_FS = Path("/sys/fs/cgroup")
@@ -237,6 +239,10 @@ class Containerd:
     # runc's systemd cgroup driver (needs systemd as PID 1: the VM lane's systemd guest); pods
     # get kubelet's slice names, under kubepods.slice (systemd's, not under cgroup_root)
     systemd: bool = False
+    # a test-side kubelet (testkit/kubelet.py) on cgroup_root: when set, every pod's group is
+    # made and removed by it (with kubelet's pod-level values) and it counts the pod in the
+    # QoS-class groups it rewrites
+    kubelet: Kubelet | None = None
 
     @property
     def runtime(self) -> Runtime:
@@ -451,6 +457,8 @@ class Containerd:
         assert self.cri is not None
         self.cri.call("StopPodSandbox", msg("StopPodSandboxRequest", pod_sandbox_id=pod.id))
         self.cri.call("RemovePodSandbox", msg("RemovePodSandboxRequest", pod_sandbox_id=pod.id))
+        if self.kubelet is not None:
+            self.kubelet.remove_pod(pod.uid)
         if not self.systemd:
             for hierarchy in CGROUP_FS.iterdir():
                 with contextlib.suppress(OSError):
@@ -481,6 +489,8 @@ class Containerd:
 
     def teardown(self) -> None:
         """Remove everything this runtime created; safe to call more than once."""
+        if self.kubelet is not None:
+            self.kubelet.stop()  # no rewrite of a group while it is removed below
         if self.proc is not None and self.proc.poll() is None and self.cri is not None:
             with contextlib.suppress(Exception):
                 self.remove_all_pods()
@@ -512,32 +522,54 @@ class Containerd:
     def run_pod(
         self,
         name: str,
-        k8s_qos: str = "Burstable",
+        k8s_qos: str | None = None,
         labels: dict[str, str] | None = None,
         annotations: dict[str, str] | None = None,
         host_network: bool = True,
+        containers: Mapping[str, Resources] | None = None,
     ) -> Pod:
         """A pod sandbox; ``host_network=False`` (needs ``cni=True``) gives it its own network
-        namespace, whose path and address are in the returned ``Pod``."""
+        namespace, whose path and address are in the returned ``Pod``.
+
+        ``containers`` (name -> requests and limits) is the pod's spec, as kubelet knows it: the
+        QoS class follows from it (``k8s_qos``, if given, must agree), its containers get
+        kubelet's values (:meth:`create_container`), and with :attr:`kubelet` set the pod's
+        group is made first with kubelet's pod-level values. Without it: ``k8s_qos`` (Burstable
+        by default) and the values each container is given."""
         assert self.cri is not None
         if not host_network and not self.cni:
             raise ValueError("a pod network namespace needs Containerd(cni=True)")
+        qos = k8s_qos or "Burstable"
+        if containers is not None:
+            qos = qos_class(containers.values())
+            if k8s_qos is not None and k8s_qos != qos:
+                raise ValueError(f"pod {name}: its containers make it {qos}, not {k8s_qos}")
         uid = str(uuid.uuid4())
         cfg = msg("PodSandboxConfig")
         cfg.metadata.name, cfg.metadata.uid, cfg.metadata.namespace = name, uid, "default"
         cfg.log_directory = str(self.base / "logs" / name)
         cfg.labels.update({"io.kubernetes.pod.name": name, "io.kubernetes.pod.namespace": "default", **(labels or {})})
         cfg.annotations.update(annotations or {})
-        cfg.linux.cgroup_parent = self.pod_parent(k8s_qos, uid)
+        cfg.linux.cgroup_parent = self.pod_parent(qos, uid)
         cfg.linux.security_context.namespace_options.network = NODE_NETWORK if host_network else POD_NETWORK
-        pod_id = self.cri.call("RunPodSandbox", msg("RunPodSandboxRequest", config=cfg)).pod_sandbox_id
+        spec = dict(containers) if containers is not None else None
+        if self.kubelet is not None:
+            if self.systemd:
+                raise ValueError("the test kubelet lays pods out for the cgroupfs driver only")
+            self.kubelet.add_pod(uid, qos, spec)
+        try:
+            pod_id = self.cri.call("RunPodSandbox", msg("RunPodSandboxRequest", config=cfg)).pod_sandbox_id
+        except BaseException:
+            if self.kubelet is not None:
+                self.kubelet.remove_pod(uid)
+            raise
         if host_network:
-            return Pod(pod_id, cfg)
+            return Pod(pod_id, cfg, containers=spec)
         st = self.cri.call("PodSandboxStatus", msg("PodSandboxStatusRequest", pod_sandbox_id=pod_id, verbose=True))
-        spec = json.loads(st.info["info"])["runtimeSpec"]
-        netns = next(n["path"] for n in spec["linux"]["namespaces"] if n["type"] == "network")
+        spec_json = json.loads(st.info["info"])["runtimeSpec"]
+        netns = next(n["path"] for n in spec_json["linux"]["namespaces"] if n["type"] == "network")
         self.netns_paths.append(netns)
-        return Pod(pod_id, cfg, netns=netns, ip=st.status.network.ip)
+        return Pod(pod_id, cfg, netns=netns, ip=st.status.network.ip, containers=spec)
 
     def create_container(
         self,
@@ -548,9 +580,22 @@ class Containerd:
         memory: int = 0,
         start: bool = True,
         command: list[str] | None = None,
+        resources: Resources | None = None,
     ) -> str:
+        """A container in ``pod``. Its CPU and memory values are kubelet's for ``resources``, or
+        for the pod's spec of a container of this name (``run_pod(containers=...)``), else the
+        raw ``cpu_shares``/``cpu_quota``/``memory`` given."""
         assert self.cri is not None
-        c = container_config(name, cpu_shares, cpu_quota, memory, command)
+        if resources is None and pod.containers is not None:
+            if name not in pod.containers:
+                raise ValueError(f"pod {pod.config.metadata.name} has no container {name!r} in its spec")
+            resources = pod.containers[name]
+        period = 0
+        if resources is not None:
+            if cpu_shares or cpu_quota or memory:
+                raise ValueError("give a container its resources or raw values, not both")
+            cpu_shares, cpu_quota, period, memory = container_resources(resources)
+        c = container_config(name, cpu_shares, cpu_quota, memory, command, period)
         c.linux.security_context.namespace_options.network = pod.config.linux.security_context.namespace_options.network
         req = msg("CreateContainerRequest", pod_sandbox_id=pod.id, config=c, sandbox_config=pod.config)
         cid: str = self.cri.call("CreateContainer", req).container_id
@@ -574,6 +619,11 @@ class Pod:
     config: Any
     netns: str | None = None  # its network namespace (bind mount), None on the host network
     ip: str | None = None
+    containers: dict[str, Resources] | None = None  # its spec's requests and limits, if given
+
+    @property
+    def uid(self) -> str:
+        return str(self.config.metadata.uid)
 
 
 def ip(*args: str) -> None:
@@ -584,7 +634,12 @@ def ip(*args: str) -> None:
 
 
 def container_config(
-    name: str, cpu_shares: int = 0, cpu_quota: int = 0, memory: int = 0, command: list[str] | None = None
+    name: str,
+    cpu_shares: int = 0,
+    cpu_quota: int = 0,
+    memory: int = 0,
+    command: list[str] | None = None,
+    cpu_period: int = 0,
 ) -> Any:
     c = msg("ContainerConfig")
     c.metadata.name = name
@@ -593,8 +648,8 @@ def container_config(
     c.log_path = f"{name}.log"
     r = c.linux.resources
     r.cpu_shares, r.cpu_quota, r.memory_limit_in_bytes = cpu_shares, cpu_quota, memory
-    if cpu_quota:
-        r.cpu_period = 100000
+    if cpu_period or cpu_quota:
+        r.cpu_period = cpu_period or 100000  # kubelet gives every container the period
     c.linux.security_context.namespace_options.network = 2
     return c
 
