@@ -297,7 +297,7 @@ def test_a_grant_in_a_round_leaves_less_headroom_for_the_next_container() -> Non
 
 def kernel(h: BurstHost, held: dict[tuple[str, str], int]) -> None:
     """What the kernel holds (key, resource) -> value; anything else reads as not there."""
-    h.desired.current = lambda key, resource: held.get((key, resource))  # type: ignore[method-assign]
+    h.desired.current = lambda key, resource: held.get((key, resource))
 
 
 def test_a_burst_counts_as_granted_once_the_kernel_holds_it() -> None:
