@@ -3,6 +3,7 @@ leave nothing behind."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 import pytest
@@ -40,28 +41,37 @@ def test_the_summary_takes_medians_and_the_ratio_pair_by_pair() -> None:
         return {"p50_ms": 1.0, "p99_ms": p99, "p999_ms": 2 * p99, "wait_us_per_request": wait}
 
     pairs = [
-        {"none": m(4.0, 600), "spinner": m(5.0, 800)},
-        {"none": m(8.0, 700), "spinner": m(8.0, 700)},  # a noisy window raises both
-        {"none": m(4.0, 650), "spinner": m(6.0, 900)},
+        {"none": m(4.0, 600), "group": m(5.0, 800), "task": m(5.0, 800)},
+        {"none": m(8.0, 700), "group": m(8.0, 700), "task": m(16.0, 700)},  # a noisy window raises both
+        {"none": m(4.0, 650), "group": m(6.0, 900), "task": m(3.0, 900)},
     ]
     s = summarize(pairs)
-    assert s["none"]["p99_ms"] == 4.0 and s["spinner"]["p99_ms"] == 6.0
-    assert s["ratio"]["p99_ms"] == 1.25  # median of 1.25, 1.0, 1.5: not 6.0 / 4.0
-    assert s["ratio"]["wait_us_per_request"] == pytest.approx(800 / 600)
+    assert s["modes"] == ["none", "group", "task"]
+    assert s["none"]["p99_ms"] == 4.0 and s["group"]["p99_ms"] == 6.0 and s["task"]["p99_ms"] == 5.0
+    assert s["ratio"]["group"]["p99_ms"] == 1.25  # median of 1.25, 1.0, 1.5: not 6.0 / 4.0
+    assert s["ratio"]["group"]["wait_us_per_request"] == pytest.approx(800 / 600)
+    assert s["ratio"]["task"]["p99_ms"] == 1.25  # 1.25, 2.0, 0.75
+    assert s["task_vs_group"]["p99_ms"] == 1.0  # 1.0, 2.0, 0.5
     assert s["pairs"] == 3
+    assert "task_vs_group" not in summarize([{"none": m(4.0, 1), "group": m(5.0, 1)}])
 
 
 def test_the_groups_hold_a_process_and_are_gone_after_it() -> None:
     groups = sched_wait.Groups()
     root = groups.root
     p = groups.start("be", ["sleep", "30"])
+    q = groups.start("be_task", ["sleep", "30"], idle=True)
     try:
-        assert p.pid in groups.tasks("be")
+        assert p.pid in groups.tasks("be") and q.pid in groups.tasks("be_task")
         assert (root / "be" / "cpu.idle").read_text().strip() == "1"
+        assert (root / "be_task" / "cpu.idle").read_text().strip() == "0"
+        assert (root / "be_task" / "cpu.shares").read_text().strip() == "2"
+        assert os.sched_getscheduler(q.pid) == os.SCHED_IDLE and os.sched_getscheduler(p.pid) == os.SCHED_OTHER
         wait, _ = groups.counters("be")
         assert wait >= 0
     finally:
         sched_wait.stop(p)
+        sched_wait.stop(q)
         groups.close()
     assert not root.exists()
     assert p.returncode is not None and subprocess.run(["kill", "-0", str(p.pid)], capture_output=True).returncode != 0
