@@ -187,3 +187,52 @@ def test_kubelets_qos_writes_are_taken_while_be_is_cut_and_the_agent_stopped_lea
         if refused := kubelet.refused(since=restarted):
             problems.append("(c) kubelet restart: writes refused:\n" + summary(refused))
     assert not problems, "\n".join(problems)
+
+
+def cpu_seconds(kl: Kubelet, group: str) -> float:
+    """CPU time the group's tasks used so far (v1 ``cpuacct.usage``, v2 ``cpu.stat``)."""
+    d = kl.group_path(group)
+    if kl.version == 1:
+        return int((d / "cpuacct.usage").read_text()) / 1e9
+    stat = dict(line.split() for line in (d / "cpu.stat").read_text().splitlines())
+    return int(stat["usage_usec"]) / 1e6
+
+
+def test_a_burst_under_the_kubelets_pod_quota_runs_the_pod_above_its_limit_and_is_counted_as_the_kernel_took_it(
+    runtime: Containerd, kubelet: Kubelet, plugin_factory: Callable[..., PluginProcess]
+) -> None:
+    """An LS pod limited to half a core (the kubelet gives its group that quota, as it gives the
+    container) spinning two threads on an otherwise idle node: the default policy's CPUBurst
+    raises the pod's quota and the container's (x1.5), the pod really runs above its limit
+    for the burst (usage measured on its group), the granted count agrees with what the kernel
+    holds, and when the burst is over both quotas are the kubelet's again; no kubelet write is
+    refused meanwhile."""
+    plugin = plugin_factory(runtime)
+    since = time.monotonic()
+    ls = runtime.run_pod("web", labels=LS, containers={"main": Resources(cpu_request=500, cpu_limit=500)})
+    cid = runtime.create_container(ls, "main", command=["/bin/sh", "-c", "yes >/dev/null & yes >/dev/null"])
+    pod, ctr = pod_group("Burstable", ls.uid), f"{pod_group('Burstable', ls.uid)}/{cid}"
+    assert limit_cores(kubelet, pod) == limit_cores(kubelet, ctr) == 0.5
+
+    until(
+        lambda: limit_cores(kubelet, ctr) > 0.5,
+        30,
+        lambda: f"no burst (container at {limit_cores(kubelet, ctr)} cores); agent log:\n{plugin.logs()[-3000:]}",
+        step=0.05,
+    )
+    assert limit_cores(kubelet, pod) == limit_cores(kubelet, ctr) == 0.75  # the pod raised with it
+    t0, u0 = time.monotonic(), cpu_seconds(kubelet, pod)
+    time.sleep(3.0)
+    used = (cpu_seconds(kubelet, pod) - u0) / (time.monotonic() - t0)
+    bursting = limit_cores(kubelet, ctr) > 0.5
+    print(f"the pod used {used:.2f} cores in the burst (limit 0.5, burst 0.75)")
+    assert bursting and used > 0.6, f"the pod used {used:.2f} cores during its burst"
+    until(lambda: plugin.metric('nriplugin_qos_cpu_burst_total{change="granted"}') >= 1, 5, "no burst counted")
+
+    until(lambda: limit_cores(kubelet, ctr) == 0.5, 20, "the burst did not end")
+    until(lambda: limit_cores(kubelet, pod) == 0.5, 5, "the pod's quota is not the kubelet's again")
+    granted = plugin.metric('nriplugin_qos_cpu_burst_total{change="granted"}')
+    ended = plugin.metric('nriplugin_qos_cpu_burst_total{change="ended"}')
+    assert granted >= 1 and granted - ended in (0, 1), f"granted {granted}, ended {ended}"
+    assert "CPU burst not in force" not in plugin.logs()
+    assert kubelet.refused(since=since) == [], summary(kubelet.refused(since=since))
