@@ -42,8 +42,8 @@ order reversed every other round):
   (``reserveLSRequestFrom: LOW``) and CPUEvict off;
   ``agent-cpu-only`` and ``agent-mem-only``, the default with one of the two BE workers only
   (which of them costs LS its tail);
-  ``agent-noidle``, the default with BE's group at its lowest weight only, not SCHED_IDLE
-  (``beGroupIdle: false``); ``agent-quota``, the default with a quota at every level
+  ``agent-noidle``, the default with BE at its lowest weight only, its tasks not SCHED_IDLE
+  (``beProcess.schedIdle: false``); ``agent-quota``, the default with a quota at every level
   (``quotaFrom: LOW``; the default gives BE's idle group none below HIGH); ``seed``, the
   default before f939fa8: the level's bound reserving LS's whole request at every level
   (``reserveLSRequestFrom: LOW``) and koordlet's 65 % usage budget;
@@ -249,8 +249,7 @@ BUDGET90 = (
     "qosManager:\n  cpuEvict:\n    enabled: false\n  cpuSuppress:\n    reserveLSRequestFrom: LOW\n"
 )
 
-# the default with BE's QoS-level group at its lowest weight only, not SCHED_IDLE (cgroup v1's
-# default before kernels had cpu.idle there)
+# the default with BE's tasks not SCHED_IDLE: BE at the kubelet's lowest weight only
 NOIDLE = "beProcess:\n  schedIdle: false\n"
 
 # the default with a quota at every level (quotaFrom LOW): the default until BE's idle group went
