@@ -15,6 +15,7 @@ import pytest
 
 from nriplugin.kernel.cpulist import parse_cpulist
 from testkit.containerd import CGROUP_FS, Containerd
+from testkit.kubelet import Kubelet, Resources
 from testkit.plugin import PluginProcess, until
 
 BE = {"koordinator.sh/qosClass": "BE"}
@@ -69,11 +70,16 @@ def require_quiet_node() -> None:
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) != 2, reason="the figures are for a 2-CPU node")
 @pytest.mark.parametrize("quota_from", ["default", "LOW"])
 def test_be_yields_to_ls_and_gets_the_idle_cpu_back(
-    runtime: Containerd, plugin_factory: Callable[..., PluginProcess], tmp_path: Path, quota_from: str
+    runtime: Containerd,
+    kubelet: Kubelet,
+    plugin_factory: Callable[..., PluginProcess],
+    tmp_path: Path,
+    quota_from: str,
 ) -> None:
     """The embedded default, and the same with a quota at every level (``quotaFrom: LOW``).
-    Where the kernel has ``cpu.idle`` the default gives BE's SCHED_IDLE group no quota below
-    HIGH: LS takes its core by the scheduler alone. With a quota, the usage budget cuts BE
+    The default runs BE's tasks SCHED_IDLE (given by the agent where the runtime did not) and
+    gives them no quota below HIGH: LS takes its core by the scheduler alone; the kubelet's
+    besteffort group is never made idle. With a quota, the usage budget cuts BE
     within a second of LS's spike."""
     require_quiet_node()
     args: list[str] = []
@@ -82,15 +88,15 @@ def test_be_yields_to_ls_and_gets_the_idle_cpu_back(
         policy.write_text(f"qosManager:\n  cpuSuppress:\n    quotaFrom: {quota_from}\n")
         args = ["--policy", str(policy)]
     plugin = plugin_factory(runtime, *args)
-    ls = runtime.run_pod("web", "Burstable", LS)
-    ls_c = runtime.create_container(ls, "main", cpu_shares=1024)  # requests one core
-    be = runtime.run_pod("batch", "BestEffort", BE)
-    be_c = runtime.create_container(be, "main", cpu_shares=2, command=SPIN_TWO)
+    # laid out by the kubelet: its QoS-class groups' weights (besteffort's the lowest) and pods
+    ls = runtime.run_pod("web", "Burstable", LS, containers={"main": Resources(cpu_request=1000)})  # one core
+    ls_c = runtime.create_container(ls, "main")
+    be = runtime.run_pod("batch", "BestEffort", BE, containers={"main": Resources()})
+    be_c = runtime.create_container(be, "main", command=SPIN_TWO)
     be_acct = runtime.container_cgroup(be, be_c, "cpuacct")
     ls_acct = runtime.container_cgroup(ls, ls_c, "cpuacct")
     be_parent = CGROUP_FS / "cpu" / runtime.cgroup_root / "kubepods" / "besteffort"
-    idle = (be_parent / "cpu.idle").exists()  # kernels since 5.15: BE's group runs SCHED_IDLE
-    unquoted = idle and quota_from == "default"
+    unquoted = quota_from == "default"
 
     def be_uses_the_idle_cpu() -> None:
         """BE uses 1.2 cores or more over a second, within 10 s: its quota comes back in steps
@@ -109,8 +115,10 @@ def test_be_yields_to_ls_and_gets_the_idle_cpu_back(
         assert quota_cores(be_parent) == float("inf")
     else:
         until(lambda: 1.2 <= quota_cores(be_parent) < float("inf"), 10, "the manager never limited BE")
-    if idle:
-        assert (be_parent / "cpu.idle").read_text().strip() == "1"
+    if (be_parent / "cpu.idle").exists():
+        assert (be_parent / "cpu.idle").read_text().strip() == "0"  # the kubelet's group
+    be_procs = [int(p) for p in (runtime.container_cgroup(be, be_c) / "cgroup.procs").read_text().split()]
+    assert be_procs and all(os.sched_getscheduler(p) == os.SCHED_IDLE for p in be_procs)
     be_uses_the_idle_cpu()
     spinner = subprocess.Popen(["yes"], stdout=subprocess.DEVNULL)
     try:
