@@ -191,9 +191,9 @@ def test_kubelets_qos_writes_are_taken_while_be_is_cut_and_the_agent_stopped_lea
 
 def cpu_seconds(kl: Kubelet, group: str) -> float:
     """CPU time the group's tasks used so far (v1 ``cpuacct.usage``, v2 ``cpu.stat``)."""
+    if kl.version == 1:  # cpuacct may be a hierarchy of its own, apart from cpu
+        return int((kl.group_path(group, "cpuacct") / "cpuacct.usage").read_text()) / 1e9
     d = kl.group_path(group)
-    if kl.version == 1:
-        return int((d / "cpuacct.usage").read_text()) / 1e9
     stat = dict(line.split() for line in (d / "cpu.stat").read_text().splitlines())
     return int(stat["usage_usec"]) / 1e6
 

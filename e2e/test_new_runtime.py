@@ -4,9 +4,11 @@ harness's Debian runc 1.1.5 ignores them, so this test runs on runc built by
 ``testkit/build_runc.sh``).
 
 Each runtime line is held to what its NRI carries (docs/nri-versions.md): containerd 2.4 (NRI
-v0.12) gives a BE container SCHED_IDLE (policy 5), IO priority class idle and the policy's
-``oom_score_adj``; 2.1 (NRI v0.8) the ``oom_score_adj`` only; 1.7 (NRI v0.6.1) none of them.
-An LS container keeps what CRI asked for on every line."""
+v0.12) gives a BE container IO priority class idle and the policy's ``oom_score_adj``; 2.1 (NRI
+v0.8) the ``oom_score_adj`` only; 1.7 (NRI v0.6.1) neither. SCHED_IDLE (policy 5) a BE
+container has on every line: NRI carries it on 2.4, and elsewhere the agent sets it on the
+init process at StartContainer, before the workload runs. An LS container keeps what CRI asked
+for on every line."""
 
 from __future__ import annotations
 
@@ -83,14 +85,14 @@ def test_be_is_born_idle_ls_untouched(
     version, line = containerd_version(rt)
     if line not in CARRIES:
         pytest.fail(f"containerd {version}: no expectation for this line (add it to CARRIES)")
-    sched, io, oom = CARRIES[line]
+    _sched, io, oom = CARRIES[line]
     plugin_factory(rt)
     be = rt.run_pod("batch", "BestEffort", BE)
     ls = rt.run_pod("web", "Burstable", LS)
     be_born = born(rt, be, rt.create_container(be, "main", cpu_shares=2))
     ls_born = born(rt, ls, rt.create_container(ls, "main", cpu_shares=512))
     assert be_born == Born(
-        SCHED_IDLE if sched else SCHED_OTHER,
+        SCHED_IDLE,  # carried by NRI where ``sched``, else set by the agent at StartContainer
         IOPRIO_CLASS_IDLE if io else IOPRIO_CLASS_NONE,
         1000 if oom else ls_born.oom_score_adj,  # the policy's default; else what CRI asked (as LS)
     ), f"containerd {version}"
