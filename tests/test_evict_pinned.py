@@ -6,6 +6,7 @@ satisfaction window), and MemoryEvict's triggers, release and growth estimate.""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import shutil
@@ -1762,3 +1763,17 @@ def test_a_cpu_victim_on_its_way_out_is_reported_with_its_share(
         assert evn._settle() == 0.0
     assert caplog.messages == ["CPUEvict: batch/be gone after 3.0 s, freed about 2.50 cores (expected 2.50 cores)"]
     assert not evn.evictor.pending
+
+
+def test_a_batch_sized_be_pods_cpu_request_is_its_batch_cpu(tmp_path: Path) -> None:
+    """A BE pod sized by Koordinator's batch resources asks kubelet for no CPU (its container
+    has kubelet's 2 shares): eviction sees the batch-cpu it was scheduled with, not 0."""
+    evn, tree, _ = eviction_scene(tmp_path)
+    sized, plain = tree.pods[1], tree.pods[2]
+    name = tree.containers[1].name
+    spec = {"containers": {name: {"requests": {"kubernetes.io/batch-cpu": "1500"}, "limits": {}}}}
+    sized.annotations["node.koordinator.sh/extended-resource-spec"] = json.dumps(spec)
+    for c in tree.containers[1:3]:
+        c.linux.resources.cpu.shares.value = 2
+    requests = {c.name: c.cpu_request_cores for c in evn.candidates(memory=False)}
+    assert requests == {sized.name: 1.5, plain.name: 0.0}

@@ -12,10 +12,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from nriplugin.intent.core import Setting
 from nriplugin.kernel import paths
 from nriplugin.kernel.cgroup import Cgroups, InvalidValue, Version, shares_to_weight, weight_to_shares
 from nriplugin.kernel.cpulist import format_cpulist, parse_cpulist
 from nriplugin.kernel.probe import probe
+from nriplugin.node.writer import Writer
+from nriplugin.policy.model import Policy
 from testkit.kernel_tree import resctrl_tree, sys_tree, v1_tree, v2_tree
 
 POD_FS = "/kubepods/burstable/pod1234"
@@ -348,5 +351,31 @@ def test_real_burst_above_quota_is_rejected_not_unsupported() -> None:
         bad = cg.write(group, "cpu.cfs_burst_us", 50000)
         assert bad.status == "rejected" and bad.errno == 22
         assert "cpu.cfs_burst_us" not in cg.unsupported and cg.read(group, "cpu.cfs_burst_us") == 10000
+    finally:
+        d.rmdir()
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not (REAL / "cpu" / "cpu.cfs_burst_us").exists(),
+    reason="needs root + cgroup v1 with CFS burst",
+)
+def test_real_resize_the_burst_waits_for_the_runtimes_quota_then_lands() -> None:
+    """A resize raised the limit: the burst worked out from the new quota is held while the
+    old quota is in force (no EINVAL from the kernel), and written once the runtime wrote it."""
+    group = f"nriplugin-test-resize-{os.getpid()}"
+    d = REAL / "cpu" / group
+    d.mkdir()
+    try:
+        cg = Cgroups(REAL)
+        w = Writer(cg, Policy)
+        assert cg.write(group, "cpu.cfs_quota_us", 50000).status == "written"
+        rejected: list[str] = []
+        w.on_invalid = rejected.append
+        out = w.apply(group, [Setting("cpu.cfs_burst_us", 100000, "from the new quota")], "ctr")
+        assert [r.status for _, r in out] == ["held"] and cg.read(group, "cpu.cfs_burst_us") == 0
+        assert cg.write(group, "cpu.cfs_quota_us", 100000).status == "written"  # the runtime's
+        out = w.apply(group, [Setting("cpu.cfs_burst_us", 100000, "from the new quota")], "ctr")
+        assert [r.status for _, r in out] == ["written"] and cg.read(group, "cpu.cfs_burst_us") == 100000
+        assert rejected == []
     finally:
         d.rmdir()

@@ -168,6 +168,22 @@ def test_apply_writes_in_order_and_tells_what_the_kernel_took(tmp_path: Path) ->
     assert [s.resource for s, _ in out] == [QUOTA, BURST]
 
 
+def test_a_burst_without_its_quota_waits_while_above_the_quota_in_force(tmp_path: Path) -> None:
+    """A resize raised the limit; the runtime has not written the new quota yet: the burst
+    worked out from it is held ("held", nothing written), not refused by the kernel."""
+    w = writer_v1(tmp_path, q="50000")
+    b = tmp_path / "cpu" / G / "cpu.cfs_burst_us"
+    b.write_text("0\n")
+    out = w.apply(G, [burst(50001), Setting("cpu.shares", 2, "s")], "pod1")
+    assert [(s.resource, r.status) for s, r in out] == [(BURST, "held"), ("cpu.shares", "written")]
+    assert b.read_text() == "0\n"
+    assert [r.status for _, r in w.apply(G, [burst(50000)], "pod1")] == ["written"]  # at the quota: taken
+    assert [r.status for _, r in w.apply(G, [burst(90000), quota(90000)], "pod1")] == ["written", "written"]
+    assert [r.status for _, r in w.apply(G, [burst(10**9)], "pod1")[:1]] == ["held"]
+    (tmp_path / "cpu" / G / "cpu.cfs_quota_us").write_text("-1\n")  # no limit: nothing to wait for
+    assert [r.status for _, r in w.apply(G, [burst(10**9)], "pod1")] == ["written"]
+
+
 def test_apply_without_on_written_still_writes(tmp_path: Path) -> None:
     w = writer_v1(tmp_path)
     assert [r.status for _, r in w.apply(G, [quota(20000)], "pod1")] == ["written"]

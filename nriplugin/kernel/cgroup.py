@@ -190,7 +190,7 @@ _DEVICE_RULE = re.compile(r"^([0-9]{1,4}):([0-9]{1,7}) ([0-9]{1,19})$")
 
 @dataclass
 class Outcome:
-    status: str  # "written", "unchanged", "unsupported", "missing" (cgroup gone), "rejected"
+    status: str  # "written", "unchanged", "unsupported", "missing" (cgroup gone), "rejected"; "held" (the writer's)
     errno: int = 0
     detail: str = ""
 

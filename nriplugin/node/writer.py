@@ -142,7 +142,12 @@ class Writer:
         if period is None:
             period = period_of(settings)
         done = []
+        held = self._burst_held(group, settings)
         for s in self.order(group, settings):
+            if s is held:
+                log.debug("%s: %s waits: above the quota in force", who, s.label)
+                done.append((s, Outcome("held", 0, "above the quota in force")))
+                continue
             try:
                 if s.resource == QUOTA and isinstance(s.value, int):
                     self._make_room(group, s.value, who)
@@ -166,6 +171,21 @@ class Writer:
                 )
             done.append((s, res))
         return done
+
+    def _burst_held(self, group: str, settings: list[Setting]) -> Setting | None:
+        """A burst that must wait: the kernel refuses a burst above the group's quota (v1 and
+        v2), so one set without its quota (a resize raised the limit and the runtime has not
+        written the new quota yet) waits for the quota to move rather than be refused."""
+        burst = next((s for s in settings if s.resource == BURST), None)
+        if burst is None or not isinstance(burst.value, int) or any(s.resource == QUOTA for s in settings):
+            return None
+        try:
+            cur = self.cgroups.read(group, QUOTA)
+        except (OSError, ValueError):
+            return None
+        if isinstance(cur, int) and 0 <= cur < 2**62 and burst.value > cur:
+            return burst
+        return None
 
     def _make_room(self, group: str, quota: int, who: str) -> None:
         """cgroup v1: lower any group under ``group`` whose bandwidth is above ``quota`` (ones

@@ -456,6 +456,8 @@ class Reconciler:
                 self.observer.write_error(res.errno)
                 self._refused(paths[s.key], key, s.resource, retrying)
                 complete = False
+            elif res.status == "held":  # applied when what it waits for moves (the entry changes)
+                complete = False
         return writes, complete
 
     def _refused(self, path: str, key: str, resource: str, retrying: bool) -> None:

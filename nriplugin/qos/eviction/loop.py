@@ -31,7 +31,7 @@ from nriplugin.node.model import NodeModel
 from nriplugin.policy.cache import RuleCache
 from nriplugin.policy.model import QoSManager as Config
 from nriplugin.policy.qos import QoSClass
-from nriplugin.qos.collect import ContainerUsage
+from nriplugin.qos.collect import ContainerUsage, batch_cpu_request
 from nriplugin.qos.eviction.cpu import CpuConfig, CpuEvict, CpuFacts
 from nriplugin.qos.eviction.evictor import Evictor, Pending, Priorities
 from nriplugin.qos.eviction.memory import MemoryConfig, MemoryEvict, MemoryFacts
@@ -300,8 +300,11 @@ class Eviction:
         requests: dict[str, float] = {}  # pod id -> its containers' CPU requests (cores)
         for _, c in self.model.containers():
             if c.container is not None:
-                shares = c.container.linux.resources.cpu.shares.value
-                requests[c.pod.id] = requests.get(c.pod.id, 0.0) + (shares / 1024 if shares > 2 else 0.0)
+                req = batch_cpu_request(c.pod, c.container)  # a batch-sized pod asked kubelet for none
+                if req is None:
+                    shares = c.container.linux.resources.cpu.shares.value
+                    req = shares / 1024 if shares > 2 else 0.0
+                requests[c.pod.id] = requests.get(c.pod.id, 0.0) + req
         out: list[Candidate] = []
         groups: dict[str, str] = {}
         for key in self.model:
