@@ -93,7 +93,9 @@ def test_policy_rejects_a_shielding_oom_score_adj() -> None:
 
 def test_what_is_in_force_is_said() -> None:
     old = born_with.plan(Policy(), RuntimeCaps())
-    assert old.lines()["SCHED_IDLE for BE"] == ("not available (runtime NRI v0.6.1 < v0.11); today's path in force")
+    assert old.lines()["SCHED_IDLE for BE"] == (
+        "not available (runtime NRI v0.6.1 < v0.11); set by the agent at StartContainer"
+    )
     new = born_with.plan(Policy(), RuntimeCaps(runtime="containerd", nri=(0, 12, 5), source="runtime"))
     assert new.lines()["IO priority idle for BE"].startswith("in force (NRI IO priority, runtime NRI v0.12.5")
     off = born_with.plan(Policy.model_validate({"beProcess": {"oomScoreAdj": None}}), RuntimeCaps(nri=(0, 12, 0)))

@@ -71,7 +71,15 @@ def _since(feature: str) -> str:
     return f"v{v[0]}.{v[1]}"
 
 
-def _item(name: str, feature: str, wanted: bool, off_by: str, runtime: RuntimeCaps, via: str) -> Item:
+def _item(
+    name: str,
+    feature: str,
+    wanted: bool,
+    off_by: str,
+    runtime: RuntimeCaps,
+    via: str,
+    without: str = "today's path in force",
+) -> Item:
     if not wanted:
         return Item(name, feature, False, f"off (policy beProcess.{off_by})")
     if not runtime.supports(feature):
@@ -79,7 +87,7 @@ def _item(name: str, feature: str, wanted: bool, off_by: str, runtime: RuntimeCa
             name,
             feature,
             False,
-            f"not available (runtime NRI {runtime.nri_version} < {_since(feature)}); today's path in force",
+            f"not available (runtime NRI {runtime.nri_version} < {_since(feature)}); {without}",
         )
     return Item(name, feature, True, f"in force ({via}, runtime NRI {runtime.nri_version})")
 
@@ -89,7 +97,15 @@ def plan(policy: Policy, runtime: RuntimeCaps) -> Plan:
     cfg: BEProcess = policy.beProcess
     adj = cfg.oomScoreAdj
     items = (
-        _item("SCHED_IDLE for BE", "linux_scheduler", cfg.schedIdle, "schedIdle", runtime, "NRI scheduler"),
+        _item(
+            "SCHED_IDLE for BE",
+            "linux_scheduler",
+            cfg.schedIdle,
+            "schedIdle",
+            runtime,
+            "NRI scheduler",
+            "set by the agent at StartContainer",
+        ),
         _item(
             "IO priority idle for BE", "io_priority", cfg.ioPriorityIdle, "ioPriorityIdle", runtime, "NRI IO priority"
         ),
