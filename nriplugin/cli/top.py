@@ -221,8 +221,8 @@ def run(
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
     """0 on Ctrl-C (or after one frame with ``once``: at its natural width when not a terminal);
-    2 with one line when the agent is not there at the start. Once running, a failed poll keeps the last frame with the error on top
-    (an agent restart should not end the view)."""
+    2 with one line when the agent is not there at the start. Once running, a failed poll keeps
+    the last frame with the error on top (an agent restart should not end the view)."""
     console = console or Console()
     try:
         doc = fetch(address)
