@@ -486,27 +486,69 @@ def reading(points: list[Point], changes: list[tuple[float, float | None]], spik
     return " ".join(out)
 
 
-def plot_timeline(path: Path, points: list[Point], spike: float, idle: float, ncpu: int) -> None:
+@dataclass(frozen=True, slots=True)
+class Series:
+    """What the timeline's upper plot draws, one value per interval between two points (at its
+    end). BE's limit is drawn in two styles: a number of cores (``limit``) and, in a band of
+    its own above every CPU (``no_limit_y``), no limit at all (``no_limit``); NaN where the
+    other style holds, and ``limit_path`` joins them (the jumps between the two)."""
+
+    t: list[float]
+    be: list[float]  # cores used
+    ls: list[float]
+    other: list[float]  # the rest of the node
+    limit: list[float]  # BE's limit in cores; NaN where it has none
+    no_limit: list[float]  # no_limit_y where BE has no limit; NaN where it has one
+    limit_path: list[float]  # limit or no_limit_y: the line's path through both
+    no_limit_y: float  # the "no limit" band, above every CPU
+    top: float  # the upper plot's y range is 0 to this
+
+
+def timeline_series(points: list[Point], ncpu: int) -> Series:
+    nan = float("nan")
+    pairs = list(itertools.pairwise(points))
+    no_limit_y = ncpu + 0.5
+    lims = [b.be_limit for _, b in pairs]
+    return Series(
+        t=[b.t for _, b in pairs],
+        be=[rate(a, b, "be_cpu") for a, b in pairs],
+        ls=[rate(a, b, "ls_cpu") for a, b in pairs],
+        other=[rate(a, b, "other") for a, b in pairs],
+        limit=[nan if v is None else v for v in lims],
+        no_limit=[no_limit_y if v is None else nan for v in lims],
+        limit_path=[no_limit_y if v is None else v for v in lims],
+        no_limit_y=no_limit_y,
+        top=ncpu + 0.8,
+    )
+
+
+LEGEND_ANCHOR = (1.01, 1.0)  # the legend's top left corner, just right of the upper plot
+
+
+def timeline_figure(points: list[Point], spike: float, idle: float, ncpu: int) -> Any:
+    """The timeline as a matplotlib Figure: cores over time above (BE's limit, what BE, LS and
+    the rest of the node used; "no limit" in its own band at the top), the CPU pressure score
+    below. The legend stands right of the plots, clear of the data."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ts = [b.t for b in points[1:]]
-    be = [rate(a, b, "be_cpu") for a, b in itertools.pairwise(points)]
-    ls = [rate(a, b, "ls_cpu") for a, b in itertools.pairwise(points)]
-    lim = [float("nan") if b.be_limit is None else b.be_limit for b in points[1:]]
-    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True, height_ratios=[3, 1.3])
+    s = timeline_series(points, ncpu)
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(12, 6.5), sharex=True, height_ratios=[3, 1.3], layout="constrained")
     for a in (ax, ax2):
         a.axvspan(spike, idle, color="tab:red", alpha=0.08, label="LS busy (one thread)" if a is ax else None)
-    ax.step(ts, lim, where="post", color="black", lw=2, label="BE limit (besteffort cfs_quota)")
-    ax.plot(ts, be, color="tab:orange", label="BE used")
-    ax.plot(ts, ls, color="tab:blue", label="LS used")
-    other = [rate(a, b, "other") for a, b in itertools.pairwise(points)]
-    ax.plot(ts, other, color="tab:gray", lw=0.8, label="rest of the node (not BE, not LS)")
+    ax.axhspan(ncpu + 0.25, s.top, color="0.93", lw=0)  # the "no limit" band, above every CPU
+    ax.step(s.t, s.limit_path, where="post", color="black", lw=0.8)  # joins the two styles
+    ax.step(s.t, s.limit, where="post", color="black", lw=2, label="BE limit (besteffort cfs_quota)")
+    ax.step(s.t, s.no_limit, where="post", color="black", lw=2, ls="--", label="BE: no limit (no quota)")
+    ax.plot(s.t, s.be, color="tab:orange", label="BE used")
+    ax.plot(s.t, s.ls, color="tab:blue", label="LS used")
+    ax.plot(s.t, s.other, color="tab:gray", lw=0.8, label="rest of the node (not BE, not LS)")
     ax.set_ylabel("cores")
-    ax.set_ylim(0, ncpu + 0.2)
-    ax.legend(loc="upper right", fontsize=8)
+    ax.set_ylim(0, s.top)
+    ax.set_yticks([*range(ncpu + 1), s.no_limit_y], [*map(str, range(ncpu + 1)), "no limit"])
+    ax.legend(loc="upper left", bbox_to_anchor=LEGEND_ANCHOR, borderaxespad=0, fontsize=8)
     ax.set_title(f"nriplugin QoS manager, embedded default policy, {ncpu} CPUs: BE spins, one LS thread busy (shaded)")
     ax2.plot([p.t for p in points], [float("nan") if p.score is None else p.score for p in points], color="tab:purple")
     for p, q in itertools.pairwise(points):
@@ -517,7 +559,13 @@ def plot_timeline(path: Path, points: list[Point], spike: float, idle: float, nc
     ax2.set_ylabel("CPU pressure\nscore")
     ax2.set_ylim(0, 100)
     ax2.set_xlabel("seconds")
-    fig.tight_layout()
+    return fig
+
+
+def plot_timeline(path: Path, points: list[Point], spike: float, idle: float, ncpu: int) -> None:
+    fig = timeline_figure(points, spike, idle, ncpu)  # ImportError first without matplotlib
+    import matplotlib.pyplot as plt
+
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
