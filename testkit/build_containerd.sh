@@ -27,7 +27,9 @@ modules() {  # how far the download is
   echo "$(find "$GOMODCACHE/cache/download" -name '*.zip' 2>/dev/null | wc -l) modules in the cache"
 }
 packages() {  # how far the compile is: packages compiled (go -v) out of those it needs (go -n)
-  echo "$(grep -cvE '^(#|go: )' "$log" || true)/$total packages"
+  local done
+  done=$(grep -cvE '^(#|go: )' "$log" || true)
+  if [ "$done" -lt "$total" ]; then echo "$done/$total packages"; else echo "$done/$total packages, linking"; fi
 }
 go_install() {  # TAGS PACKAGE...: `go install` as the build has it, -v into the log
   local tags=$1
