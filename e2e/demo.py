@@ -1,5 +1,8 @@
-"""The main job on a fresh machine: a private containerd 1.7 with NRI, nriplugin with the
-embedded default policy, sample LS and BE pods, and what each container really got.
+"""The main job on a fresh machine: a private containerd with NRI (the newest line by default:
+containerd 2.4.2, built once from the Go module proxy; ``NRIPLUGIN_RUNTIME=1.7|2.1`` for Debian's
+1.7 or 2.1; cached under ~/.cache/nriplugin), nriplugin with the embedded default policy, sample
+LS and BE pods, and what each container really got. A step that takes more than a few seconds
+(the first install, waiting for the agent, the act) says what it does and how far it is.
 
 Then the QoS manager act (~20 s, up to ~40 s on a busy machine; needs at least 2 CPUs; --no-qos
 skips it): the sample pods make way for an idle LS pod that requests one core and a BE pod that
@@ -10,13 +13,17 @@ CFS quota) and what BE and LS use (cpuacct), prints the timeline with a reading 
 writes it as a PNG (--timeline-png). If the act cannot run, it says so in one line and the job
 goes on. The sample pods are then back.
 
-Runs until Ctrl-C (or --duration seconds after the act), then tears everything down. On a real
-node use ``nriplugin run`` instead.
+Runs until Ctrl-C (or SIGTERM, SIGHUP, or --duration seconds after the act), then tears
+everything down (nriplugin, which runs in a session of its own so that the terminal's Ctrl-C
+reaches the demo alone; the pods, containerd, cgroups, mounts, its folder) and exits 0; 1 if
+nriplugin exits by itself or something could not be removed; 130 if stopped while containerd
+is still being installed. On a real node use ``nriplugin run`` instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import os
 import re
@@ -65,6 +72,7 @@ GIVEN = 0.5  # cores
 STABLE = 1.0
 STEP = 0.2  # seconds between samples
 POLL = 0.02  # BE's quota file is polled this often between samples, to time its changes
+NOTE = 5.0  # seconds between the act's progress lines (and one at each change of stage)
 DEFAULT_PNG = Path(tempfile.gettempdir()) / "nriplugin-qos-timeline.png"
 ACT_SECONDS = SETTLE + BUSY + IDLE + 3  # with the pods' start; printed in --help
 
@@ -87,99 +95,221 @@ def main() -> int:
         "--timeline-png", type=Path, default=DEFAULT_PNG, help=f"where the QoS act's PNG goes (default {DEFAULT_PNG})"
     )
     args = ap.parse_args()
-    stop = False
-
-    def on_signal(*_: Any) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    print("installing containerd 1.7 (cached after the first run)...", flush=True)
-    pkg = harness.install()
-    rt = harness.Containerd(pkg, Path(tempfile.mkdtemp(prefix="nriplugin-demo-")))
-    plugin: subprocess.Popen[bytes] | None = None
+    stop = Stop()
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, stop)
+    line = harness.selected()
+    cache = os.environ.get("NRIPLUGIN_CACHE", "~/.cache/nriplugin")
+    say(
+        f"containerd {line} (NRIPLUGIN_RUNTIME=1.7|2.1|2.4 picks the line): from {cache}, or on the first run "
+        "installed there (2.4 is built from source: a few minutes, with its progress)..."
+    )
     try:
-        rt.start()
-        rt.import_images()
-        print(f"containerd {rt.base} (NRI socket {rt.nri_socket})", flush=True)
-        metrics = f"http://127.0.0.1:{args.metrics_port}"
-        plugin = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "nriplugin",
-                "run",
-                "--socket",
-                rt.nri_socket,
-                "--log-format",
-                "text",
-                "--metrics-address",
-                f"127.0.0.1:{args.metrics_port}",
-                "--cri-socket",
-                rt.address,
-                "--pods-root",
-                f"{rt.cgroup_root}/kubepods",
-            ],
-        )
-        wait_ready(metrics, plugin)
-        made = create_samples(rt)
-        time.sleep(0.3)  # share-pool moves for running containers are applied right after
-        head = "CRI asked: shares/quota/mem     cgroup has: shares/quota/mem/burst/cpuset"
-        print(f"\n{'container':18s} {'class':13s} {head}")
-        for name, cls, shares, quota, mem, pod, cid in made:
-            cpu = rt.container_cgroup(pod, cid, "cpu")
-            have = "/".join(
-                [
-                    harness.read_cgroup(cpu, "cpu.shares"),
-                    fmt(harness.read_cgroup(cpu, "cpu.cfs_quota_us")),
-                    fmt(harness.read_cgroup(rt.container_cgroup(pod, cid, "memory"), "memory.limit_in_bytes")),
-                    fmt(harness.read_cgroup(cpu, "cpu.cfs_burst_us")) if (cpu / "cpu.cfs_burst_us").exists() else "n/a",
-                    harness.read_cgroup(rt.container_cgroup(pod, cid, "cpuset"), "cpuset.cpus"),
-                ]
+        pkg = harness.install(line, progress=sys.stdout)
+    except RuntimeError as exc:
+        if stop:
+            say(
+                f"stopped ({stop.by}) while installing containerd: nothing runs yet; "
+                "the next run goes on from the cache."
             )
-            asked = f"{shares}/{fmt(str(quota))}/{fmt(str(mem))}"
-            print(f"{name:18s} {cls:13s} {asked:31s} {have}")
-        if not args.no_qos and not stop:
-            qos_act(rt, metrics, args.timeline_png, lambda: stop or plugin is None or plugin.poll() is not None)
-        print("\ncgroup files: /sys/fs/cgroup/{cpu,memory}/" + rt.cgroup_root + "/kubepods/...")
-        print(f"metrics: {metrics}/metrics   health: {metrics}/healthz   ready: {metrics}/readyz")
-        print("Ctrl-C to tear everything down." if not args.duration else f"stopping in {args.duration:.0f} s.")
-        deadline = time.monotonic() + args.duration if args.duration else float("inf")
-        while not stop and time.monotonic() < deadline and plugin.poll() is None:
-            time.sleep(0.2)
-        return 0 if plugin.poll() is None else 1
+            return 130
+        say(f"could not install containerd {line}: {exc}")
+        return 1
+    rt = harness.Containerd(pkg, Path(tempfile.mkdtemp(prefix="nriplugin-demo-")))
+    agent = Agent()
+    code = 1
+    try:
+        code = run(rt, agent, args, stop)
+    except AgentFailed as exc:
+        say(exc)
+    except Exception as exc:
+        if not stop:
+            raise
+        say(f"stopped ({stop.by}); the step under way gave up ({type(exc).__name__}: {exc})")
+        code = 0
     finally:
-        print("tearing down...", flush=True)
-        if plugin is not None and plugin.poll() is None:
-            plugin.terminate()
-            plugin.wait(10)
+        torn_down = teardown(rt, agent, stop)
+    return code if torn_down else 1
+
+
+class Stop:
+    """A signal handler and its flag: set by Ctrl-C (SIGINT), SIGTERM or SIGHUP. The demo
+    then tears everything down and exits 0: stopping it is how it ends."""
+
+    def __init__(self) -> None:
+        self.by: str | None = None
+
+    def __call__(self, signum: int, _frame: object) -> None:
+        if self.by is None:
+            self.by = signal.Signals(signum).name
+
+    def __bool__(self) -> bool:
+        return self.by is not None
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def say(*words: object) -> None:
+    """print, flushed (a pipe reads the lines as they come), quiet once the terminal is gone
+    (SIGHUP): the teardown goes on without anyone to read it."""
+    with contextlib.suppress(OSError):
+        print(*words, flush=True)
+
+
+class Agent:
+    """nriplugin, run by the demo in a session of its own: a Ctrl-C in the terminal reaches
+    the demo alone, and the demo stops the agent (SIGTERM) before the runtime goes."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, argv: list[str]) -> subprocess.Popen[bytes]:
+        self.proc = subprocess.Popen([sys.executable, "-m", "nriplugin", *argv], start_new_session=True)
+        return self.proc
+
+    def exited(self) -> bool:
+        return self.proc is not None and self.proc.poll() is not None
+
+    def stop(self) -> int | None:
+        """SIGTERM and its exit status (SIGKILL after 10 s: then -9); None if it had already
+        exited (that was said when it happened) or never started."""
+        if self.proc is None or self.proc.poll() is not None:
+            return None
+        self.proc.terminate()
+        try:
+            return self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+def run(rt: harness.Containerd, agent: Agent, args: argparse.Namespace, stop: Stop) -> int:
+    """Everything up to Ctrl-C (or --duration): 0 when stopped, 1 if nriplugin exits first."""
+    rt.start()
+    rt.import_images()
+    assert rt.proc is not None
+    say(f"containerd {rt.runtime.version} up (pid {rt.proc.pid}): {rt.base} (NRI socket {rt.nri_socket})")
+    if stop:
+        return 0
+    metrics = f"http://127.0.0.1:{args.metrics_port}"
+    agent.start(
+        [
+            "run",
+            "--socket",
+            rt.nri_socket,
+            "--log-format",
+            "text",
+            "--metrics-address",
+            f"127.0.0.1:{args.metrics_port}",
+            "--cri-socket",
+            rt.address,
+            "--pods-root",
+            f"{rt.cgroup_root}/kubepods",
+        ]
+    )
+    wait_ready(metrics, agent, stop)
+    if stop:
+        return 0
+    say(f"creating {len(SAMPLES)} sample pods through CRI...")
+    made = create_samples(rt, stop)
+    time.sleep(0.3)  # share-pool moves for running containers are applied right after
+    head = "CRI asked: shares/quota/mem     cgroup has: shares/quota/mem/burst/cpuset"
+    print(f"\n{'container':18s} {'class':13s} {head}")
+    for name, cls, shares, quota, mem, pod, cid in made:
+        cpu = rt.container_cgroup(pod, cid, "cpu")
+        have = "/".join(
+            [
+                harness.read_cgroup(cpu, "cpu.shares"),
+                fmt(harness.read_cgroup(cpu, "cpu.cfs_quota_us")),
+                fmt(harness.read_cgroup(rt.container_cgroup(pod, cid, "memory"), "memory.limit_in_bytes")),
+                fmt(harness.read_cgroup(cpu, "cpu.cfs_burst_us")) if (cpu / "cpu.cfs_burst_us").exists() else "n/a",
+                harness.read_cgroup(rt.container_cgroup(pod, cid, "cpuset"), "cpuset.cpus"),
+            ]
+        )
+        asked = f"{shares}/{fmt(str(quota))}/{fmt(str(mem))}"
+        print(f"{name:18s} {cls:13s} {asked:31s} {have}")
+    if not args.no_qos and not stop:
+        qos_act(rt, metrics, args.timeline_png, lambda: bool(stop) or agent.exited())
+    if stop:
+        return 0
+    print("\ncgroup files: /sys/fs/cgroup/{cpu,memory}/" + rt.cgroup_root + "/kubepods/...")
+    print(f"metrics: {metrics}/metrics   health: {metrics}/healthz   ready: {metrics}/readyz")
+    say("Ctrl-C to tear everything down." if not args.duration else f"stopping in {args.duration:.0f} s.")
+    deadline = time.monotonic() + args.duration if args.duration else float("inf")
+    while not stop and time.monotonic() < deadline and not agent.exited():
+        time.sleep(0.2)
+    if agent.exited() and not stop:
+        assert agent.proc is not None
+        say(f"nriplugin exited by itself (status {agent.proc.returncode}): see its log above.")
+        return 1
+    return 0
+
+
+def teardown(rt: harness.Containerd, agent: Agent, stop: Stop) -> bool:
+    """Stop nriplugin, then remove everything the runtime made (pods, containerd, its shims,
+    cgroups, mounts, its folder). Signals are ignored from here on, by the demo and by the
+    commands the teardown runs (an ignored signal stays ignored across exec): a second
+    Ctrl-C cannot cut it short. True when all went and nriplugin stopped cleanly."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    why = f" ({stop.by})" if stop else ""
+    say(f"tearing down{why}: nriplugin, the pods, containerd, cgroups, mounts, {rt.base} ...")
+    t0 = time.monotonic()
+    ok = True
+    status = agent.stop()
+    if status not in (None, 0):
+        say(f"nriplugin exited with status {status} on SIGTERM (0 expected): see its log above.")
+        ok = False
+    try:
         rt.teardown()
-        print("done.")
+    except Exception as exc:
+        say(f"teardown failed ({type(exc).__name__}: {exc}); left: {rt.base}, cgroup {rt.cgroup_root}")
+        return False
+    say(f"done in {time.monotonic() - t0:.1f} s." if ok else "torn down.")
+    return ok
 
 
-def create_samples(rt: harness.Containerd) -> list[tuple[str, str, int, int, int, harness.Pod, str]]:
+def create_samples(
+    rt: harness.Containerd, stop: Stop | None = None
+) -> list[tuple[str, str, int, int, int, harness.Pod, str]]:
     made = []
     for name, k8s, labels, annots, shares, quota, mem in SAMPLES:
+        if stop:
+            break
         pod = rt.run_pod(name, k8s, labels, annots)
         cid = rt.create_container(pod, "main", cpu_shares=shares, cpu_quota=quota, memory=mem)
         made.append((name, labels.get("koordinator.sh/qosClass", f"({k8s})"), shares, quota, mem, pod, cid))
     return made
 
 
-def wait_ready(metrics: str, plugin: subprocess.Popen[bytes], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if plugin.poll() is not None:
-            raise SystemExit("nriplugin exited")
+class AgentFailed(Exception):
+    """nriplugin did not come up: the message is the one line to print."""
+
+
+def wait_ready(metrics: str, agent: Agent, stop: Stop, timeout: float = 30) -> None:
+    """Until the agent's /readyz answers 200 (registered with the runtime), or a stop."""
+    t0 = time.monotonic()
+    said = t0
+    while not stop:
+        if agent.exited():
+            assert agent.proc is not None
+            raise AgentFailed(f"nriplugin exited with status {agent.proc.returncode} before it registered")
         try:
             with urllib.request.urlopen(metrics + "/readyz", timeout=2) as r:
                 if r.status == 200:
+                    assert agent.proc is not None
+                    say(f"nriplugin (pid {agent.proc.pid}) registered with containerd ({time.monotonic() - t0:.1f} s)")
                     return
         except OSError:
             pass
+        now = time.monotonic()
+        if now - t0 > timeout:
+            raise AgentFailed(f"nriplugin did not register within {timeout:.0f} s (its log is above)")
+        if now - said >= 5:
+            say(f"still waiting for nriplugin to register: {now - t0:.0f} s (up to {timeout:.0f} s)")
+            said = now
         time.sleep(0.1)
-    raise SystemExit("nriplugin did not register within 30 s")
 
 
 # The QoS manager act ---------------------------------------------------------------------------
@@ -254,9 +384,10 @@ def run_act(
     spinner: subprocess.Popen[bytes] | None = None
     spike = idle = -1.0
     next_sample = t0
+    stage, said, last_note = f"settling: until BE holds the idle CPU ({SETTLE:.0f}-{SETTLE_MAX:.0f} s)", "", t0
 
     def sample_until(end: float) -> None:
-        nonlocal next_sample
+        nonlocal next_sample, said, last_note
         while True:
             now = time.monotonic()
             if aborted():
@@ -270,6 +401,10 @@ def run_act(
                     Point(now - t0, score, level, lim, cpu_seconds(be_acct), cpu_seconds(ls_acct), node_seconds())
                 )
                 next_sample += STEP
+                if stage != said or now - last_note >= NOTE:  # progress: where the act is
+                    shown = "-" if score is None else f"{score:.0f}"
+                    print(f"  {now - t0:5.1f} s  {stage}; BE limit {limit(lim)}, CPU score {shown} {level}", flush=True)
+                    said, last_note = stage, now
             if now >= end:
                 return
             time.sleep(POLL)
@@ -282,12 +417,14 @@ def run_act(
         for ctrl in ("cpu", "cpuacct"):  # one thread spinning inside the LS container
             (rt.container_cgroup(ls, ls_c, ctrl) / "cgroup.procs").write_text(str(spinner.pid))
         spike = time.monotonic() - t0
+        stage = f"LS busy: one thread spinning in web-ls ({BUSY:.0f} s)"
         sample_until(time.monotonic() + BUSY)
     finally:
         if spinner is not None:
             spinner.kill()
             spinner.wait()
     idle = time.monotonic() - t0
+    stage = f"LS idle: until BE's limit has come back ({IDLE:.0f}-{IDLE_MAX:.0f} s)"
     sample_until(t0 + idle + IDLE)
     while time.monotonic() - t0 < idle + IDLE_MAX and not came_back(changes, idle, time.monotonic() - t0):
         sample_until(time.monotonic() + STEP)
@@ -486,27 +623,69 @@ def reading(points: list[Point], changes: list[tuple[float, float | None]], spik
     return " ".join(out)
 
 
-def plot_timeline(path: Path, points: list[Point], spike: float, idle: float, ncpu: int) -> None:
+@dataclass(frozen=True, slots=True)
+class Series:
+    """What the timeline's upper plot draws, one value per interval between two points (at its
+    end). BE's limit is drawn in two styles: a number of cores (``limit``) and, in a band of
+    its own above every CPU (``no_limit_y``), no limit at all (``no_limit``); NaN where the
+    other style holds, and ``limit_path`` joins them (the jumps between the two)."""
+
+    t: list[float]
+    be: list[float]  # cores used
+    ls: list[float]
+    other: list[float]  # the rest of the node
+    limit: list[float]  # BE's limit in cores; NaN where it has none
+    no_limit: list[float]  # no_limit_y where BE has no limit; NaN where it has one
+    limit_path: list[float]  # limit or no_limit_y: the line's path through both
+    no_limit_y: float  # the "no limit" band, above every CPU
+    top: float  # the upper plot's y range is 0 to this
+
+
+def timeline_series(points: list[Point], ncpu: int) -> Series:
+    nan = float("nan")
+    pairs = list(itertools.pairwise(points))
+    no_limit_y = ncpu + 0.5
+    lims = [b.be_limit for _, b in pairs]
+    return Series(
+        t=[b.t for _, b in pairs],
+        be=[rate(a, b, "be_cpu") for a, b in pairs],
+        ls=[rate(a, b, "ls_cpu") for a, b in pairs],
+        other=[rate(a, b, "other") for a, b in pairs],
+        limit=[nan if v is None else v for v in lims],
+        no_limit=[no_limit_y if v is None else nan for v in lims],
+        limit_path=[no_limit_y if v is None else v for v in lims],
+        no_limit_y=no_limit_y,
+        top=ncpu + 0.8,
+    )
+
+
+LEGEND_ANCHOR = (1.01, 1.0)  # the legend's top left corner, just right of the upper plot
+
+
+def timeline_figure(points: list[Point], spike: float, idle: float, ncpu: int) -> Any:
+    """The timeline as a matplotlib Figure: cores over time above (BE's limit, what BE, LS and
+    the rest of the node used; "no limit" in its own band at the top), the CPU pressure score
+    below. The legend stands right of the plots, clear of the data."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ts = [b.t for b in points[1:]]
-    be = [rate(a, b, "be_cpu") for a, b in itertools.pairwise(points)]
-    ls = [rate(a, b, "ls_cpu") for a, b in itertools.pairwise(points)]
-    lim = [float("nan") if b.be_limit is None else b.be_limit for b in points[1:]]
-    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True, height_ratios=[3, 1.3])
+    s = timeline_series(points, ncpu)
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(12, 6.5), sharex=True, height_ratios=[3, 1.3], layout="constrained")
     for a in (ax, ax2):
         a.axvspan(spike, idle, color="tab:red", alpha=0.08, label="LS busy (one thread)" if a is ax else None)
-    ax.step(ts, lim, where="post", color="black", lw=2, label="BE limit (besteffort cfs_quota)")
-    ax.plot(ts, be, color="tab:orange", label="BE used")
-    ax.plot(ts, ls, color="tab:blue", label="LS used")
-    other = [rate(a, b, "other") for a, b in itertools.pairwise(points)]
-    ax.plot(ts, other, color="tab:gray", lw=0.8, label="rest of the node (not BE, not LS)")
+    ax.axhspan(ncpu + 0.25, s.top, color="0.93", lw=0)  # the "no limit" band, above every CPU
+    ax.step(s.t, s.limit_path, where="post", color="black", lw=0.8)  # joins the two styles
+    ax.step(s.t, s.limit, where="post", color="black", lw=2, label="BE limit (besteffort cfs_quota)")
+    ax.step(s.t, s.no_limit, where="post", color="black", lw=2, ls="--", label="BE: no limit (no quota)")
+    ax.plot(s.t, s.be, color="tab:orange", label="BE used")
+    ax.plot(s.t, s.ls, color="tab:blue", label="LS used")
+    ax.plot(s.t, s.other, color="tab:gray", lw=0.8, label="rest of the node (not BE, not LS)")
     ax.set_ylabel("cores")
-    ax.set_ylim(0, ncpu + 0.2)
-    ax.legend(loc="upper right", fontsize=8)
+    ax.set_ylim(0, s.top)
+    ax.set_yticks([*range(ncpu + 1), s.no_limit_y], [*map(str, range(ncpu + 1)), "no limit"])
+    ax.legend(loc="upper left", bbox_to_anchor=LEGEND_ANCHOR, borderaxespad=0, fontsize=8)
     ax.set_title(f"nriplugin QoS manager, embedded default policy, {ncpu} CPUs: BE spins, one LS thread busy (shaded)")
     ax2.plot([p.t for p in points], [float("nan") if p.score is None else p.score for p in points], color="tab:purple")
     for p, q in itertools.pairwise(points):
@@ -517,7 +696,13 @@ def plot_timeline(path: Path, points: list[Point], spike: float, idle: float, nc
     ax2.set_ylabel("CPU pressure\nscore")
     ax2.set_ylim(0, 100)
     ax2.set_xlabel("seconds")
-    fig.tight_layout()
+    return fig
+
+
+def plot_timeline(path: Path, points: list[Point], spike: float, idle: float, ncpu: int) -> None:
+    fig = timeline_figure(points, spike, idle, ncpu)  # ImportError first without matplotlib
+    import matplotlib.pyplot as plt
+
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

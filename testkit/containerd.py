@@ -28,6 +28,7 @@ import itertools
 import json
 import os
 import re
+import selectors
 import signal
 import subprocess
 import time
@@ -35,7 +36,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from testkit import images, subnets
 from testkit.cri import CRI, msg
@@ -61,16 +62,40 @@ def selected() -> str:
     return line
 
 
-def install(line: str | None = None) -> Path:
+def install(line: str | None = None, progress: TextIO | None = None, timeout: float = 3600) -> Path:
     """Run testkit/install.sh for ``line`` (default: :func:`selected`; cached) and return the
-    unpacked package root."""
+    unpacked package root. ``progress``: where the script's progress lines go as they come (the
+    demo: its terminal); the end of them is in the error either way."""
     line = line or selected()
-    r = subprocess.run(
-        ["bash", str(ROOT / "testkit" / "install.sh"), line], capture_output=True, text=True, timeout=3600
+    proc = subprocess.Popen(
+        ["bash", str(ROOT / "testkit" / "install.sh"), line], stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
-    if r.returncode != 0:
-        raise RuntimeError(f"testkit/install.sh {line} failed:\n{r.stderr[-3000:]}")
-    return Path(r.stdout.strip().splitlines()[-1])
+    assert proc.stdout is not None and proc.stderr is not None
+    out, err = bytearray(), bytearray()
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ, out)
+        sel.register(proc.stderr, selectors.EVENT_READ, err)
+        while sel.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                proc.kill()
+                proc.wait()
+                raise RuntimeError(f"testkit/install.sh {line}: no end after {timeout:.0f} s:\n{err[-3000:].decode()}")
+            for key, _ in sel.select(left):
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    continue
+                key.data.extend(chunk)
+                if key.data is err and progress is not None:
+                    progress.write(chunk.decode(errors="replace"))
+                    progress.flush()
+    proc.stdout.close()
+    proc.stderr.close()
+    if proc.wait() != 0:
+        raise RuntimeError(f"testkit/install.sh {line} failed:\n{err[-3000:].decode(errors='replace')}")
+    return Path(out.decode().strip().splitlines()[-1])
 
 
 @dataclass(frozen=True)

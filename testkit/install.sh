@@ -9,8 +9,11 @@
 # Packages come from the Debian mirror this machine's apt already uses, through private source
 # lists, with `apt-get download` + `dpkg -x`. Each line has its own root, cached by version.
 # Usage: testkit/install.sh [RUNTIME [CACHE]]   RUNTIME defaults to $NRIPLUGIN_RUNTIME, else
-# the newest (2.4); CACHE to ~/.cache/nriplugin/e2e. Prints the root last.
+# the newest (2.4); CACHE to ~/.cache/nriplugin/e2e. Prints the root last, on stdout; when the
+# root is not cached yet, each step's progress on stderr (testkit/progress.sh).
 set -euo pipefail
+here=$(dirname "$0")
+source "$here/progress.sh"
 runtime=${1:-${NRIPLUGIN_RUNTIME:-2.4}}
 cache=$(realpath -m "${2:-${NRIPLUGIN_CACHE:-$HOME/.cache/nriplugin}/e2e}")
 upstream=2.4.2  # the newest containerd 2.x on the module proxy when this was written
@@ -36,19 +39,31 @@ fetch() {  # SUITE PACKAGE...
   echo "deb $uri $suite main" > "$d/sources.list"
   local o=(-o Dir::Etc::SourceList="$d/sources.list" -o Dir::Etc::SourceParts=/dev/null
            -o Dir::State::Lists="$d/lists" -o APT::Sandbox::User=root -qq)
-  apt-get "${o[@]}" update >&2
-  (cd "$debs" && apt-get "${o[@]}" download "$@" >&2)
+  apt-get "${o[@]}" update >&2 && (cd "$debs" && apt-get "${o[@]}" download "$@" >&2)
 }
+unpack() {
+  mkdir -p "$root"
+  for f in "$debs"/*.deb; do dpkg -x "$f" "$root"; done
+  rm -rf "$debs"
+}
+t0=$SECONDS
 rm -rf "$debs" "$root"
-[ -z "$suite" ] || fetch "$suite" containerd
-fetch bookworm runc busybox-static
-mkdir -p "$root"
-for f in "$debs"/*.deb; do dpkg -x "$f" "$root"; done
-rm -rf "$debs"
-if [ -z "$suite" ]; then
-  bash "$(dirname "$0")/build_containerd.sh" "$upstream" "$root" >&2
+if [ -n "$suite" ]; then
+  progress_say "containerd $runtime: not cached yet, installing Debian $suite's into $root (2 steps)"
+  progress_total 2
+  progress_step 1 "fetching containerd from Debian $suite" "" -- fetch "$suite" containerd
+  progress_step 2 "fetching runc and busybox-static from Debian bookworm" "" -- fetch bookworm runc busybox-static
+  unpack
+else
+  progress_say "containerd $runtime: not cached yet, building containerd $upstream into $root" \
+    "(4 steps, a few minutes; cached after that)"
+  progress_total 4
+  progress_step 1 "fetching runc and busybox-static from Debian bookworm" "" -- fetch bookworm runc busybox-static
+  unpack
+  PROGRESS_FIRST=1 PROGRESS_TOTAL=4 bash "$here/build_containerd.sh" "$upstream" "$root" >&2
   echo "$upstream" > "$root/VERSION"
 fi
+progress_say "containerd $runtime: installed in $(progress_time $((SECONDS - t0)))"
 "$root/usr/bin/containerd" --version >&2
 "$root/usr/sbin/runc" --version >&2
 echo "$root"

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.message
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import urllib.error
 from pathlib import Path
 
 import pytest
+import yaml
 
 from nriplugin.agent.lock import AgentLock, Holder
+from nriplugin.cli import explain
 from nriplugin.cli.main import install, options_path, read_options
 from nriplugin.kernel.probe import probe
 from nriplugin.nri import api_pb2 as api
@@ -216,9 +220,12 @@ def test_explain_and_doctor(tmp_path: Path) -> None:
     )
     assert r.returncode == 2 and "beMinCPUShares" in r.stderr and "(got 0)" in r.stderr
     r = subprocess.run(
-        [sys.executable, "-m", "nriplugin", "doctor", "--format", "json"], capture_output=True, text=True, timeout=30
+        [sys.executable, "-m", "nriplugin", "doctor", "--format", "json", "--agent", f"127.0.0.1:{free_port()}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 1, r.stderr  # no agent there: the node's report all the same
     doc = json.loads(r.stdout)
     assert doc["cgroup"]["version"] in (1, 2) and "cpuBurst" in doc["features"]
     assert doc["cpu"]["online"]
@@ -233,7 +240,7 @@ def test_doctor_says_what_be_is_born_with_on_the_runtime_named() -> None:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=30)
 
     r = doctor("--runtime-nri", "v0.12.5")
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 1 and "no agent answering at http://127.0.0.1:1 " in r.stderr, r.stderr
     born = json.loads(r.stdout)["nri"]["bornWith"]
     assert len(born) == 3 and all(line.startswith("in force") for line in born.values()), born
     r = doctor("--runtime-nri", "v0.10.0")
@@ -245,6 +252,39 @@ def test_doctor_says_what_be_is_born_with_on_the_runtime_named() -> None:
     }, born
     r = doctor("--runtime-nri", "junk")
     assert r.returncode == 2 and "not an NRI version" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_doctor_without_an_agent_says_so_in_one_line_and_exits_1() -> None:
+    """No agent at ``--agent``: the node's report on stdout as ever (its agent section says
+    why), then one line on stderr, no traceback, no urllib repr; status 1."""
+    port = free_port()
+    r = subprocess.run(
+        [sys.executable, "-m", "nriplugin", "doctor", "--agent", f"127.0.0.1:{port}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode == 1
+    assert r.stderr == (
+        f"nriplugin doctor: no agent answering at http://127.0.0.1:{port} (connection refused) — is nriplugin "
+        "running? (--agent HOST:PORT if elsewhere)\n"
+    )
+    agent = yaml.safe_load(r.stdout)["agent"]
+    assert agent == {"reachable": False, "address": f"127.0.0.1:{port}", "error": "connection refused"}
+    assert "urlopen" not in r.stdout and "Errno" not in r.stdout
+
+
+def test_why_unreachable_in_a_few_words() -> None:
+    refused = urllib.error.URLError(ConnectionRefusedError(111, "Connection refused"))
+    assert explain.why_unreachable(refused) == "connection refused"
+    assert explain.why_unreachable(urllib.error.URLError(TimeoutError("timed out"))) == "timed out"
+    assert explain.why_unreachable(TimeoutError("timed out")) == "timed out"  # a read that timed out
+    unknown = urllib.error.URLError(socket.gaierror(-2, "Name or service not known"))
+    assert explain.why_unreachable(unknown) == "name or service not known"
+    assert explain.why_unreachable(ValueError("unknown url type: 'http://:x'")) == "unknown url type: 'http://:x'"
+    not_found = urllib.error.HTTPError("http://x/metrics", 404, "Not Found", email.message.Message(), None)
+    assert explain.why_unreachable(not_found) == "HTTP 404"
+    assert explain.no_agent({"reachable": True, "address": "x"}) is None
 
 
 def test_bad_policy_by_hand_is_a_startup_error(tmp_path: Path) -> None:

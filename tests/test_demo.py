@@ -1,10 +1,24 @@
-"""The main job's QoS act: its pure helpers (metrics parsing, the timeline table, the reading)."""
+"""The main job's QoS act: its pure helpers (metrics parsing, the timeline table, the reading,
+the timeline plot's data and layout)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
-from e2e.demo import Point, came_back, parse_metrics, quota_cores, reading, settled, timeline_table
+import matplotlib.pyplot as plt
+
+from e2e.demo import (
+    Point,
+    came_back,
+    parse_metrics,
+    quota_cores,
+    reading,
+    settled,
+    timeline_figure,
+    timeline_series,
+    timeline_table,
+)
 
 METRICS = """\
 # HELP nriplugin_qos_cpu_pressure_score CPU pressure score (0-100).
@@ -106,3 +120,53 @@ def test_came_back_waits_for_a_raise_after_ls_goes_idle() -> None:
     assert not came_back([*changes, (11.2, 0.2)], 9.0, 13.0)  # a cut is not a way back
     unlimited: list[tuple[float, float | None]] = [(0.0, None)]  # no quota (BE's idle group below quotaFrom)
     assert not came_back(unlimited, 9.0, 10.0) and came_back(unlimited, 9.0, 10.5)
+
+
+def unlimited_timeline() -> list[Point]:
+    """BE without a quota until the spike is answered (t=3.1 s) and again from t=11.2 s."""
+    points, _ = timeline()
+    return [
+        Point(p.t, p.score, p.level, None if p.be_limit == 1.0 else p.be_limit, p.be_cpu, p.ls_cpu, p.node_cpu)
+        for p in points
+    ]
+
+
+def test_timeline_series_draws_no_limit_in_a_band_of_its_own() -> None:
+    """Where BE has no quota the limit's line does not vanish: it runs in the "no limit" band,
+    above every CPU and below the plot's top, and joins the numbered limit at each change."""
+    points = unlimited_timeline()
+    s = timeline_series(points, ncpu=2)
+    assert len(s.t) == len(s.be) == len(s.limit) == len(s.no_limit) == len(s.limit_path) == len(points) - 1
+    assert 2 < s.no_limit_y < s.top
+    assert max(s.be + s.ls + s.other) < s.no_limit_y  # the band holds no data line
+    for p, lim, none, path in zip(points[1:], s.limit, s.no_limit, s.limit_path, strict=True):
+        if p.be_limit is None:
+            assert math.isnan(lim) and none == s.no_limit_y and path == s.no_limit_y
+        else:
+            assert math.isnan(none) and lim == p.be_limit == path
+    assert not any(math.isnan(v) for v in s.limit_path)  # one line through both styles
+    unlimited = [t for t, v in zip(s.t, s.no_limit, strict=True) if not math.isnan(v)]
+    assert unlimited[0] == 0.2 and round(min(t for t in unlimited if t > 3), 6) == 11.2  # before the cut; back
+    assert [round(v, 2) for v in s.ls[15:45]] == [1.0] * 30  # LS busy, in cores
+
+
+def test_timeline_figure_keeps_the_legend_clear_of_the_data_and_labels_no_limit() -> None:
+    fig = timeline_figure(unlimited_timeline(), 3.0, 9.0, ncpu=2)
+    try:
+        fig.canvas.draw()
+        ax, score = fig.axes
+        legend = ax.get_legend()
+        renderer = fig.canvas.get_renderer()
+        box = legend.get_window_extent(renderer)
+        for a in (ax, score):  # right of both plots, not on them
+            assert box.x0 > a.get_window_extent(renderer).x1
+        assert box.x1 <= fig.bbox.x1  # and inside the picture
+        labels = [t.get_text() for t in legend.get_texts()]
+        assert "BE limit (besteffort cfs_quota)" in labels and "BE: no limit (no quota)" in labels
+        dashed = next(line for line in ax.get_lines() if line.get_label() == "BE: no limit (no quota)")
+        assert dashed.get_linestyle() == "--"
+        s = timeline_series(unlimited_timeline(), ncpu=2)
+        assert [t.get_text() for t in ax.get_yticklabels()][-1] == "no limit"
+        assert ax.get_yticks()[-1] == s.no_limit_y and ax.get_ylim() == (0, s.top)
+    finally:
+        plt.close(fig)

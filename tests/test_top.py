@@ -248,6 +248,42 @@ def test_top_once_against_a_canned_agent() -> None:
     assert "\x1b[" not in r.stdout  # not a terminal: plain text for scripts
 
 
+def test_top_once_piped_is_not_wrapped_at_80_columns() -> None:
+    """Piped with no COLUMNS (as ``nriplugin top --once > file``): no line is wrapped, whatever
+    rich's 80-column default for a file; every line of the frame is as wide as the box."""
+    m = busy_manager()
+    long_why = "HIGH: " + " ".join(f"reason-part-{k}" for k in range(12))  # ~180 characters
+    m.decisions.append(Decision(100.0, SUPPRESS, "kubepods/besteffort", "2.00 cores", long_why))
+    body = json.dumps(view.state(m, now=101.5)).encode()
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    with canned(200, body) as address:
+        r = subprocess.run(
+            [sys.executable, "-m", "nriplugin", "top", "--once", "--agent", address],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env={**env, "TERM": "dumb"},
+        )
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len({len(line) for line in lines}) == 1 and len(lines[0]) > 80  # one box, wider than 80
+    assert any(long_why in line for line in lines)  # the long reason on one line
+    assert any(WHY in line for line in lines)
+    header = next(line for line in lines if " class " in line)
+    assert header.split("│")[1].split() == [
+        "class",
+        "ctrs",
+        "usage",
+        "request",
+        "limit",
+        "usage",
+        "/",
+        "limit",
+        "throttled",
+        "memory",
+    ]
+
+
 def test_top_in_a_terminal_refreshes_and_ctrl_c_exits_cleanly() -> None:
     """The live view in a real pseudo-terminal: the alternate screen, frames, then SIGINT."""
     body = json.dumps(view.state(busy_manager(), now=101.5)).encode()

@@ -341,8 +341,8 @@ def agent_state(address: str) -> dict[str, Any]:
     try:
         with urllib.request.urlopen(f"http://{address}/metrics", timeout=2) as r:
             text = r.read().decode()
-    except OSError as exc:
-        return {"reachable": False, "address": address, "error": str(exc)}
+    except (OSError, ValueError) as exc:  # refused, timed out, an HTTP error, a bad address
+        return {"reachable": False, "address": address, "error": why_unreachable(exc)}
     out: dict[str, Any] = {"reachable": True, "address": address}
     for line in text.splitlines():
         if line.startswith("#") or " " not in line:
@@ -365,6 +365,32 @@ def agent_state(address: str) -> dict[str, Any]:
         else:
             out[key] = v
     return out
+
+
+def why_unreachable(exc: Exception) -> str:
+    """A failed request in a few words: ``connection refused``, ``timed out``, ``HTTP 404``."""
+    import urllib.error
+
+    if isinstance(exc, urllib.error.HTTPError):
+        return f"HTTP {exc.code}"
+    reason = getattr(exc, "reason", exc)  # urlopen wraps the socket's error in a URLError
+    if isinstance(reason, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(reason, TimeoutError):
+        return "timed out"
+    if isinstance(reason, OSError) and reason.strerror:
+        return reason.strerror[:1].lower() + reason.strerror[1:]
+    return str(reason)
+
+
+def no_agent(state: dict[str, Any]) -> str | None:
+    """The one line ``doctor`` ends with when no agent answered (``agent_state``), else None."""
+    if state.get("reachable"):
+        return None
+    return (
+        f"no agent answering at http://{state.get('address')} ({state.get('error')}) — is nriplugin running? "
+        "(--agent HOST:PORT if elsewhere)"
+    )
 
 
 def render(doc: dict[str, Any], fmt: str) -> str:

@@ -440,7 +440,8 @@ def show_slo(ns: argparse.Namespace) -> int:
 
 
 def report(ns: argparse.Namespace, build: Callable[[], dict[str, Any]]) -> int:
-    """``explain`` and ``doctor``: the report in ``--format`` on stdout, or why not and status 2."""
+    """``explain`` and ``doctor``: the report in ``--format`` on stdout, or why not and status 2;
+    ``doctor`` with no agent answering: the report, then one line saying so and status 1."""
     from nriplugin.obs import logs
 
     logs.setup("text", "warning")
@@ -452,6 +453,11 @@ def report(ns: argparse.Namespace, build: Callable[[], dict[str, Any]]) -> int:
         print(f"nriplugin {ns.command}: {exc}", file=sys.stderr)
         return 2
     print(explain.render(out, ns.format), end="")
+    missing = explain.no_agent(out["agent"]) if "agent" in out else None
+    if missing is not None:
+        sys.stdout.flush()  # the report first, the line last, also on a terminal
+        print(f"nriplugin {ns.command}: {missing}", file=sys.stderr)
+        return 1
     return 0
 
 

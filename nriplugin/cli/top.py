@@ -8,6 +8,7 @@ imports this module, so the agent's start-up never pays for it.
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 import time
@@ -207,6 +208,11 @@ def _decisions(doc: dict[str, Any]) -> Table:
     return dec
 
 
+def natural_width(frame: RenderableType) -> int:
+    """The width ``frame`` takes with no line wrapped (a long reason on one line)."""
+    return Console(width=10_000, file=io.StringIO()).measure(frame).maximum
+
+
 def run(
     address: str,
     interval: float = 1.0,
@@ -214,9 +220,9 @@ def run(
     console: Console | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
-    """0 on Ctrl-C (or after one frame with ``once``); 2 with one line when the agent is not
-    there at the start. Once running, a failed poll keeps the last frame with the error on top
-    (an agent restart should not end the view)."""
+    """0 on Ctrl-C (or after one frame with ``once``: at its natural width when not a terminal);
+    2 with one line when the agent is not there at the start. Once running, a failed poll keeps
+    the last frame with the error on top (an agent restart should not end the view)."""
     console = console or Console()
     try:
         doc = fetch(address)
@@ -226,7 +232,10 @@ def run(
     except KeyboardInterrupt:
         return 0
     if once:
-        console.print(render(doc, address))
+        frame = render(doc, address)
+        if not console.is_terminal:  # piped or to a file: nothing to fit, so nothing wraps
+            console.width = natural_width(frame)
+        console.print(frame)
         return 0
     try:
         with Live(render(doc, address), console=console, screen=True, auto_refresh=False) as live:
