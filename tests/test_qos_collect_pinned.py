@@ -16,6 +16,7 @@ from nriplugin.kernel.stats import NO_STALL, ProcCpu, Psi, PsiLine
 from nriplugin.node.assembly import Node
 from nriplugin.node.model import NodeModel, Record
 from nriplugin.nri import api_pb2 as api
+from nriplugin.pacing.turns import Pacer
 from nriplugin.policy.qos import QoSClass
 from nriplugin.qos.collect import (
     DEFAULT_PERIOD_US,
@@ -173,8 +174,12 @@ def tree(tmp_path: Path) -> Iterator[tuple[Path, Path, Node, list[Collector]]]:
         col.close()
 
 
-def _collector(node: Node, proc: Path, made: list[Collector], clock: Clock, memory_every: int = 1) -> Collector:
-    col = Collector(node.model, node.desired, node.writer.cgroups, proc, clock=clock, memory_every=memory_every)
+def _collector(
+    node: Node, proc: Path, made: list[Collector], clock: Clock, memory_every: int = 1, pacer: Pacer | None = None
+) -> Collector:
+    col = Collector(
+        node.model, node.desired, node.writer.cgroups, proc, clock=clock, memory_every=memory_every, pacer=pacer
+    )
     made.append(col)
     return col
 
@@ -348,15 +353,13 @@ def test_the_async_round_takes_out_only_the_time_others_had(
     """``collect_seconds`` of an async round is its own reading time: every pause (another
     callback's turn, here 5 s on a fake clock each) is taken out, and each pause is one turn of
     the others (the loop is given back, not slept on). BE's groups are read as in one go."""
-    import nriplugin.node.turns as loop_turns
     import nriplugin.qos.collect as collect
 
     root, proc, node, made = tree
-    monkeypatch.setattr(loop_turns, "TURN", 0.0)  # a turn per container
     groups, _, _ = _be_groups(root, node)
     now = [0.0]
     monkeypatch.setattr(collect, "time", type("FakeTime", (), {"perf_counter": staticmethod(lambda: now[0])}))
-    col = _collector(node, proc, made, Clock())
+    col = _collector(node, proc, made, Clock(), pacer=Pacer(turn=0.0))  # a turn per container
     turns = 0
 
     async def round_with_others() -> NodeSample:

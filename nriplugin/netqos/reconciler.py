@@ -43,8 +43,8 @@ from nriplugin.netqos.netns import link_names
 from nriplugin.netqos.tc import FIRST_LEAF, LAST_LEAF, TC, Plan, PodPlan, Snapshot, ifb_names, missing
 from nriplugin.node.model import POD_PREFIX, NodeModel
 from nriplugin.node.overlays import Overlays
-from nriplugin.node.turns import Turn
 from nriplugin.nri import api_pb2 as api
+from nriplugin.pacing.turns import Pacer
 from nriplugin.policy.cache import RuleCache
 from nriplugin.policy.model import Policy
 from nriplugin.policy.qos import InvalidQoSLabel, qos_class
@@ -135,7 +135,11 @@ class NetQoS:
         period: float = 2.0,
         on_round: Callable[[Status], None] = lambda s: None,
         suppress: bool = True,
+        pacer: Pacer | None = None,
     ) -> None:
+        """``pacer``: the loop shared with the hooks (the agent's): a round gives it back
+        between turns; default: turns measured in time alone."""
+        self.pacer = Pacer() if pacer is None else pacer
         self.model = model
         self.rules = rules
         self.overlays = overlays
@@ -287,10 +291,10 @@ class NetQoS:
             before = None
             pods, self._dirty = self._dirty, set()
         changed = False
-        turn = Turn()
+        turn = self.pacer.turn()
         for pod_id in pods:
             if turn.over():
-                await asyncio.sleep(0)
+                await self.pacer.give_way()
                 turn.restart()
             w = self._want(pod_id, policy)
             if w != self._wants.get(pod_id):

@@ -17,10 +17,10 @@ from nriplugin.intent.core import requested
 from nriplugin.kernel.cgroup import RESOURCES, Cgroups, Version
 from nriplugin.kernel.cpulist import format_cpulist
 from nriplugin.node.assembly import Node
-from nriplugin.node.turns import Turn, soon, when_quiet
 from nriplugin.nri import api_pb2 as api
 from nriplugin.nri.runtime import RuntimeCaps
 from nriplugin.nri.stub import Plugin
+from nriplugin.pacing.turns import Pacer
 from nriplugin.policy.model import Policy
 from nriplugin.policy.qos import InvalidQoSLabel, QoSClass, qos_class
 
@@ -176,8 +176,12 @@ class QoSPlugin(Plugin):
         self,
         node: Node | None = None,
         push: Callable[[list[api.ContainerUpdate]], Awaitable[object]] | None = None,
+        pacer: Pacer | None = None,
     ) -> None:
+        """``pacer``: the loop shared with the hooks (the agent's); default: no loop, the
+        take-in of created containers runs in the hook (``explain``, tests)."""
         self.node = node or Node.create()
+        self.pacer = Pacer() if pacer is None else pacer
         self.model = self.node.model
         self.desired = self.node.desired
         self.writer = self.node.writer
@@ -185,7 +189,7 @@ class QoSPlugin(Plugin):
         self.push = push  # UpdateContainers from outside handlers (the stub's)
         self._pushes: set[asyncio.Future[None]] = set()  # UpdateContainers in flight (kept referenced)
         # Containers answered, not yet in the model, by id: taken in once a burst of hooks is
-        # over (turns.Quiet), and by any hook about one of them before it looks at the model.
+        # over (pacing.turns.BurstWait), and by any hook about one of them before it looks at the model.
         self._created: collections.OrderedDict[str, Waiting] = collections.OrderedDict()
         self.runtime = RuntimeCaps()  # what the runtime's NRI carries: learnt at Configure
         self.fields = carried(self.runtime)  # the resources its LinuxResources has as fields
@@ -242,14 +246,14 @@ class QoSPlugin(Plugin):
         """The model takes in the containers answered and not taken in yet, in order; ``in_turns``
         (on the loop, after the answers), a turn at a time: a request that arrives meanwhile
         waits for one container's take-in, not for a burst's. ``quiet``: each next turn waits
-        for the hooks to stop again (:func:`when_quiet`), else it follows at once."""
+        for the hooks to stop again (:meth:`Pacer.when_quiet`), else it follows at once."""
         created = self._created
-        turn = Turn() if in_turns else None
+        turn = self.pacer.turn() if in_turns else None
         while created:
             _, waiting = created.popitem(last=False)
             self._adopt(waiting)
             if turn is not None and created and turn.over():
-                (when_quiet if quiet else soon)(self._take_in_created, True, quiet)
+                (self.pacer.when_quiet if quiet else self.pacer.soon)(self._take_in_created, True, quiet)
                 return
 
     def _take_in_one(self, cid: str) -> None:
@@ -317,7 +321,7 @@ class QoSPlugin(Plugin):
         self, pod: api.PodSandbox, container: api.Container, request: bytes = b""
     ) -> api.ContainerAdjustment | tuple[api.ContainerAdjustment, list[api.ContainerUpdate]] | None:
         """The answer first. The model takes the container in once the burst of hooks is over
-        (:func:`when_quiet`; right after the answer outside bursts), unless the container gets
+        (:meth:`Pacer.when_quiet`; right after the answer outside bursts), unless the container gets
         exclusive CPUs, which must be handed out before its values are worked out. Nothing a
         container's values depend on moves when a container without exclusive CPUs is taken
         in, and one that has not started holds nothing the agent manages, so its take-in can
@@ -350,9 +354,9 @@ class QoSPlugin(Plugin):
         created = self._created
         created[cid] = Waiting(pod.id, managed, request)
         if len(created) == 1:
-            when_quiet(self._take_in_created, True)  # with no loop (tests, explain): now
+            self.pacer.when_quiet(self._take_in_created, True)
         elif len(created) == MAX_WAITING:
-            soon(self._take_in_created, True, False)
+            self.pacer.soon(self._take_in_created, True, False)
         return adj
 
     def _create_pinned(
@@ -587,7 +591,7 @@ class QoSPlugin(Plugin):
         t0 = time.perf_counter()
         batch: list[api.ContainerUpdate] = []
         n = 0
-        turn = Turn()
+        turn = self.pacer.turn()
         for c in containers:
             u = self._sync_update(c)
             if u is not None:
@@ -597,7 +601,7 @@ class QoSPlugin(Plugin):
                 self._push_later(batch)
                 batch = []
             if turn.over():
-                await asyncio.sleep(0)
+                await self.pacer.give_way()
                 turn.restart()
         self._push_later(batch)
         self._log_sync(pods, containers, n, took, time.perf_counter() - t0, "pushed with UpdateContainers")

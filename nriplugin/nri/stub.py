@@ -39,7 +39,7 @@ from google.protobuf.message import Message as PbMessage
 from nriplugin.nri import api_pb2 as api
 from nriplugin.nri import ttrpc
 from nriplugin.nri.runtime import VENDORED, RuntimeCaps, from_configure
-from nriplugin.nri.transport import CallError, Trunk, open_trunk
+from nriplugin.nri.transport import CallError, Trunk, TrunkTraffic, open_trunk
 from nriplugin.obs.quiet import Quiet
 
 log = logging.getLogger("nriplugin.nri")
@@ -316,10 +316,10 @@ class StubOptions:
     call_timeout: float = 2.0
     max_message: int = ttrpc.RECEIVE_BOUND  # the largest message accepted from the runtime
     refused_retry: float = 600.0  # seconds without NRI after refusing a message over max_message
-    # When a request's bytes could first have been read (transport.PollClock.arrival): a hook's
-    # time, and its budget, start there. Default: when the request is handled.
-    arrival: Callable[[], float] = time.perf_counter
-    answered: Callable[[], None] | None = None  # told of every answer (transport.PollClock.answered)
+    # The loop's clock of arrivals, told of every trunk and answer (the agent's HookTraffic): a
+    # hook's time, and its budget, start when its bytes could first have been read. None: when
+    # the request is handled.
+    traffic: TrunkTraffic | None = None
 
     @classmethod
     def from_env(cls, **kw: Any) -> StubOptions:
@@ -721,8 +721,7 @@ class Stub:
             fd=self.opts.fd,
             max_message=self.opts.max_message,
             on_refused=self._on_refused,
-            arrival=self.opts.arrival,
-            answered=self.opts.answered,
+            traffic=self.opts.traffic,
         )
         self.trunk = trunk
         self.connections += 1

@@ -10,13 +10,12 @@ memory stays flat under churn.
 A round is a few sysfs reads per container, and one per LS pod whose group has a CPU quota
 (its throttling: the pod as a whole is throttled there). The agent's loop drives it with
 :meth:`Collector.sample_async`, which gives the event loop back at the end of every turn
-(``node/turns.py``), so that an NRI hook never waits behind a whole round on a node with thousands
+(``pacing/turns.py``), so that an NRI hook never waits behind a whole round on a node with thousands
 of containers; :meth:`Collector.sample` runs the same steps in one go (tests, tools).
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from collections.abc import Callable, Generator, Sequence
@@ -30,8 +29,8 @@ from nriplugin.kernel import paths
 from nriplugin.kernel.cgroup import Cgroups
 from nriplugin.kernel.stats import CpuStat, MemInfo, ProcCpu, Psi, Stats
 from nriplugin.node.model import Record, State, pod_key
-from nriplugin.node.turns import Turn
 from nriplugin.nri import api_pb2 as api
+from nriplugin.pacing.turns import Pacer
 from nriplugin.policy.qos import QoSClass
 from nriplugin.qos.history import Counters
 from nriplugin.qos.sample import ClassUsage, FastSample, NodeSample, Pressure
@@ -324,7 +323,11 @@ class Collector:
         clock: Callable[[], float] = time.monotonic,
         max_open: int | None = None,
         memory_every: int = MEMORY_EVERY,
+        pacer: Pacer | None = None,
     ) -> None:
+        """``pacer``: the loop shared with the hooks (the agent's): :meth:`sample_async` gives
+        it back between turns; default: turns measured in time alone."""
+        self.pacer = Pacer() if pacer is None else pacer
         self.model = model
         self.desired = desired
         self.stats = Stats(cgroups, proc_root, max_open)  # max_open: files kept open (None: by RLIMIT_NOFILE)
@@ -374,7 +377,7 @@ class Collector:
                 sample: NodeSample = done.value
                 return replace(sample, collect_seconds=sample.collect_seconds - paused)
             left = time.perf_counter()
-            await asyncio.sleep(0)
+            await self.pacer.give_way()
             paused += time.perf_counter() - left
 
     def _sample(self, be_groups: Sequence[str]) -> Generator[None, None, NodeSample]:
@@ -467,7 +470,7 @@ class Collector:
         if self.model.revision != self._facts_rev:  # a container came, went or changed
             self._facts.clear()
             self._facts_rev = self.model.revision
-        turn = Turn()
+        turn = self.pacer.turn()
         for r in self.model.records():
             if r.container is None:
                 continue

@@ -33,8 +33,8 @@ from collections.abc import Callable, Iterator
 from nriplugin.kernel.psi_trigger import PressureWatch, Trigger, open_trigger
 from nriplugin.node.desired import DesiredState
 from nriplugin.node.model import POD_PREFIX, NodeModel
-from nriplugin.node.turns import Turn
 from nriplugin.obs.quiet import Quiet
+from nriplugin.pacing.turns import Pacer
 from nriplugin.policy.cache import RuleCache
 from nriplugin.policy.qos import QoSClass
 from nriplugin.qos import node_resource, scores
@@ -86,8 +86,13 @@ class PodGroups:
     path a new pod is only noted."""
 
     def __init__(
-        self, model: NodeModel, desired: DesiredState, pressure_path: Callable[[str], str | None] = lambda g: None
+        self,
+        model: NodeModel,
+        desired: DesiredState,
+        pressure_path: Callable[[str], str | None] = lambda g: None,
+        pacer: Pacer | None = None,
     ) -> None:
+        self.pacer = Pacer() if pacer is None else pacer
         self.model = model
         self.desired = desired
         self.pressure_path = pressure_path
@@ -126,11 +131,11 @@ class PodGroups:
     async def refresh_async(self) -> bool:
         """:meth:`refresh`, giving the event loop back between turns."""
         for _ in self.refresh_steps():
-            await asyncio.sleep(0)
+            await self.pacer.give_way()
         return self.moved()
 
     def refresh_steps(self) -> Iterator[None]:
-        turn = Turn()
+        turn = self.pacer.turn()
         while self._dirty:
             key = self._dirty.pop()
             r = self.model.get(key)
@@ -173,7 +178,10 @@ class QoSManager:
         observer: Observer | None = None,
         psi_path: str | None = "/proc/pressure/cpu",
         eviction: EvictionHook | None = None,
+        pacer: Pacer | None = None,
     ) -> None:
+        """``pacer``: the loop shared with the hooks (the agent's): a round gives it back
+        between turns; default: turns measured in time alone."""
         self.model = model
         self.eviction = eviction
         self.desired = desired
@@ -191,7 +199,7 @@ class QoSManager:
         self.ratio = 1.0
         self.cpu_terms: dict[str, float] | None = None  # the last raw CPU score's terms
         self.groups: list[str] = []  # the QoS-level groups holding BE pods
-        self.pods = PodGroups(model, desired, collector.pressure_path)
+        self.pods = PodGroups(model, desired, collector.pressure_path, pacer)
         self._fast = node_resource.FastWindow(FAST_WINDOW)  # node and BE usage between rounds
         self._fast_groups: list[str] = []  # the BE groups whose counters the window sums
         self._non_be = 0.0  # non-BE usage at the last decision
