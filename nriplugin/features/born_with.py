@@ -114,12 +114,17 @@ def plan(policy: Policy, runtime: RuntimeCaps) -> Plan:
     return Plan(items, t)
 
 
-_cache: tuple[Policy, RuntimeCaps, Plan] | None = None
+class Plans:
+    """:func:`plan`, kept while the policy and runtime stay, by whoever asks on every BE
+    create (the hook adapter)."""
 
+    __slots__ = ("_last",)
 
-def plan_for(policy: Policy, runtime: RuntimeCaps) -> Plan:
-    """:func:`plan`, kept while the policy and runtime stay (a hook asks on every BE create)."""
-    global _cache
-    if _cache is None or _cache[0] is not policy or _cache[1] != runtime:
-        _cache = (policy, runtime, plan(policy, runtime))
-    return _cache[2]
+    def __init__(self) -> None:
+        self._last: tuple[Policy, RuntimeCaps, Plan] | None = None
+
+    def __call__(self, policy: Policy, runtime: RuntimeCaps) -> Plan:
+        last = self._last
+        if last is None or last[0] is not policy or last[1] != runtime:
+            last = self._last = (policy, runtime, plan(policy, runtime))
+        return last[2]

@@ -151,7 +151,7 @@ RESOURCES: dict[str, Resource] = {
         Resource("memory.low", ("memory", "memory.low"), "memory.low", 0, 2**62),
         Resource("memory.high", ("memory", "memory.high"), "memory.high", 0, 2**62, -1),
         Resource("memory.oom.group", None, "memory.oom.group", 0, 1),
-        # v1's nearest thing to memory.low: under global pressure, groups above their soft
+        # v1's nearest thing to memory.low: under node-wide memory pressure, groups above their soft
         # limit are reclaimed first (reads back as a huge number when unlimited).
         Resource("memory.soft_limit_in_bytes", ("memory", "memory.soft_limit_in_bytes"), None, 0, 2**62, -1),
         # The most tasks (threads) the group may hold; "max" (-1 here) in both versions.

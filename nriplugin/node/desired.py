@@ -21,6 +21,7 @@ from nriplugin.features import (
     POD_ANNOTATIONS,
     POD_LABELS,
     Context,
+    EnabledSteps,
     FeatureFailed,
     Intent,
     InvalidInput,
@@ -68,6 +69,7 @@ class DesiredState:
         self.cpus = cpus if cpus is not None else CPUAllocator(caps.topology)
         self.overlays = overlays if overlays is not None else Overlays()
         self.on_invalid = on_invalid
+        self._steps = EnabledSteps()  # the policy's features, worked out once per policy
         self._cache: dict[str, tuple[Intent | None, int]] = {}  # key -> (intent, its class's generation)
         self._gens: dict[str, int] = {}
         self._epoch = 0
@@ -152,7 +154,7 @@ class DesiredState:
         feature cannot compute its values."""
         if ctx is None:
             return None
-        out = desired_state(ctx)
+        out = desired_state(ctx, self._steps(ctx.policy))
         for feature, reason in out.failed:
             self._invalid(ctx.pod, feature, reason)
         return out.intent

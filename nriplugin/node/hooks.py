@@ -203,6 +203,7 @@ class QoSPlugin(Plugin):
         self._births: dict[tuple[object, ...], tuple[api.ContainerAdjustment | None, bool, bool]] = {}
         # LinuxRdt by resctrl group, while the policy and runtime stay (None: not this path)
         self._rdt: tuple[Policy, dict[str, api.LinuxRdt] | None] | None = None
+        self._born_with = born_with.Plans()  # what BE is born with, while the policy and runtime stay
 
     def runtime_caps(self, caps: RuntimeCaps) -> None:
         """Decided once per connection: which process attributes BE is born with, which
@@ -214,7 +215,7 @@ class QoSPlugin(Plugin):
         self._births.clear()
         self._rdt = None
         policy = self.desired.rules.policy
-        for name, why in born_with.plan_for(policy, caps).lines().items():
+        for name, why in self._born_with(policy, caps).lines().items():
             log.info("%s: %s", name, why)
         for name, why in runtime_paths(policy, caps, self.cgroups.version, self.writer.resctrl is not None).items():
             log.info("%s: %s", name, why)
@@ -396,7 +397,7 @@ class QoSPlugin(Plugin):
                     adj.linux.rdt.CopyFrom(rdt)
                     some = True
         if be:
-            some = born_with.plan_for(self.desired.rules.policy, self.runtime).apply(adj) or some
+            some = self._born_with(self.desired.rules.policy, self.runtime).apply(adj) or some
         return adj if some else None
 
     def _in_spec(self, intent: Intent, be: bool) -> Intent:

@@ -22,7 +22,7 @@ The evictor:
   no strategy plans an eviction, then tries the best victim again. Each failed attempt is one
   log line and one count (``nriplugin_qos_eviction_failures_total``), whatever the plan's size;
 - never evicts the same pod twice within ``repeat_after`` (2 minutes), and never more than
-  ``max_per_minute`` pods a minute over all strategies (a global token bucket);
+  ``max_per_minute`` pods a minute over all strategies (one token bucket they share);
 - keeps what each victim is expected to free as *pending* until it is gone, for the
   strategies to credit (:meth:`pending`), and reports what it really freed;
 - in dry-run mode logs and counts what it would do and touches nothing;
