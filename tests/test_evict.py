@@ -20,10 +20,18 @@ from nriplugin.policy.model import Policy
 from nriplugin.policy.qos import QoSClass
 from nriplugin.qos.collect import Collector
 from nriplugin.qos.eviction.cpu import CpuConfig, CpuEvict, CpuFacts, emergency_release, satisfaction_release
-from nriplugin.qos.eviction.evictor import Evictor, Outcome
+from nriplugin.qos.eviction.evictor import EvictionOutcome, Evictor
 from nriplugin.qos.eviction.loop import Eviction
 from nriplugin.qos.eviction.memory import MemoryConfig, MemoryEvict, MemoryFacts, release
-from nriplugin.qos.eviction.victims import Candidate, Plan, Release, fewest, label_priority, rank_cpu, rank_memory
+from nriplugin.qos.eviction.victims import (
+    Candidate,
+    EvictionPlan,
+    Release,
+    fewest,
+    label_priority,
+    rank_cpu,
+    rank_memory,
+)
 from nriplugin.qos.levels import Level
 from nriplugin.qos.node_resource import capacity
 from nriplugin.qos.strategy import Round
@@ -241,12 +249,14 @@ def test_label_priority_is_untrusted() -> None:
 class Scripted:
     """A backend answering from a script (the Eviction API's outcomes), recording calls."""
 
-    answers: dict[str, Outcome] = field(default_factory=dict)
+    answers: dict[str, EvictionOutcome] = field(default_factory=dict)
     calls: list[tuple[str, int]] = field(default_factory=list)
 
-    async def evict(self, ns: str, name: str, uid: str, grace_seconds: int, reason: str, message: str) -> Outcome:
+    async def evict(
+        self, ns: str, name: str, uid: str, grace_seconds: int, reason: str, message: str
+    ) -> EvictionOutcome:
         self.calls.append((name, grace_seconds))
-        return self.answers.get(name, Outcome.EVICTED)
+        return self.answers.get(name, EvictionOutcome.EVICTED)
 
 
 @dataclass
@@ -257,12 +267,12 @@ class Clock:
         return self.t
 
 
-def cpu_plan(pods: list[Candidate], amount: float) -> Plan:
-    return Plan("CPUEvict", Release(amount, "emergency", "test"), pods, "cores")
+def cpu_plan(pods: list[Candidate], amount: float) -> EvictionPlan:
+    return EvictionPlan("CPUEvict", Release(amount, "emergency", "test"), pods, "cores")
 
 
 def test_a_pdb_refusal_spares_that_pod_and_the_next_goes() -> None:
-    cluster, runtime = Scripted({"be-0": Outcome.BLOCKED}), Scripted()
+    cluster, runtime = Scripted({"be-0": EvictionOutcome.BLOCKED}), Scripted()
     clock = Clock()
     ev = Evictor(cluster=cluster, runtime=runtime, clock=clock)
     pods = [be(i, cpu_cores=3.0) for i in range(4)]
@@ -282,7 +292,7 @@ def test_a_pdb_refusal_spares_that_pod_and_the_next_goes() -> None:
 def test_urgent_plans_go_through_the_runtime_without_grace() -> None:
     cluster, runtime = Scripted(), Scripted()
     ev = Evictor(cluster=cluster, runtime=runtime)
-    plan = Plan("MemoryEvict", Release(MiB, "oom_risk", "t"), [be(1, freeable_bytes=GiB)], "bytes", urgent=True)
+    plan = EvictionPlan("MemoryEvict", Release(MiB, "oom_risk", "t"), [be(1, freeable_bytes=GiB)], "bytes", urgent=True)
     asyncio.run(ev.execute(plan, {}))
     assert runtime.calls == [("be-1", 0)] and not cluster.calls
     asyncio.run(ev.execute(cpu_plan([be(2, cpu_cores=1.0)], 0.5), {}))
@@ -299,8 +309,8 @@ def test_rate_limit_and_dry_run() -> None:
     assert [c.name for c in done] == ["be-9"] and len(runtime.calls) == 2 and not dry.pending
 
 
-def memory_plan(pods: list[Candidate], amount: int) -> Plan:
-    return Plan("MemoryEvict", Release(amount, "threshold", "t"), pods, "bytes")
+def memory_plan(pods: list[Candidate], amount: int) -> EvictionPlan:
+    return EvictionPlan("MemoryEvict", Release(amount, "threshold", "t"), pods, "bytes")
 
 
 def test_a_failing_backend_is_backed_off_not_replaced_by_the_next_pod(caplog: pytest.LogCaptureFixture) -> None:
@@ -312,11 +322,13 @@ def test_a_failing_backend_is_backed_off_not_replaced_by_the_next_pod(caplog: py
     class Failing(Scripted):
         down: bool = True
 
-        async def evict(self, ns: str, name: str, uid: str, grace_seconds: int, reason: str, message: str) -> Outcome:
+        async def evict(
+            self, ns: str, name: str, uid: str, grace_seconds: int, reason: str, message: str
+        ) -> EvictionOutcome:
             self.calls.append((name, grace_seconds))
             if self.down:
                 raise ConnectionError("connect: no such file or directory")
-            return Outcome.EVICTED
+            return EvictionOutcome.EVICTED
 
     @dataclass
     class Counts:
@@ -368,7 +380,7 @@ def test_a_pod_that_frees_next_to_nothing_is_never_a_victim() -> None:
 
 def test_pending_releases_are_credited_until_the_victim_is_gone() -> None:
     ev = Evictor(runtime=Scripted())
-    plan = Plan("MemoryEvict", Release(MiB, "threshold", "t"), [be(1, freeable_bytes=300 * MiB)], "bytes")
+    plan = EvictionPlan("MemoryEvict", Release(MiB, "threshold", "t"), [be(1, freeable_bytes=300 * MiB)], "bytes")
     asyncio.run(ev.execute(plan, {"u1": "kubepods/besteffort/pod1"}))
     held = {"u1": 250.0 * MiB}
     assert ev.settle(lambda p: held.get(p.uid)) == 250 * MiB
@@ -471,28 +483,29 @@ def test_memory_check_reads_the_pods_root_and_evicts_the_leaking_be_pod(tmp_path
 
 
 def test_the_cluster_client_is_a_backend_and_its_outcomes_are_understood() -> None:
-    from nriplugin.cluster.eviction import ApiEvictor, Result
-    from nriplugin.cluster.eviction import Outcome as ApiOutcome
+    from nriplugin.cluster.eviction import ApiEvictionOutcome, ApiEvictor, Result
     from nriplugin.qos.eviction.evictor import Backend, outcome
 
     def backend(b: ApiEvictor) -> Backend:  # mypy checks the client against the protocol
         return b
 
     assert backend is not None
-    assert outcome(ApiOutcome(Result.BLOCKED, 429, "budget")) is Outcome.BLOCKED
-    assert outcome(Result.GONE) is Outcome.GONE and outcome("nonsense") is Outcome.ERROR
+    assert outcome(ApiEvictionOutcome(Result.BLOCKED, 429, "budget")) is EvictionOutcome.BLOCKED
+    assert outcome(Result.GONE) is EvictionOutcome.GONE and outcome("nonsense") is EvictionOutcome.ERROR
 
     @dataclass
     class Api:
         calls: list[str] = field(default_factory=list)
 
-        async def evict(self, ns: str, name: str, uid: str, grace: int, reason: str, message: str) -> ApiOutcome:
+        async def evict(
+            self, ns: str, name: str, uid: str, grace: int, reason: str, message: str
+        ) -> ApiEvictionOutcome:
             self.calls.append(name)
             if name == "be-0":
-                return ApiOutcome(
+                return ApiEvictionOutcome(
                     Result.BLOCKED, 429, "Cannot evict pod as it would violate the pod's disruption budget"
                 )
-            return ApiOutcome(Result.EVICTED, 201, "")
+            return ApiEvictionOutcome(Result.EVICTED, 201, "")
 
     api: list[Api] = []  # the cluster side comes up later than the evictor
     ev = Evictor(runtime=Scripted(), cluster_of=lambda: api[0] if api else None)

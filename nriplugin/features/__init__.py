@@ -31,7 +31,7 @@ class FeatureFailed(Exception):
 
 
 @dataclass
-class Outcome:
+class FeaturesOutcome:
     intent: Intent
     failed: list[tuple[str, str]] = field(default_factory=list)  # (feature, reason) skipped fail-open
 
@@ -65,7 +65,7 @@ class EnabledSteps:
         return last[1]
 
 
-def desired_state(ctx: Context, steps: tuple[Step, ...] | None = None) -> Outcome:
+def desired_state(ctx: Context, steps: tuple[Step, ...] | None = None) -> FeaturesOutcome:
     """Run every enabled feature for ``ctx`` (``steps``: :func:`enabled`'s for its policy,
     when the caller keeps them). Bad input in a fail-open feature skips that feature
     (recorded in ``failed``); in a fail-closed one it raises FeatureFailed."""
@@ -83,7 +83,7 @@ def desired_state(ctx: Context, steps: tuple[Step, ...] | None = None) -> Outcom
             intent.files, intent.resctrl_group, intent.core_sched_group, intent.rdt_class = before
             failed.append((name, str(exc)))
     intent.owner = ""
-    return Outcome(intent, failed)
+    return FeaturesOutcome(intent, failed)
 
 
 __all__ = [
@@ -93,9 +93,9 @@ __all__ = [
     "Context",
     "Feature",
     "FeatureFailed",
+    "FeaturesOutcome",
     "Intent",
     "InvalidInput",
-    "Outcome",
     "Setting",
     "batch",
     "blkio",

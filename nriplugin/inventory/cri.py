@@ -28,7 +28,7 @@ from nriplugin.cri import api_pb2 as cri
 from nriplugin.cri.client import AsyncCRI
 from nriplugin.node.model import POD_PREFIX
 from nriplugin.nri import api_pb2 as api
-from nriplugin.obs.quiet import Quiet
+from nriplugin.obs.unobserved import Unobserved
 from nriplugin.pacing.turns import Pacer
 
 log = logging.getLogger("nriplugin.inventory")
@@ -195,7 +195,7 @@ class CriInventory:
         self.adopter = adopter
         # With NRI up, StartContainer tells us a pending container started: no need to poll.
         self.hooks_live = hooks_live
-        self.observer: InventoryObserver = observer or Quiet()
+        self.observer: InventoryObserver = observer or Unobserved()
         self.period = period
         self.min_interval = min_interval  # a burst of new directories costs one inventory
         self._pods: dict[str, api.PodSandbox] = {}

@@ -189,7 +189,7 @@ _DEVICE_RULE = re.compile(r"^([0-9]{1,4}):([0-9]{1,7}) ([0-9]{1,19})$")
 
 
 @dataclass
-class Outcome:
+class WriteOutcome:
     status: str  # "written", "unchanged", "unsupported", "missing" (cgroup gone), "rejected"; "held" (the writer's)
     errno: int = 0
     detail: str = ""
@@ -421,22 +421,22 @@ class Cgroups:
 
     def write(
         self, group: str, resource: str, value: int | str, *, period: int | None = None, force: bool = False
-    ) -> Outcome:
+    ) -> WriteOutcome:
         """Write one value (validated first; raises InvalidValue). Skips unchanged values."""
         text = self.encode(resource, value, period)
         if resource in self.unsupported:
-            return Outcome("unsupported")
+            return WriteOutcome("unsupported")
         try:
             path = self.file(group, resource)
         except KeyError as exc:
             self._mark_unsupported(resource, str(exc.args[0]))
-            return Outcome("unsupported")
+            return WriteOutcome("unsupported")
         if not path.parent.is_dir():
-            return Outcome("missing", errno.ENOENT, f"cgroup {group} does not exist")
+            return WriteOutcome("missing", errno.ENOENT, f"cgroup {group} does not exist")
         if not force:
             try:
                 if path.read_text().strip() == text:
-                    return Outcome("unchanged")
+                    return WriteOutcome("unchanged")
             except FileNotFoundError:
                 pass
             except OSError:
@@ -445,7 +445,7 @@ class Cgroups:
             fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
         except FileNotFoundError:
             self._mark_unsupported(resource, f"{path.name} does not exist on this kernel")
-            return Outcome("unsupported", errno.ENOENT)
+            return WriteOutcome("unsupported", errno.ENOENT)
         except OSError as exc:
             if exc.errno == errno.ELOOP:  # the file is a symbolic link: never followed
                 raise PermissionError(f"refusing {path}: a symbolic link") from exc
@@ -456,15 +456,15 @@ class Cgroups:
             # The kernel refused: either it lacks the feature or the value is out of its own
             # bounds. Re-probe the feature at the top of the hierarchy before deciding.
             if exc.errno == errno.EINVAL and self._idle_weight(resource, path):
-                return Outcome("unchanged", exc.errno, f"{path.parent}: cpu.idle=1, the kernel keeps its weight")
+                return WriteOutcome("unchanged", exc.errno, f"{path.parent}: cpu.idle=1, the kernel keeps its weight")
             refused = exc.errno in (errno.EINVAL, errno.EPERM, errno.EACCES, errno.EOPNOTSUPP)
             if refused and not self.supported(resource):
                 self._mark_unsupported(resource, f"{exc.strerror} writing {path.name}")
-                return Outcome("unsupported", exc.errno or 0)
-            return Outcome("rejected", exc.errno or 0, f"{exc.strerror} writing {text!r} to {path}")
+                return WriteOutcome("unsupported", exc.errno or 0)
+            return WriteOutcome("rejected", exc.errno or 0, f"{exc.strerror} writing {text!r} to {path}")
         finally:
             os.close(fd)
-        return Outcome("written")
+        return WriteOutcome("written")
 
     def fit_descendants(self, group: str, quota: int, period: int | None = None) -> list[tuple[str, int, int]]:
         """Make room for ``group`` to take ``quota`` per ``period`` (its own period when None).

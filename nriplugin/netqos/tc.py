@@ -17,7 +17,7 @@ u32, mirred, HTB and clsact are the pieces required (:func:`probe` says which ex
 pod's leaf has its own queue, so a bulk flow queues behind itself, never in front of another
 pod's packets; fq_codel is that queue where the kernel has it, else a short pfifo.
 
-:meth:`TC.sync` makes the kernel match a :class:`Plan` (read, compare, change only what
+:meth:`TC.sync` makes the kernel match a :class:`TcPlan` (read, compare, change only what
 differs) and returns what it changed: the reconciler's drift and repairs.
 """
 
@@ -90,7 +90,7 @@ class PodPlan:
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
+class TcPlan:
     node: NodeNet
     pods: tuple[PodPlan, ...] = ()
 
@@ -393,7 +393,7 @@ class TC:
 
     # the whole -------------------------------------------------------------------------------------
 
-    def sync(self, plan: Plan) -> list[str]:
+    def sync(self, plan: TcPlan) -> list[str]:
         """Make the kernel match ``plan``; returns what had to change (empty: it matched).
         Pods whose veth is gone are skipped (their rules went with it)."""
         changes: list[str] = []
@@ -524,4 +524,4 @@ def _htb_params(c: Any) -> tuple[int, int, int]:
     return int(rate), int(ceil), int(p["prio"])
 
 
-__all__ = ["DIRECTIONS", "TC", "Plan", "PodPlan", "Rates", "Snapshot", "TCError", "leaf_handle", "level_handle"]
+__all__ = ["DIRECTIONS", "TC", "PodPlan", "Rates", "Snapshot", "TCError", "TcPlan", "leaf_handle", "level_handle"]

@@ -203,7 +203,7 @@ class QoSPlugin(Plugin):
         self._births: dict[tuple[object, ...], tuple[api.ContainerAdjustment | None, bool, bool]] = {}
         # LinuxRdt by resctrl group, while the policy and runtime stay (None: not this path)
         self._rdt: tuple[Policy, dict[str, api.LinuxRdt] | None] | None = None
-        self._born_with = born_with.Plans()  # what BE is born with, while the policy and runtime stay
+        self._born_with = born_with.BirthPlans()  # what BE is born with, while the policy and runtime stay
 
     def runtime_caps(self, caps: RuntimeCaps) -> None:
         """Decided once per connection: which process attributes BE is born with, which

@@ -40,7 +40,7 @@ from nriplugin.nri import api_pb2 as api
 from nriplugin.nri import ttrpc
 from nriplugin.nri.runtime import VENDORED, RuntimeCaps, from_configure
 from nriplugin.nri.transport import CallError, Trunk, TrunkTraffic, open_trunk
-from nriplugin.obs.quiet import Quiet
+from nriplugin.obs.unobserved import Unobserved
 
 log = logging.getLogger("nriplugin.nri")
 
@@ -169,7 +169,7 @@ class HookPolicy:
     fail_closed: bool = False
 
 
-class Observer(Protocol):
+class StubObserver(Protocol):
     """What the stub reports; metrics.py implements it. All calls must be cheap."""
 
     def hook_done(self, event: str, seconds: float) -> None: ...
@@ -206,7 +206,7 @@ class BufferedObserver:
     def message_refused(self, length: int, limit: int) -> None:
         self._keep("message_refused", length, limit)
 
-    def replay(self, target: Observer) -> None:
+    def replay(self, target: StubObserver) -> None:
         for name, args in self.calls:
             getattr(target, name)(*args)
         self.calls.clear()
@@ -347,7 +347,7 @@ class Stub:
         self,
         plugin: Plugin,
         options: StubOptions | None = None,
-        observer: Observer | None = None,
+        observer: StubObserver | None = None,
         *,
         placeholder: bool = False,
     ) -> None:
@@ -358,7 +358,7 @@ class Stub:
         if not self.events:
             # A zero mask means "everything" to the runtime: refuse rather than surprise.
             raise ValueError(f"{type(plugin).__name__} implements no event handler")
-        self.observer: Observer = observer or Quiet()
+        self.observer: StubObserver = observer or Unobserved()
         self.trunk: Trunk | None = None
         self.ready = asyncio.Event()  # configured (and synchronized when the runtime does that)
         self.runtime: tuple[str, str] = ("", "")

@@ -425,7 +425,7 @@ PluginName = Literal["NodeQOSResource", "SystemQOSResource", "CPUBurst", "CPUSup
 PLUGINS: tuple[PluginName, ...] = get_args(PluginName)
 
 
-class QoSManager(_M):
+class QoSManagerPolicy(_M):
     """The QoS manager. ``profile`` (``profiles.py``) applies first; fields set here win."""
 
     enable: bool = True
@@ -535,7 +535,7 @@ class Policy(_M):
     resourceQOSStrategy: ResourceQOSStrategy = ResourceQOSStrategy()
     cpuBurstStrategy: CPUBurstStrategy = CPUBurstStrategy()
     resourceUsedThresholdWithBE: ResourceThresholdStrategy = ResourceThresholdStrategy()
-    qosManager: QoSManager = QoSManager()
+    qosManager: QoSManagerPolicy = QoSManagerPolicy()
     systemStrategy: SystemStrategy = SystemStrategy()
     beProcess: BEProcess = BEProcess()
     containerPidsLimit: ContainerPidsLimit = ContainerPidsLimit()

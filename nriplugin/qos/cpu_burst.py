@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 
 from nriplugin.intent.core import requested
 from nriplugin.node.model import pod_key
-from nriplugin.policy.model import CPUBurst as Config
-from nriplugin.policy.model import QoSManager as ManagerConfig
+from nriplugin.policy.model import CPUBurst, QoSManagerPolicy
 from nriplugin.qos.cpu_suppress import MIN_QUOTA_US, PERIOD_US
 from nriplugin.qos.sample import LS_CLASSES
 from nriplugin.qos.strategy import Capacity, Decision, Host, Round, Strategy, register
@@ -125,7 +124,7 @@ class CPUBurstStrategy(Strategy):
         self._granted: set[str] = set()  # bursts the kernel took (counted as granted)
 
     @classmethod
-    def configured(cls, cfg: ManagerConfig) -> bool:
+    def configured(cls, cfg: QoSManagerPolicy) -> bool:
         return cfg.cpuBurst.enabled
 
     def decide(self, r: Round) -> None:
@@ -151,7 +150,7 @@ class CPUBurstStrategy(Strategy):
         self.extra = 0.0
         return bursting
 
-    def burst(self, now: float, cap: Capacity, b: Config) -> float:
+    def burst(self, now: float, cap: Capacity, b: CPUBurst) -> float:
         """LS containers at their limit get ``limit x ratio`` while the node (BE left out: it
         yields) is idle enough and the extra fits; returns the extra cores granted."""
         self.burster.duration, self.burster.cooldown = b.burstDuration, b.burstCooldown

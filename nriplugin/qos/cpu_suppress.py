@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from nriplugin.policy.model import QoSManager as ManagerConfig
+from nriplugin.policy.model import QoSManagerPolicy
 from nriplugin.policy.qos import QoSClass
 from nriplugin.qos.levels import Level
 from nriplugin.qos.strategy import Capacity, Decision, Host, Round, Strategy, register
@@ -200,7 +200,7 @@ class CPUSuppressStrategy(Strategy):
         self._checked_idle: set[str] = set()  # QoS-level groups checked for a left cpu.idle
 
     @classmethod
-    def configured(cls, cfg: ManagerConfig) -> bool:
+    def configured(cls, cfg: QoSManagerPolicy) -> bool:
         return cfg.cpuSuppress.enabled
 
     def decide(self, r: Round) -> None:

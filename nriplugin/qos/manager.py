@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from nriplugin.kernel.psi_trigger import PressureWatch, Trigger, open_trigger
 from nriplugin.node.desired import DesiredState
 from nriplugin.node.model import POD_PREFIX, NodeModel
-from nriplugin.obs.quiet import Quiet
+from nriplugin.obs.unobserved import Unobserved
 from nriplugin.pacing.turns import Pacer
 from nriplugin.policy.cache import RuleCache
 from nriplugin.policy.qos import QoSClass
@@ -49,10 +49,10 @@ from nriplugin.qos.strategy import (
     Decision,
     EvictionHook,
     FastUsage,
-    Observer,
     Owner,
     Round,
     Strategy,
+    StrategyObserver,
 )
 from nriplugin.qos.trends import Trends
 
@@ -175,7 +175,7 @@ class QoSManager:
         owner: Owner,
         collector: Collector,
         rules: RuleCache,
-        observer: Observer | None = None,
+        observer: StrategyObserver | None = None,
         psi_path: str | None = "/proc/pressure/cpu",
         eviction: EvictionHook | None = None,
         pacer: Pacer | None = None,
@@ -188,7 +188,7 @@ class QoSManager:
         self.owner = owner
         self.collector = collector
         self.rules = rules
-        self.observer: Observer = observer or Quiet()
+        self.observer: StrategyObserver = observer or Unobserved()
         self.decisions: deque[Decision] = deque(maxlen=50)
         self.last: NodeSample | None = None
         self.trends = Trends(HISTORY)  # the scores' 5-minute trends, kept incrementally

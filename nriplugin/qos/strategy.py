@@ -28,8 +28,7 @@ from typing import ClassVar, Protocol, TypeVar
 
 from nriplugin.node.desired import DesiredState
 from nriplugin.node.model import NodeModel
-from nriplugin.policy.model import PLUGINS, PluginName, Policy
-from nriplugin.policy.model import QoSManager as Config
+from nriplugin.policy.model import PLUGINS, PluginName, Policy, QoSManagerPolicy
 from nriplugin.qos.collect import ContainerUsage
 from nriplugin.qos.levels import Level
 from nriplugin.qos.sample import FastSample, NodeSample
@@ -96,7 +95,7 @@ class Round:
         return f" [CPU score {self.cpu_score:.0f}; last round's terms: {terms}]"
 
     @property
-    def config(self) -> Config:
+    def config(self) -> QoSManagerPolicy:
         """The policy's ``qosManager`` section."""
         return self.policy.qosManager
 
@@ -128,7 +127,7 @@ class Owner(Protocol):
     def own_group(self, path: str) -> str: ...
 
 
-class Observer(Protocol):
+class StrategyObserver(Protocol):
     def round_done(self, seconds: float, collect_seconds: float) -> None: ...
     def scores(self, cpu: float, cpu_level: str, memory: float, memory_level: str) -> None: ...
     def be_limit(self, cores: float) -> None: ...
@@ -158,7 +157,7 @@ class Host(Protocol):
     @property
     def collector(self) -> Collector: ...
     @property
-    def observer(self) -> Observer: ...
+    def observer(self) -> StrategyObserver: ...
     @property
     def decisions(self) -> deque[Decision]: ...
     @property
@@ -177,12 +176,12 @@ class Strategy(Protocol):
     def __init__(self, host: Host) -> None: ...
 
     @classmethod
-    def configured(cls, cfg: Config) -> bool:
+    def configured(cls, cfg: QoSManagerPolicy) -> bool:
         """Whether its own section of the policy is enabled."""
         return True
 
     @classmethod
-    def runs(cls, cfg: Config) -> bool:
+    def runs(cls, cfg: QoSManagerPolicy) -> bool:
         """Whether the policy runs it: the manager on, the name listed, its section enabled."""
         return cfg.enable and cls.name in cfg.plugins and cls.configured(cfg)
 

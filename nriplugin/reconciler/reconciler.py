@@ -37,7 +37,7 @@ from nriplugin.kernel.inotify import IN_CREATE, IN_DELETE, IN_IGNORED, IN_ISDIR,
 from nriplugin.node.model import NodeModel, State
 from nriplugin.node.overlays import group_key
 from nriplugin.node.writer import Writer, children_first, parents_first, period_of
-from nriplugin.obs.quiet import Quiet
+from nriplugin.obs.unobserved import Unobserved
 from nriplugin.pacing.turns import Pacer
 
 log = logging.getLogger("nriplugin.reconciler")
@@ -85,7 +85,7 @@ class Desired(Protocol):
     def subscribe(self, fn: Callable[[list[str]], None]) -> None: ...
 
 
-class Observer(Protocol):
+class ReconcilerObserver(Protocol):
     """What the reconciler reports (metrics.ReconcilerMetrics implements it)."""
 
     def drift(self, resource: str) -> None: ...
@@ -101,7 +101,7 @@ class Reconciler:
         desired: Desired,
         writer: Writer,
         model: NodeModel | None = None,
-        observer: Observer | None = None,
+        observer: ReconcilerObserver | None = None,
         resync_period: float = 60.0,
         watch: bool = True,
         roots: Sequence[str] = (),
@@ -114,7 +114,7 @@ class Reconciler:
         self.desired = desired
         self.writer = writer
         self.cgroups: Cgroups = writer.cgroups
-        self.observer: Observer = observer or Quiet()
+        self.observer: ReconcilerObserver = observer or Unobserved()
         self.resync_period = resync_period
         self.entries: dict[str, Entry] = {}  # key: container id, "pod:<id>" or "group:<path>"
         self.by_dir: dict[str, str] = {}  # watched directory -> entry key

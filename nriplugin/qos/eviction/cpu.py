@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from nriplugin.qos.eviction.victims import Candidate, Candidates, Plan, Release, listed, rank_cpu
+from nriplugin.qos.eviction.victims import Candidate, Candidates, EvictionPlan, Release, listed, rank_cpu
 
 RELEASE_FACTOR = 1.2  # 20 % over the shortage: one eviction, not a second round of them
 MIN_CORES = 0.001  # a pod using less than a millicore is idle: evicting it frees nothing
@@ -135,7 +135,7 @@ class CpuEvict:
         """An eviction went out: the cooldown starts."""
         self.last_evicted = t
 
-    def decide(self, f: CpuFacts, cands: Candidates) -> Plan | None:
+    def decide(self, f: CpuFacts, cands: Candidates) -> EvictionPlan | None:
         cfg = self.cfg
         rel = emergency_release(f, cfg)
         if rel is None:
@@ -154,11 +154,11 @@ class CpuEvict:
         return None
 
     @staticmethod
-    def _plan(rel: Release, cands: Iterable[Candidate], unit: str) -> Plan | None:
+    def _plan(rel: Release, cands: Iterable[Candidate], unit: str) -> EvictionPlan | None:
         """The ranked victims that each free a meaningful share of the release, or None."""
-        plan = Plan("CPUEvict", rel, rank_cpu(cands), unit)
+        plan = EvictionPlan("CPUEvict", rel, rank_cpu(cands), unit)
         victims = [c for c in plan.victims if plan.meaningful(c)]
-        return Plan("CPUEvict", rel, victims, unit) if victims else None
+        return EvictionPlan("CPUEvict", rel, victims, unit) if victims else None
 
     def _satisfaction(self, f: CpuFacts) -> Release | None:
         cfg = self.cfg

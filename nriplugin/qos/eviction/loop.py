@@ -29,13 +29,13 @@ from nriplugin.kernel.memory_events import MemoryEvents
 from nriplugin.kernel.stats import Stats, WorkingSet
 from nriplugin.node.model import NodeModel
 from nriplugin.policy.cache import RuleCache
-from nriplugin.policy.model import QoSManager as Config
+from nriplugin.policy.model import QoSManagerPolicy
 from nriplugin.policy.qos import QoSClass
 from nriplugin.qos.collect import ContainerUsage, batch_cpu_request
 from nriplugin.qos.eviction.cpu import CpuConfig, CpuEvict, CpuFacts
 from nriplugin.qos.eviction.evictor import Evictor, Pending, Priorities
 from nriplugin.qos.eviction.memory import MemoryConfig, MemoryEvict, MemoryFacts
-from nriplugin.qos.eviction.victims import Candidate, Plan, label_priority
+from nriplugin.qos.eviction.victims import Candidate, EvictionPlan, label_priority
 from nriplugin.qos.sample import LS_CLASSES
 from nriplugin.qos.strategy import Host, Round, Strategy, register
 
@@ -117,7 +117,7 @@ class Eviction:
         self._pod_mem: dict[str, deque[tuple[float, int]]] = {}  # pod id -> (t, anon bytes)
         self.last_facts: MemoryFacts | None = None
         self.wakeups: deque[tuple[float, str]] = deque(maxlen=100)  # (t, what fired), for the bench
-        self.plans: deque[tuple[float, Plan]] = deque(maxlen=20)
+        self.plans: deque[tuple[float, EvictionPlan]] = deque(maxlen=20)
         self._pod_groups: dict[str, str] = {}
         evictor.on_evicted = self._on_evicted
 
@@ -266,12 +266,12 @@ class Eviction:
             self._submit(plan)
         return facts
 
-    def _submit(self, plan: Plan) -> None:
+    def _submit(self, plan: EvictionPlan) -> None:
         self.plans.append((self.clock(), plan))
         groups = {c.uid: g for c in plan.victims if (g := self._pod_groups.get(c.uid)) is not None}
         self.evictor.submit(plan, groups)
 
-    def _on_evicted(self, plan: Plan, c: Candidate) -> None:
+    def _on_evicted(self, plan: EvictionPlan, c: Candidate) -> None:
         if plan.strategy == "CPUEvict":
             self.cpu.evicted(self.clock())
 
@@ -462,7 +462,7 @@ class CPUEvictStrategy(Strategy):
         self.host = host
 
     @classmethod
-    def configured(cls, cfg: Config) -> bool:
+    def configured(cls, cfg: QoSManagerPolicy) -> bool:
         return cfg.cpuEvict.enabled
 
     def decide(self, r: Round) -> None:
@@ -481,7 +481,7 @@ class MemoryEvictStrategy(Strategy):
         self.host = host
 
     @classmethod
-    def configured(cls, cfg: Config) -> bool:
+    def configured(cls, cfg: QoSManagerPolicy) -> bool:
         return cfg.memoryEvict.enabled
 
     def decide(self, r: Round) -> None:

@@ -59,7 +59,7 @@ class Release:
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
+class EvictionPlan:
     strategy: str
     release: Release
     victims: list[Candidate]  # ranked; the evictor takes them in order until enough is freed
