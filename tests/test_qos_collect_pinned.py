@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from nriplugin.kernel.cgroup import Cgroups
+from nriplugin.kernel.cgroup import CFS_PERIOD_US, Cgroups
 from nriplugin.kernel.stats import NO_STALL, ProcCpu, Psi, PsiLine
 from nriplugin.node.assembly import Node
 from nriplugin.node.model import NodeModel, Record
@@ -19,7 +19,6 @@ from nriplugin.nri import api_pb2 as api
 from nriplugin.pacing.turns import Pacer
 from nriplugin.policy.qos import QoSClass
 from nriplugin.qos.collect import (
-    DEFAULT_PERIOD_US,
     Collector,
     ContainerUsage,
     _facts,
@@ -74,7 +73,7 @@ def record(qos: str, quota: int | None = None, period: int | None = None, shares
 
 
 def test_facts_limit_request_and_throttling() -> None:
-    assert DEFAULT_PERIOD_US == 100000
+    assert CFS_PERIOD_US == 100000
     f = _facts(QoSClass.LS, record("LS", 50000, 200000, shares=512))
     assert (f.qos, f.limit, f.request, f.throttling) == (QoSClass.LS, 0.25, 0.5, True)
     assert f.group is not None and f.group.endswith(f"c{1:063d}")
@@ -186,7 +185,7 @@ def _collector(
 
 def test_a_limit_of_one_microsecond_is_a_limit() -> None:
     f = _facts(QoSClass.LS, record("LS", 1))
-    assert (f.limit, f.throttling) == (1 / DEFAULT_PERIOD_US, True)
+    assert (f.limit, f.throttling) == (1 / CFS_PERIOD_US, True)
 
 
 def test_no_shares_requested_is_no_request() -> None:

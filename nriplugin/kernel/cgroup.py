@@ -25,14 +25,42 @@ MAX_SHARES, MIN_SHARES = 262144, 2
 MAX_WEIGHT, MIN_WEIGHT = 10000, 1
 PID_MAX_LIMIT = 4 * 1024 * 1024  # the kernel's ceiling on pid numbers (64-bit), so on pids.max
 MIN_QUOTA_US = 1000  # the kernel's smallest CFS quota (1 ms)
+CFS_PERIOD_US = 100_000  # the kernel's default CFS period (100 ms), and the kubelet's: where none is set
+
+
+def cfs_period(value: object) -> int:
+    """A CFS period as read or requested, or the default where there is none (unset, unread)."""
+    return value if isinstance(value, int) and value > 0 else CFS_PERIOD_US
+
 
 # Resources whose "no limit" is the word "max" in cgroup v1 too (v1's others take -1).
 MAX_WORD_V1 = frozenset({"pids.max"})
 
 
 class Version(IntEnum):
+    """The cgroup hierarchy; what differs between them is asked through the properties here
+    (and :class:`Cgroups`), never by comparing versions outside ``kernel/``."""
+
     V1 = 1
     V2 = 2
+
+    @property
+    def unified(self) -> bool:
+        """A runtime can set any of the group's files at creation, through OCI's ``unified``
+        map (cgroup v2); on v1 only what the runtime's resources have fields for."""
+        return self is Version.V2
+
+    @property
+    def parent_caps_quota(self) -> bool:
+        """The kernel refuses a child's CFS quota above its parent's (cgroup v1; v2's
+        ``cpu.max`` of each level simply applies)."""
+        return self is Version.V1
+
+    @property
+    def controllers(self) -> tuple[str, ...]:
+        """The hierarchies a group the agent manages has a directory in: one per controller
+        on v1 (cpu, cpuset, memory, blkio), the one tree ("") on v2."""
+        return ("cpu", "cpuset", "memory", "blkio") if self is Version.V1 else ("",)
 
 
 def shares_to_weight(shares: int) -> int:
@@ -138,7 +166,7 @@ RESOURCES: dict[str, Resource] = {
             weight_to_shares,
         ),
         # cpu.max on v2 is "QUOTA PERIOD"; quota and period are handled as one pair below.
-        Resource("cpu.cfs_quota_us", ("cpu", "cpu.cfs_quota_us"), "cpu.max", 1000, 2**44, -1),
+        Resource("cpu.cfs_quota_us", ("cpu", "cpu.cfs_quota_us"), "cpu.max", MIN_QUOTA_US, 2**44, -1),
         Resource("cpu.cfs_period_us", ("cpu", "cpu.cfs_period_us"), "cpu.max", 1000, 1_000_000),
         Resource("cpu.cfs_burst_us", ("cpu", "cpu.cfs_burst_us"), "cpu.max.burst", 0, 2**44),
         Resource("cpu.bvt_warp_ns", ("cpu", "cpu.bvt_warp_ns"), "cpu.bvt_warp_ns", -1, 2),
@@ -326,7 +354,7 @@ class Cgroups:
         if self.version is Version.V1 or isinstance(value, str):
             return str(value)
         if resource == "cpu.cfs_quota_us":
-            return f"{'max' if value == -1 else value} {period or 100000}"
+            return f"{'max' if value == -1 else value} {period or CFS_PERIOD_US}"
         if res.unlimited is not None and value == res.unlimited:
             return "max"
         if resource == "cpu.shares":
@@ -393,6 +421,25 @@ class Cgroups:
         if self.version is Version.V2 and res.to_v2 is not None:
             return isinstance(have, int) and res.to_v2(have) == res.to_v2(value)
         return have == value
+
+    @property
+    def hierarchy(self) -> Version:
+        """The tree's version (detected at construction when not given)."""
+        assert self.version is not None
+        return self.version
+
+    def unified_entry(self, resource: str, value: int | str) -> tuple[str, str] | None:
+        """The OCI ``unified`` map's entry (v2 file, encoded value) that sets ``resource`` at
+        creation; None where there is none (cgroup v1, or no v2 file)."""
+        res = RESOURCES.get(resource)
+        if self.version is not Version.V2 or res is None or res.v2 is None:
+            return None
+        return res.v2, self.encode(resource, value)
+
+    @property
+    def weight_to_learn(self) -> bool:
+        """cgroup v2 and the runtime's cpu.shares -> cpu.weight mapping not learned yet."""
+        return self.version is Version.V2 and not self.weight_learned
 
     def learn_weight_mapping(self, group: str, shares: int) -> str | None:
         """cgroup v2: which cpu.shares -> cpu.weight mapping the runtime used, from a container
@@ -486,8 +533,7 @@ class Cgroups:
             if d == top:
                 break  # the group itself comes last: a leaf (a container's group) costs one listing
             if period is None:  # read once, and only for a group that has descendants
-                have = self.read(group, "cpu.cfs_period_us")
-                period = have if isinstance(have, int) and have > 0 else 100_000
+                period = cfs_period(self.read(group, "cpu.cfs_period_us"))
             try:
                 old = int(_read(f"{d}/cpu.cfs_quota_us"))
                 new = max(MIN_QUOTA_US, quota * int(_read(f"{d}/cpu.cfs_period_us")) // period)

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from nriplugin.features import FeatureFailed, Intent, born_with, resctrl
 from nriplugin.intent.core import requested
-from nriplugin.kernel.cgroup import RESOURCES, Cgroups, Version
+from nriplugin.kernel.cgroup import Cgroups, Version
 from nriplugin.kernel.cpulist import format_cpulist
 from nriplugin.node.assembly import Node
 from nriplugin.nri import api_pb2 as api
@@ -64,11 +64,11 @@ def to_resources(intent: Intent, cg: Cgroups, out: api.LinuxResources, fields: t
         out.memory.limit.value = int(v["memory.limit_in_bytes"])
     if "pids.max" in v and "pids.max" in fields:
         out.pids.limit = int(v["pids.max"])
-    if cg.version is Version.V2:
-        for s in intent.files.values():
-            res = RESOURCES.get(s.resource)
-            if s.resource not in fields and not s.device and res is not None and res.v2 is not None:
-                out.unified[res.v2] = cg.encode(s.resource, s.value)
+    for s in intent.files.values():
+        if s.resource not in fields and not s.device:
+            entry = cg.unified_entry(s.resource, s.value)
+            if entry is not None:
+                out.unified[entry[0]] = entry[1]
     if intent.rdt_class:
         out.rdt_class.value = intent.rdt_class
     return bool(intent.files) or bool(intent.rdt_class)
@@ -137,7 +137,7 @@ def runtime_paths(
         pids = "off (policy containerPidsLimit sets none: the runtime's)"
     elif runtime.supports("pids_limit"):
         pids = f"in force through NRI (LinuxResources.pids at CreateContainer, runtime NRI {nri})"
-    elif cgroup is Version.V2:
+    elif cgroup is not None and cgroup.unified:
         pids = f"in force through NRI's cgroup v2 unified map (runtime NRI {nri} < v0.8 has no pids field)"
     else:
         pids = f"in force, written by the agent at StartContainer (runtime NRI {nri} < v0.8, cgroup v1)"
@@ -422,20 +422,17 @@ class QoSPlugin(Plugin):
         except FeatureFailed:
             return
         r = self.model.get(key)
-        if (
-            r is not None
-            and r.group is not None
-            and self.cgroups.version is Version.V2
-            and not self.cgroups.weight_learned
-        ):
+        if r is not None and r.group is not None and self.cgroups.weight_to_learn:
             self._learn_weight_mapping(r.group, intent, container)
         if intent is not None and r is not None and r.group is not None:
-            v1 = self.cgroups.version is Version.V1  # on v2 NRI's unified carried all but devices
+            uncarried = not self.cgroups.hierarchy.unified  # a unified map carried all but devices
             late = self._quota_late(intent, _is_be(pod))
             extra = [
                 s
                 for s in intent.settings()
-                if s.device or (v1 and s.resource not in self.fields) or (late and s.resource == "cpu.cfs_quota_us")
+                if s.device
+                or (uncarried and s.resource not in self.fields)
+                or (late and s.resource == "cpu.cfs_quota_us")
             ]
             if extra:
                 self.writer.apply(r.group, extra, f"{pod.namespace}/{pod.name}/{container.name}")
@@ -462,7 +459,7 @@ class QoSPlugin(Plugin):
         container's own finite quota never travels in its spec: the one writer writes it at
         StartContainer (the cgroup exists, the process has not run), capped as the group is
         then. Until then it runs nothing, so nothing escapes the limit."""
-        if not be or self.cgroups.version is not Version.V1:
+        if not be or not self.cgroups.hierarchy.parent_caps_quota:
             return False
         q = intent.get("cpu.cfs_quota_us")
         return isinstance(q, int) and q > 0

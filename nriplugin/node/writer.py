@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 
 from nriplugin.features import resctrl
 from nriplugin.intent.core import BURST, PERIOD, QUOTA, Intent, Setting
-from nriplugin.kernel.cgroup import Cgroups, InvalidValue, WriteOutcome
+from nriplugin.kernel.cgroup import Cgroups, InvalidValue, WriteOutcome, cfs_period
 from nriplugin.kernel.coresched import CoreSched
 from nriplugin.kernel.resctrl import ResctrlError, ResctrlFS
 from nriplugin.kernel.sched import IDLE, Scheduler
@@ -129,7 +129,7 @@ class Writer:
             cur_period = self.cgroups.read(group, PERIOD)
         except (OSError, ValueError):
             cur_period = None
-        have = cur_period if isinstance(cur_period, int) and cur_period > 0 else 100_000
+        have = cfs_period(cur_period)
         want = period_of(settings) or have
         return quota * have > cur * want
 

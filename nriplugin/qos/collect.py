@@ -26,7 +26,7 @@ from typing import NamedTuple, Protocol
 from nriplugin.features import batch
 from nriplugin.intent.core import InvalidInput, requested
 from nriplugin.kernel import paths
-from nriplugin.kernel.cgroup import Cgroups
+from nriplugin.kernel.cgroup import CFS_PERIOD_US, Cgroups, cfs_period
 from nriplugin.kernel.stats import CpuStat, MemInfo, ProcCpu, Psi, Stats
 from nriplugin.node.model import Record, State, pod_key
 from nriplugin.nri import api_pb2 as api
@@ -37,7 +37,6 @@ from nriplugin.qos.sample import ClassUsage, FastSample, NodeSample, Pressure
 
 GROUPS_KEY = "groups:"  # the counters of QoS-level groups, next to the containers'
 LS_CLASSES = frozenset({QoSClass.LSE, QoSClass.LSR, QoSClass.LS})
-DEFAULT_PERIOD_US = 100000  # the kernel's (and kubelet's) CFS period when none is requested
 MEMORY_EVERY = 5  # rounds between reads of a known container's memory files
 ABSENT_MAX_WAIT = 64  # rounds at most between looks for a container's missing cgroup
 
@@ -113,7 +112,7 @@ def _facts(qos: QoSClass, r: Record) -> _Facts:
     c = r.container
     quota = requested(c, "cpu.cfs_quota_us")
     limited = bool(quota and quota > 0)
-    limit = quota / (requested(c, "cpu.cfs_period_us") or DEFAULT_PERIOD_US) if quota and limited else None
+    limit = quota / (requested(c, "cpu.cfs_period_us") or CFS_PERIOD_US) if quota and limited else None
     request = batch_cpu_request(r.pod, c) if qos is QoSClass.BE and c is not None else None
     if request is None:
         request = (requested(c, "cpu.shares") or 0) / 1024
@@ -566,7 +565,7 @@ class Collector:
             period = cg.read(group, "cpu.cfs_period_us")
         except (OSError, ValueError):
             return None
-        return quota / (period if isinstance(period, int) and period > 0 else DEFAULT_PERIOD_US)
+        return quota / cfs_period(period)
 
     def _rates(self, t: float, key: str, cpu: CpuStat) -> tuple[float, float, int, int, float | None]:
         """A container's cores and throttled ratio since its last reading (zeros the first time),

@@ -25,9 +25,9 @@ import math
 from dataclasses import dataclass, field
 
 from nriplugin.intent.core import requested
+from nriplugin.kernel.cgroup import CFS_PERIOD_US, MIN_QUOTA_US
 from nriplugin.node.model import pod_key
 from nriplugin.policy.model import CPUBurst, QoSManagerPolicy
-from nriplugin.qos.cpu_suppress import MIN_QUOTA_US, PERIOD_US
 from nriplugin.qos.sample import LS_CLASSES
 from nriplugin.qos.strategy import Capacity, Decision, Host, Round, Strategy, register
 
@@ -193,7 +193,7 @@ class CPUBurstStrategy(Strategy):
         quota = requested(r.container, "cpu.cfs_quota_us")
         pk = pod_key(r.pod.id)
         if change.ratio > 1 and quota:
-            period = requested(r.container, "cpu.cfs_period_us") or PERIOD_US
+            period = requested(r.container, "cpu.cfs_period_us") or CFS_PERIOD_US
             raised = int(quota * change.ratio)
             self._pod_share(pk, key, (raised - quota) / period, change.why)  # the pod first
             values: dict[str, int | str] = {"cpu.cfs_quota_us": raised, "cpu.cfs_period_us": period}
@@ -224,7 +224,7 @@ class CPUBurstStrategy(Strategy):
                 return  # no pod-level quota (-1): the container's is the only one
             period = desired.current(pk, "cpu.cfs_period_us")
             ok = isinstance(period, int) and 1000 <= period <= 1_000_000
-            held = self._pods[pk] = (base, period if ok and isinstance(period, int) else PERIOD_US, {})
+            held = self._pods[pk] = (base, period if ok and isinstance(period, int) else CFS_PERIOD_US, {})
         base, period, extras = held
         if extra_cores > 0:
             extras[key] = math.ceil(extra_cores * period)

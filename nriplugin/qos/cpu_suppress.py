@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from nriplugin.kernel.cgroup import CFS_PERIOD_US, MIN_QUOTA_US
 from nriplugin.policy.model import QoSManagerPolicy
 from nriplugin.policy.qos import QoSClass
 from nriplugin.qos.levels import Level
@@ -38,9 +39,6 @@ log = logging.getLogger("nriplugin.qos")
 SUPPRESS = "qos:cpuSuppress"  # the overlays' owner
 IDLE = "qos:giveBackIdle"  # the owner of the cpu.idle a previous agent left on BE's groups
 KUBELET_BE_SHARES = 2  # the kubelet's cpu.shares for its besteffort group (MinShares)
-
-PERIOD_US = 100_000  # the CFS period the BE group's quota is expressed in
-MIN_QUOTA_US = 1_000  # the kernel's minimum quota (1 ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +98,7 @@ def be_groups(pods_roots: Iterable[str]) -> list[str]:
 
 
 def quota_us(cores: float) -> int:
-    return max(MIN_QUOTA_US, int(cores * PERIOD_US))
+    return max(MIN_QUOTA_US, int(cores * CFS_PERIOD_US))
 
 
 @dataclass
@@ -295,7 +293,7 @@ class CPUSuppressStrategy(Strategy):
         unlimited = not math.isfinite(new)
         values: dict[str, int | str] = {
             "cpu.cfs_quota_us": -1 if unlimited else quota_us(new),
-            "cpu.cfs_period_us": PERIOD_US,
+            "cpu.cfs_period_us": CFS_PERIOD_US,
         }
         # cgroup v1 refuses a child's quota above its parent's: BE's pods and containers get
         # the limit as a ceiling (new ones at birth too). The desired state keeps it in force

@@ -211,18 +211,17 @@ class QoSManager:
         self._no_capacity_said = False
         self._wake = asyncio.Event()
         self.strategies: tuple[Strategy, ...] = tuple(cls(self) for cls in STRATEGIES)
-        self._burst = next(s for s in self.strategies if isinstance(s, CPUBurstStrategy))
-        self._suppress = next(s for s in self.strategies if isinstance(s, CPUSuppressStrategy))
+        self._by_name: dict[str, Strategy] = {s.name: s for s in self.strategies}
 
     @property
     def limiter(self) -> Limiter:
         """BE's limit (CPUSuppress's)."""
-        return self._suppress.limiter
+        return REGISTRY.made(self._by_name, CPUSuppressStrategy).limiter
 
     @property
     def burster(self) -> Burster:
         """The LS bursts (CPUBurst's)."""
-        return self._burst.burster
+        return REGISTRY.made(self._by_name, CPUBurstStrategy).burster
 
     # the loop ---------------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ import asyncio
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Protocol, TypeVar
+from typing import ClassVar, Protocol, TypeVar, cast
 
 from nriplugin.node.desired import DesiredState
 from nriplugin.node.model import NodeModel
@@ -197,6 +197,7 @@ class Strategy(Protocol):
 
 
 S = TypeVar("S", bound=type[Strategy])
+T = TypeVar("T", bound=Strategy)
 
 
 class Registry:
@@ -215,6 +216,14 @@ class Registry:
             raise TypeError(f"{name} has two strategies: {self._by_name[name].__qualname__} and {cls.__qualname__}")
         self._by_name[name] = cls
         return cls
+
+    def made(self, running: Mapping[str, Strategy], cls: type[T]) -> T:
+        """The strategy made from ``cls`` among ``running`` (the manager's, by name): what the
+        view shows of one strategy (BE's limit, the LS bursts) is asked by its registered
+        name, and ``cls`` must be the class registered for it."""
+        if self._by_name.get(cls.name) is not cls:
+            raise KeyError(f"{cls.__qualname__} is not the strategy registered for {cls.name}")
+        return cast(T, running[cls.name])
 
     def strategies(self) -> tuple[type[Strategy], ...]:
         """Every strategy in the run order; an error unless each plugin name has one."""

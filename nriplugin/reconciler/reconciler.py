@@ -274,7 +274,7 @@ class Reconciler:
         self.cgroups.forget(entry.group)
 
     def _dirs(self, group: str, checked: bool = True) -> list[str]:
-        ctrls = ("cpu", "cpuset", "memory", "blkio") if self.cgroups.version == 1 else ("",)
+        ctrls = self.cgroups.hierarchy.controllers
         out = []
         for c in ctrls:
             try:

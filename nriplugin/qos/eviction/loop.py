@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
-from nriplugin.kernel.cgroup import Cgroups, Version
+from nriplugin.kernel.cgroup import Cgroups
 from nriplugin.kernel.memory_events import MemoryEvents
 from nriplugin.kernel.stats import Stats, WorkingSet
 from nriplugin.node.model import NodeModel
@@ -157,20 +157,7 @@ class Eviction:
             marks = tuple(sorted({int(cap * p / 100) for p in (*LADDER, cfg.threshold_percent)}))
             if self._armed.get(root) == marks:
                 continue
-            problems: list[str] = []
-            if self.cgroups.version is Version.V1:
-                for i, b in enumerate(marks):
-                    why = ev.v1_threshold(f"{root}:usage{i}", d, b)
-                    if why:
-                        problems.append(why)
-                why = ev.v1_pressure(f"{root}:pressure", d, "critical", "hierarchy")
-            else:
-                why = ev.v2_events(f"{root}:events", d)
-                if why:
-                    problems.append(why)
-                why = ev.v2_pressure(f"{root}:pressure", d)
-            if why:
-                problems.append(why)
+            problems = ev.watch_group(root, d, self.cgroups.hierarchy, marks)
             self._armed[root] = marks
             if problems:
                 log.info("memory events on %s: %s; the 1 s rounds check it too", root, "; ".join(problems))
