@@ -120,3 +120,10 @@ def test_no_module_keeps_state_in_globals_or_reaches_into_asyncio() -> None:
             elif isinstance(node, ast.Attribute) and node.attr in ("_ready", "_process_events"):
                 found.append(f"{path}:{node.lineno}: .{node.attr}")
     assert found == []
+
+
+def test_the_version_is_pyprojects() -> None:
+    import tomllib
+
+    project = tomllib.loads((ROOT.parent / "pyproject.toml").read_text())["project"]
+    assert nriplugin.__version__ == project["version"]

@@ -68,9 +68,9 @@ def test_quota_and_cpuset_size() -> None:
 # --- Limiter --------------------------------------------------------------------------------
 
 
-def test_limiter_defaults() -> None:
+def test_limiter_defaults_are_the_policys() -> None:
     lim = Limiter()
-    assert (lim.deadband, lim.relax_hold, lim.max_relax_per_minute, lim.current, lim.writes) == (0.1, 3.0, 2, None, 0)
+    assert (lim.deadband, lim.relax_hold, lim.max_relax_per_minute, lim.current, lim.writes) == (0.2, 2.0, 4, None, 0)
 
 
 def test_the_deadband_is_exclusive_both_ways() -> None:

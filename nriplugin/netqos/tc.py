@@ -41,7 +41,6 @@ TOP = 0x10001  # 1:1, the node total
 LEVEL_MINOR = 0x10  # 1:10 + level
 FIRST_LEAF = 0x100
 LAST_LEAF = 0xFFFE
-CLSACT = 0xFFFF0000
 TC_H_ROOT = 0xFFFFFFFF
 HOOK = {"egress": 0xFFFFFFF2, "ingress": 0xFFFFFFF3}  # pod direction -> clsact hook of its host veth
 REDIRECT_PRIO = 0xC0DE  # our filters' priorities on a veth's clsact hooks, one per pod direction

@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from nriplugin.kernel.cgroup import CFS_PERIOD_US, MIN_QUOTA_US
-from nriplugin.policy.model import QoSManagerPolicy
+from nriplugin.policy.model import CPUSuppress, QoSManagerPolicy
 from nriplugin.policy.qos import QoSClass
 from nriplugin.qos.levels import Level
 from nriplugin.qos.strategy import Capacity, Decision, Host, Round, Strategy, register
@@ -112,9 +112,10 @@ class Limiter:
     (1 s windows) decide, though they count towards the lowest target seen while a raise is
     held: a raise goes only as high as every sample of the hold allowed."""
 
-    deadband: float = 0.1  # cores
-    relax_hold: float = 3.0  # seconds a looser target must last before it is applied
-    max_relax_per_minute: int = 2
+    # The policy's defaults (qosManager.cpuSuppress), until a round applies the policy in force.
+    deadband: float = CPUSuppress().deadbandCores  # cores
+    relax_hold: float = CPUSuppress().raiseDelay  # seconds a looser target must last before it is applied
+    max_relax_per_minute: int = CPUSuppress().maxWritesPerMinute
     current: float | None = None
     writes: int = 0
     _above_since: float | None = None

@@ -27,7 +27,6 @@ LEAK_BYTES_PER_MIN = 5 * 1024 * 1024  # a pod growing faster than 5 MB/min leaks
 # when none can cover that): evicting a pod that frees (next to) nothing of what is needed
 # disrupts it and relieves no one.
 MIN_SHARE = 0.05
-NEVER = frozenset({QoSClass.LSE, QoSClass.LSR, QoSClass.LS, QoSClass.SYSTEM})
 
 
 @dataclass(frozen=True, slots=True)
