@@ -115,7 +115,7 @@ def _bps(bits: int) -> str:
 def _burst(bits: int) -> int:
     """Bytes an HTB class may send at once: 1 ms at its rate plus a packet, as tc(8) computes
     with HZ=1000. pyroute2 0.9 takes the kernel's clock rate (1e9) for HZ and leaves one MTU,
-    which gates a 40 Mbit/s flow's 1 ms bursts and held LS pings ~0.8 ms behind them."""
+    which gates a slow flow's 1 ms bursts and holds LS packets behind them."""
     return bits // 8 // 1000 + MTU
 
 

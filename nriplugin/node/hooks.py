@@ -566,7 +566,7 @@ class QoSPlugin(Plugin):
         UpdateContainers, hooks answered in between. Where a plugin's UpdateContainers is not
         safe (NRI before v0.12.1: ``plugin_updates``), the answer carries the updates instead,
         applied under the runtime's lock: its events wait for the take-in and the updates
-        (~130 ms for 1000 pods in ``bench.scale``), the runtime does not wedge."""
+        (``bench.scale`` measures it), the runtime does not wedge."""
         self._take_in_created()
         if self.push is None or not self.runtime.supports("plugin_updates"):
             return self._take_in(pods, containers)  # also: nothing to push with (tests, explain)

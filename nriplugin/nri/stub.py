@@ -106,11 +106,11 @@ class Plugin:
     """
 
     # True: create_container(pod, container, request) also gets the CreateContainer request's
-    # wire bytes. A plugin that keeps a created container for later should keep these (~2.4 KB
-    # for a realistic pod), not ``pod`` and ``container``: those hold their request's whole
-    # parse (~10 KB), so in a burst of creates every request would parse into memory the
-    # process has never touched (2.5-3.2 page faults a create against ~0.2; in
-    # bench/hook_latency's burst the agent's handling p50 went from 125 to 96 µs).
+    # wire bytes. A plugin that keeps a created container for later should keep these, not
+    # ``pod`` and ``container``: those hold their request's whole parse, several times larger,
+    # so in a burst of creates every request would parse into memory the process has never
+    # touched, and each create would pay page faults on the hook path (docs/hook-path.md;
+    # tests/test_hook_work.py counts them).
     keeps_requests: ClassVar[bool] = False
 
     def runtime_caps(self, caps: RuntimeCaps) -> None:

@@ -70,7 +70,7 @@ class Unshared:
 class Trunk(asyncio.BufferedProtocol):
     """The trunk's end in this process. A buffered protocol: every read goes into one buffer
     allocated once (a plain protocol gets a fresh 256 KiB bytes object per read, and allocating
-    it cost more than the read itself: 17 us of the 20 us a hook request's read took)."""
+    it costs more than the read itself)."""
 
     def __init__(
         self,

@@ -463,8 +463,8 @@ class Collector:
         memory is read this round (else only a new one's). The containers are the
         model's at the start: one that comes between steps is read next round, one that
         leaves is skipped (its group is gone) and dropped with the next revision. The copy taken
-        at the start is of the records alone: on a node of 3000 containers one of (key, record)
-        pairs held the loop for some 0.3 ms in one piece, this takes a tenth of that."""
+        at the start is of the records alone: a copy of (key, record) pairs holds the loop in
+        one piece for a large node, and costs several times this one."""
         rnd = _Round()
         if self.model.revision != self._facts_rev:  # a container came, went or changed
             self._facts.clear()

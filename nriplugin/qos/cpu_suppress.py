@@ -8,7 +8,7 @@ Two bounds, the tighter wins:
   fast path's 150 ms window when LS needs it;
 - Koordinator's usage budget (NodeSLO ``cpuSuppressThresholdPercent``): ``total x threshold -
   what everything but BE uses now``. It follows LS's actual use, so it reacts within one fast
-  sample (100 ms) to an LS spike, long before a pressure level (smoothed, with hysteresis)
+  sample (50 ms) to an LS spike, long before a pressure level (smoothed, with hysteresis)
   moves, and gives BE back what LS leaves idle.
 A floor keeps BE from being starved to zero.
 

@@ -16,9 +16,10 @@ the next agent's first round.
 
 Timing: a full round every ``syncPeriod`` (1 s), and a fast path every 50 ms between rounds
 that reads only node CPU and BE's own usage (a few files) and, when what LS and the system use
-jumps, runs the strategies' ``between_rounds`` at once (CPUSuppress tightens BE's limit): this
-kernel refuses PSI triggers, so the fast path is what keeps the reaction to an LS spike near
-100 ms (koordlet: 1-2 s).
+jumps, runs the strategies' ``between_rounds`` at once (CPUSuppress tightens BE's limit). A
+kernel that accepts PSI triggers wakes a round at once on a CPU stall; on one that refuses
+them, the fast path alone keeps the reaction to an LS spike within a few fast periods
+(koordlet: 1-2 s).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ HISTORY = 300.0  # seconds of samples kept for the trends: five minutes
 
 log = logging.getLogger("nriplugin.qos")
 
-FAST_PERIOD = 0.05  # seconds between fast samples (two /proc reads and BE's counter: ~30 µs)
+FAST_PERIOD = 0.05  # seconds between fast samples (two /proc reads and BE's counter: cheap)
 FAST_JUMP = 0.15  # cores: a change in non-BE usage that calls for a decision now
 FAST_WINDOW = 0.15  # seconds of fast samples non-BE usage is measured over (node_resource.FastWindow)
 

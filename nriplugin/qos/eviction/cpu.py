@@ -86,8 +86,8 @@ def emergency_release(f: CpuFacts, cfg: CpuConfig) -> Release | None:
     """The release under emergency (score, BE suppressed, LS suffering, a shortage), or None
     when its conditions do not all hold, or when BE runs SCHED_IDLE: an LS task that wakes then
     takes the CPU from BE at once, so LS's waits are for LS's own tasks and the system's, and
-    evicting BE would not shorten them (the colocation benchmark near its knee: evictions on LS
-    stalled 41-50 % with BE at its floor, and LS's tail worse for the teardown)."""
+    evicting BE would not shorten them (the colocation benchmark near its knee: evictions with
+    BE at its floor left LS stalled as much, and its tail worse for the teardown)."""
     if f.be_idle or f.score < cfg.threshold or not f.suppressed or not suffering(f, cfg):
         return None
     demand, available, short = shortage(f)
