@@ -483,15 +483,15 @@ def test_memory_check_reads_the_pods_root_and_evicts_the_leaking_be_pod(tmp_path
 
 
 def test_the_cluster_client_is_a_backend_and_its_outcomes_are_understood() -> None:
-    from nriplugin.cluster.eviction import ApiEvictionOutcome, ApiEvictor, Result
+    from nriplugin.cluster.eviction import ApiEvictionOutcome, ApiEvictionResult, ApiEvictor
     from nriplugin.qos.eviction.evictor import Backend, outcome
 
     def backend(b: ApiEvictor) -> Backend:  # mypy checks the client against the protocol
         return b
 
     assert backend is not None
-    assert outcome(ApiEvictionOutcome(Result.BLOCKED, 429, "budget")) is EvictionOutcome.BLOCKED
-    assert outcome(Result.GONE) is EvictionOutcome.GONE and outcome("nonsense") is EvictionOutcome.ERROR
+    assert outcome(ApiEvictionOutcome(ApiEvictionResult.BLOCKED, 429, "budget")) is EvictionOutcome.BLOCKED
+    assert outcome(ApiEvictionResult.GONE) is EvictionOutcome.GONE and outcome("nonsense") is EvictionOutcome.ERROR
 
     @dataclass
     class Api:
@@ -503,9 +503,9 @@ def test_the_cluster_client_is_a_backend_and_its_outcomes_are_understood() -> No
             self.calls.append(name)
             if name == "be-0":
                 return ApiEvictionOutcome(
-                    Result.BLOCKED, 429, "Cannot evict pod as it would violate the pod's disruption budget"
+                    ApiEvictionResult.BLOCKED, 429, "Cannot evict pod as it would violate the pod's disruption budget"
                 )
-            return ApiEvictionOutcome(Result.EVICTED, 201, "")
+            return ApiEvictionOutcome(ApiEvictionResult.EVICTED, 201, "")
 
     api: list[Api] = []  # the cluster side comes up later than the evictor
     ev = Evictor(runtime=Scripted(), cluster_of=lambda: api[0] if api else None)

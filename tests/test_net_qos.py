@@ -24,7 +24,7 @@ from nriplugin.netqos.desired import (
     pod_state,
     suppress_resource,
 )
-from nriplugin.netqos.suppress import Config, NetSuppress, State, decide
+from nriplugin.netqos.suppress import Config, NetSuppress, SuppressState, decide
 from nriplugin.netqos.tc import LEVEL_MINOR, Snapshot
 from nriplugin.node.overlays import Overlays
 from nriplugin.policy.bandwidth import MIN_RATE, check_class_bandwidth, class_bits, parse_total_bandwidth
@@ -157,7 +157,7 @@ def test_an_overlay_lowers_a_class_ceiling() -> None:
 
 def test_net_suppress_cuts_at_once_raises_late_and_withdraws_when_calm() -> None:
     total, cfg = 100_000_000, Config(hold=5.0)
-    s = decide(total, 50e6, State(), 0.0, cfg)
+    s = decide(total, 50e6, SuppressState(), 0.0, cfg)
     assert s.ceiling is None  # below the threshold: nothing
     s = decide(total, 85e6, s, 1.0, cfg)
     assert s.ceiling == 5_000_000  # 100 - 85 - 10 = 5 M (also the floor)
@@ -170,7 +170,7 @@ def test_net_suppress_cuts_at_once_raises_late_and_withdraws_when_calm() -> None
     s = decide(total, 10e6, s, 9.0, cfg)
     assert s.ceiling == 20_000_000  # calm starts
     s = decide(total, 10e6, s, 14.5, cfg)
-    assert s == State()
+    assert s == SuppressState()
 
 
 def test_net_suppress_sets_and_withdraws_the_overlay_from_counters() -> None:
@@ -319,35 +319,35 @@ def test_a_class_missing_from_a_tree_is_a_key_error_naming_it() -> None:
 
 @pytest.mark.parametrize("total", [1, 1_000, 10**12])
 def test_net_suppress_measures_use_against_any_positive_total(total: int) -> None:
-    s = decide(total, float(total), State(), 0.0)  # L0+L1 use it all: L2 down to its floor
+    s = decide(total, float(total), SuppressState(), 0.0)  # L0+L1 use it all: L2 down to its floor
     assert s.ceiling == max(MIN_RATE, int(0.05 * total))
 
 
 def test_net_suppress_leaves_a_node_of_no_known_size_alone() -> None:
-    assert decide(0, 5e6, State(), 0.0) == State()
-    assert decide(0, 5e6, State(ceiling=1_000_000), 0.0) == State(ceiling=1_000_000, calm_since=0.0)
+    assert decide(0, 5e6, SuppressState(), 0.0) == SuppressState()
+    assert decide(0, 5e6, SuppressState(ceiling=1_000_000), 0.0) == SuppressState(ceiling=1_000_000, calm_since=0.0)
 
 
 def test_net_suppress_thresholds_are_inclusive() -> None:
     total = 100_000_000
-    assert decide(total, 80e6, State(), 0.0).ceiling == 10_000_000  # at the threshold: cut
-    s = decide(total, 60e6, State(ceiling=5_000_000), 1.0)  # at ``release``: not calm yet
+    assert decide(total, 80e6, SuppressState(), 0.0).ceiling == 10_000_000  # at the threshold: cut
+    s = decide(total, 60e6, SuppressState(ceiling=5_000_000), 1.0)  # at ``release``: not calm yet
     assert s.calm_since is None and s.ceiling == 5_000_000
-    s = decide(total, 80e6, State(ceiling=5_000_000), 1.0)  # a raise of exactly the deadband waits
-    assert s == State(ceiling=5_000_000, raise_since=1.0)
-    assert decide(total, 80e6, s, 6.0) == State(ceiling=10_000_000)  # after exactly ``hold``
+    s = decide(total, 80e6, SuppressState(ceiling=5_000_000), 1.0)  # a raise of exactly the deadband waits
+    assert s == SuppressState(ceiling=5_000_000, raise_since=1.0)
+    assert decide(total, 80e6, s, 6.0) == SuppressState(ceiling=10_000_000)  # after exactly ``hold``
 
 
 def test_net_suppress_never_cuts_below_the_minimum_rate() -> None:
-    s = decide(100_000_000, 100e6, State(), 0.0, Config(floor=0.0))
+    s = decide(100_000_000, 100e6, SuppressState(), 0.0, Config(floor=0.0))
     assert s.ceiling == MIN_RATE
 
 
 def test_net_suppress_a_steady_ceiling_is_not_a_pending_raise() -> None:
     total, cfg = 100_000_000, Config(deadband=0.0, hold=5.0)
-    s = decide(total, 85e6, State(), 0.0, cfg)
+    s = decide(total, 85e6, SuppressState(), 0.0, cfg)
     s = decide(total, 85e6, s, 1.0, cfg)
-    assert s == State(ceiling=5_000_000)
+    assert s == SuppressState(ceiling=5_000_000)
     s = decide(total, 70e6, s, 2.0, cfg)  # the raise appears now: it waits ``hold`` from here
     assert decide(total, 70e6, s, 6.5, cfg).ceiling == 5_000_000
     assert decide(total, 70e6, s, 7.0, cfg).ceiling == 20_000_000
