@@ -19,7 +19,7 @@ from nriplugin.policy.model import PLUGINS, Policy
 from nriplugin.policy.qos import QoSClass
 from nriplugin.qos.collect import ContainerUsage
 from nriplugin.qos.manager import BURST, STRATEGIES, SUPPRESS, QoSManager
-from nriplugin.qos.strategy import Capacity, Registry, Round, Strategy
+from nriplugin.qos.strategy import Capacity, Round, Strategy, StrategyRegistry
 from testkit.runtime_peer import make_container, make_pod
 from tests.test_qos_manager import Script, node_with_pods
 
@@ -40,7 +40,7 @@ def fake(name: str) -> type[Strategy]:
 
 
 def test_the_registry_refuses_names_the_policy_does_not_have_and_gaps() -> None:
-    reg = Registry(["A", "B"])
+    reg = StrategyRegistry(["A", "B"])
     with pytest.raises(TypeError, match=r"FakeC: 'C' is not a plugin of the policy \(A, B\)"):
         reg.register(fake("C"))
     a = reg.register(fake("A"))

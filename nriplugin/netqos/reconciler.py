@@ -31,7 +31,7 @@ from nriplugin.netqos.desired import (
     DIRECTIONS,
     EGRESS_KEY,
     INGRESS_KEY,
-    Level,
+    NetLevel,
     NodeNet,
     PodNet,
     class_policy,
@@ -160,7 +160,7 @@ class NetQoS:
         self._dirty: set[str] = set()
         self._all = True
         self._urgent = False  # a round is due whatever the pods want (period, policy, a removal)
-        self._classes_on = any(class_policy(rules.policy, lv).enable for lv in Level)  # a class is shaped
+        self._classes_on = any(class_policy(rules.policy, lv).enable for lv in NetLevel)  # a class is shaped
         from nriplugin.netqos.suppress import NetSuppress
 
         self.suppress: NetSuppress | None = NetSuppress(overlays, NODE_KEY) if suppress else None
@@ -198,7 +198,7 @@ class NetQoS:
         self._wake(urgent=True)
 
     def _recompute_all(self) -> None:
-        self._classes_on = any(class_policy(self.rules.policy, lv).enable for lv in Level)
+        self._classes_on = any(class_policy(self.rules.policy, lv).enable for lv in NetLevel)
         self._all = True
         self._wake(urgent=True)
 
@@ -402,7 +402,7 @@ class NetQoS:
             return None
         minor = self._minor(w.pod)
         rates = tuple((d, leaf_rates(node, w.net, d)) for d in DIRECTIONS)
-        return PodPlan(w.pod, found.veth, found.ip, minor, Level(w.net.level), rates)
+        return PodPlan(w.pod, found.veth, found.ip, minor, NetLevel(w.net.level), rates)
 
     def _sync(self, tc: TC, plan: TcPlan) -> None:
         """Make ``plan`` true. Changes to a plan already applied were made behind our back:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nriplugin.netqos.desired import DIRECTIONS, Level, suppress_resource
+from nriplugin.netqos.desired import DIRECTIONS, NetLevel, suppress_resource
 from nriplugin.netqos.tc import LEVEL_MINOR, Snapshot
 from nriplugin.node.overlays import Overlays
 from nriplugin.policy.bandwidth import MIN_RATE
@@ -85,13 +85,13 @@ class NetSuppress:
         values: dict[str, int | str] = {}
         for d in DIRECTIONS:
             hi = 0
-            for level in (Level.L0, Level.L1):
+            for level in (NetLevel.L0, NetLevel.L1):
                 k = (d, LEVEL_MINOR + int(level))
                 hi += max(0, snap.bytes.get(k, 0) - last[1].get(k, 0))
             self.state[d] = decide(total, hi * 8 / dt, self.state[d], now, self.cfg)
             c = self.state[d].ceiling
             if c is not None:
-                values[suppress_resource(Level.L2, d)] = c
+                values[suppress_resource(NetLevel.L2, d)] = c
         if not values:
             return self.overlays.withdraw(self.key, OWNER)
         why = "L0+L1 use most of the node's bandwidth"

@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nriplugin.netqos.desired import DIRECTIONS, Level, NodeNet, Rates
+from nriplugin.netqos.desired import DIRECTIONS, NetLevel, NodeNet, Rates
 
 log = logging.getLogger("nriplugin.tc")
 
@@ -68,7 +68,7 @@ def leaf_handle(minor: int) -> int:
     return ROOT | minor
 
 
-def level_handle(level: Level) -> int:
+def level_handle(level: NetLevel) -> int:
     return ROOT | (LEVEL_MINOR + int(level))
 
 
@@ -81,7 +81,7 @@ class PodPlan:
     veth: int
     ip: str
     minor: int
-    level: Level
+    level: NetLevel
     rates: tuple[tuple[str, Rates], ...]
 
     def rate(self, direction: str) -> Rates:
@@ -407,7 +407,7 @@ class TC:
             self._ensure_root(ifb, changes, name)
             have = self._classes(ifb)
             self._ensure_class(ifb, have, TOP, ROOT, Rates(plan.node.total, plan.node.total), 0, changes, name)
-            for level in Level:
+            for level in NetLevel:
                 r = plan.node.rates(level, d)
                 self._ensure_class(ifb, have, level_handle(level), TOP, r, int(level), changes, name)
             wanted = {p.minor for p in pods}

@@ -14,7 +14,7 @@ limiting BE is not enough. The policy chooses which run, never their order.
 
 Each strategy class names itself (``name``) and registers with :func:`register` where it is
 defined: a name the policy does not have, or one registered twice, fails at that module's
-import; :meth:`Registry.strategies` fails unless every policy name has its strategy
+import; :meth:`StrategyRegistry.strategies` fails unless every policy name has its strategy
 (``manager.py`` asks for them at its import, having imported every strategy's module).
 """
 
@@ -200,7 +200,7 @@ S = TypeVar("S", bound=type[Strategy])
 T = TypeVar("T", bound=Strategy)
 
 
-class Registry:
+class StrategyRegistry:
     """Strategy classes by the policy's plugin names, given back in the policy's order."""
 
     def __init__(self, names: Sequence[str]) -> None:
@@ -233,5 +233,5 @@ class Registry:
         return tuple(self._by_name[n] for n in self.names)
 
 
-REGISTRY = Registry(PLUGINS)
+REGISTRY = StrategyRegistry(PLUGINS)
 register = REGISTRY.register
