@@ -30,7 +30,7 @@ from nriplugin.qos.eviction.cpu import (
     MIN_CORES,
     RELEASE_FACTOR,
     CpuConfig,
-    CpuEvict,
+    CpuEvictDecider,
     CpuFacts,
     emergency_release,
     satisfaction_release,
@@ -47,7 +47,7 @@ from nriplugin.qos.eviction.evictor import (
     outcome,
 )
 from nriplugin.qos.eviction.loop import LADDER, MIN_GAP, Eviction, cpu_facts
-from nriplugin.qos.eviction.memory import MemoryConfig, MemoryEvict, MemoryFacts, release, seconds_to_limit
+from nriplugin.qos.eviction.memory import MemoryConfig, MemoryEvictDecider, MemoryFacts, release, seconds_to_limit
 from nriplugin.qos.eviction.victims import (
     LEAK_BYTES_PER_MIN,
     MIN_SHARE,
@@ -273,7 +273,7 @@ def test_the_satisfaction_release_boundaries() -> None:
 
 def test_sustain_and_cooldown_to_the_second() -> None:
     pods = [be(i, cpu_cores=3.0) for i in range(4)]
-    ev = CpuEvict(CpuConfig(sustain=2.0, cooldown=60.0))
+    ev = CpuEvictDecider(CpuConfig(sustain=2.0, cooldown=60.0))
     assert ev.decide(facts(t=100.0), pods) is None
     assert ev.decide(facts(t=101.9), pods) is None
     assert ev.decide(facts(t=102.0), pods) is not None  # held 2 s: sustained
@@ -283,19 +283,19 @@ def test_sustain_and_cooldown_to_the_second() -> None:
     assert ev.last_evicted == 106.0
     assert ev.decide(facts(t=165.9), pods) is None
     assert ev.decide(facts(t=166.0), pods) is not None  # 60 s after: the cooldown is over
-    assert CpuEvict().cfg == CpuConfig()
+    assert CpuEvictDecider().cfg == CpuConfig()
 
 
 def test_an_emergency_plan_leaves_out_idle_pods_and_is_in_cores() -> None:
     pods = [be(1, cpu_cores=0.001, priority=-1), be(2, cpu_cores=0.000999, priority=-2), be(3, cpu_cores=3.0)]
-    plan = CpuEvict(CpuConfig(sustain=0.0)).decide(facts(), lambda: pods)
+    plan = CpuEvictDecider(CpuConfig(sustain=0.0)).decide(facts(), lambda: pods)
     assert plan is not None and plan.unit == "cores" and plan.strategy == "CPUEvict"
     assert names(plan.victims) == ["be-3"]  # 0.001 is a share under 5 % of the best
     assert plan.release.trigger == "emergency"
     tiny = [be(1, cpu_cores=0.001), be(2, cpu_cores=0.000999)]
-    plan = CpuEvict(CpuConfig(sustain=0.0)).decide(facts(), tiny)
+    plan = CpuEvictDecider(CpuConfig(sustain=0.0)).decide(facts(), tiny)
     assert plan is not None and names(plan.victims) == ["be-1"]  # a millicore is not idle
-    assert CpuEvict(CpuConfig(sustain=0.0)).decide(facts(), [be(2, cpu_cores=0.0009)]) is None
+    assert CpuEvictDecider(CpuConfig(sustain=0.0)).decide(facts(), [be(2, cpu_cores=0.0009)]) is None
 
 
 def sat_facts(t: float, limit: float | None = 3.0, usage: float = 3.0, request: float = 10.0) -> CpuFacts:
@@ -305,7 +305,7 @@ def sat_facts(t: float, limit: float | None = 3.0, usage: float = 3.0, request: 
 def test_the_satisfaction_variant_needs_a_third_of_its_window() -> None:
     cfg = CpuConfig(satisfaction_lower=40, satisfaction_upper=60, window=30.0, sustain=0.0)
     pods = [be(1, cpu_request_cores=2.0), be(2, cpu_request_cores=2.0, priority=-1), be(3)]
-    ev = CpuEvict(cfg)
+    ev = CpuEvictDecider(cfg)
     assert ev.decide(sat_facts(0.0), pods) is None
     assert ev.decide(sat_facts(9.9), pods) is None  # under a third of 30 s
     plan = ev.decide(sat_facts(10.0), pods)
@@ -314,24 +314,24 @@ def test_the_satisfaction_variant_needs_a_third_of_its_window() -> None:
     assert ev.decide(sat_facts(11.0, limit=None), pods) is None  # no limit: the window starts again
     assert ev.decide(sat_facts(12.0), pods) is None and ev.decide(sat_facts(21.9), pods) is None
     assert ev.decide(sat_facts(22.0), pods) is not None
-    assert CpuEvict(cfg).decide(sat_facts(0.0), []) is None
+    assert CpuEvictDecider(cfg).decide(sat_facts(0.0), []) is None
 
 
 def test_the_satisfaction_release_is_the_smaller_of_the_window_and_now() -> None:
     cfg = CpuConfig(satisfaction_lower=40, satisfaction_upper=60, window=30.0)
     pods = [be(1, cpu_request_cores=5.0)]
-    ev = CpuEvict(cfg)
+    ev = CpuEvictDecider(cfg)
     ev.decide(sat_facts(0.0, limit=1.0, usage=1.0), pods)
     plan = ev.decide(sat_facts(10.0, limit=3.0), pods)  # average limit 2 (4 released), now 3 (3)
     assert plan is not None and plan.release.amount == pytest.approx(3.0)
-    ev = CpuEvict(cfg)
+    ev = CpuEvictDecider(cfg)
     ev.decide(sat_facts(0.0, limit=3.0), pods)
     plan = ev.decide(sat_facts(10.0, limit=1.0, usage=1.0), pods)  # average 2 (4), now 1 (5)
     assert plan is not None and plan.release.amount == pytest.approx(4.0)
-    ev = CpuEvict(cfg)
+    ev = CpuEvictDecider(cfg)
     ev.decide(sat_facts(0.0, limit=5.0), pods)
     assert ev.decide(sat_facts(10.0, limit=3.0), pods) is None  # the average (40 %... 4 cores) is fine
-    ev = CpuEvict(cfg)
+    ev = CpuEvictDecider(cfg)
     ev.decide(sat_facts(0.0, limit=3.0), pods)
     assert ev.decide(sat_facts(10.0, limit=5.0), pods) is None  # now it is fine
 
@@ -339,7 +339,7 @@ def test_the_satisfaction_release_is_the_smaller_of_the_window_and_now() -> None
 def test_the_satisfaction_window_drops_what_is_older_than_it() -> None:
     cfg = CpuConfig(satisfaction_lower=40, satisfaction_upper=60, window=30.0)
     pods = [be(1, cpu_request_cores=5.0)]
-    ev = CpuEvict(cfg)
+    ev = CpuEvictDecider(cfg)
     ev.decide(sat_facts(0.0, limit=0.2, usage=0.2), pods)  # leaves the window at 30 s and after
     ev.decide(sat_facts(20.0, limit=3.0), pods)
     plan = ev.decide(sat_facts(30.0, limit=3.0), pods)  # (0.2 + 3 + 3) / 3 kept: 30 s is in the window
@@ -421,17 +421,17 @@ def test_the_memory_release_growth_and_pending() -> None:
 
 
 def test_growth_is_the_smaller_of_two_steps_once_they_are_spanned() -> None:
-    m = MemoryEvict(rate_window=10.0)
+    m = MemoryEvictDecider(rate_window=10.0)
     assert m.observe(0.0, 0) == 0.0 and m.observe(1.0, 100) == 0.0
     assert m.observe(2.0, 200) == 0.0  # one step spanned, not two
     assert m.observe(4.0, 600) == pytest.approx(100.0)  # 200/2 s before, 400/2 s now: the smaller
     assert m.observe(4.0, 99999) == pytest.approx(100.0)  # a reading at the same time is dropped
     assert m.observe(3.0, 99999) == pytest.approx(100.0)  # and an older one
-    m = MemoryEvict()
+    m = MemoryEvictDecider()
     for t, u in [(0.0, 1000), (2.0, 600), (4.0, 400)]:
         m.observe(t, u)
     assert m.growth() == 0.0  # shrinking is no growth
-    m = MemoryEvict()
+    m = MemoryEvictDecider()
     for t, u in [(0.0, 0), (1.0, 0), (3.0, 300), (5.0, 700)]:
         m.observe(t, u)
     assert m.growth() == pytest.approx(150.0)  # a: t=3 (2 s back), b: t=1 (2 s before it): min(200, 150)
@@ -439,17 +439,17 @@ def test_growth_is_the_smaller_of_two_steps_once_they_are_spanned() -> None:
 
 
 def test_old_readings_leave_the_window_but_two_stay() -> None:
-    m = MemoryEvict(rate_window=4.0)
+    m = MemoryEvictDecider(rate_window=4.0)
     for t, u in [(0.0, 0), (2.0, 200), (4.0, 400)]:
         m.observe(t, u)
     assert m.growth() == pytest.approx(100.0)
     m.observe(4.5, 450)  # t=0 is 4.5 s back: gone; t=2 stays (2.5 s)
     assert m.growth() == 0.0  # two steps are no longer spanned
-    m = MemoryEvict(rate_window=4.0)
+    m = MemoryEvictDecider(rate_window=4.0)
     for t, u in [(0.0, 0), (2.0, 200), (4.0, 400)]:
         m.observe(t, u)
     assert m.observe(100.0, 10_000) == 0.0  # the last two kept: one step only
-    m = MemoryEvict(rate_window=4.0)
+    m = MemoryEvictDecider(rate_window=4.0)
     for t, u in [(0.0, 0), (2.0, 200), (4.0, 600)]:
         m.observe(t, u)
     assert m.growth() == pytest.approx(100.0)  # 4 s back is inside a 4 s window
@@ -459,7 +459,7 @@ def test_memory_decide_horizon_urgency_and_growing_victims() -> None:
     cap = 1000 * MiB
     leak = LEAK_BYTES_PER_MIN + 1.0
     pods = [be(1, freeable_bytes=100 * MiB), be(2, freeable_bytes=50 * MiB, growth_bytes_per_min=leak)]
-    ev = MemoryEvict()
+    ev = MemoryEvictDecider()
     plan = ev.decide(MemoryFacts(0.0, cap, 800 * MiB), pods)
     assert plan is not None and plan.strategy == "MemoryEvict" and plan.unit == "bytes"
     assert plan.horizon == 0.0 and not plan.urgent and names(plan.victims) == ["be-2", "be-1"]
@@ -475,13 +475,13 @@ def test_memory_decide_horizon_urgency_and_growing_victims() -> None:
     steady = [be(1, freeable_bytes=500 * MiB), be(3, growth_bytes_per_min=float(LEAK_BYTES_PER_MIN))]
     assert ev.decide(MemoryFacts(0.0, cap, 690 * MiB, growth=31 * MiB), steady) is None  # no pod grows
     assert ev.decide(MemoryFacts(0.0, cap, 800 * MiB), [be(4, freeable_bytes=MiB)]) is None  # frees too little
-    custom = MemoryEvict(MemoryConfig(leak_bytes_per_min=1.0))
+    custom = MemoryEvictDecider(MemoryConfig(leak_bytes_per_min=1.0))
     plan = custom.decide(
         MemoryFacts(0.0, cap, 800 * MiB),
         [be(5, freeable_bytes=100 * MiB), be(6, growth_bytes_per_min=2.0, freeable_bytes=60 * MiB)],
     )
     assert plan is not None and names(plan.victims) == ["be-6", "be-5"]
-    assert MemoryEvict().cfg == MemoryConfig() and MemoryEvict().rate_window == 10.0
+    assert MemoryEvictDecider().cfg == MemoryConfig() and MemoryEvictDecider().rate_window == 10.0
 
 
 # --- the evictor -------------------------------------------------------------------------------
@@ -1224,7 +1224,7 @@ def test_the_window_holds_exactly_its_length() -> None:
     pods = [be(1, cpu_request_cores=5.0)]
 
     def amount(last: float) -> float:
-        ev = CpuEvict(cfg)
+        ev = CpuEvictDecider(cfg)
         ev.decide(sat_facts(0.0, limit=3.9, usage=3.9), pods)
         ev.decide(sat_facts(20.0, limit=2.0, usage=2.0), pods)
         plan = ev.decide(sat_facts(last, limit=2.0, usage=2.0), pods)
@@ -1237,7 +1237,7 @@ def test_the_window_holds_exactly_its_length() -> None:
 
 def test_the_window_starts_again_while_the_variant_is_half_configured() -> None:
     pods = [be(1, cpu_request_cores=5.0)]
-    ev = CpuEvict(CpuConfig(satisfaction_upper=60, window=30.0))
+    ev = CpuEvictDecider(CpuConfig(satisfaction_upper=60, window=30.0))
     for t in range(0, 21, 5):
         assert ev.decide(sat_facts(float(t)), pods) is None
     ev.cfg = CpuConfig(satisfaction_lower=40, satisfaction_upper=60, window=30.0)  # a reload completes it
@@ -1246,7 +1246,7 @@ def test_the_window_starts_again_while_the_variant_is_half_configured() -> None:
 
 def test_on_a_tie_the_windows_release_is_said() -> None:
     cfg = CpuConfig(satisfaction_lower=40, satisfaction_upper=60, window=30.0)
-    ev = CpuEvict(cfg)
+    ev = CpuEvictDecider(cfg)
     pods = [be(1, cpu_request_cores=5.0)]
     ev.decide(sat_facts(0.0, usage=3.0), pods)
     plan = ev.decide(sat_facts(10.0, usage=2.8), pods)
@@ -1261,17 +1261,17 @@ def test_the_growth_is_not_said_when_it_only_ties_the_level() -> None:
 
 
 def test_growth_steps_are_measured_in_time() -> None:
-    m = MemoryEvict()
+    m = MemoryEvictDecider()
     for t, u in [(0.0, 0), (1.0, 0), (2.0, 100), (3.0, 200), (4.0, 300)]:
         m.observe(t, u)
     assert m.growth() == pytest.approx(50.0)  # b is 2 s before a (t=0), not the reading next to it
-    m = MemoryEvict()
+    m = MemoryEvictDecider()
     for t, u in [(0.0, 0), (2.0, 400), (4.0, 600)]:
         m.observe(t, u)
     assert m.growth() == pytest.approx(100.0)  # slowing: now's rate is the smaller
     m.observe(4.0, 10_000)  # a second reading at the same time is dropped, not taken as now
     assert m.growth() == pytest.approx(100.0)
-    m = MemoryEvict(rate_window=4.0)
+    m = MemoryEvictDecider(rate_window=4.0)
     for t, u in [(1.0, 0), (3.0, 200), (5.0, 600)]:
         m.observe(t, u)
     assert m.growth() == pytest.approx(100.0)  # 4 s back from 5: kept

@@ -121,7 +121,7 @@ def satisfaction_release(request: float, limit: float, usage: float, cfg: CpuCon
     return Release(amount, "be_satisfaction", why)
 
 
-class CpuEvict:
+class CpuEvictDecider:
     """The stateful part: how long the conditions have held, the satisfaction window, the
     cooldown. :meth:`decide` is called once per round."""
 

@@ -32,9 +32,9 @@ from nriplugin.policy.cache import RuleCache
 from nriplugin.policy.model import QoSManagerPolicy
 from nriplugin.policy.qos import QoSClass
 from nriplugin.qos.collect import ContainerUsage, batch_cpu_request
-from nriplugin.qos.eviction.cpu import CpuConfig, CpuEvict, CpuFacts
+from nriplugin.qos.eviction.cpu import CpuConfig, CpuEvictDecider, CpuFacts
 from nriplugin.qos.eviction.evictor import Evictor, Pending, Priorities
-from nriplugin.qos.eviction.memory import MemoryConfig, MemoryEvict, MemoryFacts
+from nriplugin.qos.eviction.memory import MemoryConfig, MemoryEvictDecider, MemoryFacts
 from nriplugin.qos.eviction.victims import Candidate, EvictionPlan, label_priority
 from nriplugin.qos.sample import LS_CLASSES
 from nriplugin.qos.strategy import Host, Round, Strategy, register
@@ -106,8 +106,8 @@ class Eviction:
         self.usage = usage or (lambda: {})
         self.meminfo_total = meminfo_total or self._meminfo_total
         self.clock = clock
-        self.cpu = CpuEvict()
-        self.memory = MemoryEvict()
+        self.cpu = CpuEvictDecider()
+        self.memory = MemoryEvictDecider()
         self.memory_score = 0.0
         self._critical = False
         self._events: MemoryEvents | None = None

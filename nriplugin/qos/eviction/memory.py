@@ -110,7 +110,7 @@ def release(f: MemoryFacts, cfg: MemoryConfig) -> Release | None:
     return Release(amount, triggers[0], why)
 
 
-class MemoryEvict:
+class MemoryEvictDecider:
     """The pods root's recent use, for its growth; :meth:`decide` per round or memory event."""
 
     def __init__(self, cfg: MemoryConfig | None = None, rate_window: float = 10.0) -> None:
