@@ -46,7 +46,7 @@ from nriplugin.qos.levels import Assessor, Level, thresholds_of
 from nriplugin.qos.sample import LS_CLASSES, NodeSample
 from nriplugin.qos.strategy import (
     REGISTRY,
-    Collector,
+    CollectorView,
     Decision,
     EvictionHook,
     FastUsage,
@@ -174,7 +174,7 @@ class QoSManager:
         model: NodeModel,
         desired: DesiredState,
         owner: Owner,
-        collector: Collector,
+        collector: CollectorView,
         rules: RuleCache,
         observer: StrategyObserver | None = None,
         psi_path: str | None = "/proc/pressure/cpu",

@@ -47,26 +47,26 @@ POD_GROWTH_WINDOW = 60.0  # seconds over which a pod's growth is measured
 POD_GROWTH_MIN_SPAN = 4.0  # seconds of readings (two halves) before a pod's growth counts
 
 
-class Classes(Protocol):
+class ClassLookup(Protocol):
     def qos_of(self, key: str) -> QoSClass | None: ...
 
 
-class PodInfo(Protocol):
+class ClusterPod(Protocol):
     @property
     def priority(self) -> int | None: ...
     @property
     def koord_priority(self) -> int | None: ...
 
 
-class PodLookup(Protocol):
-    def by_uid(self, uid: str) -> PodInfo | None: ...
+class ClusterPodLookup(Protocol):
+    def by_uid(self, uid: str) -> ClusterPod | None: ...
 
 
 class ClusterPriorities:
     """Priorities from the cluster's pod cache (``nriplugin/cluster``) while it runs: the pod's
     ``spec.priority``, else its ``koordinator.sh/priority`` label as the API server has it."""
 
-    def __init__(self, pods_of: Callable[[], PodLookup | None]) -> None:
+    def __init__(self, pods_of: Callable[[], ClusterPodLookup | None]) -> None:
         self.pods_of = pods_of
 
     def priority(self, uid: str) -> int | None:
@@ -81,7 +81,7 @@ class Eviction:
     def __init__(
         self,
         model: NodeModel,
-        desired: Classes,
+        desired: ClassLookup,
         cgroups: Cgroups,
         stats: Stats,
         rules: RuleCache,
