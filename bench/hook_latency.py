@@ -265,7 +265,7 @@ def run_inprocess(
     from nriplugin.cli.main import build_parser
     from nriplugin.node.hooks import QoSPlugin
     from nriplugin.nri import transport
-    from nriplugin.nri.transport import PollClock
+    from nriplugin.pacing.selector import PollClock
 
     handled: list[float] = []
     original = transport.Trunk.data_received
@@ -286,7 +286,7 @@ def run_inprocess(
     async def main(sock: Path, ns: argparse.Namespace, poll: PollClock) -> dict[str, Any]:
         transport.Trunk.data_received = timed  # type: ignore[method-assign]
         QoSPlugin._observe_sync = timed_take_in  # type: ignore[method-assign,assignment]
-        agent = Agent(ns, poll.arrival, poll.answered)
+        agent = Agent(ns, poll)
         try:
             rt = await asyncio.to_thread(runtime_bench, bench, sock, calls, sync_pods, settle, runtime_cpus)
             task = asyncio.ensure_future(agent.run())

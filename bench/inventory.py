@@ -30,6 +30,7 @@ from nriplugin.cri.client import AsyncCRI
 from nriplugin.inventory.cri import CriInventory
 from nriplugin.kernel.cgroup import Cgroups
 from nriplugin.node.assembly import Node
+from nriplugin.pacing.turns import Pacer
 from nriplugin.reconciler import Reconciler
 from testkit import containerd as harness
 
@@ -62,6 +63,7 @@ async def measure(rt: harness.Containerd, pods: int, new: int) -> dict[str, Any]
         resync_period=3600,
         roots=[f"{rt.cgroup_root}/kubepods"],
         on_new_dir=lambda _: inv.kick(),
+        pacer=Pacer(asyncio.get_running_loop()),
     )
     rec.start(loop)
     try:

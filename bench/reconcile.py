@@ -24,6 +24,7 @@ from typing import Any
 from bench.report import replace_section
 from nriplugin.kernel.cgroup import Cgroups
 from nriplugin.node.assembly import Node
+from nriplugin.pacing.turns import Pacer
 from nriplugin.reconciler import Reconciler
 from testkit.runtime_peer import make_container, make_pod
 
@@ -89,7 +90,7 @@ def main() -> int:
 
 async def run(items: list[tuple[Any, Any, Path]], writes: int) -> dict[str, Any]:
     node = Node.create(cgroups=Cgroups(ROOT))
-    r = Reconciler(node.desired, node.writer, node.model, resync_period=3600)
+    r = Reconciler(node.desired, node.writer, node.model, resync_period=3600, pacer=Pacer(asyncio.get_running_loop()))
     loop = asyncio.get_running_loop()
     r.start(loop)
     t0, c0 = time.perf_counter(), time.process_time()

@@ -13,7 +13,8 @@ import asyncio
 
 from nriplugin.nri import api_pb2 as api
 from nriplugin.nri.stub import Plugin, Stub, StubOptions
-from nriplugin.nri.transport import PollClock
+from nriplugin.pacing.selector import PollClock
+from nriplugin.pacing.traffic import HookTraffic
 
 
 class Fixed(Plugin):
@@ -34,7 +35,7 @@ def main() -> None:
     async def serve() -> None:
         await Stub(
             Fixed(),
-            StubOptions(socket_path=args.socket, backoff_initial=0.01, arrival=poll.arrival, answered=poll.answered),
+            StubOptions(socket_path=args.socket, backoff_initial=0.01, traffic=HookTraffic(poll)),
         ).run()
 
     with asyncio.Runner(loop_factory=poll.loop) as runner:

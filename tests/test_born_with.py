@@ -110,6 +110,8 @@ def test_the_plan_is_made_once_per_policy_and_runtime() -> None:
     """The hook merges one template: the plan is not rebuilt per container (the hook must not
     grow with anything), only when the policy or the runtime changes."""
     policy, runtime = Policy(), RuntimeCaps(nri=(0, 12, 5), source="runtime")
-    first = born_with.plan_for(policy, runtime)
-    assert born_with.plan_for(policy, runtime) is first
-    assert born_with.plan_for(Policy(), runtime) is not first
+    plans = born_with.BirthPlans()
+    first = plans(policy, runtime)
+    assert plans(policy, runtime) is first
+    assert plans(Policy(), runtime) is not first
+    assert born_with.BirthPlans()(policy, runtime) is not first  # each keeper its own

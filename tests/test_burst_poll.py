@@ -1,5 +1,5 @@
 """The loop's selector keeps looking, without sleeping, for the next request while requests come
-back to back, and sleeps at once otherwise (``nri/transport.py``, :class:`PollClock`).
+back to back, and sleeps at once otherwise (``pacing/selector.py``, :class:`PollClock`).
 
 The selector's clock and its polls are scripted: each test says when bytes become ready and
 checks what the selector did (looked, slept, for how long) and the arrival it noted."""
@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from nriplugin.cli.main import build_parser
-from nriplugin.nri.transport import BURST_POLL, PollClock
+from nriplugin.pacing.selector import BURST_POLL, PollClock
 
 READY = [(selectors.SelectorKey(None, 0, selectors.EVENT_READ, None), selectors.EVENT_READ)]  # type: ignore[arg-type]
 

@@ -14,11 +14,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from nriplugin.kernel.cgroup import Cgroups
 from nriplugin.node.assembly import Node
 from nriplugin.node.hooks import QoSPlugin
+from nriplugin.pacing.turns import Pacer
 from nriplugin.qos.collect import Collector
 from nriplugin.reconciler import Reconciler
 from testkit.kernel_tree import v1_group, v1_tree
@@ -36,17 +35,19 @@ STATS = {
 
 
 class Churn:
-    """A node on a temp tree, and pods that come and go through the hooks."""
+    """A node on a temp tree, and pods that come and go through the hooks, on the running loop
+    (``turn``: its turns' length, seconds)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, turn: float | None = None) -> None:
         self.root = v1_tree(root, ["kubepods", "kubepods/besteffort", "kubepods/burstable"])
         (root / "cpuacct").symlink_to("cpu")  # as on a host: cpu,cpuacct
         self.node = Node.create(cgroups=Cgroups(root))
-        self.plugin = QoSPlugin(self.node)
+        pacer = Pacer(asyncio.get_running_loop(), turn=turn)
+        self.plugin = QoSPlugin(self.node, pacer=pacer)
         self.reconciler = Reconciler(
-            self.node.desired, self.node.writer, self.node.model, resync_period=3600, roots=["kubepods"]
+            self.node.desired, self.node.writer, self.node.model, resync_period=3600, roots=["kubepods"], pacer=pacer
         )
-        self.collector = Collector(self.node.model, self.node.desired, self.node.cgroups)
+        self.collector = Collector(self.node.model, self.node.desired, self.node.cgroups, pacer=pacer)
 
     def start(self) -> None:
         self.reconciler.start(asyncio.get_running_loop())
@@ -142,18 +143,13 @@ def test_every_per_container_structure_empties_when_its_container_goes(tmp_path:
     asyncio.run(main())
 
 
-def test_after_synchronize_the_reconciler_works_in_turns_between_hooks(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_after_synchronize_the_reconciler_works_in_turns_between_hooks(tmp_path: Path) -> None:
     """Taking in a node of hundreds of containers (tracking, watching, applying, the first
     full pass) runs in turns: a hook that arrives right after Synchronize waits for one turn,
     not for the whole node; everything converges in the end."""
-    import nriplugin.node.turns as loop_turns
-
-    monkeypatch.setattr(loop_turns, "TURN", 0.0001)
 
     async def main() -> None:
-        churn = Churn(tmp_path / "cg")
+        churn = Churn(tmp_path / "cg", turn=0.0001)
         churn.start()
         pods, ctrs = [], []
         for i in range(160):

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from nriplugin.cluster import check, node_name, wanted
-from nriplugin.cluster.eviction import ApiEvictor, Result
+from nriplugin.cluster.eviction import ApiEvictionResult, ApiEvictor
 from nriplugin.cluster.run import Cluster, start
 from nriplugin.policy.cache import RuleCache
 from nriplugin.policy.model import Policy
@@ -238,10 +238,10 @@ def test_a_pdb_429_spares_that_pod_and_the_next_candidate_goes(tmp_path: Path) -
             pod = pods.by_name("shop", name)
             assert pod is not None
             out = await evictor.evict(pod.namespace, pod.name, pod.uid, 5, "MemoryEvict", message)
-            if out.result is Result.EVICTED:
+            if out.result is ApiEvictionResult.EVICTED:
                 gone.append(name)
                 break
-            assert out.result is Result.BLOCKED and out.status == 429 and "web-pdb" in out.detail
+            assert out.result is ApiEvictionResult.BLOCKED and out.status == 429 and "web-pdb" in out.detail
         assert gone == ["batch-1"]
         assert "deletionTimestamp" not in s.pods[("shop", "web-1")]["metadata"]  # spared
         await until(lambda: pods.by_name("shop", "batch-1") is None)  # gracefully deleted
@@ -256,18 +256,18 @@ def test_a_pdb_429_spares_that_pod_and_the_next_candidate_goes(tmp_path: Path) -
         assert web is not None
         out = await evictor.evict("shop", "web-1", web.uid, 5, "MemoryEvict", message)
         await evictor.drain()
-        assert out.result is Result.BLOCKED and len(s.events) == 2
+        assert out.result is ApiEvictionResult.BLOCKED and len(s.events) == 2
         assert s.events[("shop", events["web-1"]["metadata"]["name"])]["count"] == 2
         # Once the budget allows it, the pod goes.
         s.pdbs.clear()
         out = await evictor.evict("shop", "web-1", web.uid, 5, "MemoryEvict", message)
-        assert out.result is Result.EVICTED and out.status == 201
+        assert out.result is ApiEvictionResult.EVICTED and out.status == 201
         # Gone already, or the name taken by another pod (the uid precondition): GONE, no Event.
         await until(lambda: pods.by_name("shop", "web-1") is None)
         assert (await evictor.evict("shop", "web-1", web.uid, 5, "MemoryEvict", message)).status == 404
         s.add_pod("shop", "web-1", NODE)
         out = await evictor.evict("shop", "web-1", web.uid, 5, "MemoryEvict", message)
-        assert out.result is Result.GONE and out.status == 409 and ("shop", "web-1") in s.pods
+        assert out.result is ApiEvictionResult.GONE and out.status == 409 and ("shop", "web-1") in s.pods
         await evictor.drain()
         assert len(s.events) == 3
         # kind/rbac.yaml grants exactly what this session needed: nothing missing, nothing spare.
@@ -285,11 +285,13 @@ def test_dry_run_and_an_api_server_away(tmp_path: Path) -> None:
         assert pod is not None
         dry = ApiEvictor(cluster.api, NODE, dry_run=True)
         out = await dry.evict("batch", "job", pod.uid, 5, "CPUEvict", "score 95")
-        assert out.result is Result.EVICTED and "deletionTimestamp" not in s.pods[("batch", "job")]["metadata"]
+        assert (
+            out.result is ApiEvictionResult.EVICTED and "deletionTimestamp" not in s.pods[("batch", "job")]["metadata"]
+        )
         assert any("dryRun=All" in p for m, p in s.requests if m == "POST") and not s.events
         await s.stop()
         out = await cluster.evictor.evict("batch", "job", pod.uid, 5, "CPUEvict", "score 95")
-        assert out.result is Result.ERROR and out.status == 0
+        assert out.result is ApiEvictionResult.ERROR and out.status == 0
         await cluster.evictor.drain()  # its Event could not be posted either: logged, nothing raised
         await s.start()
 

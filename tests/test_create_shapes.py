@@ -27,6 +27,8 @@ from nriplugin.kernel.probe import Capabilities, Resctrl, Topology
 from nriplugin.node.assembly import Node
 from nriplugin.node.hooks import QoSPlugin
 from nriplugin.nri import api_pb2 as api
+from nriplugin.pacing.traffic import HookTraffic
+from nriplugin.pacing.turns import Pacer
 from nriplugin.policy.cache import RuleCache
 from nriplugin.policy.model import Policy
 from nriplugin.policy.qos import QOS_LABEL, QoSClass
@@ -124,11 +126,23 @@ def test_the_declarations_name_what_the_features_read() -> None:
     assert by["memoryQOS"].annotations == (BATCH,)  # it reads batch-memory itself
 
 
-def plugin(tmp_path: Path, v2: bool = False) -> QoSPlugin:
+def plugin(tmp_path: Path, v2: bool = False, pacer: Pacer | None = None) -> QoSPlugin:
     groups = ["kubepods", "kubepods/besteffort", "kubepods/burstable"]
     root = (v2_tree if v2 else v1_tree)(tmp_path / "cg", groups)
     version = Version.V2 if v2 else Version.V1
-    return QoSPlugin(Node.create(RuleCache(Policy.model_validate(POLICY)), caps=caps(version), cgroups=Cgroups(root)))
+    node = Node.create(RuleCache(Policy.model_validate(POLICY)), caps=caps(version), cgroups=Cgroups(root))
+    return QoSPlugin(node, pacer=pacer)
+
+
+class Waiting(HookTraffic):
+    """Hook traffic with a request waiting on a trunk while ``waits[0]``."""
+
+    def __init__(self, waits: list[bool]) -> None:
+        super().__init__()
+        self.waits = waits
+
+    def waiting(self) -> bool:
+        return self.waits[0]
 
 
 def computed(p: QoSPlugin, pod: api.PodSandbox, ctr: api.Container) -> bytes:
@@ -183,17 +197,18 @@ def test_a_container_with_an_overlay_of_its_own_is_worked_out_alone(tmp_path: Pa
 def test_a_create_leaves_the_containers_queued_before_it_to_the_take_in_after_its_answer(tmp_path: Path) -> None:
     """The loop runs a request it found before the take-in queued by the previous answer: the
     request must not do that take-in in its own answer (the runtime would wait for it)."""
-    p = plugin(tmp_path)
     (pod1, c1), (pod2, c2) = realistic_pod(3001, "BE"), realistic_pod(3002, "LS")
 
-    async def burst() -> list[bool]:
+    async def burst() -> tuple[list[bool], QoSPlugin]:
+        p = plugin(tmp_path, pacer=Pacer(asyncio.get_running_loop()))
         p.create_container(pod1, c1)  # queues its take-in right after this callback
         p.create_container(pod2, c2)  # a request run before that take-in
         seen = [c1.id in p.model, c2.id in p.model]
         await asyncio.sleep(0)  # the queued take-in
-        return [*seen, c1.id in p.model, c2.id in p.model]
+        return [*seen, c1.id in p.model, c2.id in p.model], p
 
-    assert asyncio.run(burst()) == [False, False, True, True]
+    seen, p = asyncio.run(burst())
+    assert seen == [False, False, True, True]
     keys = [k for k, _ in p.model.containers()]
     assert keys.index(c1.id) < keys.index(c2.id), "taken in out of order"
 
@@ -203,38 +218,40 @@ def test_the_take_in_gives_the_loop_to_a_waiting_request_after_each_container(
 ) -> None:
     """A burst's take-in runs in turns that end as soon as a hook request waits on the trunk:
     the request waits for one container's take-in, not the burst's; the rest follow in order."""
-    import nriplugin.node.turns as loop_turns
+    import nriplugin.pacing.turns as loop_turns
 
-    p = plugin(tmp_path)
     burst = [realistic_pod(3100 + i, "BE" if i % 2 else "LS") for i in range(4)]
     monkeypatch.setattr(loop_turns, "LOOK", 0.0)
     waiting = [True]
-    monkeypatch.setattr(loop_turns, "hook_waiting", lambda: waiting[0])
 
-    async def main() -> list[int]:
+    async def main() -> tuple[list[int], QoSPlugin]:
+        p = plugin(tmp_path, pacer=Pacer(asyncio.get_running_loop(), Waiting(waiting)))
         for pod, ctr in burst:
             p.create_container(pod, ctr)
         taken = []
         for _ in range(3):
-            await asyncio.sleep(0)  # one loop iteration: one turn of the take-in
+            await asyncio.sleep(0)  # the take-in's turn, and the request that waits
+            await asyncio.sleep(0)
             taken.append(sum(c.id in p.model for _, c in burst))
         waiting[0] = False  # nobody waits: the rest in one turn
         await asyncio.sleep(0)
         taken.append(sum(c.id in p.model for _, c in burst))
-        return taken
+        return taken, p
 
-    assert asyncio.run(main()) == [1, 2, 3, 4]
+    taken, p = asyncio.run(main())
+    assert taken == [1, 2, 3, 4]
     keys = [k for k, _ in p.model.containers()]
     assert keys == [c.id for _, c in burst], "taken in out of order"
 
 
 def test_a_take_in_with_nobody_waiting_takes_the_burst_in_one_turn(tmp_path: Path) -> None:
-    p = plugin(tmp_path)
     burst = [realistic_pod(3200 + i, "BE") for i in range(4)]
 
     async def main() -> int:
+        p = plugin(tmp_path, pacer=Pacer(asyncio.get_running_loop(), HookTraffic()))
         for pod, ctr in burst:
             p.create_container(pod, ctr)
+        assert not any(c.id in p.model for _, c in burst)  # after the answers
         await asyncio.sleep(0)
         return sum(c.id in p.model for _, c in burst)
 

@@ -19,11 +19,19 @@ from nriplugin.policy.cache import RuleCache
 from nriplugin.policy.model import Policy
 from nriplugin.policy.qos import QoSClass
 from nriplugin.qos.collect import Collector
-from nriplugin.qos.eviction.cpu import CpuConfig, CpuEvict, CpuFacts, emergency_release, satisfaction_release
-from nriplugin.qos.eviction.evictor import Evictor, Outcome
+from nriplugin.qos.eviction.cpu import CpuConfig, CpuEvictDecider, CpuFacts, emergency_release, satisfaction_release
+from nriplugin.qos.eviction.evictor import EvictionOutcome, Evictor
 from nriplugin.qos.eviction.loop import Eviction
-from nriplugin.qos.eviction.memory import MemoryConfig, MemoryEvict, MemoryFacts, release
-from nriplugin.qos.eviction.victims import Candidate, Plan, Release, fewest, label_priority, rank_cpu, rank_memory
+from nriplugin.qos.eviction.memory import MemoryConfig, MemoryEvictDecider, MemoryFacts, release
+from nriplugin.qos.eviction.victims import (
+    Candidate,
+    EvictionPlan,
+    Release,
+    fewest,
+    label_priority,
+    rank_cpu,
+    rank_memory,
+)
 from nriplugin.qos.levels import Level
 from nriplugin.qos.node_resource import capacity
 from nriplugin.qos.strategy import Round
@@ -63,7 +71,7 @@ def test_the_cpu_case_evicts_the_three_lowest_priority_pods_freeing_9_cores() ->
     facts, pods = cpu_case()
     rel = emergency_release(facts, CpuConfig())
     assert rel is not None and rel.amount == pytest.approx(8.1, abs=0.05)  # 1.2 x 6.76: "release 8 CPU"
-    ev = CpuEvict(CpuConfig(sustain=1.0))
+    ev = CpuEvictDecider(CpuConfig(sustain=1.0))
     assert ev.decide(facts, pods) is None  # not yet sustained
     plan = ev.decide(_at(facts, 101.0), pods)
     assert plan is not None
@@ -89,7 +97,7 @@ def test_cpu_evict_needs_every_condition_and_waits_out_its_cooldown() -> None:
     assert emergency_release(replace(facts, ls_stall=0.02), cfg) is None  # LS is fine
     assert emergency_release(replace(facts, ls_stall=0.0, ls_throttled=0.5), cfg) is not None  # throttled LS
     assert emergency_release(replace(facts, ls_usage=30.0), cfg) is None  # LS has room
-    ev = CpuEvict(cfg)
+    ev = CpuEvictDecider(cfg)
     assert ev.decide(facts, pods) is not None
     ev.evicted(facts.t)
     assert ev.decide(_at(facts, facts.t + 30), pods) is None
@@ -111,7 +119,7 @@ def test_a_quiet_or_small_be_pod_is_not_a_cpu_victim() -> None:
     5 % of the 8.1-core release (0.41 cores: 5.1 %, 0.4: 4.9 %) while another covers that."""
     facts, _ = cpu_case()
     pods = [be(1, cpu_cores=0.0002), be(2, cpu_cores=0.4), be(3, cpu_cores=0.41), be(4, cpu_cores=1.0)]
-    plan = CpuEvict(CpuConfig(sustain=0.0)).decide(facts, pods)
+    plan = CpuEvictDecider(CpuConfig(sustain=0.0)).decide(facts, pods)
     assert plan is not None and [c.name for c in plan.victims] == ["be-4", "be-3"]
 
 
@@ -121,7 +129,7 @@ def test_when_no_be_pod_covers_a_share_of_the_release_the_one_that_frees_most_st
     them (under 5 % of the best) is not."""
     facts, _ = cpu_case()
     pods = [be(1, cpu_cores=0.0002), be(2, cpu_cores=0.004), be(3, cpu_cores=0.1), be(4, cpu_cores=0.09)]
-    plan = CpuEvict(CpuConfig(sustain=0.0)).decide(facts, pods)
+    plan = CpuEvictDecider(CpuConfig(sustain=0.0)).decide(facts, pods)
     assert plan is not None and [c.name for c in plan.victims] == ["be-3", "be-4"]
     assert plan.chosen() == plan.victims[:2]
 
@@ -133,7 +141,7 @@ def test_koordinator_be_satisfaction_variant() -> None:
     assert rel is not None and rel.amount == pytest.approx(3.0)  # 10 x (60% - 30%)
     assert satisfaction_release(10.0, 3.0, 1.0, cfg) is None  # BE does not use what it has
     assert satisfaction_release(10.0, 5.0, 5.0, cfg) is None  # 50 % > lower
-    ev = CpuEvict(cfg)
+    ev = CpuEvictDecider(cfg)
     pods = [be(i, cpu_request_cores=2.0, cpu_cores=0.6) for i in range(5)]
     facts = CpuFacts(0.0, 1, 50.0, True, 16.0, 0.0, 4.0, 3.0, be_request=10.0, be_limit=3.0)
     assert ev.decide(facts, pods) is None  # a third of the window first
@@ -170,7 +178,7 @@ def test_the_leak_case_evicts_the_leaking_pod_alone() -> None:
     a = be(1, freeable_bytes=16 * GiB, growth_bytes_per_min=500 * MiB / 60)
     big = be(2, freeable_bytes=20 * GiB)
     small = be(3, freeable_bytes=2 * GiB)
-    plan = MemoryEvict(cfg).decide(facts, [small, big, a])
+    plan = MemoryEvictDecider(cfg).decide(facts, [small, big, a])
     assert plan is not None
     assert [c.name for c in plan.victims] == ["be-1", "be-2", "be-3"]  # the leak first
     assert [c.name for c in plan.chosen()] == ["be-1"]
@@ -197,20 +205,20 @@ def test_under_oom_risk_a_growing_pod_counts_what_it_would_add() -> None:
     facts = MemoryFacts(0, GiB, int(0.6 * GiB), growth=60 * MiB)  # 6.8 s to the limit
     grower = be(1, freeable_bytes=200 * MiB, growth_bytes_per_min=60 * 60 * MiB)
     other = be(2, freeable_bytes=300 * MiB)
-    plan = MemoryEvict(cfg).decide(facts, [other, grower])
+    plan = MemoryEvictDecider(cfg).decide(facts, [other, grower])
     assert plan is not None and plan.horizon == 10.0 and not plan.urgent
     assert [c.name for c in plan.chosen()] == ["be-1"]  # 200 MiB + 10 s of 60 MiB/s
     fast = MemoryFacts(0, GiB, int(0.8 * GiB), growth=60 * MiB)  # 3.4 s: no time for grace
-    urgent = MemoryEvict(cfg).decide(fast, [other, grower])
+    urgent = MemoryEvictDecider(cfg).decide(fast, [other, grower])
     assert urgent is not None and urgent.urgent
 
 
 def test_growth_is_sustained_growth_not_a_jump() -> None:
-    m = MemoryEvict()
+    m = MemoryEvictDecider()
     for i in range(5):
         m.observe(float(i), (100 + 30 * i) * MiB)
     assert m.growth() == pytest.approx(30 * MiB)
-    jump = MemoryEvict()  # 450 MiB of pods starting at once, then steady
+    jump = MemoryEvictDecider()  # 450 MiB of pods starting at once, then steady
     for t, used in ((0.0, 50), (1.0, 300), (2.0, 500), (3.0, 500), (4.0, 500), (5.0, 500)):
         jump.observe(t, used * MiB)
     assert jump.growth() == 0.0
@@ -219,7 +227,7 @@ def test_growth_is_sustained_growth_not_a_jump() -> None:
 def test_oom_risk_takes_only_growing_pods() -> None:
     facts = MemoryFacts(0, GiB, int(0.4 * GiB), growth=100 * MiB)
     steady = [be(1, freeable_bytes=200 * MiB), be(2, freeable_bytes=150 * MiB)]
-    assert MemoryEvict().decide(facts, steady) is None  # nothing that grows: nothing to stop
+    assert MemoryEvictDecider().decide(facts, steady) is None  # nothing that grows: nothing to stop
 
 
 def test_memory_ranking_never_takes_ls() -> None:
@@ -241,12 +249,14 @@ def test_label_priority_is_untrusted() -> None:
 class Scripted:
     """A backend answering from a script (the Eviction API's outcomes), recording calls."""
 
-    answers: dict[str, Outcome] = field(default_factory=dict)
+    answers: dict[str, EvictionOutcome] = field(default_factory=dict)
     calls: list[tuple[str, int]] = field(default_factory=list)
 
-    async def evict(self, ns: str, name: str, uid: str, grace_seconds: int, reason: str, message: str) -> Outcome:
+    async def evict(
+        self, ns: str, name: str, uid: str, grace_seconds: int, reason: str, message: str
+    ) -> EvictionOutcome:
         self.calls.append((name, grace_seconds))
-        return self.answers.get(name, Outcome.EVICTED)
+        return self.answers.get(name, EvictionOutcome.EVICTED)
 
 
 @dataclass
@@ -257,12 +267,12 @@ class Clock:
         return self.t
 
 
-def cpu_plan(pods: list[Candidate], amount: float) -> Plan:
-    return Plan("CPUEvict", Release(amount, "emergency", "test"), pods, "cores")
+def cpu_plan(pods: list[Candidate], amount: float) -> EvictionPlan:
+    return EvictionPlan("CPUEvict", Release(amount, "emergency", "test"), pods, "cores")
 
 
 def test_a_pdb_refusal_spares_that_pod_and_the_next_goes() -> None:
-    cluster, runtime = Scripted({"be-0": Outcome.BLOCKED}), Scripted()
+    cluster, runtime = Scripted({"be-0": EvictionOutcome.BLOCKED}), Scripted()
     clock = Clock()
     ev = Evictor(cluster=cluster, runtime=runtime, clock=clock)
     pods = [be(i, cpu_cores=3.0) for i in range(4)]
@@ -282,7 +292,7 @@ def test_a_pdb_refusal_spares_that_pod_and_the_next_goes() -> None:
 def test_urgent_plans_go_through_the_runtime_without_grace() -> None:
     cluster, runtime = Scripted(), Scripted()
     ev = Evictor(cluster=cluster, runtime=runtime)
-    plan = Plan("MemoryEvict", Release(MiB, "oom_risk", "t"), [be(1, freeable_bytes=GiB)], "bytes", urgent=True)
+    plan = EvictionPlan("MemoryEvict", Release(MiB, "oom_risk", "t"), [be(1, freeable_bytes=GiB)], "bytes", urgent=True)
     asyncio.run(ev.execute(plan, {}))
     assert runtime.calls == [("be-1", 0)] and not cluster.calls
     asyncio.run(ev.execute(cpu_plan([be(2, cpu_cores=1.0)], 0.5), {}))
@@ -299,8 +309,8 @@ def test_rate_limit_and_dry_run() -> None:
     assert [c.name for c in done] == ["be-9"] and len(runtime.calls) == 2 and not dry.pending
 
 
-def memory_plan(pods: list[Candidate], amount: int) -> Plan:
-    return Plan("MemoryEvict", Release(amount, "threshold", "t"), pods, "bytes")
+def memory_plan(pods: list[Candidate], amount: int) -> EvictionPlan:
+    return EvictionPlan("MemoryEvict", Release(amount, "threshold", "t"), pods, "bytes")
 
 
 def test_a_failing_backend_is_backed_off_not_replaced_by_the_next_pod(caplog: pytest.LogCaptureFixture) -> None:
@@ -312,11 +322,13 @@ def test_a_failing_backend_is_backed_off_not_replaced_by_the_next_pod(caplog: py
     class Failing(Scripted):
         down: bool = True
 
-        async def evict(self, ns: str, name: str, uid: str, grace_seconds: int, reason: str, message: str) -> Outcome:
+        async def evict(
+            self, ns: str, name: str, uid: str, grace_seconds: int, reason: str, message: str
+        ) -> EvictionOutcome:
             self.calls.append((name, grace_seconds))
             if self.down:
                 raise ConnectionError("connect: no such file or directory")
-            return Outcome.EVICTED
+            return EvictionOutcome.EVICTED
 
     @dataclass
     class Counts:
@@ -358,8 +370,8 @@ def test_a_pod_that_frees_next_to_nothing_is_never_a_victim() -> None:
     facts = MemoryFacts(0, GiB, int(0.75 * GiB))  # release 1.3 x 7 % of 1 GiB = 93 MiB
     quiet = be(1, freeable_bytes=200 * 1024)
     small = be(2, freeable_bytes=4 * MiB)
-    assert MemoryEvict().decide(facts, [quiet, small]) is None
-    plan = MemoryEvict().decide(facts, [quiet, small, be(3, freeable_bytes=300 * MiB)])
+    assert MemoryEvictDecider().decide(facts, [quiet, small]) is None
+    plan = MemoryEvictDecider().decide(facts, [quiet, small, be(3, freeable_bytes=300 * MiB)])
     assert plan is not None and [c.name for c in plan.victims] == ["be-3"]
     runtime = Scripted()
     asyncio.run(Evictor(runtime=runtime).execute(memory_plan([quiet, small], 100 * MiB), {}))
@@ -368,7 +380,7 @@ def test_a_pod_that_frees_next_to_nothing_is_never_a_victim() -> None:
 
 def test_pending_releases_are_credited_until_the_victim_is_gone() -> None:
     ev = Evictor(runtime=Scripted())
-    plan = Plan("MemoryEvict", Release(MiB, "threshold", "t"), [be(1, freeable_bytes=300 * MiB)], "bytes")
+    plan = EvictionPlan("MemoryEvict", Release(MiB, "threshold", "t"), [be(1, freeable_bytes=300 * MiB)], "bytes")
     asyncio.run(ev.execute(plan, {"u1": "kubepods/besteffort/pod1"}))
     held = {"u1": 250.0 * MiB}
     assert ev.settle(lambda p: held.get(p.uid)) == 250 * MiB
@@ -471,28 +483,29 @@ def test_memory_check_reads_the_pods_root_and_evicts_the_leaking_be_pod(tmp_path
 
 
 def test_the_cluster_client_is_a_backend_and_its_outcomes_are_understood() -> None:
-    from nriplugin.cluster.eviction import ApiEvictor, Result
-    from nriplugin.cluster.eviction import Outcome as ApiOutcome
+    from nriplugin.cluster.eviction import ApiEvictionOutcome, ApiEvictionResult, ApiEvictor
     from nriplugin.qos.eviction.evictor import Backend, outcome
 
     def backend(b: ApiEvictor) -> Backend:  # mypy checks the client against the protocol
         return b
 
     assert backend is not None
-    assert outcome(ApiOutcome(Result.BLOCKED, 429, "budget")) is Outcome.BLOCKED
-    assert outcome(Result.GONE) is Outcome.GONE and outcome("nonsense") is Outcome.ERROR
+    assert outcome(ApiEvictionOutcome(ApiEvictionResult.BLOCKED, 429, "budget")) is EvictionOutcome.BLOCKED
+    assert outcome(ApiEvictionResult.GONE) is EvictionOutcome.GONE and outcome("nonsense") is EvictionOutcome.ERROR
 
     @dataclass
     class Api:
         calls: list[str] = field(default_factory=list)
 
-        async def evict(self, ns: str, name: str, uid: str, grace: int, reason: str, message: str) -> ApiOutcome:
+        async def evict(
+            self, ns: str, name: str, uid: str, grace: int, reason: str, message: str
+        ) -> ApiEvictionOutcome:
             self.calls.append(name)
             if name == "be-0":
-                return ApiOutcome(
-                    Result.BLOCKED, 429, "Cannot evict pod as it would violate the pod's disruption budget"
+                return ApiEvictionOutcome(
+                    ApiEvictionResult.BLOCKED, 429, "Cannot evict pod as it would violate the pod's disruption budget"
                 )
-            return ApiOutcome(Result.EVICTED, 201, "")
+            return ApiEvictionOutcome(ApiEvictionResult.EVICTED, 201, "")
 
     api: list[Api] = []  # the cluster side comes up later than the evictor
     ev = Evictor(runtime=Scripted(), cluster_of=lambda: api[0] if api else None)

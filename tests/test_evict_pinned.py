@@ -30,21 +30,29 @@ from nriplugin.qos.eviction.cpu import (
     MIN_CORES,
     RELEASE_FACTOR,
     CpuConfig,
-    CpuEvict,
+    CpuEvictDecider,
     CpuFacts,
     emergency_release,
     satisfaction_release,
     shortage,
     suffering,
 )
-from nriplugin.qos.eviction.evictor import BACKOFF_MAX, BACKOFF_MIN, Answer, Evictor, Outcome, RuntimeBackend, outcome
+from nriplugin.qos.eviction.evictor import (
+    BACKOFF_MAX,
+    BACKOFF_MIN,
+    Answer,
+    EvictionOutcome,
+    Evictor,
+    RuntimeBackend,
+    outcome,
+)
 from nriplugin.qos.eviction.loop import LADDER, MIN_GAP, Eviction, cpu_facts
-from nriplugin.qos.eviction.memory import MemoryConfig, MemoryEvict, MemoryFacts, release, seconds_to_limit
+from nriplugin.qos.eviction.memory import MemoryConfig, MemoryEvictDecider, MemoryFacts, release, seconds_to_limit
 from nriplugin.qos.eviction.victims import (
     LEAK_BYTES_PER_MIN,
     MIN_SHARE,
     Candidate,
-    Plan,
+    EvictionPlan,
     Release,
     evictable,
     fewest,
@@ -94,45 +102,47 @@ def test_only_be_pods_are_evictable() -> None:
 def test_a_plans_share_is_in_its_unit() -> None:
     c = be(1, cpu_cores=2.0, cpu_request_cores=3.0, freeable_bytes=100, growth_bytes_per_min=600.0)
     rel = Release(10.0, "t", "w")
-    assert Plan("s", rel, [], "cores").share(c) == 2.0
-    assert Plan("s", rel, [], "request").share(c) == 3.0
-    assert Plan("s", rel, [], "bytes").share(c) == 100  # no horizon: no growth counted
-    assert Plan("s", rel, [], "bytes", horizon=30.0).share(c) == 100 + 600 / 60 * 30
+    assert EvictionPlan("s", rel, [], "cores").share(c) == 2.0
+    assert EvictionPlan("s", rel, [], "request").share(c) == 3.0
+    assert EvictionPlan("s", rel, [], "bytes").share(c) == 100  # no horizon: no growth counted
+    assert EvictionPlan("s", rel, [], "bytes", horizon=30.0).share(c) == 100 + 600 / 60 * 30
     shrinking = replace(c, growth_bytes_per_min=-600.0)
-    assert Plan("s", rel, [], "bytes", horizon=30.0).share(shrinking) == 100  # shrinking frees no more
+    assert EvictionPlan("s", rel, [], "bytes", horizon=30.0).share(shrinking) == 100  # shrinking frees no more
 
 
 def test_a_meaningful_share_is_five_percent_inclusive() -> None:
     rel = Release(10.0, "t", "w")
     big = be(9, cpu_cores=5.0)
-    plan = Plan("s", rel, [big], "cores")
+    plan = EvictionPlan("s", rel, [big], "cores")
     assert plan.meaningful(be(1, cpu_cores=0.5))  # 5 % of 10 exactly
     assert not plan.meaningful(be(2, cpu_cores=0.49))
     assert not plan.meaningful(be(3, cpu_cores=0.0))
-    assert not Plan("s", Release(0.0, "t", "w"), [], "cores").meaningful(be(3))  # nothing freed is never meaningful
-    mem = Plan("s", Release(1000.0, "t", "w"), [], "bytes")
+    assert not EvictionPlan("s", Release(0.0, "t", "w"), [], "cores").meaningful(
+        be(3)
+    )  # nothing freed is never meaningful
+    mem = EvictionPlan("s", Release(1000.0, "t", "w"), [], "bytes")
     assert mem.meaningful(be(4, freeable_bytes=50)) and not mem.meaningful(be(5, freeable_bytes=49))
 
 
 def test_when_no_cpu_candidate_covers_five_percent_the_bar_is_five_percent_of_the_best() -> None:
     rel = Release(100.0, "t", "w")
     pods = [be(1, cpu_cores=2.0), be(2, cpu_cores=0.1), be(3, cpu_cores=0.09)]
-    plan = Plan("s", rel, pods, "cores")
+    plan = EvictionPlan("s", rel, pods, "cores")
     assert [plan.meaningful(c) for c in pods] == [True, True, False]  # the bar: 0.1
-    alone = Plan("s", rel, [], "cores")
+    alone = EvictionPlan("s", rel, [], "cores")
     assert alone.meaningful(be(4, cpu_cores=1.0))  # no victims listed: the pod itself is the best
     outsider = be(5, cpu_cores=3.0)  # larger than every listed victim: its own share sets the bar
-    assert plan.meaningful(outsider) and not Plan("s", rel, [*pods, outsider], "cores").meaningful(pods[1])
-    assert Plan("s", Release(100.0, "t", "w"), [be(6, cpu_cores=5.0)], "cores").meaningful(be(7, cpu_cores=5.0))
-    assert not Plan("s", rel, [be(6, cpu_cores=5.0)], "cores").meaningful(be(7, cpu_cores=4.99))
-    mem = Plan("s", Release(1000.0, "t", "w"), [be(8, freeable_bytes=40)], "bytes")
+    assert plan.meaningful(outsider) and not EvictionPlan("s", rel, [*pods, outsider], "cores").meaningful(pods[1])
+    assert EvictionPlan("s", Release(100.0, "t", "w"), [be(6, cpu_cores=5.0)], "cores").meaningful(be(7, cpu_cores=5.0))
+    assert not EvictionPlan("s", rel, [be(6, cpu_cores=5.0)], "cores").meaningful(be(7, cpu_cores=4.99))
+    mem = EvictionPlan("s", Release(1000.0, "t", "w"), [be(8, freeable_bytes=40)], "bytes")
     assert not mem.meaningful(be(8, freeable_bytes=40))  # memory has no such fallback
 
 
 def test_chosen_takes_the_meaningful_victims_until_the_release_is_covered() -> None:
     rel = Release(3.0, "t", "w")
     pods = [be(1, cpu_cores=0.1), be(2, cpu_cores=2.0), be(3, cpu_cores=1.0), be(4, cpu_cores=1.0)]
-    assert names(Plan("s", rel, pods, "cores").chosen()) == ["be-2", "be-3"]
+    assert names(EvictionPlan("s", rel, pods, "cores").chosen()) == ["be-2", "be-3"]
 
 
 def test_label_priority_is_untrusted_and_bounded() -> None:
@@ -263,7 +273,7 @@ def test_the_satisfaction_release_boundaries() -> None:
 
 def test_sustain_and_cooldown_to_the_second() -> None:
     pods = [be(i, cpu_cores=3.0) for i in range(4)]
-    ev = CpuEvict(CpuConfig(sustain=2.0, cooldown=60.0))
+    ev = CpuEvictDecider(CpuConfig(sustain=2.0, cooldown=60.0))
     assert ev.decide(facts(t=100.0), pods) is None
     assert ev.decide(facts(t=101.9), pods) is None
     assert ev.decide(facts(t=102.0), pods) is not None  # held 2 s: sustained
@@ -273,19 +283,19 @@ def test_sustain_and_cooldown_to_the_second() -> None:
     assert ev.last_evicted == 106.0
     assert ev.decide(facts(t=165.9), pods) is None
     assert ev.decide(facts(t=166.0), pods) is not None  # 60 s after: the cooldown is over
-    assert CpuEvict().cfg == CpuConfig()
+    assert CpuEvictDecider().cfg == CpuConfig()
 
 
 def test_an_emergency_plan_leaves_out_idle_pods_and_is_in_cores() -> None:
     pods = [be(1, cpu_cores=0.001, priority=-1), be(2, cpu_cores=0.000999, priority=-2), be(3, cpu_cores=3.0)]
-    plan = CpuEvict(CpuConfig(sustain=0.0)).decide(facts(), lambda: pods)
+    plan = CpuEvictDecider(CpuConfig(sustain=0.0)).decide(facts(), lambda: pods)
     assert plan is not None and plan.unit == "cores" and plan.strategy == "CPUEvict"
     assert names(plan.victims) == ["be-3"]  # 0.001 is a share under 5 % of the best
     assert plan.release.trigger == "emergency"
     tiny = [be(1, cpu_cores=0.001), be(2, cpu_cores=0.000999)]
-    plan = CpuEvict(CpuConfig(sustain=0.0)).decide(facts(), tiny)
+    plan = CpuEvictDecider(CpuConfig(sustain=0.0)).decide(facts(), tiny)
     assert plan is not None and names(plan.victims) == ["be-1"]  # a millicore is not idle
-    assert CpuEvict(CpuConfig(sustain=0.0)).decide(facts(), [be(2, cpu_cores=0.0009)]) is None
+    assert CpuEvictDecider(CpuConfig(sustain=0.0)).decide(facts(), [be(2, cpu_cores=0.0009)]) is None
 
 
 def sat_facts(t: float, limit: float | None = 3.0, usage: float = 3.0, request: float = 10.0) -> CpuFacts:
@@ -295,7 +305,7 @@ def sat_facts(t: float, limit: float | None = 3.0, usage: float = 3.0, request: 
 def test_the_satisfaction_variant_needs_a_third_of_its_window() -> None:
     cfg = CpuConfig(satisfaction_lower=40, satisfaction_upper=60, window=30.0, sustain=0.0)
     pods = [be(1, cpu_request_cores=2.0), be(2, cpu_request_cores=2.0, priority=-1), be(3)]
-    ev = CpuEvict(cfg)
+    ev = CpuEvictDecider(cfg)
     assert ev.decide(sat_facts(0.0), pods) is None
     assert ev.decide(sat_facts(9.9), pods) is None  # under a third of 30 s
     plan = ev.decide(sat_facts(10.0), pods)
@@ -304,24 +314,24 @@ def test_the_satisfaction_variant_needs_a_third_of_its_window() -> None:
     assert ev.decide(sat_facts(11.0, limit=None), pods) is None  # no limit: the window starts again
     assert ev.decide(sat_facts(12.0), pods) is None and ev.decide(sat_facts(21.9), pods) is None
     assert ev.decide(sat_facts(22.0), pods) is not None
-    assert CpuEvict(cfg).decide(sat_facts(0.0), []) is None
+    assert CpuEvictDecider(cfg).decide(sat_facts(0.0), []) is None
 
 
 def test_the_satisfaction_release_is_the_smaller_of_the_window_and_now() -> None:
     cfg = CpuConfig(satisfaction_lower=40, satisfaction_upper=60, window=30.0)
     pods = [be(1, cpu_request_cores=5.0)]
-    ev = CpuEvict(cfg)
+    ev = CpuEvictDecider(cfg)
     ev.decide(sat_facts(0.0, limit=1.0, usage=1.0), pods)
     plan = ev.decide(sat_facts(10.0, limit=3.0), pods)  # average limit 2 (4 released), now 3 (3)
     assert plan is not None and plan.release.amount == pytest.approx(3.0)
-    ev = CpuEvict(cfg)
+    ev = CpuEvictDecider(cfg)
     ev.decide(sat_facts(0.0, limit=3.0), pods)
     plan = ev.decide(sat_facts(10.0, limit=1.0, usage=1.0), pods)  # average 2 (4), now 1 (5)
     assert plan is not None and plan.release.amount == pytest.approx(4.0)
-    ev = CpuEvict(cfg)
+    ev = CpuEvictDecider(cfg)
     ev.decide(sat_facts(0.0, limit=5.0), pods)
     assert ev.decide(sat_facts(10.0, limit=3.0), pods) is None  # the average (40 %... 4 cores) is fine
-    ev = CpuEvict(cfg)
+    ev = CpuEvictDecider(cfg)
     ev.decide(sat_facts(0.0, limit=3.0), pods)
     assert ev.decide(sat_facts(10.0, limit=5.0), pods) is None  # now it is fine
 
@@ -329,7 +339,7 @@ def test_the_satisfaction_release_is_the_smaller_of_the_window_and_now() -> None
 def test_the_satisfaction_window_drops_what_is_older_than_it() -> None:
     cfg = CpuConfig(satisfaction_lower=40, satisfaction_upper=60, window=30.0)
     pods = [be(1, cpu_request_cores=5.0)]
-    ev = CpuEvict(cfg)
+    ev = CpuEvictDecider(cfg)
     ev.decide(sat_facts(0.0, limit=0.2, usage=0.2), pods)  # leaves the window at 30 s and after
     ev.decide(sat_facts(20.0, limit=3.0), pods)
     plan = ev.decide(sat_facts(30.0, limit=3.0), pods)  # (0.2 + 3 + 3) / 3 kept: 30 s is in the window
@@ -411,17 +421,17 @@ def test_the_memory_release_growth_and_pending() -> None:
 
 
 def test_growth_is_the_smaller_of_two_steps_once_they_are_spanned() -> None:
-    m = MemoryEvict(rate_window=10.0)
+    m = MemoryEvictDecider(rate_window=10.0)
     assert m.observe(0.0, 0) == 0.0 and m.observe(1.0, 100) == 0.0
     assert m.observe(2.0, 200) == 0.0  # one step spanned, not two
     assert m.observe(4.0, 600) == pytest.approx(100.0)  # 200/2 s before, 400/2 s now: the smaller
     assert m.observe(4.0, 99999) == pytest.approx(100.0)  # a reading at the same time is dropped
     assert m.observe(3.0, 99999) == pytest.approx(100.0)  # and an older one
-    m = MemoryEvict()
+    m = MemoryEvictDecider()
     for t, u in [(0.0, 1000), (2.0, 600), (4.0, 400)]:
         m.observe(t, u)
     assert m.growth() == 0.0  # shrinking is no growth
-    m = MemoryEvict()
+    m = MemoryEvictDecider()
     for t, u in [(0.0, 0), (1.0, 0), (3.0, 300), (5.0, 700)]:
         m.observe(t, u)
     assert m.growth() == pytest.approx(150.0)  # a: t=3 (2 s back), b: t=1 (2 s before it): min(200, 150)
@@ -429,17 +439,17 @@ def test_growth_is_the_smaller_of_two_steps_once_they_are_spanned() -> None:
 
 
 def test_old_readings_leave_the_window_but_two_stay() -> None:
-    m = MemoryEvict(rate_window=4.0)
+    m = MemoryEvictDecider(rate_window=4.0)
     for t, u in [(0.0, 0), (2.0, 200), (4.0, 400)]:
         m.observe(t, u)
     assert m.growth() == pytest.approx(100.0)
     m.observe(4.5, 450)  # t=0 is 4.5 s back: gone; t=2 stays (2.5 s)
     assert m.growth() == 0.0  # two steps are no longer spanned
-    m = MemoryEvict(rate_window=4.0)
+    m = MemoryEvictDecider(rate_window=4.0)
     for t, u in [(0.0, 0), (2.0, 200), (4.0, 400)]:
         m.observe(t, u)
     assert m.observe(100.0, 10_000) == 0.0  # the last two kept: one step only
-    m = MemoryEvict(rate_window=4.0)
+    m = MemoryEvictDecider(rate_window=4.0)
     for t, u in [(0.0, 0), (2.0, 200), (4.0, 600)]:
         m.observe(t, u)
     assert m.growth() == pytest.approx(100.0)  # 4 s back is inside a 4 s window
@@ -449,7 +459,7 @@ def test_memory_decide_horizon_urgency_and_growing_victims() -> None:
     cap = 1000 * MiB
     leak = LEAK_BYTES_PER_MIN + 1.0
     pods = [be(1, freeable_bytes=100 * MiB), be(2, freeable_bytes=50 * MiB, growth_bytes_per_min=leak)]
-    ev = MemoryEvict()
+    ev = MemoryEvictDecider()
     plan = ev.decide(MemoryFacts(0.0, cap, 800 * MiB), pods)
     assert plan is not None and plan.strategy == "MemoryEvict" and plan.unit == "bytes"
     assert plan.horizon == 0.0 and not plan.urgent and names(plan.victims) == ["be-2", "be-1"]
@@ -465,13 +475,13 @@ def test_memory_decide_horizon_urgency_and_growing_victims() -> None:
     steady = [be(1, freeable_bytes=500 * MiB), be(3, growth_bytes_per_min=float(LEAK_BYTES_PER_MIN))]
     assert ev.decide(MemoryFacts(0.0, cap, 690 * MiB, growth=31 * MiB), steady) is None  # no pod grows
     assert ev.decide(MemoryFacts(0.0, cap, 800 * MiB), [be(4, freeable_bytes=MiB)]) is None  # frees too little
-    custom = MemoryEvict(MemoryConfig(leak_bytes_per_min=1.0))
+    custom = MemoryEvictDecider(MemoryConfig(leak_bytes_per_min=1.0))
     plan = custom.decide(
         MemoryFacts(0.0, cap, 800 * MiB),
         [be(5, freeable_bytes=100 * MiB), be(6, growth_bytes_per_min=2.0, freeable_bytes=60 * MiB)],
     )
     assert plan is not None and names(plan.victims) == ["be-6", "be-5"]
-    assert MemoryEvict().cfg == MemoryConfig() and MemoryEvict().rate_window == 10.0
+    assert MemoryEvictDecider().cfg == MemoryConfig() and MemoryEvictDecider().rate_window == 10.0
 
 
 # --- the evictor -------------------------------------------------------------------------------
@@ -486,7 +496,7 @@ class Backend:
 
     async def evict(self, ns: str, name: str, uid: str, grace_seconds: int, reason: str, message: str) -> object:
         self.calls.append((ns, name, uid, grace_seconds, reason, message))
-        answer = self.answers.get(name, Outcome.EVICTED)
+        answer = self.answers.get(name, EvictionOutcome.EVICTED)
         if isinstance(answer, Exception):
             raise answer
         return answer
@@ -500,7 +510,7 @@ class Gated(Backend):
 
     async def evict(self, ns: str, name: str, uid: str, grace_seconds: int, reason: str, message: str) -> object:
         await self.gate.wait()
-        return Outcome.EVICTED
+        return EvictionOutcome.EVICTED
 
 
 @dataclass
@@ -523,23 +533,23 @@ class Counts:
         self.failed.append((backend, outcome))
 
 
-def cpu_plan(pods: list[Candidate], amount: float, **kw: object) -> Plan:
-    return Plan("CPUEvict", Release(amount, "emergency", "LS starves"), pods, "cores", **kw)  # type: ignore[arg-type]
+def cpu_plan(pods: list[Candidate], amount: float, **kw: object) -> EvictionPlan:
+    return EvictionPlan("CPUEvict", Release(amount, "emergency", "LS starves"), pods, "cores", **kw)  # type: ignore[arg-type]
 
 
-def mem_plan(pods: list[Candidate], amount: float, **kw: object) -> Plan:
-    return Plan("MemoryEvict", Release(amount, "threshold", "too full"), pods, "bytes", **kw)  # type: ignore[arg-type]
+def mem_plan(pods: list[Candidate], amount: float, **kw: object) -> EvictionPlan:
+    return EvictionPlan("MemoryEvict", Release(amount, "threshold", "too full"), pods, "bytes", **kw)  # type: ignore[arg-type]
 
 
-def run(ev: Evictor, plan: Plan, groups: dict[str, str] | None = None) -> list[str]:
+def run(ev: Evictor, plan: EvictionPlan, groups: dict[str, str] | None = None) -> list[str]:
     return names(asyncio.run(ev.execute(plan, groups or {})))
 
 
 def test_outcome_reads_enums_values_and_results() -> None:
-    assert outcome(Outcome.BLOCKED) is Outcome.BLOCKED and outcome("gone") is Outcome.GONE
-    assert outcome(Answer(Outcome.EVICTED)) is Outcome.EVICTED
-    assert outcome(Answer(Outcome.ERROR, "x")) is Outcome.ERROR
-    assert outcome("nonsense") is Outcome.ERROR and outcome(None) is Outcome.ERROR
+    assert outcome(EvictionOutcome.BLOCKED) is EvictionOutcome.BLOCKED and outcome("gone") is EvictionOutcome.GONE
+    assert outcome(Answer(EvictionOutcome.EVICTED)) is EvictionOutcome.EVICTED
+    assert outcome(Answer(EvictionOutcome.ERROR, "x")) is EvictionOutcome.ERROR
+    assert outcome("nonsense") is EvictionOutcome.ERROR and outcome(None) is EvictionOutcome.ERROR
     assert BACKOFF_MIN == 1.0 and BACKOFF_MAX == 60.0
 
 
@@ -646,7 +656,7 @@ def test_an_answer_without_detail_is_said_as_is(caplog: pytest.LogCaptureFixture
     with caplog.at_level(logging.WARNING, "nriplugin.qos.evict"):
         run(ev, cpu_plan([be(1, cpu_cores=1.0)], 1.0))
     assert "failed (teapot);" in caplog.records[-1].getMessage()
-    ev = Evictor(runtime=Backend({"be-1": Answer(Outcome.ERROR, "CRI down")}))
+    ev = Evictor(runtime=Backend({"be-1": Answer(EvictionOutcome.ERROR, "CRI down")}))
     with caplog.at_level(logging.WARNING, "nriplugin.qos.evict"):
         run(ev, cpu_plan([be(1, cpu_cores=1.0)], 1.0))
     assert "failed (CRI down);" in caplog.records[-1].getMessage()
@@ -654,7 +664,7 @@ def test_an_answer_without_detail_is_said_as_is(caplog: pytest.LogCaptureFixture
 
 def test_blocked_and_gone_pods_make_way_for_the_next(caplog: pytest.LogCaptureFixture) -> None:
     clock, counts = Clock(), Counts()
-    runtime = Backend({"be-1": Outcome.BLOCKED, "be-2": Outcome.GONE})
+    runtime = Backend({"be-1": EvictionOutcome.BLOCKED, "be-2": EvictionOutcome.GONE})
     ev = Evictor(runtime=runtime, clock=clock, observer=counts, max_per_minute=2)
     pods = [be(i, cpu_cores=1.0) for i in range(1, 5)]
     with caplog.at_level(logging.INFO, "nriplugin.qos.evict"):
@@ -768,7 +778,7 @@ def test_settle_credits_the_held_and_drops_the_gone(caplog: pytest.LogCaptureFix
 
 def test_settle_forgets_refusals_and_evictions_when_they_expire() -> None:
     clock = Clock()
-    ev = Evictor(runtime=Backend({"be-1": Outcome.BLOCKED}), clock=clock)
+    ev = Evictor(runtime=Backend({"be-1": EvictionOutcome.BLOCKED}), clock=clock)
     run(ev, cpu_plan([be(1, cpu_cores=1.0), be(2, cpu_cores=1.0)], 1.0))
     clock.t = 29.9
     ev.settle(lambda p: None)
@@ -1159,20 +1169,22 @@ def test_the_runtime_backend_stops_the_pods_containers_then_its_sandbox() -> Non
             backend = RuntimeBackend(client, timeout=3.0)
             try:
                 assert backend.name == "runtime" and backend.timeout == 3.0
-                assert await backend.evict("batch", "be-1", "u1", 7, "threshold", "m") is Outcome.EVICTED
+                assert await backend.evict("batch", "be-1", "u1", 7, "threshold", "m") is EvictionOutcome.EVICTED
                 assert sorted(rt.stopped[:2]) == [("container", "c1", 7), ("container", "c2", 7)]
                 assert rt.stopped[2:] == [("pod", "p1", 0)]  # the sandbox after its containers
                 given = dict(rt.deadlines)  # 3 s (not the client's 5); a stop's grace on top
                 assert 2.0 < given["ListPodSandbox"] < 4.0 and 2.0 < given["ListContainers"] < 4.0  # type: ignore[operator]
                 assert 9.0 < given["StopContainer"] < 11.0 and 2.0 < given["StopPodSandbox"] < 4.0  # type: ignore[operator]
-                assert await backend.evict("batch", "be-1", "u1", 7, "threshold", "m") is Outcome.GONE  # stopped
-                assert await backend.evict("batch", "nobody", "u9", 7, "threshold", "m") is Outcome.GONE
+                assert (
+                    await backend.evict("batch", "be-1", "u1", 7, "threshold", "m") is EvictionOutcome.GONE
+                )  # stopped
+                assert await backend.evict("batch", "nobody", "u9", 7, "threshold", "m") is EvictionOutcome.GONE
                 rt.stopped.clear()
-                assert await backend.evict("batch", "raw", "", 0, "oom_risk", "m") is Outcome.EVICTED
+                assert await backend.evict("batch", "raw", "", 0, "oom_risk", "m") is EvictionOutcome.EVICTED
                 assert rt.stopped == [("container", "c5", 0), ("pod", "p3", 0)]  # by namespace and name
                 rt.fail = "StopPodSandbox"
                 answer = await backend.evict("batch", "be-2", "u2", 5, "threshold", "m")
-                assert isinstance(answer, Answer) and answer.result is Outcome.ERROR
+                assert isinstance(answer, Answer) and answer.result is EvictionOutcome.ERROR
                 assert "StopPodSandbox: the runtime is going away" in answer.detail and "\n" not in answer.detail
                 rt.fail_detail = " and says so at length" * 20
                 answer = await backend.evict("batch", "be-2", "u2", 5, "threshold", "m")
@@ -1212,7 +1224,7 @@ def test_the_window_holds_exactly_its_length() -> None:
     pods = [be(1, cpu_request_cores=5.0)]
 
     def amount(last: float) -> float:
-        ev = CpuEvict(cfg)
+        ev = CpuEvictDecider(cfg)
         ev.decide(sat_facts(0.0, limit=3.9, usage=3.9), pods)
         ev.decide(sat_facts(20.0, limit=2.0, usage=2.0), pods)
         plan = ev.decide(sat_facts(last, limit=2.0, usage=2.0), pods)
@@ -1225,7 +1237,7 @@ def test_the_window_holds_exactly_its_length() -> None:
 
 def test_the_window_starts_again_while_the_variant_is_half_configured() -> None:
     pods = [be(1, cpu_request_cores=5.0)]
-    ev = CpuEvict(CpuConfig(satisfaction_upper=60, window=30.0))
+    ev = CpuEvictDecider(CpuConfig(satisfaction_upper=60, window=30.0))
     for t in range(0, 21, 5):
         assert ev.decide(sat_facts(float(t)), pods) is None
     ev.cfg = CpuConfig(satisfaction_lower=40, satisfaction_upper=60, window=30.0)  # a reload completes it
@@ -1234,7 +1246,7 @@ def test_the_window_starts_again_while_the_variant_is_half_configured() -> None:
 
 def test_on_a_tie_the_windows_release_is_said() -> None:
     cfg = CpuConfig(satisfaction_lower=40, satisfaction_upper=60, window=30.0)
-    ev = CpuEvict(cfg)
+    ev = CpuEvictDecider(cfg)
     pods = [be(1, cpu_request_cores=5.0)]
     ev.decide(sat_facts(0.0, usage=3.0), pods)
     plan = ev.decide(sat_facts(10.0, usage=2.8), pods)
@@ -1249,17 +1261,17 @@ def test_the_growth_is_not_said_when_it_only_ties_the_level() -> None:
 
 
 def test_growth_steps_are_measured_in_time() -> None:
-    m = MemoryEvict()
+    m = MemoryEvictDecider()
     for t, u in [(0.0, 0), (1.0, 0), (2.0, 100), (3.0, 200), (4.0, 300)]:
         m.observe(t, u)
     assert m.growth() == pytest.approx(50.0)  # b is 2 s before a (t=0), not the reading next to it
-    m = MemoryEvict()
+    m = MemoryEvictDecider()
     for t, u in [(0.0, 0), (2.0, 400), (4.0, 600)]:
         m.observe(t, u)
     assert m.growth() == pytest.approx(100.0)  # slowing: now's rate is the smaller
     m.observe(4.0, 10_000)  # a second reading at the same time is dropped, not taken as now
     assert m.growth() == pytest.approx(100.0)
-    m = MemoryEvict(rate_window=4.0)
+    m = MemoryEvictDecider(rate_window=4.0)
     for t, u in [(1.0, 0), (3.0, 200), (5.0, 600)]:
         m.observe(t, u)
     assert m.growth() == pytest.approx(100.0)  # 4 s back from 5: kept
@@ -1267,7 +1279,7 @@ def test_growth_steps_are_measured_in_time() -> None:
 
 def test_a_success_during_the_back_off_ends_it() -> None:
     clock = Clock()
-    ev = Evictor(runtime=Backend({"be-1": Outcome.ERROR}), clock=clock)
+    ev = Evictor(runtime=Backend({"be-1": EvictionOutcome.ERROR}), clock=clock)
     run(ev, cpu_plan([be(1, cpu_cores=1.0)], 1.0))
     assert ev.backing_off()
     clock.t = 0.5

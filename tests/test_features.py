@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from nriplugin.features import PIPELINE, Context, FeatureFailed, Intent, desired_state, enabled
-from nriplugin.features.registry import Registry
+from nriplugin.features.registry import FeatureRegistry
 from nriplugin.kernel.cgroup import Cgroups, Version
 from nriplugin.kernel.probe import Capabilities, Resctrl, Topology
 from nriplugin.node.assembly import Node
@@ -81,7 +81,7 @@ def test_a_feature_registry_refuses_what_the_policy_does_not_name() -> None:
     def nothing(ctx: Context, intent: Intent) -> None:
         pass
 
-    reg = Registry(["a", "b"])
+    reg = FeatureRegistry(["a", "b"])
     with pytest.raises(TypeError, match="'c' is not a feature switch of the policy"):
         reg.feature("c", 1)(nothing)
     reg.feature("a", 10)(nothing)

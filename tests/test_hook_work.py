@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
-from nriplugin.node.turns import install_quiet
+from nriplugin.node.hooks import QoSPlugin
 from nriplugin.nri import api_pb2 as api
+from nriplugin.pacing.turns import Pacer
 from testkit.hook_work import Work, realistic_pod, run_on_stoppable_loop, running_agent, temporary_dir
 from testkit.runtime_peer import PluginSession
 from tests.test_quiet import plugin
@@ -166,14 +167,16 @@ def test_a_burst_of_creates_keeps_its_requests_not_their_parse(tmp_path: Path) -
     every request of a burst would parse into memory the process had never touched. Counted in
     the process's minor page faults over 2000 creates, each parsed from its wire bytes as the
     stub does; then the queue is taken in and the model holds what the runtime sent."""
-    p = plugin(tmp_path)
     sent = []
     for i in range(2000):
         pod, ctr = realistic_pod(100000 + i, ("BE", "LS")[i % 2])
         sent.append(api.CreateContainerRequest(pod=pod, container=ctr).SerializeToString())
 
-    async def main() -> int:
-        quiet = install_quiet(asyncio.get_running_loop(), settle=60.0, lag=600.0)  # the burst goes on
+    async def main() -> tuple[int, QoSPlugin]:
+        pacer = Pacer(asyncio.get_running_loop(), wait_out_bursts=True, settle=60.0, lag=600.0)  # the burst goes on
+        quiet = pacer.bursts
+        assert quiet is not None
+        p = plugin(tmp_path, pacer)
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         for wire in sent:
             req = api.CreateContainerRequest.FromString(wire)
@@ -183,9 +186,9 @@ def test_a_burst_of_creates_keeps_its_requests_not_their_parse(tmp_path: Path) -
         quiet.release()
         while quiet.waiting or len(p.model) < 2 * len(sent):
             await asyncio.sleep(0)
-        return faults
+        return faults, p
 
-    faults, n = asyncio.run(main()), len(sent)
+    (faults, p), n = asyncio.run(main()), len(sent)
     assert faults / n <= FAULTS_PER_CREATE, f"{faults} page faults in {n} creates: a create keeps memory it touched"
     for wire in (sent[0], sent[-1]):
         req = parse(wire)

@@ -19,7 +19,7 @@ import pytest
 from nriplugin.agent.assembly import agent_loop
 from nriplugin.agent.idle_gc import BACKSTOP, IdleCollector
 from nriplugin.cli.main import build_parser
-from nriplugin.nri.transport import PollClock
+from nriplugin.pacing.selector import PollClock
 
 
 class Node:

@@ -23,6 +23,7 @@ from nriplugin.inventory.cri import BadStatus, CriInventory, container_from_cri,
 from nriplugin.kernel.cgroup import Cgroups
 from nriplugin.node.assembly import Node
 from nriplugin.nri import api_pb2 as api
+from nriplugin.pacing.turns import Pacer
 from nriplugin.reconciler import Reconciler
 from testkit.cri_standin import FakeRuntime
 from testkit.runtime_peer import make_container, make_pod
@@ -318,7 +319,7 @@ def test_adopt_converges_unknown_containers_and_prune_forgets_removed_ones(top: 
     async def main() -> None:
         node = Node.create(cgroups=Cgroups(ROOT))
         model = node.model
-        rec = Reconciler(node.desired, node.writer, model, resync_period=3600)
+        rec = Reconciler(node.desired, node.writer, model, resync_period=3600, pacer=Pacer(asyncio.get_running_loop()))
         rec.start(asyncio.get_running_loop())
         try:
             pods = [be_pod(i, top) for i in (1, 2)]
@@ -366,7 +367,13 @@ def test_new_directories_are_noticed(top: str) -> None:
         node = Node.create(cgroups=Cgroups(ROOT))
         model = node.model
         rec = Reconciler(
-            node.desired, node.writer, model, resync_period=3600, roots=[f"{top}/kubepods"], on_new_dir=seen.append
+            node.desired,
+            node.writer,
+            model,
+            resync_period=3600,
+            roots=[f"{top}/kubepods"],
+            on_new_dir=seen.append,
+            pacer=Pacer(asyncio.get_running_loop()),
         )
         rec.start(asyncio.get_running_loop())
         try:

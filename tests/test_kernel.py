@@ -379,3 +379,16 @@ def test_real_resize_the_burst_waits_for_the_runtimes_quota_then_lands() -> None
         assert rejected == []
     finally:
         d.rmdir()
+
+
+def test_what_differs_between_hierarchies_is_asked_of_the_kernel_layer(tmp_path: Path) -> None:
+    """The hook adapter, the reconciler and eviction ask these; none compares versions."""
+    assert Version.V2.unified and not Version.V1.unified
+    assert Version.V1.parent_caps_quota and not Version.V2.parent_caps_quota
+    assert Version.V1.controllers == ("cpu", "cpuset", "memory", "blkio") and Version.V2.controllers == ("",)
+    v1, v2 = Cgroups(tmp_path, version=Version.V1), Cgroups(tmp_path, version=Version.V2)
+    assert v1.unified_entry("cpu.cfs_quota_us", 50000) is None
+    assert v2.unified_entry("cpu.cfs_quota_us", 50000) == ("cpu.max", "50000 100000")
+    assert v2.unified_entry("no.such.file", 1) is None
+    assert v2.weight_to_learn and not v1.weight_to_learn
+    assert v1.hierarchy is Version.V1

@@ -15,7 +15,7 @@ from nriplugin.netqos.desired import (
     DEFAULT_TOTAL,
     EGRESS_KEY,
     INGRESS_KEY,
-    Level,
+    NetLevel,
     NodeNet,
     Rates,
     annotation_bits,
@@ -24,7 +24,7 @@ from nriplugin.netqos.desired import (
     pod_state,
     suppress_resource,
 )
-from nriplugin.netqos.suppress import Config, NetSuppress, State, decide
+from nriplugin.netqos.suppress import Config, NetSuppress, SuppressState, decide
 from nriplugin.netqos.tc import LEVEL_MINOR, Snapshot
 from nriplugin.node.overlays import Overlays
 from nriplugin.policy.bandwidth import MIN_RATE, check_class_bandwidth, class_bits, parse_total_bandwidth
@@ -57,12 +57,12 @@ def policy(doc: dict[str, object] | None = None) -> Policy:
 def test_the_agreed_policy_gives_the_classes_their_rates() -> None:
     node = node_state(policy())
     assert node.total == 100_000_000
-    ls_in, ls_out = node.rates(Level.L1, "ingress"), node.rates(Level.L1, "egress")
+    ls_in, ls_out = node.rates(NetLevel.L1, "ingress"), node.rates(NetLevel.L1, "egress")
     assert (ls_in.rate, ls_in.ceil) == (50_000_000, 100_000_000)
     assert (ls_out.rate, ls_out.ceil) == (50_000_000, 100_000_000)  # "50M" is bits/s
-    be = node.rates(Level.L2, "egress")
+    be = node.rates(NetLevel.L2, "egress")
     assert (be.rate, be.ceil) == (MIN_RATE, 20_000_000)  # integer 20 = 20 % of the total
-    l0 = node.rates(Level.L0, "ingress")  # not enabled: no guarantee, the node as ceiling
+    l0 = node.rates(NetLevel.L0, "ingress")  # not enabled: no guarantee, the node as ceiling
     assert (l0.rate, l0.ceil) == (MIN_RATE, 100_000_000)
 
 
@@ -101,15 +101,15 @@ def test_the_default_shapes_nothing_and_terway_is_left_alone() -> None:
 def test_levels_and_caps() -> None:
     p = policy()
     ls = pod_state(p, QoSClass.LS, {})
-    assert ls is not None and ls.level is Level.L1 and ls.egress_cap is None
+    assert ls is not None and ls.level is NetLevel.L1 and ls.egress_cap is None
     be = pod_state(p, QoSClass.BE, {EGRESS_KEY: "20M"})
-    assert be is not None and be.level is Level.L2 and be.egress_cap == 20_000_000 and be.ingress_cap is None
+    assert be is not None and be.level is NetLevel.L2 and be.egress_cap == 20_000_000 and be.ingress_cap is None
     node = node_state(p)
     assert leaf_rates(node, be, "egress").ceil == 20_000_000
     assert leaf_rates(node, be, "ingress").ceil == node.total
     # a pod of a class not enabled is shaped by its own annotation alone
     lse = pod_state(p, QoSClass.LSE, {INGRESS_KEY: "5M"})
-    assert lse is not None and lse.level is Level.L0 and lse.ingress_cap == 5_000_000
+    assert lse is not None and lse.level is NetLevel.L0 and lse.ingress_cap == 5_000_000
     assert pod_state(p, QoSClass.SYSTEM, {INGRESS_KEY: "5M"}) is None
 
 
@@ -147,17 +147,17 @@ def test_percentages_are_of_the_total(p: int, total: int) -> None:
 
 
 def test_an_overlay_lowers_a_class_ceiling() -> None:
-    node = node_state(policy(), {suppress_resource(Level.L2, "egress"): 5_000_000})
-    assert node.rates(Level.L2, "egress").ceil == 5_000_000
-    assert node.rates(Level.L2, "ingress").ceil == 20_000_000
+    node = node_state(policy(), {suppress_resource(NetLevel.L2, "egress"): 5_000_000})
+    assert node.rates(NetLevel.L2, "egress").ceil == 5_000_000
+    assert node.rates(NetLevel.L2, "ingress").ceil == 20_000_000
     o = Overlays()
     with pytest.raises(ValueError):
-        o.set("net:node", "qos:netSuppress", {suppress_resource(Level.L2, "egress"): -1}, "x")
+        o.set("net:node", "qos:netSuppress", {suppress_resource(NetLevel.L2, "egress"): -1}, "x")
 
 
 def test_net_suppress_cuts_at_once_raises_late_and_withdraws_when_calm() -> None:
     total, cfg = 100_000_000, Config(hold=5.0)
-    s = decide(total, 50e6, State(), 0.0, cfg)
+    s = decide(total, 50e6, SuppressState(), 0.0, cfg)
     assert s.ceiling is None  # below the threshold: nothing
     s = decide(total, 85e6, s, 1.0, cfg)
     assert s.ceiling == 5_000_000  # 100 - 85 - 10 = 5 M (also the floor)
@@ -170,7 +170,7 @@ def test_net_suppress_cuts_at_once_raises_late_and_withdraws_when_calm() -> None
     s = decide(total, 10e6, s, 9.0, cfg)
     assert s.ceiling == 20_000_000  # calm starts
     s = decide(total, 10e6, s, 14.5, cfg)
-    assert s == State()
+    assert s == SuppressState()
 
 
 def test_net_suppress_sets_and_withdraws_the_overlay_from_counters() -> None:
@@ -181,7 +181,7 @@ def test_net_suppress_sets_and_withdraws_the_overlay_from_counters() -> None:
     assert not ns.step(p, 100_000_000, snap, 0.0)
     snap = Snapshot(bytes={("egress", 0x11): 90_000_000 // 8})  # 90 Mbit in 1 s of L1
     assert ns.step(p, 100_000_000, snap, 1.0)
-    assert dict(o.of("net:node")[0].values) == {suppress_resource(Level.L2, "egress"): 5_000_000}
+    assert dict(o.of("net:node")[0].values) == {suppress_resource(NetLevel.L2, "egress"): 5_000_000}
     assert ns.step(p, 100_000_000, snap, 2.0)  # nothing sent since: calm, withdrawn (hold 0)
     assert o.of("net:node") == []
     off = policy({**E2E_POLICY, "qosManager": {"enable": False}})
@@ -195,7 +195,7 @@ def test_the_example_policy_is_valid_and_shapes_ls_and_be() -> None:
 
     import yaml
 
-    from nriplugin.netqos.desired import Level, Rates, node_state
+    from nriplugin.netqos.desired import NetLevel, Rates, node_state
     from nriplugin.policy.document import from_document
 
     doc = yaml.safe_load((Path(__file__).resolve().parent.parent / "examples" / "net-qos.yaml").read_text())
@@ -204,8 +204,8 @@ def test_the_example_policy_is_valid_and_shapes_ls_and_be() -> None:
     node = node_state(policy, {})
     assert node.total == 90_000_000
     for d in ("ingress", "egress"):
-        assert node.rates(Level.L1, d) == Rates(45_000_000, 90_000_000)
-        assert node.rates(Level.L2, d) == Rates(4_500_000, 18_000_000)
+        assert node.rates(NetLevel.L1, d) == Rates(45_000_000, 90_000_000)
+        assert node.rates(NetLevel.L2, d) == Rates(4_500_000, 18_000_000)
 
 
 def test_the_range_ends_are_accepted() -> None:
@@ -281,14 +281,14 @@ def test_each_direction_takes_its_own_request_and_limit() -> None:
         "systemStrategy": {"totalNetworkBandwidth": 100},
     }
     node = node_state(policy(doc))
-    assert node.rates(Level.L1, "ingress") == Rates(10_000_000, 40_000_000)
-    assert node.rates(Level.L1, "egress") == Rates(20_000_000, 80_000_000)
+    assert node.rates(NetLevel.L1, "ingress") == Rates(10_000_000, 40_000_000)
+    assert node.rates(NetLevel.L1, "egress") == Rates(20_000_000, 80_000_000)
 
 
 def test_an_overlay_below_the_guarantee_lowers_the_guarantee_too() -> None:
-    node = node_state(policy(), {suppress_resource(Level.L1, "ingress"): 5_000_000})
-    assert node.rates(Level.L1, "ingress") == Rates(5_000_000, 5_000_000)  # HTB refuses rate > ceil
-    assert node.rates(Level.L1, "egress") == Rates(50_000_000, 100_000_000)
+    node = node_state(policy(), {suppress_resource(NetLevel.L1, "ingress"): 5_000_000})
+    assert node.rates(NetLevel.L1, "ingress") == Rates(5_000_000, 5_000_000)  # HTB refuses rate > ceil
+    assert node.rates(NetLevel.L1, "egress") == Rates(50_000_000, 100_000_000)
 
 
 def test_a_pod_leaf_has_no_guarantee_of_its_own() -> None:
@@ -313,47 +313,47 @@ def test_the_tree_and_each_pod_say_why() -> None:
 
 def test_a_class_missing_from_a_tree_is_a_key_error_naming_it() -> None:
     with pytest.raises(KeyError) as exc:
-        NodeNet(1_000_000, (), "empty").rates(Level.L0, "ingress")
-    assert exc.value.args == ((Level.L0, "ingress"),)
+        NodeNet(1_000_000, (), "empty").rates(NetLevel.L0, "ingress")
+    assert exc.value.args == ((NetLevel.L0, "ingress"),)
 
 
 @pytest.mark.parametrize("total", [1, 1_000, 10**12])
 def test_net_suppress_measures_use_against_any_positive_total(total: int) -> None:
-    s = decide(total, float(total), State(), 0.0)  # L0+L1 use it all: L2 down to its floor
+    s = decide(total, float(total), SuppressState(), 0.0)  # L0+L1 use it all: L2 down to its floor
     assert s.ceiling == max(MIN_RATE, int(0.05 * total))
 
 
 def test_net_suppress_leaves_a_node_of_no_known_size_alone() -> None:
-    assert decide(0, 5e6, State(), 0.0) == State()
-    assert decide(0, 5e6, State(ceiling=1_000_000), 0.0) == State(ceiling=1_000_000, calm_since=0.0)
+    assert decide(0, 5e6, SuppressState(), 0.0) == SuppressState()
+    assert decide(0, 5e6, SuppressState(ceiling=1_000_000), 0.0) == SuppressState(ceiling=1_000_000, calm_since=0.0)
 
 
 def test_net_suppress_thresholds_are_inclusive() -> None:
     total = 100_000_000
-    assert decide(total, 80e6, State(), 0.0).ceiling == 10_000_000  # at the threshold: cut
-    s = decide(total, 60e6, State(ceiling=5_000_000), 1.0)  # at ``release``: not calm yet
+    assert decide(total, 80e6, SuppressState(), 0.0).ceiling == 10_000_000  # at the threshold: cut
+    s = decide(total, 60e6, SuppressState(ceiling=5_000_000), 1.0)  # at ``release``: not calm yet
     assert s.calm_since is None and s.ceiling == 5_000_000
-    s = decide(total, 80e6, State(ceiling=5_000_000), 1.0)  # a raise of exactly the deadband waits
-    assert s == State(ceiling=5_000_000, raise_since=1.0)
-    assert decide(total, 80e6, s, 6.0) == State(ceiling=10_000_000)  # after exactly ``hold``
+    s = decide(total, 80e6, SuppressState(ceiling=5_000_000), 1.0)  # a raise of exactly the deadband waits
+    assert s == SuppressState(ceiling=5_000_000, raise_since=1.0)
+    assert decide(total, 80e6, s, 6.0) == SuppressState(ceiling=10_000_000)  # after exactly ``hold``
 
 
 def test_net_suppress_never_cuts_below_the_minimum_rate() -> None:
-    s = decide(100_000_000, 100e6, State(), 0.0, Config(floor=0.0))
+    s = decide(100_000_000, 100e6, SuppressState(), 0.0, Config(floor=0.0))
     assert s.ceiling == MIN_RATE
 
 
 def test_net_suppress_a_steady_ceiling_is_not_a_pending_raise() -> None:
     total, cfg = 100_000_000, Config(deadband=0.0, hold=5.0)
-    s = decide(total, 85e6, State(), 0.0, cfg)
+    s = decide(total, 85e6, SuppressState(), 0.0, cfg)
     s = decide(total, 85e6, s, 1.0, cfg)
-    assert s == State(ceiling=5_000_000)
+    assert s == SuppressState(ceiling=5_000_000)
     s = decide(total, 70e6, s, 2.0, cfg)  # the raise appears now: it waits ``hold`` from here
     assert decide(total, 70e6, s, 6.5, cfg).ceiling == 5_000_000
     assert decide(total, 70e6, s, 7.0, cfg).ceiling == 20_000_000
 
 
-def _bytes(ingress: dict[Level, int], egress: dict[Level, int]) -> Snapshot:
+def _bytes(ingress: dict[NetLevel, int], egress: dict[NetLevel, int]) -> Snapshot:
     out = {("ingress", LEVEL_MINOR + int(lv)): n for lv, n in ingress.items()}
     out |= {("egress", LEVEL_MINOR + int(lv)): n for lv, n in egress.items()}
     return Snapshot(bytes=out)
@@ -364,14 +364,14 @@ def test_net_suppress_ceiling_is_what_l0_and_l1_leave_from_their_counters() -> N
     ns = NetSuppress(o, "net:node", Config(hold=0.0, floor=0.0, headroom=0.0))
     p = policy()
     # L1 egress appears between the rounds (counted from 0); no L0 ingress class at all
-    assert not ns.step(p, 100_000_000, _bytes({Level.L1: 5_000_000}, {Level.L0: 1_000_000}), 100.0)
-    later = _bytes({Level.L1: 25_000_000}, {Level.L0: 11_000_000, Level.L1: 10_000_000})
+    assert not ns.step(p, 100_000_000, _bytes({NetLevel.L1: 5_000_000}, {NetLevel.L0: 1_000_000}), 100.0)
+    later = _bytes({NetLevel.L1: 25_000_000}, {NetLevel.L0: 11_000_000, NetLevel.L1: 10_000_000})
     assert ns.step(p, 100_000_000, later, 102.0)  # 20 MB in 2 s each way: 80 Mbit/s
     (d,) = o.of("net:node")
     assert d.owner == "qos:netSuppress" and d.reason == "L0+L1 use most of the node's bandwidth"
     assert dict(d.values) == {
-        suppress_resource(Level.L2, "ingress"): 20_000_000,
-        suppress_resource(Level.L2, "egress"): 20_000_000,
+        suppress_resource(NetLevel.L2, "ingress"): 20_000_000,
+        suppress_resource(NetLevel.L2, "egress"): 20_000_000,
     }
     assert not ns.step(p, 100_000_000, later, 102.0)  # no time has passed: nothing measured
 
@@ -380,7 +380,7 @@ def test_net_suppress_off_withdraws_at_once_and_starts_afresh() -> None:
     o = Overlays()
     ns = NetSuppress(o, "net:node")
     p, total = policy(), 100_000_000
-    busy = [_bytes({}, {Level.L1: t * 90_000_000 // 8}) for t in range(6)]  # 90 Mbit/s of L1
+    busy = [_bytes({}, {NetLevel.L1: t * 90_000_000 // 8}) for t in range(6)]  # 90 Mbit/s of L1
     ns.step(p, total, busy[0], 0.0)
     assert ns.step(p, total, busy[1], 1.0) and o.of("net:node") != []
     manager_off = policy({**E2E_POLICY, "qosManager": {"enable": False}})

@@ -14,7 +14,7 @@ from nriplugin.features import Intent, Setting
 from nriplugin.kernel.cpulist import format_cpulist
 from nriplugin.node.desired import DesiredState
 from nriplugin.node.model import NodeModel, pod_key
-from nriplugin.node.overlays import GROUP_PREFIX, NET_RESOURCES, Decision, Overlays, group_key
+from nriplugin.node.overlays import GROUP_PREFIX, NET_RESOURCES, OverlayDecision, Overlays, group_key
 from nriplugin.nri import api_pb2 as api
 from nriplugin.policy.cache import RuleCache
 from nriplugin.policy.model import Policy
@@ -46,7 +46,7 @@ def test_a_network_ceiling_must_be_a_positive_int(value: object) -> None:
 def test_a_network_ceiling_of_one_is_taken_without_the_cgroup_table() -> None:
     o = Overlays()
     assert o.set("k", "qos:n", {"net.L2.ingressCeil": 1}, "r")
-    assert o.of("k") == [Decision("qos:n", (("net.L2.ingressCeil", 1),), "r")]
+    assert o.of("k") == [OverlayDecision("qos:n", (("net.L2.ingressCeil", 1),), "r")]
 
 
 def test_an_overlay_needs_an_owner_and_values_and_known_valid_resources() -> None:
@@ -65,7 +65,7 @@ def test_an_overlay_needs_an_owner_and_values_and_known_valid_resources() -> Non
 def test_values_are_kept_sorted_and_a_change_replaces_the_owners_decision() -> None:
     o = Overlays()
     assert o.set("k", "a", {"cpu.shares": 4, "cpu.cfs_quota_us": 5000}, "first")
-    assert o.of("k") == [Decision("a", (("cpu.cfs_quota_us", 5000), ("cpu.shares", 4)), "first")]
+    assert o.of("k") == [OverlayDecision("a", (("cpu.cfs_quota_us", 5000), ("cpu.shares", 4)), "first")]
     assert not o.set("k", "a", {"cpu.cfs_quota_us": 5000, "cpu.shares": 4}, "first")
     assert o.set("k", "a", {"cpu.shares": 4, "cpu.cfs_quota_us": 5000}, "another reason")
     assert o.set("k", "b", {"cpu.shares": 8}, "b's")

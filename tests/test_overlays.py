@@ -12,6 +12,7 @@ from nriplugin.intent.core import Setting, cap_burst
 from nriplugin.kernel.cgroup import Cgroups
 from nriplugin.node.assembly import Node
 from nriplugin.node.overlays import Overlays, group_key
+from nriplugin.pacing.turns import Pacer
 from nriplugin.reconciler import Reconciler
 from testkit.kernel_tree import v2_tree
 from testkit.runtime_peer import make_container, make_pod
@@ -59,7 +60,14 @@ def test_overlay_in_the_hook_answer_and_on_a_v2_qos_group(tmp_path: Path) -> Non
     plugin = QoSPlugin(node)
 
     async def main() -> None:
-        r = Reconciler(node.desired, node.writer, node.model, watch=False, resync_period=3600)
+        r = Reconciler(
+            node.desired,
+            node.writer,
+            node.model,
+            watch=False,
+            resync_period=3600,
+            pacer=Pacer(asyncio.get_running_loop()),
+        )
         r.start(asyncio.get_running_loop())
         try:
             pod = make_pod(1, "LS")

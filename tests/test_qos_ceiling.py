@@ -18,6 +18,7 @@ from nriplugin.kernel.cgroup import Cgroups
 from nriplugin.node.assembly import Node
 from nriplugin.node.hooks import QoSPlugin
 from nriplugin.nri import api_pb2 as api
+from nriplugin.pacing.turns import Pacer
 from nriplugin.policy.qos import QoSClass
 from nriplugin.qos.cpu_suppress import SUPPRESS, be_groups
 from nriplugin.reconciler import Reconciler
@@ -82,7 +83,9 @@ def test_lowering_and_raising_be_in_one_batch_is_never_refused(be_group: str, ca
     async def main() -> None:
         node = Node.create(cgroups=Cgroups(ROOT))
         plugin = QoSPlugin(node)
-        r = Reconciler(node.desired, node.writer, node.model, resync_period=3600)
+        r = Reconciler(
+            node.desired, node.writer, node.model, resync_period=3600, pacer=Pacer(asyncio.get_running_loop())
+        )
         r.start(asyncio.get_running_loop())
         try:
             plugin.run_pod_sandbox(pod)
@@ -124,7 +127,9 @@ def test_a_restarted_agent_caps_new_be_containers_at_the_cut_it_finds(
         held = node.desired.learn_held(QoSClass.BE, be_groups([str(Path(be_group).parent)]))
         assert held == {be_group: pytest.approx(0.1)}
         plugin = QoSPlugin(node)
-        r = Reconciler(node.desired, node.writer, node.model, resync_period=3600)
+        r = Reconciler(
+            node.desired, node.writer, node.model, resync_period=3600, pacer=Pacer(asyncio.get_running_loop())
+        )
         r.start(asyncio.get_running_loop())
         try:
             for c in ("cpu", "memory"):  # runc makes the pod's group, then RunPodSandbox

@@ -23,6 +23,7 @@ from nriplugin.kernel.cgroup import Cgroups
 from nriplugin.kernel.stats import CpuStat, MemInfo, MemStat, ProcCpu, Psi, PsiLine, Stats
 from nriplugin.node.assembly import Node
 from nriplugin.nri import api_pb2 as api
+from nriplugin.pacing.turns import Pacer
 from nriplugin.qos.collect import Collector, busy_cores
 from nriplugin.qos.history import Counters
 from nriplugin.qos.sample import NodeSample
@@ -806,16 +807,11 @@ def test_be_cpu_from_its_groups_and_its_containers_read_with_their_memory(v1: tu
     assert col.tracked == 3  # two containers and BE's group
 
 
-def test_sample_async_yields_between_chunks_and_equals_sample(
-    v1: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_sample_async_yields_between_chunks_and_equals_sample(v1: tuple[Path, Path]) -> None:
     """The agent's rounds give the event loop back between turns (a hook is not held up
     behind a large node's round) and measure what the one-go round measures. The round reads
     the containers the model had when it started: one that leaves between chunks is still
     counted (its group readable) or skipped (gone), and is not in the next round."""
-    import nriplugin.node.turns as loop_turns
-
-    monkeypatch.setattr(loop_turns, "TURN", 0.0)  # every container is a turn of its own
     root, proc = v1
     node = _node(root)
     pod = make_pod(1, "LS")
@@ -825,7 +821,9 @@ def test_sample_async_yields_between_chunks_and_equals_sample(
         node.model.container_started(pod, c)
     clock = Clock()
     one_go = Collector(node.model, node.desired, node.writer.cgroups, proc, clock=clock, memory_every=1)
-    chunked = Collector(node.model, node.desired, node.writer.cgroups, proc, clock=clock, memory_every=1)
+    chunked = Collector(
+        node.model, node.desired, node.writer.cgroups, proc, clock=clock, memory_every=1, pacer=Pacer(turn=0.0)
+    )  # every container is a turn of its own
     one_go.sample()
 
     async def both() -> tuple[NodeSample, int]:

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from nriplugin.kernel.cgroup import Cgroups
+from nriplugin.kernel.cgroup import CFS_PERIOD_US, Cgroups
 from nriplugin.kernel.stats import NO_STALL, ProcCpu, Psi, PsiLine
 from nriplugin.node.assembly import Node
 from nriplugin.node.model import NodeModel, Record
 from nriplugin.nri import api_pb2 as api
+from nriplugin.pacing.turns import Pacer
 from nriplugin.policy.qos import QoSClass
 from nriplugin.qos.collect import (
-    DEFAULT_PERIOD_US,
     Collector,
     ContainerUsage,
     _facts,
@@ -73,7 +73,7 @@ def record(qos: str, quota: int | None = None, period: int | None = None, shares
 
 
 def test_facts_limit_request_and_throttling() -> None:
-    assert DEFAULT_PERIOD_US == 100000
+    assert CFS_PERIOD_US == 100000
     f = _facts(QoSClass.LS, record("LS", 50000, 200000, shares=512))
     assert (f.qos, f.limit, f.request, f.throttling) == (QoSClass.LS, 0.25, 0.5, True)
     assert f.group is not None and f.group.endswith(f"c{1:063d}")
@@ -173,15 +173,19 @@ def tree(tmp_path: Path) -> Iterator[tuple[Path, Path, Node, list[Collector]]]:
         col.close()
 
 
-def _collector(node: Node, proc: Path, made: list[Collector], clock: Clock, memory_every: int = 1) -> Collector:
-    col = Collector(node.model, node.desired, node.writer.cgroups, proc, clock=clock, memory_every=memory_every)
+def _collector(
+    node: Node, proc: Path, made: list[Collector], clock: Clock, memory_every: int = 1, pacer: Pacer | None = None
+) -> Collector:
+    col = Collector(
+        node.model, node.desired, node.writer.cgroups, proc, clock=clock, memory_every=memory_every, pacer=pacer
+    )
     made.append(col)
     return col
 
 
 def test_a_limit_of_one_microsecond_is_a_limit() -> None:
     f = _facts(QoSClass.LS, record("LS", 1))
-    assert (f.limit, f.throttling) == (1 / DEFAULT_PERIOD_US, True)
+    assert (f.limit, f.throttling) == (1 / CFS_PERIOD_US, True)
 
 
 def test_no_shares_requested_is_no_request() -> None:
@@ -348,15 +352,13 @@ def test_the_async_round_takes_out_only_the_time_others_had(
     """``collect_seconds`` of an async round is its own reading time: every pause (another
     callback's turn, here 5 s on a fake clock each) is taken out, and each pause is one turn of
     the others (the loop is given back, not slept on). BE's groups are read as in one go."""
-    import nriplugin.node.turns as loop_turns
     import nriplugin.qos.collect as collect
 
     root, proc, node, made = tree
-    monkeypatch.setattr(loop_turns, "TURN", 0.0)  # a turn per container
     groups, _, _ = _be_groups(root, node)
     now = [0.0]
     monkeypatch.setattr(collect, "time", type("FakeTime", (), {"perf_counter": staticmethod(lambda: now[0])}))
-    col = _collector(node, proc, made, Clock())
+    col = _collector(node, proc, made, Clock(), pacer=Pacer(turn=0.0))  # a turn per container
     turns = 0
 
     async def round_with_others() -> NodeSample:

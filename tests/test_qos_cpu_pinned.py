@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from nriplugin.kernel.cgroup import CFS_PERIOD_US, MIN_QUOTA_US
 from nriplugin.qos.cpu_burst import Burster, burst_ratio, wants_burst
-from nriplugin.qos.cpu_suppress import MIN_QUOTA_US, PERIOD_US, Limiter, be_target, cpuset_size, quota_us
+from nriplugin.qos.cpu_suppress import Limiter, be_target, cpuset_size, quota_us
 from nriplugin.qos.strategy import Capacity
 
 
@@ -57,7 +58,7 @@ def test_the_floor_is_taken_only_below_it() -> None:
 
 
 def test_quota_and_cpuset_size() -> None:
-    assert (PERIOD_US, MIN_QUOTA_US) == (100_000, 1_000)
+    assert (CFS_PERIOD_US, MIN_QUOTA_US) == (100_000, 1_000)
     assert quota_us(1.5) == 150_000
     assert quota_us(0.01) == 1000 and quota_us(0.0101) == 1010
     assert quota_us(0.005) == 1000 and quota_us(-1) == 1000
@@ -67,9 +68,9 @@ def test_quota_and_cpuset_size() -> None:
 # --- Limiter --------------------------------------------------------------------------------
 
 
-def test_limiter_defaults() -> None:
+def test_limiter_defaults_are_the_policys() -> None:
     lim = Limiter()
-    assert (lim.deadband, lim.relax_hold, lim.max_relax_per_minute, lim.current, lim.writes) == (0.1, 3.0, 2, None, 0)
+    assert (lim.deadband, lim.relax_hold, lim.max_relax_per_minute, lim.current, lim.writes) == (0.2, 2.0, 4, None, 0)
 
 
 def test_the_deadband_is_exclusive_both_ways() -> None:

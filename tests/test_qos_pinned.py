@@ -784,10 +784,10 @@ def test_a_small_spread_near_the_origin_still_has_a_slope() -> None:
 
 
 def test_the_registry_names_every_missing_plugin() -> None:
-    from nriplugin.qos.strategy import Registry
+    from nriplugin.qos.strategy import StrategyRegistry
 
     with pytest.raises(TypeError, match=r"no strategy registered for the policy's plugin\(s\): A, B, C$"):
-        Registry(["A", "B", "C"]).strategies()
+        StrategyRegistry(["A", "B", "C"]).strategies()
 
 
 def test_a_spread_exactly_at_the_rounding_bar_has_no_slope() -> None:

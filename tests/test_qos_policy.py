@@ -12,19 +12,19 @@ from pydantic import ValidationError
 
 from nriplugin.policy.cache import PolicyError, RuleCache, parse
 from nriplugin.policy.document import from_document
-from nriplugin.policy.model import PLUGINS, CPUPressure, NodeSLOError, Policy, QoSManager, _cores, _seconds
+from nriplugin.policy.model import PLUGINS, CPUPressure, NodeSLOError, Policy, QoSManagerPolicy, _cores, _seconds
 from nriplugin.qos.levels import Assessor, Level, thresholds_of
 from nriplugin.qos.manager import STRATEGIES
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "policy.yaml"
 
 
-def runs(cfg: QoSManager, plugin: str) -> bool:
+def runs(cfg: QoSManagerPolicy, plugin: str) -> bool:
     """Whether the manager runs the strategy registered as ``plugin`` under ``cfg``."""
     return next(s for s in STRATEGIES if s.name == plugin).runs(cfg)
 
 
-def qm(text: str) -> QoSManager:
+def qm(text: str) -> QoSManagerPolicy:
     return parse(text, "p.yaml")[0].qosManager
 
 
@@ -67,7 +67,7 @@ def test_profiles() -> None:
     assert (r.medium, r.high, r.critical) == (0.9, 0.7, 0.5)
     assert not thr.cpuEvict.enabled and not runs(thr, "CPUEvict") and runs(thr, "MemoryEvict")
     assert thr.cpuBurst == Policy().qosManager.cpuBurst
-    assert qm("qosManager: {profile: balanced}\n") == QoSManager() == Policy().qosManager
+    assert qm("qosManager: {profile: balanced}\n") == QoSManagerPolicy() == Policy().qosManager
 
 
 def test_explicit_fields_beat_the_profile() -> None:
@@ -79,7 +79,7 @@ def test_explicit_fields_beat_the_profile() -> None:
     assert (c.medium, c.high, c.critical) == (70, 80, 95)  # the rest of the profile still applies
     assert (r.medium, r.high, r.critical) == (0.9, 0.7, 0.4) and m.cpuEvict.enabled
     # The same from Python: a nested model contributes only the fields set on it.
-    m = QoSManager(profile="latency-first", cpuPressure=CPUPressure(critical=85))
+    m = QoSManagerPolicy(profile="latency-first", cpuPressure=CPUPressure(critical=85))
     assert (m.cpuPressure.medium, m.cpuPressure.high, m.cpuPressure.critical) == (50, 65, 85)
     assert m.cpuSuppress.suppressRatio.medium == 0.7
     # Explicit values survive a change of profile on reload; profile values do not.
@@ -263,10 +263,10 @@ def test_a_nodeslo_spec_that_is_not_a_mapping_is_refused_by_its_crd() -> None:
     ],
 )
 def test_a_plugin_runs_only_with_its_section_enabled(plugin: str, section: str) -> None:
-    assert runs(QoSManager(), plugin)
-    assert not runs(QoSManager.model_validate({section: {"enabled": False}}), plugin)
-    assert not runs(QoSManager.model_validate({"enable": False}), plugin)
-    assert runs(QoSManager.model_validate({section: {"enabled": False}}), "NodeQOSResource")
+    assert runs(QoSManagerPolicy(), plugin)
+    assert not runs(QoSManagerPolicy.model_validate({section: {"enabled": False}}), plugin)
+    assert not runs(QoSManagerPolicy.model_validate({"enable": False}), plugin)
+    assert runs(QoSManagerPolicy.model_validate({section: {"enabled": False}}), "NodeQOSResource")
 
 
 def test_suppress_ratio_by_level_is_clamped() -> None:

@@ -19,7 +19,7 @@ from nriplugin.policy.model import PLUGINS, Policy
 from nriplugin.policy.qos import QoSClass
 from nriplugin.qos.collect import ContainerUsage
 from nriplugin.qos.manager import BURST, STRATEGIES, SUPPRESS, QoSManager
-from nriplugin.qos.strategy import Capacity, Registry, Round, Strategy
+from nriplugin.qos.strategy import Capacity, Round, Strategy, StrategyRegistry
 from testkit.runtime_peer import make_container, make_pod
 from tests.test_qos_manager import Script, node_with_pods
 
@@ -40,7 +40,7 @@ def fake(name: str) -> type[Strategy]:
 
 
 def test_the_registry_refuses_names_the_policy_does_not_have_and_gaps() -> None:
-    reg = Registry(["A", "B"])
+    reg = StrategyRegistry(["A", "B"])
     with pytest.raises(TypeError, match=r"FakeC: 'C' is not a plugin of the policy \(A, B\)"):
         reg.register(fake("C"))
     a = reg.register(fake("A"))
@@ -191,3 +191,18 @@ def test_without_node_qos_resource_the_cpu_strategies_stand_down_said_once(
     said = [m for m in caplog.messages if m.startswith("NodeQOSResource is off")]
     assert said == ["NodeQOSResource is off: without the node's capacity CPUBurst, CPUSuppress, CPUEvict do not run"]
     assert sc.round(policy())[1] != "-1"  # back: BE is limited again
+
+
+def test_the_registry_gives_a_strategy_by_its_registered_name_and_class_only() -> None:
+    """What the view shows of one strategy is asked of the registry (by name), never found by
+    type among the manager's strategies; a class that is not the one registered is refused."""
+    from nriplugin.qos.cpu_burst import CPUBurstStrategy
+    from nriplugin.qos.strategy import REGISTRY
+
+    class Impostor(CPUBurstStrategy):
+        pass
+
+    made: dict[str, Strategy] = {cls.name: object.__new__(cls) for cls in STRATEGIES}
+    assert REGISTRY.made(made, CPUBurstStrategy) is made["CPUBurst"]
+    with pytest.raises(KeyError, match="not the strategy registered for CPUBurst"):
+        REGISTRY.made(made, Impostor)

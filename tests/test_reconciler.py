@@ -20,6 +20,7 @@ from nriplugin.node.assembly import Node
 from nriplugin.node.hooks import QoSPlugin
 from nriplugin.node.overlays import group_key
 from nriplugin.nri import api_pb2 as api
+from nriplugin.pacing.turns import Pacer
 from nriplugin.reconciler import Reconciler
 from nriplugin.reconciler.reconciler import BACKOFF_MIN, FIGHT_REPAIRS
 from testkit.runtime_peer import make_container, make_pod
@@ -91,7 +92,9 @@ def occupied(rel: str) -> Iterator[Path]:
 async def running(pod: api.PodSandbox, ctr: api.Container, rec: Recorder) -> Reconciler:
     """A node on the real tree with one running container, and its reconciler started."""
     node = Node.create(cgroups=Cgroups(ROOT))
-    r = Reconciler(node.desired, node.writer, node.model, observer=rec, resync_period=3600)
+    r = Reconciler(
+        node.desired, node.writer, node.model, observer=rec, resync_period=3600, pacer=Pacer(asyncio.get_running_loop())
+    )
     node.model.container_started(pod, ctr)
     r.start(asyncio.get_running_loop())
     await until(lambda: not r.busy)  # the reconciler takes the model's news right after
@@ -219,7 +222,14 @@ def test_an_overlay_is_kept_like_a_feature_and_withdrawn_quietly(
         rec = Recorder()
         node = Node.create(cgroups=Cgroups(ROOT))
         plugin = QoSPlugin(node)
-        r = Reconciler(node.desired, node.writer, node.model, observer=rec, resync_period=3600)
+        r = Reconciler(
+            node.desired,
+            node.writer,
+            node.model,
+            observer=rec,
+            resync_period=3600,
+            pacer=Pacer(asyncio.get_running_loop()),
+        )
         r.start(asyncio.get_running_loop())
         quota = cpu / "cpu.cfs_quota_us"
         try:
@@ -275,7 +285,14 @@ def test_a_qos_level_group_is_owned_and_repaired_like_a_container(qos_group: str
     async def main() -> None:
         rec = Recorder()
         node = Node.create(cgroups=Cgroups(ROOT))
-        r = Reconciler(node.desired, node.writer, node.model, observer=rec, resync_period=3600)
+        r = Reconciler(
+            node.desired,
+            node.writer,
+            node.model,
+            observer=rec,
+            resync_period=3600,
+            pacer=Pacer(asyncio.get_running_loop()),
+        )
         r.start(asyncio.get_running_loop())
         cpu = ROOT / "cpu" / qos_group
         quota = cpu / "cpu.cfs_quota_us"
@@ -403,7 +420,9 @@ def test_a_batch_in_the_wrong_order_still_lands(qos_group: str) -> None:
 
     async def main() -> None:
         node = Node.create(cgroups=Cgroups(ROOT))
-        r = Reconciler(node.desired, node.writer, node.model, resync_period=3600)
+        r = Reconciler(
+            node.desired, node.writer, node.model, resync_period=3600, pacer=Pacer(asyncio.get_running_loop())
+        )
         r.start(asyncio.get_running_loop())
         try:
             node.desired.set_ceiling(QoSClass.BE, 0.3, "qos:cpuSuppress", "test")

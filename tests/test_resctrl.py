@@ -13,8 +13,8 @@ from nriplugin.kernel.probe import resctrl
 from nriplugin.kernel.resctrl import ResctrlError, ResctrlFS, cat_mask, mba_value
 from nriplugin.node.assembly import Node
 from nriplugin.node.hooks import QoSPlugin, runtime_paths
-from nriplugin.node.turns import install_quiet
 from nriplugin.nri.runtime import RuntimeCaps
+from nriplugin.pacing.turns import Pacer
 from nriplugin.policy.cache import RuleCache
 from nriplugin.policy.model import Policy
 from testkit.kernel_tree import resctrl_tree
@@ -147,10 +147,13 @@ def test_a_runtime_with_linux_rdt_places_new_containers_and_the_agent_joins_the_
     gone = make_container(4, be)  # placed, then removed in a burst, before its take-in
 
     async def burst() -> None:
-        install_quiet(asyncio.get_running_loop(), settle=60.0)
-        p.create_container(be, gone)
-        assert p.writer.rdt_placed == {gone.id} and gone.id in p._created
-        p.remove_container(be, gone)
+        # the same node on the agent's loop, where a burst's take-in waits (the burst goes on)
+        q = QoSPlugin(p.node, pacer=Pacer(asyncio.get_running_loop(), wait_out_bursts=True, settle=60.0))
+        q.runtime_caps(p.runtime)
+        q.create_container(be, gone)
+        assert q.writer.rdt_placed == {gone.id} and gone.id in q._created
+        q.remove_container(be, gone)
+        assert not q._created
 
     asyncio.run(burst())
     assert p.writer.rdt_placed == set() and gone.id not in p.model and not p._created

@@ -16,7 +16,8 @@ from nriplugin.nri import api_pb2 as api
 from nriplugin.nri import ttrpc
 from nriplugin.nri.runtime import VENDORED, RuntimeCaps
 from nriplugin.nri.stub import HookPolicy, Plugin, Stub, StubOptions, UnsafeOnRuntime, create_response, event_mask
-from nriplugin.nri.transport import PollClock
+from nriplugin.pacing.selector import PollClock
+from nriplugin.pacing.traffic import HookTraffic
 from testkit.runtime_peer import PeerCallError, RuntimePeer, make_container, make_pod
 
 
@@ -198,7 +199,7 @@ def test_a_hooks_time_includes_its_wait_behind_other_work_on_the_loop(tmp_path: 
     async def main(tmp: Path) -> None:
         peer = RuntimePeer()
         stub, task = await started(
-            peer, SharesPlugin(), tmp, observer=Timed(), **({"arrival": poll.arrival} if clocked else {})
+            peer, SharesPlugin(), tmp, observer=Timed(), **({"traffic": HookTraffic(poll)} if clocked else {})
         )
         s = await peer.next_session()
         await asyncio.wait_for(stub.ready.wait(), 1)
@@ -849,9 +850,13 @@ def test_the_trunk_tells_of_every_answer(tmp_path: Path) -> None:
     """The loop's clock hears of each answer (how it knows a burst of hooks from other I/O)."""
     told: list[float] = []
 
+    class Told(HookTraffic):
+        def answered(self, at: float) -> None:
+            told.append(at)
+
     async def main(tmp: Path) -> None:
         peer = RuntimePeer()
-        stub, task = await started(peer, SharesPlugin(), tmp, answered=lambda: told.append(time.perf_counter()))
+        stub, task = await started(peer, SharesPlugin(), tmp, traffic=Told())
         s = await peer.next_session()
         await asyncio.wait_for(stub.ready.wait(), 1)
         before = len(told)  # Configure and Synchronize were answered too

@@ -356,7 +356,7 @@ def test_devices_left_by_an_earlier_agent_are_removed_when_nothing_is_wanted(lab
 
 
 def test_a_suppress_overlay_lowers_the_l2_ceiling_and_its_withdrawal_restores_it(lab: Lab) -> None:
-    from nriplugin.netqos.desired import Level, suppress_resource
+    from nriplugin.netqos.desired import NetLevel, suppress_resource
     from nriplugin.netqos.reconciler import NODE_KEY
 
     model, net, obs, _ = make(lab)
@@ -365,7 +365,7 @@ def test_a_suppress_overlay_lowers_the_l2_ceiling_and_its_withdrawal_restores_it
         model.pod_seen(pod(lab, "be", "BE"))
         await net.round()
         assert "1:12 parent 1:1 rate 1Kbit ceil 20Mbit" in tc_show(lab, "class show dev nrq-egress")
-        net.overlays.set(NODE_KEY, "qos:netSuppress", {suppress_resource(Level.L2, "egress"): 5_000_000}, "test")
+        net.overlays.set(NODE_KEY, "qos:netSuppress", {suppress_resource(NetLevel.L2, "egress"): 5_000_000}, "test")
         await net.round()
         assert "1:12 parent 1:1 rate 1Kbit ceil 5Mbit" in tc_show(lab, "class show dev nrq-egress")
         assert "ceil 20Mbit" in tc_show(lab, "class show dev nrq-ingress")  # the other direction untouched

@@ -10,7 +10,9 @@ import pytest
 from nriplugin.nri import api_pb2 as api
 from nriplugin.nri import ttrpc
 from nriplugin.nri.connection import NriConnection
-from nriplugin.nri.transport import Trunk, hook_waiting
+from nriplugin.nri.transport import Trunk
+from nriplugin.pacing.traffic import HookTraffic
+from nriplugin.pacing.turns import Turn
 from testkit.runtime_peer import make_container, make_pod
 
 
@@ -38,26 +40,28 @@ def test_a_request_read_in_pieces_through_the_reused_buffer_arrives_intact(piece
     assert api.CreateContainerRequest.FromString(got[0].request.payload) == want
 
 
-def test_hook_waiting_sees_bytes_on_a_connected_trunk_and_forgets_it_when_it_closes() -> None:
-    """What ends a job's turn early (``node/turns.py``): bytes waiting on a trunk's socket,
+def test_the_traffic_sees_bytes_on_a_connected_trunk_and_forgets_it_when_it_closes() -> None:
+    """What ends a job's turn early (``pacing/traffic.py``): bytes waiting on a trunk's socket,
     before the loop has read them; once the trunk is gone its socket number is not polled."""
     import socket
 
-    from nriplugin.node.turns import Turn
+    traffic = HookTraffic()
 
     async def main() -> list[bool]:
         loop = asyncio.get_running_loop()
         ours, runtime = socket.socketpair()
-        transport, _ = await loop.create_unix_connection(lambda: Trunk(NriConnection(), lambda ev: None), sock=ours)
-        seen = [hook_waiting()]
+        transport, _ = await loop.create_unix_connection(
+            lambda: Trunk(NriConnection(), lambda ev: None, traffic=traffic), sock=ours
+        )
+        seen = [traffic.waiting()]
         runtime.send(b"\0")  # a request's first byte, not read yet: nothing ran the loop
-        seen.append(hook_waiting())
-        turn = Turn(budget=60.0)
+        seen.append(traffic.waiting())
+        turn = Turn(traffic.waiting, budget=60.0)
         turn.looked -= 1.0  # due for a look
         seen.append(turn.over())
         transport.close()
         await asyncio.sleep(0)  # connection_lost
-        seen.append(hook_waiting())
+        seen.append(traffic.waiting())
         runtime.close()
         return seen
 
@@ -67,14 +71,26 @@ def test_hook_waiting_sees_bytes_on_a_connected_trunk_and_forgets_it_when_it_clo
 def test_a_turn_does_not_end_for_bytes_on_other_sockets() -> None:
     import socket
 
-    from nriplugin.node.turns import Turn
-
+    traffic = HookTraffic()
     a, b = socket.socketpair()
     try:
         b.send(b"x")
-        turn = Turn(budget=60.0)
+        turn = Turn(traffic.waiting, budget=60.0)
         turn.looked -= 1.0
-        assert not hook_waiting() and not turn.over()
+        assert not traffic.waiting() and not turn.over()
     finally:
         a.close()
         b.close()
+
+
+def test_an_answer_is_told_to_the_traffic_of_its_trunk_alone() -> None:
+    """The last answer is the trunk's traffic's, not the process's: two agents' loops (or a
+    test's) do not see each other's hooks."""
+    ours, other = HookTraffic(), HookTraffic()
+
+    async def main() -> None:
+        trunk = Trunk(NriConnection(), lambda ev: None, traffic=ours)
+        trunk.respond(1)
+
+    asyncio.run(main())
+    assert ours.last_answer > 0 and other.last_answer == 0

@@ -400,17 +400,17 @@ EQUIVALENT: dict[str, str] = {
     _EV + "victims.x_fewest__mutmut_18": (
         "`a < 0`: amounts are taken largest first, so after a 0 only 0s and less follow: no target above 0 is reached"
     ),
-    _EV + "cpu.xǁCpuEvictǁ_plan__mutmut_2": _PLAN_NAME,
-    _EV + "cpu.xǁCpuEvictǁ_plan__mutmut_10": _PLAN_NAME,
-    _EV + "cpu.xǁCpuEvictǁ_plan__mutmut_11": _PLAN_NAME,
-    _EV + "cpu.xǁCpuEvictǁ_plan__mutmut_12": _PLAN_NAME,
+    _EV + "cpu.xǁCpuEvictDeciderǁ_plan__mutmut_2": _PLAN_NAME,
+    _EV + "cpu.xǁCpuEvictDeciderǁ_plan__mutmut_10": _PLAN_NAME,
+    _EV + "cpu.xǁCpuEvictDeciderǁ_plan__mutmut_11": _PLAN_NAME,
+    _EV + "cpu.xǁCpuEvictDeciderǁ_plan__mutmut_12": _PLAN_NAME,
     _EV + "memory.x_release__mutmut_40": (
         "the growth's release reckoned without growth: at most use - capacity, below the level's 1.3 x (use - lower)"
     ),
-    _EV + "memory.xǁMemoryEvictǁdecide__mutmut_19": (
+    _EV + "memory.xǁMemoryEvictDeciderǁdecide__mutmut_19": (
         "the plan made only to ask meaningful() lists None victims: a plan in bytes never reads them"
     ),
-    _EV + "memory.xǁMemoryEvictǁobserve__mutmut_10": (
+    _EV + "memory.xǁMemoryEvictDeciderǁobserve__mutmut_10": (
         "drops the older of two readings when it left the window: the next reading drops it anyway, "
         "and growth needs three"
     ),

@@ -47,9 +47,10 @@ from nriplugin.agent.idle_gc import IdleCollector
 from nriplugin.agent.lock import AgentLock, Holder
 from nriplugin.agent.preflight import StartupError, bind_metrics, check_cgroup_root, check_policy_readable, check_socket
 from nriplugin.agent.supervise import ENV_GAP_CAUSE, ENV_GAP_SINCE
-from nriplugin.node.turns import install_quiet
 from nriplugin.nri.stub import BufferedObserver, HookPolicy, Plugin, Stub, StubOptions, handled_events
-from nriplugin.nri.transport import PollClock
+from nriplugin.pacing.selector import PollClock
+from nriplugin.pacing.traffic import HookTraffic
+from nriplugin.pacing.turns import Pacer
 
 if TYPE_CHECKING:
     from nriplugin.inventory.cri import CriInventory
@@ -150,31 +151,31 @@ class Taken(NamedTuple):
 
 
 class Agent:
-    def __init__(
-        self,
-        ns: argparse.Namespace,
-        arrival: Callable[[], float] = time.perf_counter,
-        answered: Callable[[], None] | None = None,
-    ) -> None:
-        """``arrival``: the loop's clock of when a request's bytes could first be read
-        (``nri.transport.PollClock``), where a hook's time starts; ``answered``: the same
-        clock told of each answer (it stays awake through a burst of hooks)."""
+    def __init__(self, ns: argparse.Namespace, clock: PollClock | None = None) -> None:
+        """``clock``: the loop's selector (:func:`agent_loop`), when a request's bytes could
+        first be read: a hook's time starts there, and it stays awake through a burst of hooks.
+
+        The agent creates the hook path's scheduling here and hands it to whoever shares the
+        loop: the hooks' traffic (the stub's trunks tell it of every socket and answer) and
+        the pacer built on it (the hook adapter, the reconciler, the QoS manager, the
+        inventory and network QoS do their long work in its turns; a burst's take-in of
+        created containers waits until the burst is over)."""
         self.ns = ns
+        self.loop = asyncio.get_running_loop()
+        self.traffic = HookTraffic(clock)
+        self.pacer = Pacer(self.loop, self.traffic, wait_out_bursts=True)
         self.opts = StubOptions.from_env(
             name=ns.name,
             idx=ns.idx,
             socket_path=ns.socket,
             default_policy=HookPolicy(budget=ns.hook_budget_ms / 1000.0, fail_closed=ns.fail_closed),
             max_message=ns.max_message_mib << 20,
-            arrival=arrival,
-            answered=answered,
+            traffic=self.traffic,
         )
         self.prereg = self.opts.fd is not None
         self.gap_since = os.environ.pop(ENV_GAP_SINCE, "")
         self.gap_cause = os.environ.pop(ENV_GAP_CAUSE, "crash")
         self.lock = AgentLock(ns.socket)
-        self.loop = asyncio.get_running_loop()
-        install_quiet(self.loop)  # a burst's take-in of created containers waits until it is over
         self.stopping = asyncio.Event()
         self.active: list[Stub] = []  # stubs to close first on SIGTERM
         self.closed_at: float | None = None
@@ -355,7 +356,7 @@ class Agent:
             on_invalid=invalid,
         )
         self.learn_limits(node)
-        plugin = QoSPlugin(node, push=stubs.serving.update_containers)
+        plugin = QoSPlugin(node, push=stubs.serving.update_containers, pacer=self.pacer)
         stubs.serving.replace_plugin(plugin)
         if stubs.runner is not None:
             # Registered first; metrics and the HTTP endpoint come up right after (or after 1 s).
@@ -400,7 +401,7 @@ class Agent:
         from nriplugin.qos.manager import QoSManager
 
         proc = Path(self.ns.proc_root)
-        collector = Collector(node.model, node.desired, node.cgroups, proc_root=proc)
+        collector = Collector(node.model, node.desired, node.cgroups, proc_root=proc, pacer=self.pacer)
         qos = QoSManager(
             node.model,
             node.desired,
@@ -410,6 +411,7 @@ class Agent:
             observer=QoSMetrics(metrics),
             eviction=self.build_eviction(node, rules, metrics, collector),
             psi_path=str(proc / "pressure" / "cpu"),
+            pacer=self.pacer,
         )
         net = self.build_net(node, rules, metrics, loaded.invalid)
         server = await self.serve_http(metrics, stub, qos)
@@ -507,6 +509,7 @@ class Agent:
                 hooks_live=stub.ready.is_set,
                 observer=InventoryMetrics(metrics),
                 told=stub.ready.wait,
+                pacer=self.pacer,
             )
 
         def on_new_dir(group: str) -> None:
@@ -522,6 +525,7 @@ class Agent:
             resync_period=self.ns.resync_seconds,
             roots=self.ns.pods_root or list(DEFAULT_PODS_ROOTS),
             on_new_dir=on_new_dir,
+            pacer=self.pacer,
         )
         return reconciler, inventory
 
@@ -538,6 +542,7 @@ class Agent:
             on_invalid=invalid,
             on_round=NetMetrics(metrics).round,
             netns=getattr(self.ns, "net_namespace", None),
+            pacer=self.pacer,
         )
 
     def build_eviction(self, node: Node, rules: RuleCache, metrics: Metrics, collector: Collector) -> Eviction:
@@ -715,6 +720,6 @@ def main(ns: argparse.Namespace) -> int:
     with agent_loop(ns) as poll, asyncio.Runner(loop_factory=poll.loop) as runner:
 
         async def serve() -> int:  # the Agent is made on the running loop
-            return await Agent(ns, poll.arrival, poll.answered).run()
+            return await Agent(ns, poll).run()
 
         return runner.run(serve())

@@ -1,11 +1,11 @@
 """The cyclic garbage collector runs when the event loop is idle, not in a hook.
 
-CPython collects its youngest generation after every ~700 net allocations of tracked objects,
-wherever the program is. In a burst of hooks that is one answer in ~70 that carries a
-collection (~100 µs, and ~1 ms when the middle generation goes too): the hook path's p99 is
-those pauses. :class:`IdleCollector` raises the automatic threshold to a backstop and
+CPython collects its youngest generation after every 700 net allocations of tracked objects
+(its default threshold), wherever the program is. In a burst of hooks that puts a collection
+in a few answers of every hundred, longer when the middle generation goes too: the hook
+path's tail is those pauses. :class:`IdleCollector` raises the automatic threshold to a backstop and
 collects, generation by generation as CPython would, when the loop is about to sleep (the
-selector's idle moment, :class:`nriplugin.nri.transport.PollClock`). A loop that never
+selector's idle moment, :class:`nriplugin.pacing.selector.PollClock`). A loop that never
 idles still collects at the backstop, so memory stays bounded.
 """
 

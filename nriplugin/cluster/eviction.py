@@ -3,7 +3,7 @@ are honoured and the pod's controller replaces it (koordlet kills through CRI by
 koordinator#1757: budgets ignored, kubelet restarts the container). Each eviction, and each
 eviction a budget blocked, leaves an Event on the pod.
 
-The node-side evictor calls ``Evictor.evict`` and acts on the Outcome: EVICTED — the pod is
+The node-side evictor calls ``ApiEvictions.evict`` and acts on the ApiEvictionOutcome: EVICTED — the pod is
 terminating (credit its release); BLOCKED — a PodDisruptionBudget (or the API server's
 throttling) said not now: try the next candidate, retry this one later; GONE — the pod (that
 uid) no longer exists; ERROR — anything else (the API server away: fall back as the caller
@@ -42,7 +42,7 @@ REQUEST_TIMEOUT = 5.0
 AGGREGATE_SECONDS = 600.0  # a repeated event within this is one Event with a count (as client-go does)
 
 
-class Result(enum.Enum):
+class ApiEvictionResult(enum.Enum):
     EVICTED = "evicted"
     BLOCKED = "blocked"
     GONE = "gone"
@@ -50,8 +50,8 @@ class Result(enum.Enum):
 
 
 @dataclass(frozen=True)
-class Outcome:
-    result: Result
+class ApiEvictionOutcome:
+    result: ApiEvictionResult
     status: int  # the HTTP status (0: no answer)
     detail: str  # the API server's message, e.g. which budget blocked it
 
@@ -59,13 +59,13 @@ class Outcome:
         return f"{self.result.value} ({self.status}{': ' + self.detail if self.detail else ''})"
 
 
-class Evictor(Protocol):
+class ApiEvictions(Protocol):
     """What the node-side evictor calls. ``reason`` is the strategy and trigger (e.g.
     ``MemoryEvict``), ``message`` the figures; both go into the pod's Event."""
 
     async def evict(
         self, pod_ns: str, pod_name: str, pod_uid: str, grace_seconds: int, reason: str, message: str
-    ) -> Outcome: ...
+    ) -> ApiEvictionOutcome: ...
 
 
 class ApiEvictor:
@@ -81,7 +81,7 @@ class ApiEvictor:
 
     async def evict(
         self, pod_ns: str, pod_name: str, pod_uid: str, grace_seconds: int, reason: str, message: str
-    ) -> Outcome:
+    ) -> ApiEvictionOutcome:
         body = V1Eviction(
             api_version="policy/v1",
             kind="Eviction",
@@ -96,11 +96,13 @@ class ApiEvictor:
             await self.core.create_namespaced_pod_eviction(
                 pod_name, pod_ns, body, _request_timeout=REQUEST_TIMEOUT, **kw
             )
-            out = Outcome(Result.EVICTED, 201, "dry run: would be evicted" if self.dry_run else "")
+            out = ApiEvictionOutcome(
+                ApiEvictionResult.EVICTED, 201, "dry run: would be evicted" if self.dry_run else ""
+            )
         except ApiException as exc:
             out = _outcome(exc)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            out = Outcome(Result.ERROR, 0, f"{type(exc).__name__}: {exc}")
+            out = ApiEvictionOutcome(ApiEvictionResult.ERROR, 0, f"{type(exc).__name__}: {exc}")
         log.info(
             "eviction of %s/%s (%s): %s",
             pod_ns,
@@ -111,14 +113,19 @@ class ApiEvictor:
         )
         if not self.dry_run:
             event = {
-                Result.EVICTED: ("Evicted", f"evicted by nriplugin ({reason}): {message}"),
-                Result.BLOCKED: (
+                ApiEvictionResult.EVICTED: ("Evicted", f"evicted by nriplugin ({reason}): {message}"),
+                ApiEvictionResult.BLOCKED: (
                     "EvictionBlocked",
                     f"eviction by nriplugin ({reason}) blocked: {out.detail}; {message}",
                 ),
-                Result.ERROR: ("EvictionFailed", f"eviction by nriplugin ({reason}) failed: {out.detail}; {message}"),
+                ApiEvictionResult.ERROR: (
+                    "EvictionFailed",
+                    f"eviction by nriplugin ({reason}) failed: {out.detail}; {message}",
+                ),
             }.get(out.result)
-            if event is not None and not (out.result is Result.BLOCKED and out.detail.startswith("throttled")):
+            if event is not None and not (
+                out.result is ApiEvictionResult.BLOCKED and out.detail.startswith("throttled")
+            ):
                 task = asyncio.get_running_loop().create_task(self._post(pod_ns, pod_name, pod_uid, *event))
                 self._posting.add(task)
                 task.add_done_callback(self._posting.discard)
@@ -166,15 +173,15 @@ class ApiEvictor:
             log.warning("event %s on pod %s/%s not posted: %s", reason, ns, pod, getattr(exc, "status", exc))
 
 
-def _outcome(exc: ApiException) -> Outcome:
+def _outcome(exc: ApiException) -> ApiEvictionOutcome:
     detail = _message(exc)
     if exc.status == 429:
         if "DisruptionBudget" in str(exc.body or "") or "disruption budget" in detail:
-            return Outcome(Result.BLOCKED, 429, detail)
-        return Outcome(Result.BLOCKED, 429, f"throttled by the API server: {detail}")
+            return ApiEvictionOutcome(ApiEvictionResult.BLOCKED, 429, detail)
+        return ApiEvictionOutcome(ApiEvictionResult.BLOCKED, 429, f"throttled by the API server: {detail}")
     if exc.status in (404, 409):  # 409: the uid precondition failed, the name is another pod's now
-        return Outcome(Result.GONE, exc.status, detail)
-    return Outcome(Result.ERROR, int(exc.status or 0), detail)
+        return ApiEvictionOutcome(ApiEvictionResult.GONE, exc.status, detail)
+    return ApiEvictionOutcome(ApiEvictionResult.ERROR, int(exc.status or 0), detail)
 
 
 def _message(exc: ApiException) -> str:

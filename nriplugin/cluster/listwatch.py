@@ -50,7 +50,7 @@ ListCall = Callable[..., Awaitable[Any]]
 
 
 @dataclass(frozen=True)
-class Resource:
+class WatchedResource:
     """The type a ListWatch lists, so that a failure names it as RBAC and kubectl do."""
 
     kind: str  # "NodeSLO"
@@ -99,7 +99,7 @@ class ListWatch:
         call: ListCall,
         handler: Handler,
         *,
-        resource: Resource,
+        resource: WatchedResource,
         backoff: tuple[float, float] = (0.2, 10.0),
         watch_seconds: int = 300,
         remind: float = 600.0,

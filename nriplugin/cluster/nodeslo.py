@@ -16,7 +16,7 @@ from typing import Any
 from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
 from pydantic import ValidationError
 
-from nriplugin.cluster.listwatch import ListWatch, Resource
+from nriplugin.cluster.listwatch import ListWatch, WatchedResource
 from nriplugin.policy.cache import PolicyError, RuleCache, describe
 from nriplugin.policy.model import Policy
 from nriplugin.policy.nodeslo import API_VERSION, NodeSLOError, check, overlay
@@ -24,7 +24,7 @@ from nriplugin.policy.nodeslo import API_VERSION, NodeSLOError, check, overlay
 log = logging.getLogger("nriplugin.cluster")
 GROUP, VERSION = API_VERSION.split("/")
 PLURAL = "nodeslos"
-RESOURCE = Resource("NodeSLO", PLURAL, GROUP, VERSION, missing="is Koordinator's NodeSLO CRD installed?")
+RESOURCE = WatchedResource("NodeSLO", PLURAL, GROUP, VERSION, missing="is Koordinator's NodeSLO CRD installed?")
 
 
 class NodeSLOSource:

@@ -14,10 +14,10 @@ from typing import Any, Protocol
 
 from kubernetes_asyncio.client import ApiClient, CoreV1Api
 
-from nriplugin.cluster.listwatch import ListWatch, Resource
+from nriplugin.cluster.listwatch import ListWatch, WatchedResource
 
 log = logging.getLogger("nriplugin.cluster")
-RESOURCE = Resource("Pod", "pods", "", "v1", missing="is the configured server a Kubernetes API server?")
+RESOURCE = WatchedResource("Pod", "pods", "", "v1", missing="is the configured server a Kubernetes API server?")
 KOORD_PRIORITY = "koordinator.sh/priority"
 _INT = re.compile(r"-?\d{1,10}")
 _INT32 = 1 << 31

@@ -23,7 +23,7 @@ log = logging.getLogger("nriplugin.cluster")
 
 
 class Cluster:
-    """What the rest of the agent uses: ``pods`` (PodLookup) and ``evictor`` (Evictor); the
+    """What the rest of the agent uses: ``pods`` (PodLookup) and ``evictor`` (ApiEvictions); the
     NodeSLO feeds the rule cache by itself."""
 
     def __init__(

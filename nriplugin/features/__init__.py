@@ -31,36 +31,47 @@ class FeatureFailed(Exception):
 
 
 @dataclass
-class Outcome:
+class FeaturesOutcome:
     intent: Intent
     failed: list[tuple[str, str]] = field(default_factory=list)  # (feature, reason) skipped fail-open
 
 
 Step = tuple[str, Callable[[Context, Intent], None], bool]  # (name, desired function, fail-closed)
-_enabled: tuple[Policy, tuple[Step, ...]] | None = None  # the last policy's enabled steps
 
 
 def enabled(policy: Policy) -> tuple[Step, ...]:
-    """The features ``policy`` turns on, in order; worked out once per policy (a hook reads
-    them on every call, a policy changes a few times a day)."""
-    global _enabled
-    if _enabled is None or _enabled[0] is not policy:
-        switches = policy.features
-        steps = tuple(
-            (f.name, f.desired, getattr(switches, f.name).failurePolicy == "fail-closed")
-            for f in PIPELINE
-            if getattr(switches, f.name).enable
-        )
-        _enabled = (policy, steps)
-    return _enabled[1]
+    """The features ``policy`` turns on, in order."""
+    switches = policy.features
+    return tuple(
+        (f.name, f.desired, getattr(switches, f.name).failurePolicy == "fail-closed")
+        for f in PIPELINE
+        if getattr(switches, f.name).enable
+    )
 
 
-def desired_state(ctx: Context) -> Outcome:
-    """Run every enabled feature for ``ctx``. Bad input in a fail-open feature skips that
-    feature (recorded in ``failed``); in a fail-closed one it raises FeatureFailed."""
+class EnabledSteps:
+    """:func:`enabled`, worked out once per policy and kept by whoever runs the features on
+    every hook (the desired state): a policy changes a few times a day."""
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last: tuple[Policy, tuple[Step, ...]] | None = None
+
+    def __call__(self, policy: Policy) -> tuple[Step, ...]:
+        last = self._last
+        if last is None or last[0] is not policy:
+            last = self._last = (policy, enabled(policy))
+        return last[1]
+
+
+def desired_state(ctx: Context, steps: tuple[Step, ...] | None = None) -> FeaturesOutcome:
+    """Run every enabled feature for ``ctx`` (``steps``: :func:`enabled`'s for its policy,
+    when the caller keeps them). Bad input in a fail-open feature skips that feature
+    (recorded in ``failed``); in a fail-closed one it raises FeatureFailed."""
     intent = Intent()
     failed: list[tuple[str, str]] = []
-    for name, fn, fail_closed in enabled(ctx.policy):
+    for name, fn, fail_closed in enabled(ctx.policy) if steps is None else steps:
         # to undo a failed feature's settings (a tuple: this runs for every feature of every hook)
         before = (dict(intent.files), intent.resctrl_group, intent.core_sched_group, intent.rdt_class)
         intent.owner = name
@@ -72,7 +83,7 @@ def desired_state(ctx: Context) -> Outcome:
             intent.files, intent.resctrl_group, intent.core_sched_group, intent.rdt_class = before
             failed.append((name, str(exc)))
     intent.owner = ""
-    return Outcome(intent, failed)
+    return FeaturesOutcome(intent, failed)
 
 
 __all__ = [
@@ -82,9 +93,9 @@ __all__ = [
     "Context",
     "Feature",
     "FeatureFailed",
+    "FeaturesOutcome",
     "Intent",
     "InvalidInput",
-    "Outcome",
     "Setting",
     "batch",
     "blkio",

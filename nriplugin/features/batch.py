@@ -12,11 +12,11 @@ from functools import lru_cache
 
 from nriplugin.features.registry import feature
 from nriplugin.intent.core import Context, Intent, InvalidInput, annotation_json
+from nriplugin.kernel.cgroup import CFS_PERIOD_US, MIN_QUOTA_US
 from nriplugin.policy.quantity import parse_quantity
 
 ANNOTATION = "node.koordinator.sh/extended-resource-spec"
 BATCH_CPU, BATCH_MEMORY = "kubernetes.io/batch-cpu", "kubernetes.io/batch-memory"
-PERIOD = 100_000
 MAX_MILLI = 1 << 30  # a billion cores: anything above is garbage, not a node
 
 
@@ -112,8 +112,8 @@ def desired(ctx: Context, intent: Intent) -> None:
         shares = min(max(req[BATCH_CPU] * 1024 // 1000, 2), 262144)
         intent.set("cpu.shares", shares, f"batch-cpu request {req[BATCH_CPU]}m -> {shares} shares ({src})")
     if lim.get(BATCH_CPU, 0) > 0:  # a limit of 0 is no limit (Koordinator: quota -1)
-        quota = max(lim[BATCH_CPU] * PERIOD // 1000, 1000)
-        intent.set("cpu.cfs_quota_us", quota, f"batch-cpu limit {lim[BATCH_CPU]}m -> {quota} us per {PERIOD} us")
-        intent.set("cpu.cfs_period_us", PERIOD, "batch quota period")
+        quota = max(lim[BATCH_CPU] * CFS_PERIOD_US // 1000, MIN_QUOTA_US)
+        intent.set("cpu.cfs_quota_us", quota, f"batch-cpu limit {lim[BATCH_CPU]}m -> {quota} us per {CFS_PERIOD_US} us")
+        intent.set("cpu.cfs_period_us", CFS_PERIOD_US, "batch quota period")
     if BATCH_MEMORY in lim and lim[BATCH_MEMORY] >= 4096:
         intent.set("memory.limit_in_bytes", lim[BATCH_MEMORY], f"batch-memory limit ({src})")

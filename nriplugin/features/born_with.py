@@ -44,7 +44,7 @@ class Item:
 
 
 @dataclass(frozen=True)
-class Plan:
+class BirthPlan:
     """What BE containers are born with on this runtime under this policy."""
 
     items: tuple[Item, ...]
@@ -92,7 +92,7 @@ def _item(
     return Item(name, feature, True, f"in force ({via}, runtime NRI {runtime.nri_version})")
 
 
-def plan(policy: Policy, runtime: RuntimeCaps) -> Plan:
+def plan(policy: Policy, runtime: RuntimeCaps) -> BirthPlan:
     """The attributes in force, decided once per policy and runtime (the one place)."""
     cfg: BEProcess = policy.beProcess
     adj = cfg.oomScoreAdj
@@ -127,15 +127,20 @@ def plan(policy: Policy, runtime: RuntimeCaps) -> Plan:
         setattr(t.io_priority, "class", api.IOPRIO_CLASS_IDLE)  # "class" is a Python keyword
     if "oom_score_adj" in on and adj is not None:
         t.oom_score_adj.value = adj
-    return Plan(items, t)
+    return BirthPlan(items, t)
 
 
-_cache: tuple[Policy, RuntimeCaps, Plan] | None = None
+class BirthPlans:
+    """:func:`plan`, kept while the policy and runtime stay, by whoever asks on every BE
+    create (the hook adapter)."""
 
+    __slots__ = ("_last",)
 
-def plan_for(policy: Policy, runtime: RuntimeCaps) -> Plan:
-    """:func:`plan`, kept while the policy and runtime stay (a hook asks on every BE create)."""
-    global _cache
-    if _cache is None or _cache[0] is not policy or _cache[1] != runtime:
-        _cache = (policy, runtime, plan(policy, runtime))
-    return _cache[2]
+    def __init__(self) -> None:
+        self._last: tuple[Policy, RuntimeCaps, BirthPlan] | None = None
+
+    def __call__(self, policy: Policy, runtime: RuntimeCaps) -> BirthPlan:
+        last = self._last
+        if last is None or last[0] is not policy or last[1] != runtime:
+            last = self._last = (policy, runtime, plan(policy, runtime))
+        return last[2]

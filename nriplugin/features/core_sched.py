@@ -15,7 +15,6 @@ from nriplugin.intent.core import Context, Intent, InvalidInput
 
 GROUP_LABEL = "koordinator.sh/core-sched-group-id"
 _GROUP = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-RESOURCE = "coresched.group"  # not a file: the task gets its group's cookie
 
 
 def group_of(ctx: Context) -> tuple[str, str]:

@@ -15,6 +15,7 @@ import math
 from nriplugin.features.registry import feature
 from nriplugin.intent.core import Context, Intent, InvalidInput
 from nriplugin.intent.cpus import NoCapacity
+from nriplugin.kernel.cgroup import CFS_PERIOD_US
 from nriplugin.kernel.cpulist import format_cpulist, parse_cpulist
 from nriplugin.nri import api_pb2 as api
 from nriplugin.policy.qos import QOS_LABEL
@@ -78,7 +79,7 @@ def assign(ctx: Context) -> str | None:
         alloc.notes[owner] = f"{ctx.qos}: exclusive, as scheduled ({RESOURCE_STATUS})"
         return None
     try:
-        quota, period = ctx.requested("cpu.cfs_quota_us"), ctx.requested("cpu.cfs_period_us") or 100000
+        quota, period = ctx.requested("cpu.cfs_quota_us"), ctx.requested("cpu.cfs_period_us") or CFS_PERIOD_US
         if not quota or quota <= 0:
             return None
         n = math.ceil(quota / period)

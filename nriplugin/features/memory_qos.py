@@ -9,7 +9,7 @@
 The request is what the runtime does not tell NRI: it is known for Guaranteed containers
 (request == limit) and for BE from batch-memory; otherwise protection is skipped (explain
 says so). Mainline cgroup v1 has none of these files; its one equivalent is the soft limit
-(groups above it are reclaimed first under global pressure), which carries the memory.low
+(groups above it are reclaimed first under node-wide memory pressure), which carries the memory.low
 value there. min and high have no v1 equivalent and are skipped.
 """
 

@@ -13,7 +13,7 @@ values depend on, so CreateContainer answers containers of one shape from one co
 
 The names are the policy's (the fields of ``policy.model.Features``): a name the policy does
 not have, or a second registration of one, fails at the registering module's import, and
-:meth:`Registry.pipeline` fails unless every switch the policy has registered a function.
+:meth:`FeatureRegistry.pipeline` fails unless every switch the policy has registered a function.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class Feature:
     labels: tuple[str, ...] = ()  # the pod labels it reads
 
 
-class Registry:
+class FeatureRegistry:
     """The registered features, checked against the policy's switches."""
 
     def __init__(self, switches: Iterable[str]) -> None:
@@ -70,5 +70,5 @@ class Registry:
         return tuple(sorted(self._by_name.values(), key=lambda f: f.order))
 
 
-REGISTRY = Registry(Features.model_fields)
+REGISTRY = FeatureRegistry(Features.model_fields)
 feature = REGISTRY.feature

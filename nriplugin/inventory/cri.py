@@ -27,9 +27,9 @@ import grpc
 from nriplugin.cri import api_pb2 as cri
 from nriplugin.cri.client import AsyncCRI
 from nriplugin.node.model import POD_PREFIX
-from nriplugin.node.turns import Turn
 from nriplugin.nri import api_pb2 as api
-from nriplugin.obs.quiet import Quiet
+from nriplugin.obs.unobserved import Unobserved
+from nriplugin.pacing.turns import Pacer
 
 log = logging.getLogger("nriplugin.inventory")
 
@@ -182,16 +182,20 @@ class CriInventory:
         hooks_live: Callable[[], bool] = lambda: False,
         observer: InventoryObserver | None = None,
         told: Callable[[], Awaitable[object]] | None = None,
+        pacer: Pacer | None = None,
     ) -> None:
         """``told``: resolves once NRI has said what runs (the stub ready: Synchronize taken in,
         or a pre-registered plugin configured); the first inventory waits for it, up to
-        ``FIRST_WAIT`` seconds, so that it asks the runtime only about what NRI did not say."""
+        ``FIRST_WAIT`` seconds, so that it asks the runtime only about what NRI did not say.
+        ``pacer``: the loop shared with the hooks (the agent's): a node's worth of work gives
+        it back between turns; default: turns measured in time alone."""
+        self.pacer = Pacer() if pacer is None else pacer
         self.client = client
         self.told = told
         self.adopter = adopter
         # With NRI up, StartContainer tells us a pending container started: no need to poll.
         self.hooks_live = hooks_live
-        self.observer: InventoryObserver = observer or Quiet()
+        self.observer: InventoryObserver = observer or Unobserved()
         self.period = period
         self.min_interval = min_interval  # a burst of new directories costs one inventory
         self._pods: dict[str, api.PodSandbox] = {}
@@ -238,12 +242,12 @@ class CriInventory:
 
         known = self.adopter.knows
         asks: list[Awaitable[None]] = []
-        turn = Turn()  # a node's worth of checks, a turn at a time
+        turn = self.pacer.turn()  # a node's worth of checks, a turn at a time
         for sb in sandboxes:
             if sb.id not in self._pods and (sb.id, 0) not in self._bad and not known(POD_PREFIX + sb.id):
                 asks.append(pod_details(sb))
             if turn.over():
-                await asyncio.sleep(0)
+                await self.pacer.give_way()
                 turn.restart()
         for ct in containers:
             if (
@@ -253,7 +257,7 @@ class CriInventory:
             ):
                 asks.append(container_details(ct))
             if turn.over():
-                await asyncio.sleep(0)
+                await self.pacer.give_way()
                 turn.restart()
         await asyncio.gather(*asks)
         pods = [self._pods[sb.id] for sb in sandboxes if sb.id in self._pods]
@@ -307,16 +311,16 @@ class CriInventory:
             )
         self._available = True
         adopted = 0
-        turn = Turn()  # a node's worth of pods and containers, a turn at a time: hooks come first
+        turn = self.pacer.turn()  # a node's worth of pods and containers, a turn at a time: hooks come first
         for p in pods:
             self.adopter.observe([p], [])
             if turn.over():
-                await asyncio.sleep(0)
+                await self.pacer.give_way()
                 turn.restart()
         for c in containers:
             adopted += self.adopter.observe([], [c])
             if turn.over():
-                await asyncio.sleep(0)
+                await self.pacer.give_way()
                 turn.restart()
         forgotten = self.adopter.prune(listing.live, listing.listed_at)
         self.observer.inventory_done(True, adopted, forgotten)

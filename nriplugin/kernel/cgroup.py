@@ -25,14 +25,42 @@ MAX_SHARES, MIN_SHARES = 262144, 2
 MAX_WEIGHT, MIN_WEIGHT = 10000, 1
 PID_MAX_LIMIT = 4 * 1024 * 1024  # the kernel's ceiling on pid numbers (64-bit), so on pids.max
 MIN_QUOTA_US = 1000  # the kernel's smallest CFS quota (1 ms)
+CFS_PERIOD_US = 100_000  # the kernel's default CFS period (100 ms), and the kubelet's: where none is set
+
+
+def cfs_period(value: object) -> int:
+    """A CFS period as read or requested, or the default where there is none (unset, unread)."""
+    return value if isinstance(value, int) and value > 0 else CFS_PERIOD_US
+
 
 # Resources whose "no limit" is the word "max" in cgroup v1 too (v1's others take -1).
 MAX_WORD_V1 = frozenset({"pids.max"})
 
 
 class Version(IntEnum):
+    """The cgroup hierarchy; what differs between them is asked through the properties here
+    (and :class:`Cgroups`), never by comparing versions outside ``kernel/``."""
+
     V1 = 1
     V2 = 2
+
+    @property
+    def unified(self) -> bool:
+        """A runtime can set any of the group's files at creation, through OCI's ``unified``
+        map (cgroup v2); on v1 only what the runtime's resources have fields for."""
+        return self is Version.V2
+
+    @property
+    def parent_caps_quota(self) -> bool:
+        """The kernel refuses a child's CFS quota above its parent's (cgroup v1; v2's
+        ``cpu.max`` of each level simply applies)."""
+        return self is Version.V1
+
+    @property
+    def controllers(self) -> tuple[str, ...]:
+        """The hierarchies a group the agent manages has a directory in: one per controller
+        on v1 (cpu, cpuset, memory, blkio), the one tree ("") on v2."""
+        return ("cpu", "cpuset", "memory", "blkio") if self is Version.V1 else ("",)
 
 
 def shares_to_weight(shares: int) -> int:
@@ -138,7 +166,7 @@ RESOURCES: dict[str, Resource] = {
             weight_to_shares,
         ),
         # cpu.max on v2 is "QUOTA PERIOD"; quota and period are handled as one pair below.
-        Resource("cpu.cfs_quota_us", ("cpu", "cpu.cfs_quota_us"), "cpu.max", 1000, 2**44, -1),
+        Resource("cpu.cfs_quota_us", ("cpu", "cpu.cfs_quota_us"), "cpu.max", MIN_QUOTA_US, 2**44, -1),
         Resource("cpu.cfs_period_us", ("cpu", "cpu.cfs_period_us"), "cpu.max", 1000, 1_000_000),
         Resource("cpu.cfs_burst_us", ("cpu", "cpu.cfs_burst_us"), "cpu.max.burst", 0, 2**44),
         Resource("cpu.bvt_warp_ns", ("cpu", "cpu.bvt_warp_ns"), "cpu.bvt_warp_ns", -1, 2),
@@ -151,7 +179,7 @@ RESOURCES: dict[str, Resource] = {
         Resource("memory.low", ("memory", "memory.low"), "memory.low", 0, 2**62),
         Resource("memory.high", ("memory", "memory.high"), "memory.high", 0, 2**62, -1),
         Resource("memory.oom.group", None, "memory.oom.group", 0, 1),
-        # v1's nearest thing to memory.low: under global pressure, groups above their soft
+        # v1's nearest thing to memory.low: under node-wide memory pressure, groups above their soft
         # limit are reclaimed first (reads back as a huge number when unlimited).
         Resource("memory.soft_limit_in_bytes", ("memory", "memory.soft_limit_in_bytes"), None, 0, 2**62, -1),
         # The most tasks (threads) the group may hold; "max" (-1 here) in both versions.
@@ -189,7 +217,7 @@ _DEVICE_RULE = re.compile(r"^([0-9]{1,4}):([0-9]{1,7}) ([0-9]{1,19})$")
 
 
 @dataclass
-class Outcome:
+class WriteOutcome:
     status: str  # "written", "unchanged", "unsupported", "missing" (cgroup gone), "rejected"; "held" (the writer's)
     errno: int = 0
     detail: str = ""
@@ -326,7 +354,7 @@ class Cgroups:
         if self.version is Version.V1 or isinstance(value, str):
             return str(value)
         if resource == "cpu.cfs_quota_us":
-            return f"{'max' if value == -1 else value} {period or 100000}"
+            return f"{'max' if value == -1 else value} {period or CFS_PERIOD_US}"
         if res.unlimited is not None and value == res.unlimited:
             return "max"
         if resource == "cpu.shares":
@@ -394,6 +422,25 @@ class Cgroups:
             return isinstance(have, int) and res.to_v2(have) == res.to_v2(value)
         return have == value
 
+    @property
+    def hierarchy(self) -> Version:
+        """The tree's version (detected at construction when not given)."""
+        assert self.version is not None
+        return self.version
+
+    def unified_entry(self, resource: str, value: int | str) -> tuple[str, str] | None:
+        """The OCI ``unified`` map's entry (v2 file, encoded value) that sets ``resource`` at
+        creation; None where there is none (cgroup v1, or no v2 file)."""
+        res = RESOURCES.get(resource)
+        if self.version is not Version.V2 or res is None or res.v2 is None:
+            return None
+        return res.v2, self.encode(resource, value)
+
+    @property
+    def weight_to_learn(self) -> bool:
+        """cgroup v2 and the runtime's cpu.shares -> cpu.weight mapping not learned yet."""
+        return self.version is Version.V2 and not self.weight_learned
+
     def learn_weight_mapping(self, group: str, shares: int) -> str | None:
         """cgroup v2: which cpu.shares -> cpu.weight mapping the runtime used, from a container
         it just created with ``shares`` (StartContainer: nobody else has written its weight
@@ -421,22 +468,22 @@ class Cgroups:
 
     def write(
         self, group: str, resource: str, value: int | str, *, period: int | None = None, force: bool = False
-    ) -> Outcome:
+    ) -> WriteOutcome:
         """Write one value (validated first; raises InvalidValue). Skips unchanged values."""
         text = self.encode(resource, value, period)
         if resource in self.unsupported:
-            return Outcome("unsupported")
+            return WriteOutcome("unsupported")
         try:
             path = self.file(group, resource)
         except KeyError as exc:
             self._mark_unsupported(resource, str(exc.args[0]))
-            return Outcome("unsupported")
+            return WriteOutcome("unsupported")
         if not path.parent.is_dir():
-            return Outcome("missing", errno.ENOENT, f"cgroup {group} does not exist")
+            return WriteOutcome("missing", errno.ENOENT, f"cgroup {group} does not exist")
         if not force:
             try:
                 if path.read_text().strip() == text:
-                    return Outcome("unchanged")
+                    return WriteOutcome("unchanged")
             except FileNotFoundError:
                 pass
             except OSError:
@@ -445,7 +492,7 @@ class Cgroups:
             fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
         except FileNotFoundError:
             self._mark_unsupported(resource, f"{path.name} does not exist on this kernel")
-            return Outcome("unsupported", errno.ENOENT)
+            return WriteOutcome("unsupported", errno.ENOENT)
         except OSError as exc:
             if exc.errno == errno.ELOOP:  # the file is a symbolic link: never followed
                 raise PermissionError(f"refusing {path}: a symbolic link") from exc
@@ -456,15 +503,15 @@ class Cgroups:
             # The kernel refused: either it lacks the feature or the value is out of its own
             # bounds. Re-probe the feature at the top of the hierarchy before deciding.
             if exc.errno == errno.EINVAL and self._idle_weight(resource, path):
-                return Outcome("unchanged", exc.errno, f"{path.parent}: cpu.idle=1, the kernel keeps its weight")
+                return WriteOutcome("unchanged", exc.errno, f"{path.parent}: cpu.idle=1, the kernel keeps its weight")
             refused = exc.errno in (errno.EINVAL, errno.EPERM, errno.EACCES, errno.EOPNOTSUPP)
             if refused and not self.supported(resource):
                 self._mark_unsupported(resource, f"{exc.strerror} writing {path.name}")
-                return Outcome("unsupported", exc.errno or 0)
-            return Outcome("rejected", exc.errno or 0, f"{exc.strerror} writing {text!r} to {path}")
+                return WriteOutcome("unsupported", exc.errno or 0)
+            return WriteOutcome("rejected", exc.errno or 0, f"{exc.strerror} writing {text!r} to {path}")
         finally:
             os.close(fd)
-        return Outcome("written")
+        return WriteOutcome("written")
 
     def fit_descendants(self, group: str, quota: int, period: int | None = None) -> list[tuple[str, int, int]]:
         """Make room for ``group`` to take ``quota`` per ``period`` (its own period when None).
@@ -486,8 +533,7 @@ class Cgroups:
             if d == top:
                 break  # the group itself comes last: a leaf (a container's group) costs one listing
             if period is None:  # read once, and only for a group that has descendants
-                have = self.read(group, "cpu.cfs_period_us")
-                period = have if isinstance(have, int) and have > 0 else 100_000
+                period = cfs_period(self.read(group, "cpu.cfs_period_us"))
             try:
                 old = int(_read(f"{d}/cpu.cfs_quota_us"))
                 new = max(MIN_QUOTA_US, quota * int(_read(f"{d}/cpu.cfs_period_us")) // period)

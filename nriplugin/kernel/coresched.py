@@ -8,7 +8,7 @@ later tasks get a copy (SHARE_FROM the leader into a short-lived helper thread, 
 the new task's thread group; the helper's own cookie goes away with it, so the agent itself
 never carries one). A leader that exited is replaced by the next member.
 
-``prctl`` is injectable: this kernel may lack core scheduling (EINVAL), and tests drive the
+``prctl`` is injectable: a kernel may lack core scheduling (EINVAL), and tests drive the
 logic with a model of the kernel's semantics.
 """
 

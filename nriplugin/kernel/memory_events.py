@@ -24,6 +24,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from nriplugin.kernel.cgroup import Version
 from nriplugin.kernel.inotify import IN_MODIFY, Inotify
 from nriplugin.kernel.psi_trigger import Trigger, open_trigger
 
@@ -69,6 +70,19 @@ class MemoryEvents:
 
     def __len__(self) -> int:
         return len(self._regs)
+
+    def watch_group(self, name: str, group_dir: str, version: Version, marks: tuple[int, ...]) -> list[str]:
+        """Fire ``name``-prefixed events as the group's memory runs short, the way its
+        hierarchy can tell: on cgroup v1 its usage crossing each of ``marks`` and the
+        kernel's critical pressure (hierarchy); on v2 its ``memory.events`` and a memory PSI
+        trigger (v2 has no usage thresholds). The pressure event is ``<name>:pressure``.
+        Returns why not, for each that could not be armed."""
+        if version is Version.V1:
+            whys = [self.v1_threshold(f"{name}:usage{i}", group_dir, b) for i, b in enumerate(marks)]
+            whys.append(self.v1_pressure(f"{name}:pressure", group_dir, "critical", "hierarchy"))
+        else:
+            whys = [self.v2_events(f"{name}:events", group_dir), self.v2_pressure(f"{name}:pressure", group_dir)]
+        return [why for why in whys if why]
 
     # cgroup v1 ---------------------------------------------------------------------------------
 

@@ -50,7 +50,7 @@ def member(text: str, leaf: str) -> bool:
 
 
 @dataclass
-class Result:
+class SchedPass:
     """What one pass over a container's tasks did."""
 
     already: int = 0  # tasks that had the policy (the runtime gave it, or an earlier pass)
@@ -71,10 +71,10 @@ class Scheduler:
         self.set_policy = set_policy
         self.groups_of = groups_of
 
-    def ensure(self, tids: Iterable[int], group: str, policy: int = IDLE) -> Result:
+    def ensure(self, tids: Iterable[int], group: str, policy: int = IDLE) -> SchedPass:
         """Give every task in ``tids`` that is in cgroup ``group`` ``policy`` where it does not
         have it yet."""
-        out = Result()
+        out = SchedPass()
         leaf = group.rstrip("/").rpartition("/")[2]
         for tid in tids:
             try:

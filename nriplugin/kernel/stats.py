@@ -8,7 +8,7 @@ the cgroup's directory checked against the root by ``Cgroups.group_path``), and 
 not there — a container that just went away, a kernel without PSI — reads as None, never as
 an exception.
 
-psutil is not used: its /proc root is a process-wide global (not injectable per reader), it
+psutil is not used: its /proc root is process-wide state (not injectable per reader), it
 parses more than a round needs, and it has no cgroup counters.
 """
 

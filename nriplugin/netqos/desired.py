@@ -38,7 +38,7 @@ DEFAULT_TOTAL = 10 * 10**9  # no totalNetworkBandwidth: pods' own caps still app
 DIRECTIONS = ("ingress", "egress")  # as the pod sees it
 
 
-class Level(enum.IntEnum):
+class NetLevel(enum.IntEnum):
     """A network QoS level; its value is the HTB priority (lower is served first)."""
 
     L0 = 0
@@ -46,10 +46,10 @@ class Level(enum.IntEnum):
     L2 = 2
 
 
-LEVEL_OF = {QoSClass.LSE: Level.L0, QoSClass.LSR: Level.L0, QoSClass.LS: Level.L1, QoSClass.BE: Level.L2}
+LEVEL_OF = {QoSClass.LSE: NetLevel.L0, QoSClass.LSR: NetLevel.L0, QoSClass.LS: NetLevel.L1, QoSClass.BE: NetLevel.L2}
 
 
-def suppress_resource(level: Level, direction: str) -> str:
+def suppress_resource(level: NetLevel, direction: str) -> str:
     """The overlay resource that lowers a level's ceiling (the QoS manager's net suppress)."""
     return f"net.{level.name}.{direction}Ceil"
 
@@ -75,10 +75,10 @@ class NodeNet:
     """The shared tree of one node: the total, and each (level, direction) class's rates."""
 
     total: int
-    classes: tuple[tuple[Level, str, Rates], ...]
+    classes: tuple[tuple[NetLevel, str, Rates], ...]
     why: str
 
-    def rates(self, level: Level, direction: str) -> Rates:
+    def rates(self, level: NetLevel, direction: str) -> Rates:
         for lv, d, r in self.classes:
             if lv is level and d == direction:
                 return r
@@ -89,7 +89,7 @@ class NodeNet:
 class PodNet:
     """A pod's place in the tree: its level and its own caps per direction (None: the class's)."""
 
-    level: Level
+    level: NetLevel
     ingress_cap: int | None
     egress_cap: int | None
     why: str
@@ -98,7 +98,7 @@ class PodNet:
         return self.ingress_cap if direction == "ingress" else self.egress_cap
 
 
-def class_policy(policy: Policy, level: Level) -> NetworkQOS:
+def class_policy(policy: Policy, level: NetLevel) -> NetworkQOS:
     s = policy.resourceQOSStrategy
     return (s.lsrClass, s.lsClass, s.beClass)[level].networkQOS
 
@@ -115,7 +115,7 @@ def node_state(policy: Policy, overlays: Mapping[str, int] | None = None) -> Nod
     total_set = policy.systemStrategy.total_bits()
     total = total_set if total_set is not None else DEFAULT_TOTAL
     out = []
-    for level in Level:
+    for level in NetLevel:
         npol = class_policy(policy, level)
         for d in DIRECTIONS:
             if npol.enable:

@@ -5,7 +5,7 @@ this only marks the node dirty. A round then runs in one worker thread (pyroute2
 and runs its own event loop): each pod's network namespace (NRI's ``linux.namespaces``,
 type "network") is entered to find its interface (the host peer is its ``iflink``) and IPv4
 address, once per pod; the desired state (``netqos/desired.py`` over the overlays) becomes
-a :class:`Plan` that ``netqos/tc.py`` makes true. Every ``period`` seconds the same round
+a :class:`TcPlan` that ``netqos/tc.py`` makes true. Every ``period`` seconds the same round
 reads the kernel back: a deleted class, filter or redirect is restored and counted as drift
 and repair (resource ``tc``), like a cgroup file. A pod that went, or whose namespace vanished,
 has its rules removed; with no pod shaped, our IFBs go too.
@@ -31,7 +31,7 @@ from nriplugin.netqos.desired import (
     DIRECTIONS,
     EGRESS_KEY,
     INGRESS_KEY,
-    Level,
+    NetLevel,
     NodeNet,
     PodNet,
     class_policy,
@@ -40,11 +40,12 @@ from nriplugin.netqos.desired import (
     pod_state,
 )
 from nriplugin.netqos.netns import link_names
-from nriplugin.netqos.tc import FIRST_LEAF, LAST_LEAF, TC, Plan, PodPlan, Snapshot, ifb_names, missing
+from nriplugin.netqos.tc import FIRST_LEAF, LAST_LEAF, TC, PodPlan, Snapshot, TcPlan, ifb_names, missing
 from nriplugin.node.model import POD_PREFIX, NodeModel
 from nriplugin.node.overlays import Overlays
-from nriplugin.node.turns import Turn
 from nriplugin.nri import api_pb2 as api
+from nriplugin.obs.unobserved import Unobserved
+from nriplugin.pacing.turns import Pacer
 from nriplugin.policy.cache import RuleCache
 from nriplugin.policy.model import Policy
 from nriplugin.policy.qos import InvalidQoSLabel, qos_class
@@ -54,17 +55,9 @@ log = logging.getLogger("nriplugin.net")
 NODE_KEY = "net:node"  # the overlays' key for the node's tree (net suppress)
 
 
-class Observer(Protocol):
+class NetObserver(Protocol):
     def drift(self, resource: str) -> None: ...
     def repaired(self, resource: str, seconds: float) -> None: ...
-
-
-class Quiet:
-    def drift(self, resource: str) -> None:
-        pass
-
-    def repaired(self, resource: str, seconds: float) -> None:
-        pass
 
 
 def netns_path(pod: api.PodSandbox) -> str:
@@ -128,18 +121,22 @@ class NetQoS:
         model: NodeModel,
         rules: RuleCache,
         overlays: Overlays,
-        observer: Observer | None = None,
+        observer: NetObserver | None = None,
         on_invalid: Callable[[str], None] = lambda reason: None,
         netns: str | None = None,
         prefix: str = "nrq",
         period: float = 2.0,
         on_round: Callable[[Status], None] = lambda s: None,
         suppress: bool = True,
+        pacer: Pacer | None = None,
     ) -> None:
+        """``pacer``: the loop shared with the hooks (the agent's): a round gives it back
+        between turns; default: turns measured in time alone."""
+        self.pacer = Pacer() if pacer is None else pacer
         self.model = model
         self.rules = rules
         self.overlays = overlays
-        self.observer = observer or Quiet()
+        self.observer: NetObserver = observer or Unobserved()
         self.on_invalid = on_invalid
         self.netns = netns
         self.prefix = prefix
@@ -152,7 +149,7 @@ class NetQoS:
         self._minors: dict[str, int] = {}
         self._reported: dict[str, set[str]] = {}  # pod id -> what was said of it once
         self._invalid: dict[str, str] = {}  # pod id -> the annotation problem reported
-        self._applied: Plan | None = None
+        self._applied: TcPlan | None = None
         self._kick = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._gone: list[str] = []
@@ -163,7 +160,7 @@ class NetQoS:
         self._dirty: set[str] = set()
         self._all = True
         self._urgent = False  # a round is due whatever the pods want (period, policy, a removal)
-        self._classes_on = any(class_policy(rules.policy, lv).enable for lv in Level)  # a class is shaped
+        self._classes_on = any(class_policy(rules.policy, lv).enable for lv in NetLevel)  # a class is shaped
         from nriplugin.netqos.suppress import NetSuppress
 
         self.suppress: NetSuppress | None = NetSuppress(overlays, NODE_KEY) if suppress else None
@@ -201,7 +198,7 @@ class NetQoS:
         self._wake(urgent=True)
 
     def _recompute_all(self) -> None:
-        self._classes_on = any(class_policy(self.rules.policy, lv).enable for lv in Level)
+        self._classes_on = any(class_policy(self.rules.policy, lv).enable for lv in NetLevel)
         self._all = True
         self._wake(urgent=True)
 
@@ -252,7 +249,7 @@ class NetQoS:
         idle = not wanted and not self._found and self._applied is not None and not self._applied.pods
         try:
             if idle:
-                self._applied = Plan(node, ())
+                self._applied = TcPlan(node, ())
             else:
                 await loop.run_in_executor(self._pool, self._work, wanted, node, gone)
         except Exception as exc:  # a netlink failure: logged, tried again next round
@@ -287,10 +284,10 @@ class NetQoS:
             before = None
             pods, self._dirty = self._dirty, set()
         changed = False
-        turn = Turn()
+        turn = self.pacer.turn()
         for pod_id in pods:
             if turn.over():
-                await asyncio.sleep(0)
+                await self.pacer.give_way()
                 turn.restart()
             w = self._want(pod_id, policy)
             if w != self._wants.get(pod_id):
@@ -344,14 +341,14 @@ class NetQoS:
         shaping, plan the wanted ones, make the plan true and read the kernel back."""
         idle = not wanted and (self._applied is None or not self._applied.pods) and not self._found
         if idle and not self._leftovers():
-            self._applied = Plan(node, ())
+            self._applied = TcPlan(node, ())
             return  # nothing shaped, nothing to take away: no netlink at all
         tc = self._tc_ready()
         usable = not missing(self.status.caps)
         self._release(tc, gone, {w.pod for w in wanted})
         status = Status(caps=self.status.caps, rounds=self.status.rounds)
         pods = [p for w in (wanted if usable else []) if (p := self._plan_pod(tc, w, node, status)) is not None]
-        plan = Plan(node, tuple(sorted(pods, key=lambda p: p.minor)))
+        plan = TcPlan(node, tuple(sorted(pods, key=lambda p: p.minor)))
         if usable:
             self._sync(tc, plan)
         self._applied = plan
@@ -405,9 +402,9 @@ class NetQoS:
             return None
         minor = self._minor(w.pod)
         rates = tuple((d, leaf_rates(node, w.net, d)) for d in DIRECTIONS)
-        return PodPlan(w.pod, found.veth, found.ip, minor, Level(w.net.level), rates)
+        return PodPlan(w.pod, found.veth, found.ip, minor, NetLevel(w.net.level), rates)
 
-    def _sync(self, tc: TC, plan: Plan) -> None:
+    def _sync(self, tc: TC, plan: TcPlan) -> None:
         """Make ``plan`` true. Changes to a plan already applied were made behind our back:
         counted as drift and repair (resource ``tc.<what>``), and said as a warning."""
         started = time.monotonic()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nriplugin.netqos.desired import DIRECTIONS, Level, suppress_resource
+from nriplugin.netqos.desired import DIRECTIONS, NetLevel, suppress_resource
 from nriplugin.netqos.tc import LEVEL_MINOR, Snapshot
 from nriplugin.node.overlays import Overlays
 from nriplugin.policy.bandwidth import MIN_RATE
@@ -36,29 +36,29 @@ class Config:
 
 
 @dataclass(frozen=True, slots=True)
-class State:
+class SuppressState:
     ceiling: int | None = None  # the overlay in force (None: none)
     calm_since: float | None = None  # when L0+L1 fell below ``release``
     raise_since: float | None = None  # when a higher target first appeared
 
 
-def decide(total: int, hi_bps: float, st: State, now: float, cfg: Config = Config()) -> State:
+def decide(total: int, hi_bps: float, st: SuppressState, now: float, cfg: Config = Config()) -> SuppressState:
     """The next state from the L0+L1 rate ``hi_bps`` (bits/s) of a node of ``total``."""
     used = hi_bps / total if total > 0 else 0.0
     if used < cfg.release:
         if st.ceiling is None:
-            return State()
+            return SuppressState()
         calm = st.calm_since if st.calm_since is not None else now
-        return State() if now - calm >= cfg.hold else State(st.ceiling, calm_since=calm)
+        return SuppressState() if now - calm >= cfg.hold else SuppressState(st.ceiling, calm_since=calm)
     if used < cfg.threshold and st.ceiling is None:
-        return State()
+        return SuppressState()
     target = int(max(cfg.floor * total, total - hi_bps - cfg.headroom * total, MIN_RATE))
     if st.ceiling is None or target <= st.ceiling:  # a cut, or the same ceiling: no timer runs
-        return State(target)
+        return SuppressState(target)
     if target - st.ceiling < cfg.deadband * total:
-        return State(st.ceiling)
+        return SuppressState(st.ceiling)
     since = st.raise_since if st.raise_since is not None else now
-    return State(target) if now - since >= cfg.hold else State(st.ceiling, raise_since=since)
+    return SuppressState(target) if now - since >= cfg.hold else SuppressState(st.ceiling, raise_since=since)
 
 
 class NetSuppress:
@@ -68,7 +68,7 @@ class NetSuppress:
         self.overlays = overlays
         self.key = key
         self.cfg = cfg
-        self.state = {d: State() for d in DIRECTIONS}
+        self.state = {d: SuppressState() for d in DIRECTIONS}
         self._last: tuple[float, dict[tuple[str, int], int]] | None = None
 
     def step(self, policy: Policy, total: int, snap: Snapshot | None, now: float) -> bool:
@@ -76,7 +76,7 @@ class NetSuppress:
         on = policy.resourceQOSStrategy.beClass.networkQOS.enable and policy.qosManager.enable
         if not on or snap is None:
             self._last = None
-            self.state = {d: State() for d in DIRECTIONS}
+            self.state = {d: SuppressState() for d in DIRECTIONS}
             return self.overlays.withdraw(self.key, OWNER)
         last, self._last = self._last, (now, dict(snap.bytes))
         if last is None or now <= last[0]:
@@ -85,13 +85,13 @@ class NetSuppress:
         values: dict[str, int | str] = {}
         for d in DIRECTIONS:
             hi = 0
-            for level in (Level.L0, Level.L1):
+            for level in (NetLevel.L0, NetLevel.L1):
                 k = (d, LEVEL_MINOR + int(level))
                 hi += max(0, snap.bytes.get(k, 0) - last[1].get(k, 0))
             self.state[d] = decide(total, hi * 8 / dt, self.state[d], now, self.cfg)
             c = self.state[d].ceiling
             if c is not None:
-                values[suppress_resource(Level.L2, d)] = c
+                values[suppress_resource(NetLevel.L2, d)] = c
         if not values:
             return self.overlays.withdraw(self.key, OWNER)
         why = "L0+L1 use most of the node's bandwidth"

@@ -17,7 +17,7 @@ u32, mirred, HTB and clsact are the pieces required (:func:`probe` says which ex
 pod's leaf has its own queue, so a bulk flow queues behind itself, never in front of another
 pod's packets; fq_codel is that queue where the kernel has it, else a short pfifo.
 
-:meth:`TC.sync` makes the kernel match a :class:`Plan` (read, compare, change only what
+:meth:`TC.sync` makes the kernel match a :class:`TcPlan` (read, compare, change only what
 differs) and returns what it changed: the reconciler's drift and repairs.
 """
 
@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nriplugin.netqos.desired import DIRECTIONS, Level, NodeNet, Rates
+from nriplugin.netqos.desired import DIRECTIONS, NetLevel, NodeNet, Rates
 
 log = logging.getLogger("nriplugin.tc")
 
@@ -41,7 +41,6 @@ TOP = 0x10001  # 1:1, the node total
 LEVEL_MINOR = 0x10  # 1:10 + level
 FIRST_LEAF = 0x100
 LAST_LEAF = 0xFFFE
-CLSACT = 0xFFFF0000
 TC_H_ROOT = 0xFFFFFFFF
 HOOK = {"egress": 0xFFFFFFF2, "ingress": 0xFFFFFFF3}  # pod direction -> clsact hook of its host veth
 REDIRECT_PRIO = 0xC0DE  # our filters' priorities on a veth's clsact hooks, one per pod direction
@@ -69,7 +68,7 @@ def leaf_handle(minor: int) -> int:
     return ROOT | minor
 
 
-def level_handle(level: Level) -> int:
+def level_handle(level: NetLevel) -> int:
     return ROOT | (LEVEL_MINOR + int(level))
 
 
@@ -82,7 +81,7 @@ class PodPlan:
     veth: int
     ip: str
     minor: int
-    level: Level
+    level: NetLevel
     rates: tuple[tuple[str, Rates], ...]
 
     def rate(self, direction: str) -> Rates:
@@ -90,7 +89,7 @@ class PodPlan:
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
+class TcPlan:
     node: NodeNet
     pods: tuple[PodPlan, ...] = ()
 
@@ -116,7 +115,7 @@ def _bps(bits: int) -> str:
 def _burst(bits: int) -> int:
     """Bytes an HTB class may send at once: 1 ms at its rate plus a packet, as tc(8) computes
     with HZ=1000. pyroute2 0.9 takes the kernel's clock rate (1e9) for HZ and leaves one MTU,
-    which gates a 40 Mbit/s flow's 1 ms bursts and held LS pings ~0.8 ms behind them."""
+    which gates a slow flow's 1 ms bursts and holds LS packets behind them."""
     return bits // 8 // 1000 + MTU
 
 
@@ -393,7 +392,7 @@ class TC:
 
     # the whole -------------------------------------------------------------------------------------
 
-    def sync(self, plan: Plan) -> list[str]:
+    def sync(self, plan: TcPlan) -> list[str]:
         """Make the kernel match ``plan``; returns what had to change (empty: it matched).
         Pods whose veth is gone are skipped (their rules went with it)."""
         changes: list[str] = []
@@ -408,7 +407,7 @@ class TC:
             self._ensure_root(ifb, changes, name)
             have = self._classes(ifb)
             self._ensure_class(ifb, have, TOP, ROOT, Rates(plan.node.total, plan.node.total), 0, changes, name)
-            for level in Level:
+            for level in NetLevel:
                 r = plan.node.rates(level, d)
                 self._ensure_class(ifb, have, level_handle(level), TOP, r, int(level), changes, name)
             wanted = {p.minor for p in pods}
@@ -524,4 +523,4 @@ def _htb_params(c: Any) -> tuple[int, int, int]:
     return int(rate), int(ceil), int(p["prio"])
 
 
-__all__ = ["DIRECTIONS", "TC", "Plan", "PodPlan", "Rates", "Snapshot", "TCError", "leaf_handle", "level_handle"]
+__all__ = ["DIRECTIONS", "TC", "PodPlan", "Rates", "Snapshot", "TCError", "TcPlan", "leaf_handle", "level_handle"]

@@ -21,6 +21,7 @@ from nriplugin.features import (
     POD_ANNOTATIONS,
     POD_LABELS,
     Context,
+    EnabledSteps,
     FeatureFailed,
     Intent,
     InvalidInput,
@@ -30,6 +31,7 @@ from nriplugin.features import (
 )
 from nriplugin.intent.core import cap_burst, requested
 from nriplugin.intent.cpus import CPUAllocator
+from nriplugin.kernel.cgroup import MIN_QUOTA_US, cfs_period
 from nriplugin.kernel.cpulist import format_cpulist
 from nriplugin.kernel.probe import Capabilities
 from nriplugin.node.model import POD_PREFIX, NodeModel
@@ -68,6 +70,7 @@ class DesiredState:
         self.cpus = cpus if cpus is not None else CPUAllocator(caps.topology)
         self.overlays = overlays if overlays is not None else Overlays()
         self.on_invalid = on_invalid
+        self._steps = EnabledSteps()  # the policy's features, worked out once per policy
         self._cache: dict[str, tuple[Intent | None, int]] = {}  # key -> (intent, its class's generation)
         self._gens: dict[str, int] = {}
         self._epoch = 0
@@ -152,7 +155,7 @@ class DesiredState:
         feature cannot compute its values."""
         if ctx is None:
             return None
-        out = desired_state(ctx)
+        out = desired_state(ctx, self._steps(ctx.policy))
         for feature, reason in out.failed:
             self._invalid(ctx.pod, feature, reason)
         return out.intent
@@ -290,8 +293,8 @@ class DesiredState:
         if q is None or not isinstance(q.value, int) or q.value < 0:
             return intent  # no finite quota: under a limited parent, unlimited is allowed
         p = intent.get("cpu.cfs_period_us")
-        period = p if isinstance(p, int) and p > 0 else 100_000
-        ceiling = max(1000, int(cores * period))
+        period = cfs_period(p)
+        ceiling = max(MIN_QUOTA_US, int(cores * period))
         if q.value <= ceiling:
             return intent
         intent = intent.copy()
@@ -448,7 +451,7 @@ class DesiredState:
         if quota < 0:
             return None
         period = self.current(key, "cpu.cfs_period_us")
-        return quota / (period if isinstance(period, int) and period > 0 else 100_000)
+        return quota / cfs_period(period)
 
     def _recap(self, qos: QoSClass) -> None:
         """The ceiling in force for ``qos``: the lower of the one decided and what its groups

@@ -14,13 +14,13 @@ from typing import NamedTuple
 
 from nriplugin.features import FeatureFailed, Intent, born_with, resctrl
 from nriplugin.intent.core import requested
-from nriplugin.kernel.cgroup import RESOURCES, Cgroups, Version
+from nriplugin.kernel.cgroup import Cgroups, Version
 from nriplugin.kernel.cpulist import format_cpulist
 from nriplugin.node.assembly import Node
-from nriplugin.node.turns import Turn, soon, when_quiet
 from nriplugin.nri import api_pb2 as api
 from nriplugin.nri.runtime import RuntimeCaps
 from nriplugin.nri.stub import Plugin
+from nriplugin.pacing.turns import Pacer
 from nriplugin.policy.model import Policy
 from nriplugin.policy.qos import InvalidQoSLabel, QoSClass, qos_class
 
@@ -64,11 +64,11 @@ def to_resources(intent: Intent, cg: Cgroups, out: api.LinuxResources, fields: t
         out.memory.limit.value = int(v["memory.limit_in_bytes"])
     if "pids.max" in v and "pids.max" in fields:
         out.pids.limit = int(v["pids.max"])
-    if cg.version is Version.V2:
-        for s in intent.files.values():
-            res = RESOURCES.get(s.resource)
-            if s.resource not in fields and not s.device and res is not None and res.v2 is not None:
-                out.unified[res.v2] = cg.encode(s.resource, s.value)
+    for s in intent.files.values():
+        if s.resource not in fields and not s.device:
+            entry = cg.unified_entry(s.resource, s.value)
+            if entry is not None:
+                out.unified[entry[0]] = entry[1]
     if intent.rdt_class:
         out.rdt_class.value = intent.rdt_class
     return bool(intent.files) or bool(intent.rdt_class)
@@ -137,7 +137,7 @@ def runtime_paths(
         pids = "off (policy containerPidsLimit sets none: the runtime's)"
     elif runtime.supports("pids_limit"):
         pids = f"in force through NRI (LinuxResources.pids at CreateContainer, runtime NRI {nri})"
-    elif cgroup is Version.V2:
+    elif cgroup is not None and cgroup.unified:
         pids = f"in force through NRI's cgroup v2 unified map (runtime NRI {nri} < v0.8 has no pids field)"
     else:
         pids = f"in force, written by the agent at StartContainer (runtime NRI {nri} < v0.8, cgroup v1)"
@@ -176,8 +176,12 @@ class QoSPlugin(Plugin):
         self,
         node: Node | None = None,
         push: Callable[[list[api.ContainerUpdate]], Awaitable[object]] | None = None,
+        pacer: Pacer | None = None,
     ) -> None:
+        """``pacer``: the loop shared with the hooks (the agent's); default: no loop, the
+        take-in of created containers runs in the hook (``explain``, tests)."""
         self.node = node or Node.create()
+        self.pacer = Pacer() if pacer is None else pacer
         self.model = self.node.model
         self.desired = self.node.desired
         self.writer = self.node.writer
@@ -185,7 +189,7 @@ class QoSPlugin(Plugin):
         self.push = push  # UpdateContainers from outside handlers (the stub's)
         self._pushes: set[asyncio.Future[None]] = set()  # UpdateContainers in flight (kept referenced)
         # Containers answered, not yet in the model, by id: taken in once a burst of hooks is
-        # over (turns.Quiet), and by any hook about one of them before it looks at the model.
+        # over (pacing.turns.BurstWait), and by any hook about one of them before it looks at the model.
         self._created: collections.OrderedDict[str, Waiting] = collections.OrderedDict()
         self.runtime = RuntimeCaps()  # what the runtime's NRI carries: learnt at Configure
         self.fields = carried(self.runtime)  # the resources its LinuxResources has as fields
@@ -199,6 +203,7 @@ class QoSPlugin(Plugin):
         self._births: dict[tuple[object, ...], tuple[api.ContainerAdjustment | None, bool, bool]] = {}
         # LinuxRdt by resctrl group, while the policy and runtime stay (None: not this path)
         self._rdt: tuple[Policy, dict[str, api.LinuxRdt] | None] | None = None
+        self._born_with = born_with.BirthPlans()  # what BE is born with, while the policy and runtime stay
 
     def runtime_caps(self, caps: RuntimeCaps) -> None:
         """Decided once per connection: which process attributes BE is born with, which
@@ -210,7 +215,7 @@ class QoSPlugin(Plugin):
         self._births.clear()
         self._rdt = None
         policy = self.desired.rules.policy
-        for name, why in born_with.plan_for(policy, caps).lines().items():
+        for name, why in self._born_with(policy, caps).lines().items():
             log.info("%s: %s", name, why)
         for name, why in runtime_paths(policy, caps, self.cgroups.version, self.writer.resctrl is not None).items():
             log.info("%s: %s", name, why)
@@ -242,14 +247,14 @@ class QoSPlugin(Plugin):
         """The model takes in the containers answered and not taken in yet, in order; ``in_turns``
         (on the loop, after the answers), a turn at a time: a request that arrives meanwhile
         waits for one container's take-in, not for a burst's. ``quiet``: each next turn waits
-        for the hooks to stop again (:func:`when_quiet`), else it follows at once."""
+        for the hooks to stop again (:meth:`Pacer.when_quiet`), else it follows at once."""
         created = self._created
-        turn = Turn() if in_turns else None
+        turn = self.pacer.turn() if in_turns else None
         while created:
             _, waiting = created.popitem(last=False)
             self._adopt(waiting)
             if turn is not None and created and turn.over():
-                (when_quiet if quiet else soon)(self._take_in_created, True, quiet)
+                (self.pacer.when_quiet if quiet else self.pacer.soon)(self._take_in_created, True, quiet)
                 return
 
     def _take_in_one(self, cid: str) -> None:
@@ -317,7 +322,7 @@ class QoSPlugin(Plugin):
         self, pod: api.PodSandbox, container: api.Container, request: bytes = b""
     ) -> api.ContainerAdjustment | tuple[api.ContainerAdjustment, list[api.ContainerUpdate]] | None:
         """The answer first. The model takes the container in once the burst of hooks is over
-        (:func:`when_quiet`; right after the answer outside bursts), unless the container gets
+        (:meth:`Pacer.when_quiet`; right after the answer outside bursts), unless the container gets
         exclusive CPUs, which must be handed out before its values are worked out. Nothing a
         container's values depend on moves when a container without exclusive CPUs is taken
         in, and one that has not started holds nothing the agent manages, so its take-in can
@@ -350,9 +355,9 @@ class QoSPlugin(Plugin):
         created = self._created
         created[cid] = Waiting(pod.id, managed, request)
         if len(created) == 1:
-            when_quiet(self._take_in_created, True)  # with no loop (tests, explain): now
+            self.pacer.when_quiet(self._take_in_created, True)
         elif len(created) == MAX_WAITING:
-            soon(self._take_in_created, True, False)
+            self.pacer.soon(self._take_in_created, True, False)
         return adj
 
     def _create_pinned(
@@ -392,7 +397,7 @@ class QoSPlugin(Plugin):
                     adj.linux.rdt.CopyFrom(rdt)
                     some = True
         if be:
-            some = born_with.plan_for(self.desired.rules.policy, self.runtime).apply(adj) or some
+            some = self._born_with(self.desired.rules.policy, self.runtime).apply(adj) or some
         return adj if some else None
 
     def _in_spec(self, intent: Intent, be: bool) -> Intent:
@@ -417,20 +422,17 @@ class QoSPlugin(Plugin):
         except FeatureFailed:
             return
         r = self.model.get(key)
-        if (
-            r is not None
-            and r.group is not None
-            and self.cgroups.version is Version.V2
-            and not self.cgroups.weight_learned
-        ):
+        if r is not None and r.group is not None and self.cgroups.weight_to_learn:
             self._learn_weight_mapping(r.group, intent, container)
         if intent is not None and r is not None and r.group is not None:
-            v1 = self.cgroups.version is Version.V1  # on v2 NRI's unified carried all but devices
+            uncarried = not self.cgroups.hierarchy.unified  # a unified map carried all but devices
             late = self._quota_late(intent, _is_be(pod))
             extra = [
                 s
                 for s in intent.settings()
-                if s.device or (v1 and s.resource not in self.fields) or (late and s.resource == "cpu.cfs_quota_us")
+                if s.device
+                or (uncarried and s.resource not in self.fields)
+                or (late and s.resource == "cpu.cfs_quota_us")
             ]
             if extra:
                 self.writer.apply(r.group, extra, f"{pod.namespace}/{pod.name}/{container.name}")
@@ -457,7 +459,7 @@ class QoSPlugin(Plugin):
         container's own finite quota never travels in its spec: the one writer writes it at
         StartContainer (the cgroup exists, the process has not run), capped as the group is
         then. Until then it runs nothing, so nothing escapes the limit."""
-        if not be or self.cgroups.version is not Version.V1:
+        if not be or not self.cgroups.hierarchy.parent_caps_quota:
             return False
         q = intent.get("cpu.cfs_quota_us")
         return isinstance(q, int) and q > 0
@@ -564,7 +566,7 @@ class QoSPlugin(Plugin):
         UpdateContainers, hooks answered in between. Where a plugin's UpdateContainers is not
         safe (NRI before v0.12.1: ``plugin_updates``), the answer carries the updates instead,
         applied under the runtime's lock: its events wait for the take-in and the updates
-        (~130 ms for 1000 pods in ``bench.scale``), the runtime does not wedge."""
+        (``bench.scale`` measures it), the runtime does not wedge."""
         self._take_in_created()
         if self.push is None or not self.runtime.supports("plugin_updates"):
             return self._take_in(pods, containers)  # also: nothing to push with (tests, explain)
@@ -587,7 +589,7 @@ class QoSPlugin(Plugin):
         t0 = time.perf_counter()
         batch: list[api.ContainerUpdate] = []
         n = 0
-        turn = Turn()
+        turn = self.pacer.turn()
         for c in containers:
             u = self._sync_update(c)
             if u is not None:
@@ -597,7 +599,7 @@ class QoSPlugin(Plugin):
                 self._push_later(batch)
                 batch = []
             if turn.over():
-                await asyncio.sleep(0)
+                await self.pacer.give_way()
                 turn.restart()
         self._push_later(batch)
         self._log_sync(pods, containers, n, took, time.perf_counter() - t0, "pushed with UpdateContainers")

@@ -24,7 +24,7 @@ def group_key(path: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
+class OverlayDecision:
     owner: str
     values: tuple[tuple[str, int | str], ...]  # (resource, value)
     reason: str
@@ -32,7 +32,7 @@ class Decision:
 
 class Overlays:
     def __init__(self) -> None:
-        self._by_key: dict[str, dict[str, Decision]] = {}  # key -> owner -> decision
+        self._by_key: dict[str, dict[str, OverlayDecision]] = {}  # key -> owner -> decision
 
     def set(self, key: str, owner: str, values: dict[str, int | str], reason: str) -> bool:
         """Set ``owner``'s decision on ``key`` (replacing its previous one); returns whether
@@ -48,7 +48,7 @@ class Overlays:
             if res is None:
                 raise ValueError(f"overlay {owner}: unknown resource {resource!r}")
             res.check(value)
-        d = Decision(owner, tuple(sorted(values.items())), reason)
+        d = OverlayDecision(owner, tuple(sorted(values.items())), reason)
         have = self._by_key.setdefault(key, {})
         if have.get(owner) == d:
             return False
@@ -71,7 +71,7 @@ class Overlays:
         """Whether any decision stands on ``key``."""
         return bool(self._by_key.get(key))  # type: ignore[call-overload]
 
-    def of(self, key: str) -> list[Decision]:
+    def of(self, key: str) -> list[OverlayDecision]:
         return list(self._by_key.get(key, {}).values())
 
     def targets(self, owner: str | None = None) -> list[str]:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 
 from nriplugin.features import resctrl
 from nriplugin.intent.core import BURST, PERIOD, QUOTA, Intent, Setting
-from nriplugin.kernel.cgroup import Cgroups, InvalidValue, Outcome
+from nriplugin.kernel.cgroup import Cgroups, InvalidValue, WriteOutcome, cfs_period
 from nriplugin.kernel.coresched import CoreSched
 from nriplugin.kernel.resctrl import ResctrlError, ResctrlFS
 from nriplugin.kernel.sched import IDLE, Scheduler
@@ -129,13 +129,13 @@ class Writer:
             cur_period = self.cgroups.read(group, PERIOD)
         except (OSError, ValueError):
             cur_period = None
-        have = cur_period if isinstance(cur_period, int) and cur_period > 0 else 100_000
+        have = cfs_period(cur_period)
         want = period_of(settings) or have
         return quota * have > cur * want
 
     def apply(
         self, group: str, settings: Iterable[Setting], who: str, *, period: int | None = None, force: bool = False
-    ) -> list[tuple[Setting, Outcome]]:
+    ) -> list[tuple[Setting, WriteOutcome]]:
         """Write ``settings`` to cgroup ``group`` in the kernel's order; returns each outcome.
         A value the kernel lacks is reported once by the cgroup layer; a refused one is logged."""
         settings = list(settings)
@@ -146,7 +146,7 @@ class Writer:
         for s in self.order(group, settings):
             if s is held:
                 log.debug("%s: %s waits: above the quota in force", who, s.label)
-                done.append((s, Outcome("held", 0, "above the quota in force")))
+                done.append((s, WriteOutcome("held", 0, "above the quota in force")))
                 continue
             try:
                 if s.resource == QUOTA and isinstance(s.value, int):

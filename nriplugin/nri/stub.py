@@ -39,8 +39,8 @@ from google.protobuf.message import Message as PbMessage
 from nriplugin.nri import api_pb2 as api
 from nriplugin.nri import ttrpc
 from nriplugin.nri.runtime import VENDORED, RuntimeCaps, from_configure
-from nriplugin.nri.transport import CallError, Trunk, open_trunk
-from nriplugin.obs.quiet import Quiet
+from nriplugin.nri.transport import CallError, Trunk, TrunkTraffic, open_trunk
+from nriplugin.obs.unobserved import Unobserved
 
 log = logging.getLogger("nriplugin.nri")
 
@@ -106,11 +106,11 @@ class Plugin:
     """
 
     # True: create_container(pod, container, request) also gets the CreateContainer request's
-    # wire bytes. A plugin that keeps a created container for later should keep these (~2.4 KB
-    # for a realistic pod), not ``pod`` and ``container``: those hold their request's whole
-    # parse (~10 KB), so in a burst of creates every request would parse into memory the
-    # process has never touched (2.5-3.2 page faults a create against ~0.2; in
-    # bench/hook_latency's burst the agent's handling p50 went from 125 to 96 µs).
+    # wire bytes. A plugin that keeps a created container for later should keep these, not
+    # ``pod`` and ``container``: those hold their request's whole parse, several times larger,
+    # so in a burst of creates every request would parse into memory the process has never
+    # touched, and each create would pay page faults on the hook path (docs/hook-path.md;
+    # tests/test_hook_work.py counts them).
     keeps_requests: ClassVar[bool] = False
 
     def runtime_caps(self, caps: RuntimeCaps) -> None:
@@ -169,7 +169,7 @@ class HookPolicy:
     fail_closed: bool = False
 
 
-class Observer(Protocol):
+class StubObserver(Protocol):
     """What the stub reports; metrics.py implements it. All calls must be cheap."""
 
     def hook_done(self, event: str, seconds: float) -> None: ...
@@ -206,7 +206,7 @@ class BufferedObserver:
     def message_refused(self, length: int, limit: int) -> None:
         self._keep("message_refused", length, limit)
 
-    def replay(self, target: Observer) -> None:
+    def replay(self, target: StubObserver) -> None:
         for name, args in self.calls:
             getattr(target, name)(*args)
         self.calls.clear()
@@ -316,10 +316,10 @@ class StubOptions:
     call_timeout: float = 2.0
     max_message: int = ttrpc.RECEIVE_BOUND  # the largest message accepted from the runtime
     refused_retry: float = 600.0  # seconds without NRI after refusing a message over max_message
-    # When a request's bytes could first have been read (transport.PollClock.arrival): a hook's
-    # time, and its budget, start there. Default: when the request is handled.
-    arrival: Callable[[], float] = time.perf_counter
-    answered: Callable[[], None] | None = None  # told of every answer (transport.PollClock.answered)
+    # The loop's clock of arrivals, told of every trunk and answer (the agent's HookTraffic): a
+    # hook's time, and its budget, start when its bytes could first have been read. None: when
+    # the request is handled.
+    traffic: TrunkTraffic | None = None
 
     @classmethod
     def from_env(cls, **kw: Any) -> StubOptions:
@@ -347,7 +347,7 @@ class Stub:
         self,
         plugin: Plugin,
         options: StubOptions | None = None,
-        observer: Observer | None = None,
+        observer: StubObserver | None = None,
         *,
         placeholder: bool = False,
     ) -> None:
@@ -358,7 +358,7 @@ class Stub:
         if not self.events:
             # A zero mask means "everything" to the runtime: refuse rather than surprise.
             raise ValueError(f"{type(plugin).__name__} implements no event handler")
-        self.observer: Observer = observer or Quiet()
+        self.observer: StubObserver = observer or Unobserved()
         self.trunk: Trunk | None = None
         self.ready = asyncio.Event()  # configured (and synchronized when the runtime does that)
         self.runtime: tuple[str, str] = ("", "")
@@ -721,8 +721,7 @@ class Stub:
             fd=self.opts.fd,
             max_message=self.opts.max_message,
             on_refused=self._on_refused,
-            arrival=self.opts.arrival,
-            answered=self.opts.answered,
+            traffic=self.opts.traffic,
         )
         self.trunk = trunk
         self.connections += 1

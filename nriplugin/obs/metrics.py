@@ -62,8 +62,8 @@ class _LoopChild:
 class LoopHistogram:
     """A labelled histogram for the hook path, exported exactly as prometheus_client's
     (``_bucket``, ``_count``, ``_sum``; no ``_created``) but observed with a bisect and two
-    additions: prometheus_client's takes a lock and walks its buckets, ~2.5 µs a hook against
-    ~0.3 (measured in a loop; each hook observes once). Lock-free, so observed from one thread
+    additions: prometheus_client's takes a lock and walks its buckets, several times the cost
+    (each hook observes once). Lock-free, so observed from one thread
     only: the event loop's, where every hook is answered. A scrape from the metrics server's
     thread copies the counts; it may see an observation's count without its sum, never
     buckets out of step with the count."""

@@ -145,7 +145,7 @@ def analyse(text: str, slo: SLO) -> list[EventReport]:
     return out
 
 
-class Unreachable(Exception):
+class MetricsUnreachable(Exception):
     """No metrics page at the address; the message is the one line to print."""
 
 
@@ -161,12 +161,12 @@ def fetch(url: str, timeout: float = 5.0) -> str:
         with urllib.request.urlopen(url, timeout=timeout) as r:
             body: bytes = r.read()
     except urllib.error.HTTPError as exc:
-        raise Unreachable(f"{url}: HTTP {exc.code} {exc.reason}") from None
+        raise MetricsUnreachable(f"{url}: HTTP {exc.code} {exc.reason}") from None
     except (OSError, ValueError) as exc:  # refused, timed out, bad address
-        raise Unreachable(f"{url}: {getattr(exc, 'reason', exc)}") from None
+        raise MetricsUnreachable(f"{url}: {getattr(exc, 'reason', exc)}") from None
     text = body.decode(errors="replace")
     if f"# TYPE {HISTOGRAM} histogram" not in text:
-        raise Unreachable(f"{url}: no {HISTOGRAM} here (not nriplugin's metrics endpoint?)")
+        raise MetricsUnreachable(f"{url}: no {HISTOGRAM} here (not nriplugin's metrics endpoint?)")
     return text
 
 
@@ -206,7 +206,7 @@ def run(agent: str, slo: SLO) -> int:
     url = metrics_url(agent)
     try:
         text = fetch(url)
-    except Unreachable as exc:
+    except MetricsUnreachable as exc:
         print(f"nriplugin slo: {exc}")
         return 2
     print(render(analyse(text, slo), slo, url))

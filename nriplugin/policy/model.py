@@ -123,7 +123,7 @@ class ResourceQOSStrategy(_M):
     systemClass: ResourceQOS = ResourceQOS(cpuQOS=CPUQOS(enable=False))
 
 
-class CPUBurstStrategy(_M):
+class CPUBurstStrategyPolicy(_M):
     policy: Literal["none", "cpuBurstOnly", "cfsQuotaBurstOnly", "auto"] = "cpuBurstOnly"
     cpuBurstPercent: Annotated[int, Field(ge=1, le=10000)] = 1000
     cfsQuotaBurstPercent: Annotated[int, Field(ge=100)] = 300
@@ -335,7 +335,7 @@ class MemoryEvict(_M):
     urgentSeconds: Annotated[Seconds, Field(ge=0, le=600)] = 5.0
 
 
-class Eviction(_M):
+class EvictionPolicy(_M):
     """How evictions are carried out, for every strategy: ``dryRun`` logs and counts what would
     be evicted and touches nothing; at most ``maxPerMinute`` pods a minute over all strategies;
     ``gracePeriodSeconds`` for a pod to shut down; a pod is not evicted again within
@@ -425,7 +425,7 @@ PluginName = Literal["NodeQOSResource", "SystemQOSResource", "CPUBurst", "CPUSup
 PLUGINS: tuple[PluginName, ...] = get_args(PluginName)
 
 
-class QoSManager(_M):
+class QoSManagerPolicy(_M):
     """The QoS manager. ``profile`` (``profiles.py``) applies first; fields set here win."""
 
     enable: bool = True
@@ -436,7 +436,7 @@ class QoSManager(_M):
     cpuSuppress: CPUSuppress = CPUSuppress()
     cpuEvict: CPUEvict = CPUEvict()
     memoryEvict: MemoryEvict = MemoryEvict()
-    eviction: Eviction = Eviction()
+    eviction: EvictionPolicy = EvictionPolicy()
     cpuBurst: CPUBurst = CPUBurst()
     # Which strategies run (each also needs its own section enabled, where it has one); the
     # order they run in is always PLUGINS' (listed order is ignored). NodeQOSResource left out:
@@ -533,9 +533,9 @@ class Policy(_M):
     # defining these classes): elsewhere the runtime refuses the container.
     resctrlRuntimeClasses: bool = False
     resourceQOSStrategy: ResourceQOSStrategy = ResourceQOSStrategy()
-    cpuBurstStrategy: CPUBurstStrategy = CPUBurstStrategy()
+    cpuBurstStrategy: CPUBurstStrategyPolicy = CPUBurstStrategyPolicy()
     resourceUsedThresholdWithBE: ResourceThresholdStrategy = ResourceThresholdStrategy()
-    qosManager: QoSManager = QoSManager()
+    qosManager: QoSManagerPolicy = QoSManagerPolicy()
     systemStrategy: SystemStrategy = SystemStrategy()
     beProcess: BEProcess = BEProcess()
     containerPidsLimit: ContainerPidsLimit = ContainerPidsLimit()

@@ -10,13 +10,12 @@ memory stays flat under churn.
 A round is a few sysfs reads per container, and one per LS pod whose group has a CPU quota
 (its throttling: the pod as a whole is throttled there). The agent's loop drives it with
 :meth:`Collector.sample_async`, which gives the event loop back at the end of every turn
-(``node/turns.py``), so that an NRI hook never waits behind a whole round on a node with thousands
+(``pacing/turns.py``), so that an NRI hook never waits behind a whole round on a node with thousands
 of containers; :meth:`Collector.sample` runs the same steps in one go (tests, tools).
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from collections.abc import Callable, Generator, Sequence
@@ -27,18 +26,17 @@ from typing import NamedTuple, Protocol
 from nriplugin.features import batch
 from nriplugin.intent.core import InvalidInput, requested
 from nriplugin.kernel import paths
-from nriplugin.kernel.cgroup import Cgroups
+from nriplugin.kernel.cgroup import CFS_PERIOD_US, Cgroups, cfs_period
 from nriplugin.kernel.stats import CpuStat, MemInfo, ProcCpu, Psi, Stats
 from nriplugin.node.model import Record, State, pod_key
-from nriplugin.node.turns import Turn
 from nriplugin.nri import api_pb2 as api
+from nriplugin.pacing.turns import Pacer
 from nriplugin.policy.qos import QoSClass
 from nriplugin.qos.history import Counters
 from nriplugin.qos.sample import ClassUsage, FastSample, NodeSample, Pressure
 
 GROUPS_KEY = "groups:"  # the counters of QoS-level groups, next to the containers'
 LS_CLASSES = frozenset({QoSClass.LSE, QoSClass.LSR, QoSClass.LS})
-DEFAULT_PERIOD_US = 100000  # the kernel's (and kubelet's) CFS period when none is requested
 MEMORY_EVERY = 5  # rounds between reads of a known container's memory files
 ABSENT_MAX_WAIT = 64  # rounds at most between looks for a container's missing cgroup
 
@@ -114,7 +112,7 @@ def _facts(qos: QoSClass, r: Record) -> _Facts:
     c = r.container
     quota = requested(c, "cpu.cfs_quota_us")
     limited = bool(quota and quota > 0)
-    limit = quota / (requested(c, "cpu.cfs_period_us") or DEFAULT_PERIOD_US) if quota and limited else None
+    limit = quota / (requested(c, "cpu.cfs_period_us") or CFS_PERIOD_US) if quota and limited else None
     request = batch_cpu_request(r.pod, c) if qos is QoSClass.BE and c is not None else None
     if request is None:
         request = (requested(c, "cpu.shares") or 0) / 1024
@@ -324,7 +322,11 @@ class Collector:
         clock: Callable[[], float] = time.monotonic,
         max_open: int | None = None,
         memory_every: int = MEMORY_EVERY,
+        pacer: Pacer | None = None,
     ) -> None:
+        """``pacer``: the loop shared with the hooks (the agent's): :meth:`sample_async` gives
+        it back between turns; default: turns measured in time alone."""
+        self.pacer = Pacer() if pacer is None else pacer
         self.model = model
         self.desired = desired
         self.stats = Stats(cgroups, proc_root, max_open)  # max_open: files kept open (None: by RLIMIT_NOFILE)
@@ -374,7 +376,7 @@ class Collector:
                 sample: NodeSample = done.value
                 return replace(sample, collect_seconds=sample.collect_seconds - paused)
             left = time.perf_counter()
-            await asyncio.sleep(0)
+            await self.pacer.give_way()
             paused += time.perf_counter() - left
 
     def _sample(self, be_groups: Sequence[str]) -> Generator[None, None, NodeSample]:
@@ -461,13 +463,13 @@ class Collector:
         memory is read this round (else only a new one's). The containers are the
         model's at the start: one that comes between steps is read next round, one that
         leaves is skipped (its group is gone) and dropped with the next revision. The copy taken
-        at the start is of the records alone: on a node of 3000 containers one of (key, record)
-        pairs held the loop for some 0.3 ms in one piece, this takes a tenth of that."""
+        at the start is of the records alone: a copy of (key, record) pairs holds the loop in
+        one piece for a large node, and costs several times this one."""
         rnd = _Round()
         if self.model.revision != self._facts_rev:  # a container came, went or changed
             self._facts.clear()
             self._facts_rev = self.model.revision
-        turn = Turn()
+        turn = self.pacer.turn()
         for r in self.model.records():
             if r.container is None:
                 continue
@@ -563,7 +565,7 @@ class Collector:
             period = cg.read(group, "cpu.cfs_period_us")
         except (OSError, ValueError):
             return None
-        return quota / (period if isinstance(period, int) and period > 0 else DEFAULT_PERIOD_US)
+        return quota / cfs_period(period)
 
     def _rates(self, t: float, key: str, cpu: CpuStat) -> tuple[float, float, int, int, float | None]:
         """A container's cores and throttled ratio since its last reading (zeros the first time),

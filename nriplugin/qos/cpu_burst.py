@@ -25,10 +25,9 @@ import math
 from dataclasses import dataclass, field
 
 from nriplugin.intent.core import requested
+from nriplugin.kernel.cgroup import CFS_PERIOD_US, MIN_QUOTA_US
 from nriplugin.node.model import pod_key
-from nriplugin.policy.model import CPUBurst as Config
-from nriplugin.policy.model import QoSManager as ManagerConfig
-from nriplugin.qos.cpu_suppress import MIN_QUOTA_US, PERIOD_US
+from nriplugin.policy.model import CPUBurst, QoSManagerPolicy
 from nriplugin.qos.sample import LS_CLASSES
 from nriplugin.qos.strategy import Capacity, Decision, Host, Round, Strategy, register
 
@@ -125,7 +124,7 @@ class CPUBurstStrategy(Strategy):
         self._granted: set[str] = set()  # bursts the kernel took (counted as granted)
 
     @classmethod
-    def configured(cls, cfg: ManagerConfig) -> bool:
+    def configured(cls, cfg: QoSManagerPolicy) -> bool:
         return cfg.cpuBurst.enabled
 
     def decide(self, r: Round) -> None:
@@ -151,7 +150,7 @@ class CPUBurstStrategy(Strategy):
         self.extra = 0.0
         return bursting
 
-    def burst(self, now: float, cap: Capacity, b: Config) -> float:
+    def burst(self, now: float, cap: Capacity, b: CPUBurst) -> float:
         """LS containers at their limit get ``limit x ratio`` while the node (BE left out: it
         yields) is idle enough and the extra fits; returns the extra cores granted."""
         self.burster.duration, self.burster.cooldown = b.burstDuration, b.burstCooldown
@@ -194,7 +193,7 @@ class CPUBurstStrategy(Strategy):
         quota = requested(r.container, "cpu.cfs_quota_us")
         pk = pod_key(r.pod.id)
         if change.ratio > 1 and quota:
-            period = requested(r.container, "cpu.cfs_period_us") or PERIOD_US
+            period = requested(r.container, "cpu.cfs_period_us") or CFS_PERIOD_US
             raised = int(quota * change.ratio)
             self._pod_share(pk, key, (raised - quota) / period, change.why)  # the pod first
             values: dict[str, int | str] = {"cpu.cfs_quota_us": raised, "cpu.cfs_period_us": period}
@@ -225,7 +224,7 @@ class CPUBurstStrategy(Strategy):
                 return  # no pod-level quota (-1): the container's is the only one
             period = desired.current(pk, "cpu.cfs_period_us")
             ok = isinstance(period, int) and 1000 <= period <= 1_000_000
-            held = self._pods[pk] = (base, period if ok and isinstance(period, int) else PERIOD_US, {})
+            held = self._pods[pk] = (base, period if ok and isinstance(period, int) else CFS_PERIOD_US, {})
         base, period, extras = held
         if extra_cores > 0:
             extras[key] = math.ceil(extra_cores * period)

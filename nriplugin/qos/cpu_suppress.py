@@ -8,7 +8,7 @@ Two bounds, the tighter wins:
   fast path's 150 ms window when LS needs it;
 - Koordinator's usage budget (NodeSLO ``cpuSuppressThresholdPercent``): ``total x threshold -
   what everything but BE uses now``. It follows LS's actual use, so it reacts within one fast
-  sample (100 ms) to an LS spike, long before a pressure level (smoothed, with hysteresis)
+  sample (50 ms) to an LS spike, long before a pressure level (smoothed, with hysteresis)
   moves, and gives BE back what LS leaves idle.
 A floor keeps BE from being starved to zero.
 
@@ -28,7 +28,8 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from nriplugin.policy.model import QoSManager as ManagerConfig
+from nriplugin.kernel.cgroup import CFS_PERIOD_US, MIN_QUOTA_US
+from nriplugin.policy.model import CPUSuppress, QoSManagerPolicy
 from nriplugin.policy.qos import QoSClass
 from nriplugin.qos.levels import Level
 from nriplugin.qos.strategy import Capacity, Decision, Host, Round, Strategy, register
@@ -38,9 +39,6 @@ log = logging.getLogger("nriplugin.qos")
 SUPPRESS = "qos:cpuSuppress"  # the overlays' owner
 IDLE = "qos:giveBackIdle"  # the owner of the cpu.idle a previous agent left on BE's groups
 KUBELET_BE_SHARES = 2  # the kubelet's cpu.shares for its besteffort group (MinShares)
-
-PERIOD_US = 100_000  # the CFS period the BE group's quota is expressed in
-MIN_QUOTA_US = 1_000  # the kernel's minimum quota (1 ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +98,7 @@ def be_groups(pods_roots: Iterable[str]) -> list[str]:
 
 
 def quota_us(cores: float) -> int:
-    return max(MIN_QUOTA_US, int(cores * PERIOD_US))
+    return max(MIN_QUOTA_US, int(cores * CFS_PERIOD_US))
 
 
 @dataclass
@@ -114,9 +112,10 @@ class Limiter:
     (1 s windows) decide, though they count towards the lowest target seen while a raise is
     held: a raise goes only as high as every sample of the hold allowed."""
 
-    deadband: float = 0.1  # cores
-    relax_hold: float = 3.0  # seconds a looser target must last before it is applied
-    max_relax_per_minute: int = 2
+    # The policy's defaults (qosManager.cpuSuppress), until a round applies the policy in force.
+    deadband: float = CPUSuppress().deadbandCores  # cores
+    relax_hold: float = CPUSuppress().raiseDelay  # seconds a looser target must last before it is applied
+    max_relax_per_minute: int = CPUSuppress().maxWritesPerMinute
     current: float | None = None
     writes: int = 0
     _above_since: float | None = None
@@ -200,7 +199,7 @@ class CPUSuppressStrategy(Strategy):
         self._checked_idle: set[str] = set()  # QoS-level groups checked for a left cpu.idle
 
     @classmethod
-    def configured(cls, cfg: ManagerConfig) -> bool:
+    def configured(cls, cfg: QoSManagerPolicy) -> bool:
         return cfg.cpuSuppress.enabled
 
     def decide(self, r: Round) -> None:
@@ -295,7 +294,7 @@ class CPUSuppressStrategy(Strategy):
         unlimited = not math.isfinite(new)
         values: dict[str, int | str] = {
             "cpu.cfs_quota_us": -1 if unlimited else quota_us(new),
-            "cpu.cfs_period_us": PERIOD_US,
+            "cpu.cfs_period_us": CFS_PERIOD_US,
         }
         # cgroup v1 refuses a child's quota above its parent's: BE's pods and containers get
         # the limit as a ceiling (new ones at birth too). The desired state keeps it in force

@@ -16,9 +16,10 @@ the next agent's first round.
 
 Timing: a full round every ``syncPeriod`` (1 s), and a fast path every 50 ms between rounds
 that reads only node CPU and BE's own usage (a few files) and, when what LS and the system use
-jumps, runs the strategies' ``between_rounds`` at once (CPUSuppress tightens BE's limit): this
-kernel refuses PSI triggers, so the fast path is what keeps the reaction to an LS spike near
-100 ms (koordlet: 1-2 s).
+jumps, runs the strategies' ``between_rounds`` at once (CPUSuppress tightens BE's limit). A
+kernel that accepts PSI triggers wakes a round at once on a CPU stall; on one that refuses
+them, the fast path alone keeps the reaction to an LS spike within a few fast periods
+(koordlet: 1-2 s).
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from collections.abc import Callable, Iterator
 from nriplugin.kernel.psi_trigger import PressureWatch, Trigger, open_trigger
 from nriplugin.node.desired import DesiredState
 from nriplugin.node.model import POD_PREFIX, NodeModel
-from nriplugin.node.turns import Turn
-from nriplugin.obs.quiet import Quiet
+from nriplugin.obs.unobserved import Unobserved
+from nriplugin.pacing.turns import Pacer
 from nriplugin.policy.cache import RuleCache
 from nriplugin.policy.qos import QoSClass
 from nriplugin.qos import node_resource, scores
@@ -45,14 +46,14 @@ from nriplugin.qos.levels import Assessor, Level, thresholds_of
 from nriplugin.qos.sample import LS_CLASSES, NodeSample
 from nriplugin.qos.strategy import (
     REGISTRY,
-    Collector,
+    CollectorView,
     Decision,
     EvictionHook,
     FastUsage,
-    Observer,
     Owner,
     Round,
     Strategy,
+    StrategyObserver,
 )
 from nriplugin.qos.trends import Trends
 
@@ -66,7 +67,7 @@ HISTORY = 300.0  # seconds of samples kept for the trends: five minutes
 
 log = logging.getLogger("nriplugin.qos")
 
-FAST_PERIOD = 0.05  # seconds between fast samples (two /proc reads and BE's counter: ~30 µs)
+FAST_PERIOD = 0.05  # seconds between fast samples (two /proc reads and BE's counter: cheap)
 FAST_JUMP = 0.15  # cores: a change in non-BE usage that calls for a decision now
 FAST_WINDOW = 0.15  # seconds of fast samples non-BE usage is measured over (node_resource.FastWindow)
 
@@ -86,8 +87,13 @@ class PodGroups:
     path a new pod is only noted."""
 
     def __init__(
-        self, model: NodeModel, desired: DesiredState, pressure_path: Callable[[str], str | None] = lambda g: None
+        self,
+        model: NodeModel,
+        desired: DesiredState,
+        pressure_path: Callable[[str], str | None] = lambda g: None,
+        pacer: Pacer | None = None,
     ) -> None:
+        self.pacer = Pacer() if pacer is None else pacer
         self.model = model
         self.desired = desired
         self.pressure_path = pressure_path
@@ -126,11 +132,11 @@ class PodGroups:
     async def refresh_async(self) -> bool:
         """:meth:`refresh`, giving the event loop back between turns."""
         for _ in self.refresh_steps():
-            await asyncio.sleep(0)
+            await self.pacer.give_way()
         return self.moved()
 
     def refresh_steps(self) -> Iterator[None]:
-        turn = Turn()
+        turn = self.pacer.turn()
         while self._dirty:
             key = self._dirty.pop()
             r = self.model.get(key)
@@ -168,19 +174,22 @@ class QoSManager:
         model: NodeModel,
         desired: DesiredState,
         owner: Owner,
-        collector: Collector,
+        collector: CollectorView,
         rules: RuleCache,
-        observer: Observer | None = None,
+        observer: StrategyObserver | None = None,
         psi_path: str | None = "/proc/pressure/cpu",
         eviction: EvictionHook | None = None,
+        pacer: Pacer | None = None,
     ) -> None:
+        """``pacer``: the loop shared with the hooks (the agent's): a round gives it back
+        between turns; default: turns measured in time alone."""
         self.model = model
         self.eviction = eviction
         self.desired = desired
         self.owner = owner
         self.collector = collector
         self.rules = rules
-        self.observer: Observer = observer or Quiet()
+        self.observer: StrategyObserver = observer or Unobserved()
         self.decisions: deque[Decision] = deque(maxlen=50)
         self.last: NodeSample | None = None
         self.trends = Trends(HISTORY)  # the scores' 5-minute trends, kept incrementally
@@ -191,7 +200,7 @@ class QoSManager:
         self.ratio = 1.0
         self.cpu_terms: dict[str, float] | None = None  # the last raw CPU score's terms
         self.groups: list[str] = []  # the QoS-level groups holding BE pods
-        self.pods = PodGroups(model, desired, collector.pressure_path)
+        self.pods = PodGroups(model, desired, collector.pressure_path, pacer)
         self._fast = node_resource.FastWindow(FAST_WINDOW)  # node and BE usage between rounds
         self._fast_groups: list[str] = []  # the BE groups whose counters the window sums
         self._non_be = 0.0  # non-BE usage at the last decision
@@ -203,18 +212,17 @@ class QoSManager:
         self._no_capacity_said = False
         self._wake = asyncio.Event()
         self.strategies: tuple[Strategy, ...] = tuple(cls(self) for cls in STRATEGIES)
-        self._burst = next(s for s in self.strategies if isinstance(s, CPUBurstStrategy))
-        self._suppress = next(s for s in self.strategies if isinstance(s, CPUSuppressStrategy))
+        self._by_name: dict[str, Strategy] = {s.name: s for s in self.strategies}
 
     @property
     def limiter(self) -> Limiter:
         """BE's limit (CPUSuppress's)."""
-        return self._suppress.limiter
+        return REGISTRY.made(self._by_name, CPUSuppressStrategy).limiter
 
     @property
     def burster(self) -> Burster:
         """The LS bursts (CPUBurst's)."""
-        return self._burst.burster
+        return REGISTRY.made(self._by_name, CPUBurstStrategy).burster
 
     # the loop ---------------------------------------------------------------------------------
 

@@ -56,13 +56,11 @@ class Rate:
 class FastWindow:
     """Node busy and BE's usage over the last ``span`` seconds of fast samples.
 
-    One 50 ms sample of /proc/stat is off by up to a tick per CPU at each end (100 Hz: ±0.2
-    core on 2 CPUs, measured here: a steady 1-core spinner reads 0.79-1.58). The fast path
-    would cut BE on that noise, and the limiter's raise, which goes no higher than the lowest
-    target of its hold, would keep BE where the noise's peaks put it (half a core below the
-    budget in the colocation benchmark). Over 150 ms it is a third of that (0.92-1.17 for
-    the same spinner), and a step of LS load shows a third of itself 50 ms after it began and
-    all of itself after 150 ms."""
+    One 50 ms sample of /proc/stat is off by up to a tick per CPU at each end (at 100 Hz, 0.2
+    core per CPU). The fast path would cut BE on that noise, and the limiter's raise, which
+    goes no higher than the lowest target of its hold, would keep BE where the noise's peaks
+    put it. Over 150 ms the error is a third of that, and a step of LS load shows a third of
+    itself 50 ms after it began and all of itself after 150 ms."""
 
     def __init__(self, span: float) -> None:
         self.span = span

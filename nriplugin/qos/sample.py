@@ -74,7 +74,8 @@ class NodeSample:
 
 @dataclass(frozen=True, slots=True)
 class FastSample:
-    """The cheap path (every 100 ms): node CPU and PSI totals only, a few reads of /proc."""
+    """The cheap path (every fast period, ``qos.manager.FAST_PERIOD``): node CPU and PSI
+    totals only, a few reads of /proc."""
 
     t: float
     interval: float

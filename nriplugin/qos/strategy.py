@@ -14,7 +14,7 @@ limiting BE is not enough. The policy chooses which run, never their order.
 
 Each strategy class names itself (``name``) and registers with :func:`register` where it is
 defined: a name the policy does not have, or one registered twice, fails at that module's
-import; :meth:`Registry.strategies` fails unless every policy name has its strategy
+import; :meth:`StrategyRegistry.strategies` fails unless every policy name has its strategy
 (``manager.py`` asks for them at its import, having imported every strategy's module).
 """
 
@@ -24,12 +24,11 @@ import asyncio
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Protocol, TypeVar
+from typing import ClassVar, Protocol, TypeVar, cast
 
 from nriplugin.node.desired import DesiredState
 from nriplugin.node.model import NodeModel
-from nriplugin.policy.model import PLUGINS, PluginName, Policy
-from nriplugin.policy.model import QoSManager as Config
+from nriplugin.policy.model import PLUGINS, PluginName, Policy, QoSManagerPolicy
 from nriplugin.qos.collect import ContainerUsage
 from nriplugin.qos.levels import Level
 from nriplugin.qos.sample import FastSample, NodeSample
@@ -96,7 +95,7 @@ class Round:
         return f" [CPU score {self.cpu_score:.0f}; last round's terms: {terms}]"
 
     @property
-    def config(self) -> Config:
+    def config(self) -> QoSManagerPolicy:
         """The policy's ``qosManager`` section."""
         return self.policy.qosManager
 
@@ -112,7 +111,7 @@ class Decision:
     why: str
 
 
-class Collector(Protocol):
+class CollectorView(Protocol):
     @property
     def by_container(self) -> Mapping[str, ContainerUsage]: ...
     def sample(self, be_groups: Sequence[str] = ()) -> NodeSample: ...
@@ -128,7 +127,7 @@ class Owner(Protocol):
     def own_group(self, path: str) -> str: ...
 
 
-class Observer(Protocol):
+class StrategyObserver(Protocol):
     def round_done(self, seconds: float, collect_seconds: float) -> None: ...
     def scores(self, cpu: float, cpu_level: str, memory: float, memory_level: str) -> None: ...
     def be_limit(self, cores: float) -> None: ...
@@ -156,9 +155,9 @@ class Host(Protocol):
     @property
     def owner(self) -> Owner: ...
     @property
-    def collector(self) -> Collector: ...
+    def collector(self) -> CollectorView: ...
     @property
-    def observer(self) -> Observer: ...
+    def observer(self) -> StrategyObserver: ...
     @property
     def decisions(self) -> deque[Decision]: ...
     @property
@@ -177,12 +176,12 @@ class Strategy(Protocol):
     def __init__(self, host: Host) -> None: ...
 
     @classmethod
-    def configured(cls, cfg: Config) -> bool:
+    def configured(cls, cfg: QoSManagerPolicy) -> bool:
         """Whether its own section of the policy is enabled."""
         return True
 
     @classmethod
-    def runs(cls, cfg: Config) -> bool:
+    def runs(cls, cfg: QoSManagerPolicy) -> bool:
         """Whether the policy runs it: the manager on, the name listed, its section enabled."""
         return cfg.enable and cls.name in cfg.plugins and cls.configured(cfg)
 
@@ -198,9 +197,10 @@ class Strategy(Protocol):
 
 
 S = TypeVar("S", bound=type[Strategy])
+T = TypeVar("T", bound=Strategy)
 
 
-class Registry:
+class StrategyRegistry:
     """Strategy classes by the policy's plugin names, given back in the policy's order."""
 
     def __init__(self, names: Sequence[str]) -> None:
@@ -217,6 +217,14 @@ class Registry:
         self._by_name[name] = cls
         return cls
 
+    def made(self, running: Mapping[str, Strategy], cls: type[T]) -> T:
+        """The strategy made from ``cls`` among ``running`` (the manager's, by name): what the
+        view shows of one strategy (BE's limit, the LS bursts) is asked by its registered
+        name, and ``cls`` must be the class registered for it."""
+        if self._by_name.get(cls.name) is not cls:
+            raise KeyError(f"{cls.__qualname__} is not the strategy registered for {cls.name}")
+        return cast(T, running[cls.name])
+
     def strategies(self) -> tuple[type[Strategy], ...]:
         """Every strategy in the run order; an error unless each plugin name has one."""
         missing = [n for n in self.names if n not in self._by_name]
@@ -225,5 +233,5 @@ class Registry:
         return tuple(self._by_name[n] for n in self.names)
 
 
-REGISTRY = Registry(PLUGINS)
+REGISTRY = StrategyRegistry(PLUGINS)
 register = REGISTRY.register

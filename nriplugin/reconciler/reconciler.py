@@ -36,9 +36,9 @@ from nriplugin.kernel.cgroup import RESET_BY_OTHERS, RESETS, RESOURCES, Cgroups,
 from nriplugin.kernel.inotify import IN_CREATE, IN_DELETE, IN_IGNORED, IN_ISDIR, IN_MODIFY, IN_Q_OVERFLOW, Inotify
 from nriplugin.node.model import NodeModel, State
 from nriplugin.node.overlays import group_key
-from nriplugin.node.turns import Turn, soon
 from nriplugin.node.writer import Writer, children_first, parents_first, period_of
-from nriplugin.obs.quiet import Quiet
+from nriplugin.obs.unobserved import Unobserved
+from nriplugin.pacing.turns import Pacer
 
 log = logging.getLogger("nriplugin.reconciler")
 
@@ -85,7 +85,7 @@ class Desired(Protocol):
     def subscribe(self, fn: Callable[[list[str]], None]) -> None: ...
 
 
-class Observer(Protocol):
+class ReconcilerObserver(Protocol):
     """What the reconciler reports (metrics.ReconcilerMetrics implements it)."""
 
     def drift(self, resource: str) -> None: ...
@@ -101,16 +101,20 @@ class Reconciler:
         desired: Desired,
         writer: Writer,
         model: NodeModel | None = None,
-        observer: Observer | None = None,
+        observer: ReconcilerObserver | None = None,
         resync_period: float = 60.0,
         watch: bool = True,
         roots: Sequence[str] = (),
         on_new_dir: Callable[[str], None] | None = None,
+        pacer: Pacer | None = None,
     ) -> None:
+        """``pacer``: the loop shared with the hooks (the agent's); default: no loop, the
+        model's news and desired changes are applied when told (``explain``, tests)."""
+        self.pacer = Pacer() if pacer is None else pacer
         self.desired = desired
         self.writer = writer
         self.cgroups: Cgroups = writer.cgroups
-        self.observer: Observer = observer or Quiet()
+        self.observer: ReconcilerObserver = observer or Unobserved()
         self.resync_period = resync_period
         self.entries: dict[str, Entry] = {}  # key: container id, "pod:<id>" or "group:<path>"
         self.by_dir: dict[str, str] = {}  # watched directory -> entry key
@@ -167,11 +171,11 @@ class Reconciler:
         self._later(lambda _key: self._pass_soon(), "")
 
     def _pass_soon(self) -> None:
-        try:
-            task = asyncio.get_running_loop().create_task(self.full_pass_chunked())
-        except RuntimeError:  # no loop (tests, explain): now
+        loop = self.pacer.loop
+        if loop is None:
             self.full_pass()
             return
+        task = loop.create_task(self.full_pass_chunked())
         self._passes.add(task)
         task.add_done_callback(self._passes.discard)
 
@@ -185,24 +189,20 @@ class Reconciler:
         self._events.append((fn, key))
         if not first:
             return
-        loop = self.loop
-        if loop is None:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # no loop (tests, explain): now
-                self._drain()
-                return
-        soon(self._drain, True, loop=loop)  # in the same loop callback as the take-in that told us
+        if self.pacer.loop is None:
+            self._drain()
+            return
+        self.pacer.soon(self._drain, True)  # in the same loop callback as the take-in that told us
 
     def _drain(self, in_turns: bool = False) -> None:
         """Take the queued news in order; ``in_turns`` (on the loop), a turn at a time, the
         rest right after whatever else is ready (a hook's request goes first)."""
-        turn = Turn()
+        turn = self.pacer.turn()
         while self._events:
             fn, key = self._events.popleft()
             fn(key)
             if in_turns and self._events and turn.over():
-                soon(self._drain, True)
+                self.pacer.next_turn(self._drain, True)
                 return
 
     @property
@@ -274,7 +274,7 @@ class Reconciler:
         self.cgroups.forget(entry.group)
 
     def _dirs(self, group: str, checked: bool = True) -> list[str]:
-        ctrls = ("cpu", "cpuset", "memory", "blkio") if self.cgroups.version == 1 else ("",)
+        ctrls = self.cgroups.hierarchy.controllers
         out = []
         for c in ctrls:
             try:
@@ -296,13 +296,10 @@ class Reconciler:
         self._to_apply.update(k for k in keys if (e := entries.get(k)) is not None and e.watched and not e.pending)
         if self._applying or not self._to_apply:
             return
-        loop = self.loop
+        loop = self.pacer.loop
         if loop is None:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # no loop (explain, tests): now
-                self._apply_pending()
-                return
+            self._apply_pending()
+            return
         self._applying = True
         loop.call_soon(self._apply_pending)
 
@@ -323,11 +320,11 @@ class Reconciler:
         turn at a time."""
         self._applying = False
         if in_turns is None:
-            in_turns = self._loop_running()
+            in_turns = self.pacer.loop is not None
         if not self._batch and not self._rising:
             self._batch = collections.deque(children_first(self._to_apply, self._group_of))
             self._to_apply = set()
-        turn = Turn()
+        turn = self.pacer.turn()
         while self._batch or self._rising:
             if self._batch:
                 key = self._batch.popleft()
@@ -342,7 +339,7 @@ class Reconciler:
                     self._batch_refused.append(key)
             if in_turns and (self._batch or self._rising) and turn.over():
                 self._applying = True
-                asyncio.get_running_loop().call_soon(self._apply_pending)
+                self.pacer.next_turn(self._apply_pending)
                 return
         refused, self._batch_refused = self._batch_refused, []
         for key in [k for k in refused if self._refused_in(k)]:  # after the rest of the batch
@@ -350,7 +347,7 @@ class Reconciler:
         if self._to_apply:  # came while the batch was applied
             if in_turns:
                 self._applying = True
-                asyncio.get_running_loop().call_soon(self._apply_pending)
+                self.pacer.next_turn(self._apply_pending)
             else:
                 self._apply_pending()
 
@@ -539,14 +536,14 @@ class Reconciler:
         figures are the turns' own time (what the pass costs), not the waits between."""
         wall = cpu = 0.0
         repairs = 0
-        turn = Turn()
+        turn = self.pacer.turn()
         t0, c0 = time.perf_counter(), time.process_time()
         for key in list(self.entries):
             repairs += self.check(key)
             if turn.over():
                 wall += time.perf_counter() - t0
                 cpu += time.process_time() - c0
-                await asyncio.sleep(0)
+                await self.pacer.give_way()
                 turn.restart()
                 t0, c0 = time.perf_counter(), time.process_time()
         wall += time.perf_counter() - t0
@@ -554,14 +551,6 @@ class Reconciler:
         self.passes += 1
         self.observer.pass_done(wall, cpu, len(self.entries))
         return repairs
-
-    @staticmethod
-    def _loop_running() -> bool:
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return False
-        return True
 
     # event plumbing --------------------------------------------------------------------------
 

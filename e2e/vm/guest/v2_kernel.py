@@ -25,6 +25,7 @@ from nriplugin.kernel.cgroup import Cgroups, Version
 from nriplugin.kernel.psi_trigger import open_trigger
 from nriplugin.node.assembly import Node
 from nriplugin.nri import api_pb2 as api
+from nriplugin.pacing.turns import Pacer
 from nriplugin.policy.cache import RuleCache
 from nriplugin.policy.model import Policy
 from nriplugin.reconciler import Reconciler
@@ -263,7 +264,9 @@ def test_the_reconciler_repairs_v2_files_through_inotify() -> None:
 async def _repairs(pod: api.PodSandbox, ctr: api.Container, d: Path) -> None:
     rec = Recorder()
     node = Node.create(RuleCache(CORE), cgroups=Cgroups(ROOT))
-    r = Reconciler(node.desired, node.writer, node.model, observer=rec, resync_period=3600)
+    r = Reconciler(
+        node.desired, node.writer, node.model, observer=rec, resync_period=3600, pacer=Pacer(asyncio.get_running_loop())
+    )
     node.model.container_started(pod, ctr)
     r.start(asyncio.get_running_loop())
     try:

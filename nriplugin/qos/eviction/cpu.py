@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from nriplugin.qos.eviction.victims import Candidate, Candidates, Plan, Release, listed, rank_cpu
+from nriplugin.qos.eviction.victims import Candidate, Candidates, EvictionPlan, Release, listed, rank_cpu
 
 RELEASE_FACTOR = 1.2  # 20 % over the shortage: one eviction, not a second round of them
 MIN_CORES = 0.001  # a pod using less than a millicore is idle: evicting it frees nothing
@@ -86,8 +86,8 @@ def emergency_release(f: CpuFacts, cfg: CpuConfig) -> Release | None:
     """The release under emergency (score, BE suppressed, LS suffering, a shortage), or None
     when its conditions do not all hold, or when BE runs SCHED_IDLE: an LS task that wakes then
     takes the CPU from BE at once, so LS's waits are for LS's own tasks and the system's, and
-    evicting BE would not shorten them (the colocation benchmark near its knee: evictions on LS
-    stalled 41-50 % with BE at its floor, and LS's tail worse for the teardown)."""
+    evicting BE would not shorten them (the colocation benchmark near its knee: evictions with
+    BE at its floor left LS stalled as much, and its tail worse for the teardown)."""
     if f.be_idle or f.score < cfg.threshold or not f.suppressed or not suffering(f, cfg):
         return None
     demand, available, short = shortage(f)
@@ -121,7 +121,7 @@ def satisfaction_release(request: float, limit: float, usage: float, cfg: CpuCon
     return Release(amount, "be_satisfaction", why)
 
 
-class CpuEvict:
+class CpuEvictDecider:
     """The stateful part: how long the conditions have held, the satisfaction window, the
     cooldown. :meth:`decide` is called once per round."""
 
@@ -135,7 +135,7 @@ class CpuEvict:
         """An eviction went out: the cooldown starts."""
         self.last_evicted = t
 
-    def decide(self, f: CpuFacts, cands: Candidates) -> Plan | None:
+    def decide(self, f: CpuFacts, cands: Candidates) -> EvictionPlan | None:
         cfg = self.cfg
         rel = emergency_release(f, cfg)
         if rel is None:
@@ -154,11 +154,11 @@ class CpuEvict:
         return None
 
     @staticmethod
-    def _plan(rel: Release, cands: Iterable[Candidate], unit: str) -> Plan | None:
+    def _plan(rel: Release, cands: Iterable[Candidate], unit: str) -> EvictionPlan | None:
         """The ranked victims that each free a meaningful share of the release, or None."""
-        plan = Plan("CPUEvict", rel, rank_cpu(cands), unit)
+        plan = EvictionPlan("CPUEvict", rel, rank_cpu(cands), unit)
         victims = [c for c in plan.victims if plan.meaningful(c)]
-        return Plan("CPUEvict", rel, victims, unit) if victims else None
+        return EvictionPlan("CPUEvict", rel, victims, unit) if victims else None
 
     def _satisfaction(self, f: CpuFacts) -> Release | None:
         cfg = self.cfg

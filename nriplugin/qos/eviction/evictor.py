@@ -2,7 +2,7 @@
 
 Backends (:class:`Backend`): in a cluster, the Kubernetes Eviction API (``nriplugin/cluster``,
 which honours PodDisruptionBudgets: 429 means "not this pod now, take the next"); without one,
-or when memory runs out within seconds (``Plan.urgent``), the runtime (:class:`RuntimeBackend`).
+or when memory runs out within seconds (``EvictionPlan.urgent``), the runtime (:class:`RuntimeBackend`).
 
 What containerd 1.7.24 honours, tried on the private containerd of ``testkit/containerd.py``: the
 evictions of NRI's ``UpdateContainers`` are accepted and silently dropped (its NRI v0.6.1
@@ -15,14 +15,14 @@ is why the Eviction API comes first there (koordinator#1757: koordlet kills thro
 The evictor:
 - takes a plan's ranked victims in order until what they free covers the release, skipping a
   pod the backend refuses (a PDB: retried after ``retry_after``) or that is already gone, and
-  a pod that frees less than a meaningful share of the release (``Plan.meaningful``);
+  a pod that frees less than a meaningful share of the release (``EvictionPlan.meaningful``);
 - when the backend fails (the runtime's CRI unreachable, the API server down), stops: the
   next pod would fail the same way, or be evicted in the place of the one that should go. It
   backs off (``BACKOFF_MIN`` doubling to ``BACKOFF_MAX``; a success resets it), during which
   no strategy plans an eviction, then tries the best victim again. Each failed attempt is one
   log line and one count (``nriplugin_qos_eviction_failures_total``), whatever the plan's size;
 - never evicts the same pod twice within ``repeat_after`` (2 minutes), and never more than
-  ``max_per_minute`` pods a minute over all strategies (a global token bucket);
+  ``max_per_minute`` pods a minute over all strategies (one token bucket they share);
 - keeps what each victim is expected to free as *pending* until it is gone, for the
   strategies to credit (:meth:`pending`), and reports what it really freed;
 - in dry-run mode logs and counts what it would do and touches nothing;
@@ -42,15 +42,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from nriplugin.obs.quiet import Quiet
-from nriplugin.qos.eviction.victims import Candidate, Plan
+from nriplugin.obs.unobserved import Unobserved
+from nriplugin.qos.eviction.victims import Candidate, EvictionPlan
 
 log = logging.getLogger("nriplugin.qos.evict")
 
 BACKOFF_MIN, BACKOFF_MAX = 1.0, 60.0  # seconds after a failed eviction: a round, doubling to a minute
 
 
-class Outcome(enum.StrEnum):
+class EvictionOutcome(enum.StrEnum):
     EVICTED = "evicted"
     BLOCKED = "blocked"  # a PodDisruptionBudget (429): take the next candidate, retry later
     GONE = "gone"  # the pod is not there any more
@@ -59,26 +59,26 @@ class Outcome(enum.StrEnum):
 
 class Backend(Protocol):
     """An eviction backend: the Eviction API client (``nriplugin/cluster``) or the runtime.
-    It answers an :class:`Outcome`, an enum with the same values, or an object whose
+    It answers an :class:`EvictionOutcome`, an enum with the same values, or an object whose
     ``result`` is one (the cluster client's, which also carries the HTTP status)."""
 
     async def evict(self, ns: str, name: str, uid: str, grace_seconds: int, reason: str, message: str, /) -> object: ...
 
 
-def outcome(answer: object) -> Outcome:
-    """A backend's answer as an :class:`Outcome` (anything unknown is an error)."""
+def outcome(answer: object) -> EvictionOutcome:
+    """A backend's answer as an :class:`EvictionOutcome` (anything unknown is an error)."""
     v = getattr(answer, "result", answer)
     try:
-        return Outcome(str(getattr(v, "value", v)))
+        return EvictionOutcome(str(getattr(v, "value", v)))
     except ValueError:
-        return Outcome.ERROR
+        return EvictionOutcome.ERROR
 
 
 @dataclass(frozen=True, slots=True)
 class Answer:
     """A backend's outcome with what went wrong (the evictor logs it, once)."""
 
-    result: Outcome
+    result: EvictionOutcome
     detail: str = ""
 
 
@@ -88,7 +88,7 @@ class Priorities(Protocol):
     def priority(self, uid: str) -> int | None: ...
 
 
-class Observer(Protocol):
+class EvictorObserver(Protocol):
     def evicted(self, strategy: str, reason: str, dry_run: bool) -> None: ...
     def eviction_failed(self, backend: str, outcome: str) -> None: ...
 
@@ -114,7 +114,7 @@ class RuntimeBackend:
 
     async def evict(
         self, ns: str, name: str, uid: str, grace_seconds: int, reason: str, message: str
-    ) -> Outcome | Answer:
+    ) -> EvictionOutcome | Answer:
         a = self.api
         try:
             pods = (await self.cri.call("ListPodSandbox", a.ListPodSandboxRequest(), timeout=self.timeout)).items
@@ -126,7 +126,7 @@ class RuntimeBackend:
                 and (p.metadata.uid == uid if uid else (p.metadata.namespace, p.metadata.name) == (ns, name))
             ]
             if not ids:
-                return Outcome.GONE
+                return EvictionOutcome.GONE
             for sandbox in ids:
                 flt = a.ContainerFilter(pod_sandbox_id=sandbox)
                 ctrs = (
@@ -138,8 +138,8 @@ class RuntimeBackend:
                 await asyncio.gather(*(self.cri.call("StopContainer", r, wait) for r in stops))
                 await self.cri.call("StopPodSandbox", a.StopPodSandboxRequest(pod_sandbox_id=sandbox), self.timeout)
         except Exception as exc:  # grpc errors, a closed channel: the evictor backs off
-            return Answer(Outcome.ERROR, " ".join(str(exc).split())[:300] or type(exc).__name__)
-        return Outcome.EVICTED
+            return Answer(EvictionOutcome.ERROR, " ".join(str(exc).split())[:300] or type(exc).__name__)
+        return EvictionOutcome.EVICTED
 
 
 # the evictor ---------------------------------------------------------------------------------
@@ -164,7 +164,7 @@ class Evictor:
     cluster: Backend | None = None
     runtime: Backend | None = None
     cluster_of: Callable[[], Backend | None] | None = None  # the cluster side, once (and while) it runs
-    observer: Any = field(default_factory=Quiet)
+    observer: Any = field(default_factory=Unobserved)
     dry_run: bool = False
     max_per_minute: int = 10
     grace_seconds: int = 5
@@ -172,7 +172,7 @@ class Evictor:
     retry_after: float = 30.0
     pending_timeout: float = 60.0
     clock: Callable[[], float] = time.monotonic
-    on_evicted: Callable[[Plan, Candidate], None] | None = None  # e.g. the strategy's cooldown
+    on_evicted: Callable[[EvictionPlan, Candidate], None] | None = None  # e.g. the strategy's cooldown
     _tokens: deque[float] = field(default_factory=deque)  # eviction times in the last minute
     _last: dict[str, float] = field(default_factory=dict)  # uid -> when it was evicted
     _blocked: dict[str, float] = field(default_factory=dict)  # uid -> when it may be tried again
@@ -199,7 +199,7 @@ class Evictor:
         until = self._blocked.get(c.uid)
         return (until is None or now >= until) and c.uid not in self.pending
 
-    def submit(self, plan: Plan, groups: dict[str, str] | None = None) -> bool:
+    def submit(self, plan: EvictionPlan, groups: dict[str, str] | None = None) -> bool:
         """Start carrying out ``plan`` on the running loop; False when that strategy still has
         one under way (its pending releases are credited in the next decision instead)."""
         if plan.strategy in self._busy:
@@ -210,7 +210,7 @@ class Evictor:
         task.add_done_callback(self._tasks.discard)
         return True
 
-    async def execute(self, plan: Plan, groups: dict[str, str]) -> list[Candidate]:
+    async def execute(self, plan: EvictionPlan, groups: dict[str, str]) -> list[Candidate]:
         """Evict ``plan``'s victims in order until they cover its release; returns the evicted.
         A backend failure ends the plan (see the module's docstring)."""
         self._busy.add(plan.strategy)
@@ -234,16 +234,16 @@ class Evictor:
                     break
                 answer, backend = await self._evict(plan, c)
                 result = outcome(answer)
-                if result is Outcome.EVICTED:
+                if result is EvictionOutcome.EVICTED:
                     freed += self._evicted(plan, c, groups, backend)
                     done.append(c)
                     continue
                 self._untake_token()
                 self.observer.eviction_failed(backend, result.value)
-                if result is Outcome.ERROR:
+                if result is EvictionOutcome.ERROR:
                     self._failed(plan, c, backend, answer)
                     return done
-                if result is Outcome.BLOCKED:
+                if result is EvictionOutcome.BLOCKED:
                     self._blocked[c.uid] = self.clock() + self.retry_after
                     log.info("%s: %s refused (disruption budget); trying the next", plan.strategy, c.who)
             if freed < rel.amount:
@@ -258,7 +258,7 @@ class Evictor:
             self._busy.discard(plan.strategy)
         return done
 
-    def _evicted(self, plan: Plan, c: Candidate, groups: dict[str, str], backend: str) -> float:
+    def _evicted(self, plan: EvictionPlan, c: Candidate, groups: dict[str, str], backend: str) -> float:
         """Book an eviction; returns what it counts towards the release."""
         share = plan.share(c)
         now = self.clock()
@@ -275,7 +275,7 @@ class Evictor:
             self.on_evicted(plan, c)
         return share
 
-    def _failed(self, plan: Plan, c: Candidate, backend: str, answer: object) -> None:
+    def _failed(self, plan: EvictionPlan, c: Candidate, backend: str, answer: object) -> None:
         """The backend failed: no other pod goes in ``c``'s place; back off, then retry."""
         self.failures += 1
         wait = min(BACKOFF_MAX, BACKOFF_MIN * 2 ** (self.failures - 1))
@@ -293,7 +293,7 @@ class Evictor:
             extra={"strategy": plan.strategy, "victim": c.who, "via": backend, "failures": self.failures},
         )
 
-    async def _evict(self, plan: Plan, c: Candidate) -> tuple[object, str]:
+    async def _evict(self, plan: EvictionPlan, c: Candidate) -> tuple[object, str]:
         rel = plan.release
         cluster = self.cluster_of() if self.cluster_of is not None else self.cluster
         urgent = plan.urgent or cluster is None
@@ -315,14 +315,14 @@ class Evictor:
         }
         if self.dry_run:
             log.warning("dry run: would evict %s via %s: %s", c.who, via, message, extra=extra)
-            return Outcome.EVICTED, via
+            return EvictionOutcome.EVICTED, via
         if backend is None:
-            return Answer(Outcome.ERROR, "no eviction backend"), "none"
+            return Answer(EvictionOutcome.ERROR, "no eviction backend"), "none"
         log.warning("evicting %s via %s (grace %d s): %s", c.who, via, grace, message, extra=extra)
         try:
             return await backend.evict(c.namespace, c.name, c.uid, grace, rel.trigger, message), via
         except Exception as exc:  # a backend that raises has failed like one that says so
-            return Answer(Outcome.ERROR, f"{type(exc).__name__}: {exc}"), via
+            return Answer(EvictionOutcome.ERROR, f"{type(exc).__name__}: {exc}"), via
 
     def _take_token(self) -> bool:
         now = self.clock()

@@ -24,18 +24,18 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
-from nriplugin.kernel.cgroup import Cgroups, Version
+from nriplugin.kernel.cgroup import Cgroups
 from nriplugin.kernel.memory_events import MemoryEvents
 from nriplugin.kernel.stats import Stats, WorkingSet
 from nriplugin.node.model import NodeModel
 from nriplugin.policy.cache import RuleCache
-from nriplugin.policy.model import QoSManager as Config
+from nriplugin.policy.model import QoSManagerPolicy
 from nriplugin.policy.qos import QoSClass
 from nriplugin.qos.collect import ContainerUsage, batch_cpu_request
-from nriplugin.qos.eviction.cpu import CpuConfig, CpuEvict, CpuFacts
+from nriplugin.qos.eviction.cpu import CpuConfig, CpuEvictDecider, CpuFacts
 from nriplugin.qos.eviction.evictor import Evictor, Pending, Priorities
-from nriplugin.qos.eviction.memory import MemoryConfig, MemoryEvict, MemoryFacts
-from nriplugin.qos.eviction.victims import Candidate, Plan, label_priority
+from nriplugin.qos.eviction.memory import MemoryConfig, MemoryEvictDecider, MemoryFacts
+from nriplugin.qos.eviction.victims import Candidate, EvictionPlan, label_priority
 from nriplugin.qos.sample import LS_CLASSES
 from nriplugin.qos.strategy import Host, Round, Strategy, register
 
@@ -47,26 +47,26 @@ POD_GROWTH_WINDOW = 60.0  # seconds over which a pod's growth is measured
 POD_GROWTH_MIN_SPAN = 4.0  # seconds of readings (two halves) before a pod's growth counts
 
 
-class Classes(Protocol):
+class ClassLookup(Protocol):
     def qos_of(self, key: str) -> QoSClass | None: ...
 
 
-class PodInfo(Protocol):
+class ClusterPod(Protocol):
     @property
     def priority(self) -> int | None: ...
     @property
     def koord_priority(self) -> int | None: ...
 
 
-class PodLookup(Protocol):
-    def by_uid(self, uid: str) -> PodInfo | None: ...
+class ClusterPodLookup(Protocol):
+    def by_uid(self, uid: str) -> ClusterPod | None: ...
 
 
 class ClusterPriorities:
     """Priorities from the cluster's pod cache (``nriplugin/cluster``) while it runs: the pod's
     ``spec.priority``, else its ``koordinator.sh/priority`` label as the API server has it."""
 
-    def __init__(self, pods_of: Callable[[], PodLookup | None]) -> None:
+    def __init__(self, pods_of: Callable[[], ClusterPodLookup | None]) -> None:
         self.pods_of = pods_of
 
     def priority(self, uid: str) -> int | None:
@@ -81,7 +81,7 @@ class Eviction:
     def __init__(
         self,
         model: NodeModel,
-        desired: Classes,
+        desired: ClassLookup,
         cgroups: Cgroups,
         stats: Stats,
         rules: RuleCache,
@@ -106,8 +106,8 @@ class Eviction:
         self.usage = usage or (lambda: {})
         self.meminfo_total = meminfo_total or self._meminfo_total
         self.clock = clock
-        self.cpu = CpuEvict()
-        self.memory = MemoryEvict()
+        self.cpu = CpuEvictDecider()
+        self.memory = MemoryEvictDecider()
         self.memory_score = 0.0
         self._critical = False
         self._events: MemoryEvents | None = None
@@ -117,7 +117,7 @@ class Eviction:
         self._pod_mem: dict[str, deque[tuple[float, int]]] = {}  # pod id -> (t, anon bytes)
         self.last_facts: MemoryFacts | None = None
         self.wakeups: deque[tuple[float, str]] = deque(maxlen=100)  # (t, what fired), for the bench
-        self.plans: deque[tuple[float, Plan]] = deque(maxlen=20)
+        self.plans: deque[tuple[float, EvictionPlan]] = deque(maxlen=20)
         self._pod_groups: dict[str, str] = {}
         evictor.on_evicted = self._on_evicted
 
@@ -157,20 +157,7 @@ class Eviction:
             marks = tuple(sorted({int(cap * p / 100) for p in (*LADDER, cfg.threshold_percent)}))
             if self._armed.get(root) == marks:
                 continue
-            problems: list[str] = []
-            if self.cgroups.version is Version.V1:
-                for i, b in enumerate(marks):
-                    why = ev.v1_threshold(f"{root}:usage{i}", d, b)
-                    if why:
-                        problems.append(why)
-                why = ev.v1_pressure(f"{root}:pressure", d, "critical", "hierarchy")
-            else:
-                why = ev.v2_events(f"{root}:events", d)
-                if why:
-                    problems.append(why)
-                why = ev.v2_pressure(f"{root}:pressure", d)
-            if why:
-                problems.append(why)
+            problems = ev.watch_group(root, d, self.cgroups.hierarchy, marks)
             self._armed[root] = marks
             if problems:
                 log.info("memory events on %s: %s; the 1 s rounds check it too", root, "; ".join(problems))
@@ -266,12 +253,12 @@ class Eviction:
             self._submit(plan)
         return facts
 
-    def _submit(self, plan: Plan) -> None:
+    def _submit(self, plan: EvictionPlan) -> None:
         self.plans.append((self.clock(), plan))
         groups = {c.uid: g for c in plan.victims if (g := self._pod_groups.get(c.uid)) is not None}
         self.evictor.submit(plan, groups)
 
-    def _on_evicted(self, plan: Plan, c: Candidate) -> None:
+    def _on_evicted(self, plan: EvictionPlan, c: Candidate) -> None:
         if plan.strategy == "CPUEvict":
             self.cpu.evicted(self.clock())
 
@@ -462,7 +449,7 @@ class CPUEvictStrategy(Strategy):
         self.host = host
 
     @classmethod
-    def configured(cls, cfg: Config) -> bool:
+    def configured(cls, cfg: QoSManagerPolicy) -> bool:
         return cfg.cpuEvict.enabled
 
     def decide(self, r: Round) -> None:
@@ -481,7 +468,7 @@ class MemoryEvictStrategy(Strategy):
         self.host = host
 
     @classmethod
-    def configured(cls, cfg: Config) -> bool:
+    def configured(cls, cfg: QoSManagerPolicy) -> bool:
         return cfg.memoryEvict.enabled
 
     def decide(self, r: Round) -> None:

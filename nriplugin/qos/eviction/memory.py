@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from nriplugin.qos.eviction.victims import LEAK_BYTES_PER_MIN, Candidates, Plan, Release, listed, rank_memory
+from nriplugin.qos.eviction.victims import LEAK_BYTES_PER_MIN, Candidates, EvictionPlan, Release, listed, rank_memory
 
 RELEASE_FACTOR = 1.3  # 30 % over what is above the lower mark
 MiB = 1 << 20
@@ -110,7 +110,7 @@ def release(f: MemoryFacts, cfg: MemoryConfig) -> Release | None:
     return Release(amount, triggers[0], why)
 
 
-class MemoryEvict:
+class MemoryEvictDecider:
     """The pods root's recent use, for its growth; :meth:`decide` per round or memory event."""
 
     def __init__(self, cfg: MemoryConfig | None = None, rate_window: float = 10.0) -> None:
@@ -149,14 +149,14 @@ class MemoryEvict:
         r2 = (a[1] - b[1]) / (a[0] - b[0])
         return max(0.0, min(r1, r2))
 
-    def decide(self, f: MemoryFacts, cands: Candidates) -> Plan | None:
+    def decide(self, f: MemoryFacts, cands: Candidates) -> EvictionPlan | None:
         cfg = self.cfg
         rel = release(f, cfg)
         if rel is None:
             return None
         eta = seconds_to_limit(f)
         ranked = rank_memory(listed(cands), cfg.leak_bytes_per_min)
-        plan = Plan(
+        plan = EvictionPlan(
             "MemoryEvict",
             rel,
             [],
@@ -171,4 +171,4 @@ class MemoryEvict:
             victims = [c for c in victims if c.growth_bytes_per_min > cfg.leak_bytes_per_min]
         if not victims:
             return None
-        return Plan(plan.strategy, rel, victims, plan.unit, plan.horizon, plan.urgent)
+        return EvictionPlan(plan.strategy, rel, victims, plan.unit, plan.horizon, plan.urgent)

@@ -27,7 +27,6 @@ LEAK_BYTES_PER_MIN = 5 * 1024 * 1024  # a pod growing faster than 5 MB/min leaks
 # when none can cover that): evicting a pod that frees (next to) nothing of what is needed
 # disrupts it and relieves no one.
 MIN_SHARE = 0.05
-NEVER = frozenset({QoSClass.LSE, QoSClass.LSR, QoSClass.LS, QoSClass.SYSTEM})
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +58,7 @@ class Release:
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
+class EvictionPlan:
     strategy: str
     release: Release
     victims: list[Candidate]  # ranked; the evictor takes them in order until enough is freed

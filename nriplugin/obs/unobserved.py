@@ -12,6 +12,6 @@ def _drop(*args: Any, **kwargs: Any) -> None:
     return None
 
 
-class Quiet:
+class Unobserved:
     def __getattr__(self, name: str) -> Callable[..., None]:
         return _drop
