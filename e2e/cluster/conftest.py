@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from testkit.kind import KUBECONFIG, ROOT, Cluster
+from testkit.kind import KUBECONFIG, ROOT, Cluster, until
 
 LOG = Path(os.environ.get("NRIPLUGIN_CACHE", Path.home() / ".cache" / "nriplugin")) / "kind" / "log"
 
@@ -62,6 +62,10 @@ def namespace(kind_cluster: Cluster, request: pytest.FixtureRequest) -> Iterator
     name = "t-" + request.node.name.lower().replace("_", "-")[:50].rstrip("-")
     kind_cluster.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     try:
+        # Pods are refused until the namespace's default ServiceAccount exists.
+        until(
+            lambda: kind_cluster.core.read_namespaced_service_account("default", name), 30, f"{name}'s ServiceAccount"
+        )
         yield name
     finally:
         kind_cluster.core.delete_namespace(name, grace_period_seconds=0)
