@@ -126,6 +126,13 @@ class Cluster:
         assert ready, f"no Ready agent pod on {node}: {[p.metadata.name for p in pods]}"
         return ready[0]
 
+    def agent_ready(self, node: str) -> bool:
+        try:
+            self.agent_pod(node)
+        except AssertionError:
+            return False
+        return True
+
     def metrics(self, node: str) -> dict[str, float]:
         """The agent's /metrics on ``node``, through the API server's pod proxy."""
         pod = self.agent_pod(node)
