@@ -6,6 +6,7 @@ are the host's, under the node container's own group).
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import time
@@ -138,6 +139,24 @@ class Cluster:
         pod = self.agent_pod(node)
         text = self.core.connect_get_namespaced_pod_proxy_with_path(f"{pod.metadata.name}:9310", AGENT_NS, "metrics")
         return parse_metrics(str(text))
+
+    def wait_be_unquoted(self, node: str, calm_for: float = 5.0, timeout: float = 180.0) -> None:
+        """Until the QoS manager has left BE without a CPU quota for ``calm_for`` seconds. A kind
+        node sees the whole machine's CPU: while the cluster is still busy starting, the
+        manager squeezes BE (rightly), and a test of birth values would read the squeeze."""
+        deadline = time.monotonic() + timeout
+        since: float | None = None
+        last = None
+        while time.monotonic() < deadline:
+            last = self.metrics(node).get("nriplugin_qos_be_cpu_limit_cores")
+            if last == math.inf:
+                since = since or time.monotonic()
+                if time.monotonic() - since >= calm_for:
+                    return
+            else:
+                since = None
+            time.sleep(0.5)
+        raise AssertionError(f"BE still under a CPU quota on {node} after {timeout:g} s (limit {last} cores)")
 
     def container_ids(self, pod: Any) -> dict[str, str]:
         """Container name -> id, of a pod's running containers."""
