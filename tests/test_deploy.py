@@ -1,5 +1,5 @@
-"""The kind config, the manifests and the image recipe: checked by parsing and against the
-schemas (kind and a container engine cannot run on the CI machines): every YAML under kind/ is
+"""The kind config, the manifests and the image recipe, checked by parsing and against the
+schemas (fast; e2e/cluster/ runs them on a real kind cluster): every YAML under kind/ is
 validated, Kubernetes objects by kubernetes-validate, the operator's PodMonitor and
 PrometheusRule against their vendored CRDs, the kind config against kind's own types."""
 

@@ -3,7 +3,8 @@
 - ``monitoring/rules.yaml``: the Prometheus rule file (recording rules for p50/p99 by event and
   the SLO's error ratios, multi-window multi-burn-rate alerts, and the agent's other alerts),
   what ``promtool check rules`` / ``promtool test rules`` and a plain Prometheus load;
-- ``kind/prometheusrule.yaml``: the same groups as a PrometheusRule for the Prometheus operator;
+- ``charts/nriplugin/files/prometheusrule.yaml``: the same groups as a PrometheusRule for the Prometheus operator
+  (the chart's template includes it; kind/prometheusrule.yaml is rendered from the chart);
 - ``monitoring/dashboard.json``: the Grafana dashboard, built with grafana-foundation-sdk.
 
 Usage: python -m tools.monitoring [--event E] [--threshold-ms 2] [--objective 99.9]
@@ -32,7 +33,7 @@ from tools.slo_rules import prometheus_rule, rules_file
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = "monitoring/rules.yaml"
-PROMETHEUS_RULE = "kind/prometheusrule.yaml"
+PROMETHEUS_RULE = "charts/nriplugin/files/prometheusrule.yaml"
 DASHBOARD = "monitoring/dashboard.json"
 
 

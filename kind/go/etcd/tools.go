@@ -1,0 +1,6 @@
+//go:build tools
+
+// The command kind/build.sh builds, so that `go mod tidy` keeps what it needs.
+package tools
+
+import _ "go.etcd.io/etcd/server/v3"

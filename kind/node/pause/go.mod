@@ -1,0 +1,3 @@
+module nriplugin.local/kind/pause
+
+go 1.25.0
