@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.footprint import BATCH, BE, LS, status_kib, stop
-from bench.report import replace_section
+from bench.report import replace_section, shown_command
 from testkit import containerd as harness
 from testkit.cri import msg
 from testkit.plugin import free_port, scrape
@@ -267,7 +267,7 @@ def main() -> int:
         plot(results, labels, args.plot)
     if args.write:
         png = os.path.relpath(args.plot, args.write.parent) if args.plot else "churn.png"
-        write_section(args.write, results, labels, " ".join(["bench.churn", *sys.argv[1:]]), png)
+        write_section(args.write, results, labels, shown_command("bench.churn", sys.argv[1:]), png)
     return 0
 
 

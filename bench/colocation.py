@@ -100,7 +100,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.report import replace_section
+from bench.report import replace_section, shown_command
 from testkit import containerd as harness
 from testkit import images
 from testkit.cri import msg
@@ -978,7 +978,7 @@ def main() -> int:
         rt.teardown()
     from bench.hook_latency import commit
 
-    command = " ".join(["python -m bench.colocation", *sys.argv[1:]])
+    command = shown_command("python -m bench.colocation", sys.argv[1:])
     s = summarize(raw, args.stall_lag_ms)
     s.update(
         command=command,

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.report import replace_section
+from bench.report import replace_section, shown_command
 from nriplugin.kernel.memory_events import MemoryEvents
 from testkit import containerd as harness
 from testkit.cri import msg
@@ -262,7 +262,7 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps({"trials": trials, "summary": s}, indent=1))
     if args.write:
-        write_section(args.write, trials, s, " ".join(["bench.evict", *sys.argv[1:]]), args.limit_mib)
+        write_section(args.write, trials, s, shown_command("bench.evict", sys.argv[1:]), args.limit_mib)
     return 0
 
 

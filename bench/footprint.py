@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.report import replace_section
+from bench.report import replace_section, shown_command
 from testkit import containerd as harness
 from testkit.go_peers import go_peer
 from testkit.plugin import free_port, scrape
@@ -183,7 +183,7 @@ def main() -> int:
         rt.teardown()
     print(result)
     if args.write:
-        write_section(args.write, result, " ".join(["bench.footprint", *sys.argv[1:]]))
+        write_section(args.write, result, shown_command("bench.footprint", sys.argv[1:]))
     return 0
 
 

@@ -56,7 +56,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.report import replace_section
+from bench.report import replace_section, shown_command
 from bench.rounds import interval
 from testkit.go_peers import DEFAULT_NRI, NRI_VERSIONS, go_peer
 
@@ -483,7 +483,7 @@ def main() -> int:
         }
     print(json.dumps({k: v for k, v in out.items() if k != "runs"}, indent=1))
     if args.write:
-        write_section(args.write, out, " ".join(["python -m bench.hook_latency", *sys.argv[1:]]))
+        write_section(args.write, out, shown_command("python -m bench.hook_latency", sys.argv[1:]))
     if args.plot:  # last: the figures are written even where the plot cannot be drawn
         plot(args.plot, out, handled, raw)
     return 0

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.report import replace_section
+from bench.report import replace_section, shown_command
 from nriplugin.cri.client import AsyncCRI
 from nriplugin.inventory.cri import CriInventory
 from nriplugin.kernel.cgroup import Cgroups
@@ -173,7 +173,7 @@ def main() -> int:
         rt.teardown()
     print(result)
     if args.write:
-        write_section(args.write, result, " ".join(["bench.inventory", *sys.argv[1:]]))
+        write_section(args.write, result, shown_command("bench.inventory", sys.argv[1:]))
     return 0
 
 

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.report import replace_section
+from bench.report import replace_section, shown_command
 from testkit import containerd as harness
 from testkit import netlab
 from testkit.plugin import PluginProcess, runtime_args
@@ -209,7 +209,7 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     if args.write:
-        command = " ".join(["bench.netqos", *sys.argv[1:]])
+        command = shown_command("bench.netqos", sys.argv[1:])
         write_section(args.write, results, command, args.rate_mbit, args.seconds, args.pings)
     return 0
 

@@ -56,7 +56,7 @@ from typing import Any
 
 from bench.footprint import cpu_seconds as proc_cpu_seconds
 from bench.footprint import status_kib
-from bench.report import replace_section
+from bench.report import replace_section, shown_command
 from testkit import containerd as harness
 from testkit.plugin import PluginProcess, runtime_args
 
@@ -658,7 +658,7 @@ def main() -> int:
     print({k: v for k, v in result.items() if k != "spikes"})
     print(summarize(result))
     if args.write:
-        write_section(args.write, result, " ".join(["python -m bench.qos", *sys.argv[1:]]), args.plot)
+        write_section(args.write, result, shown_command("python -m bench.qos", sys.argv[1:]), args.plot)
     return 0
 
 

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.report import replace_section
+from bench.report import replace_section, shown_command
 from nriplugin.kernel.cgroup import Cgroups
 from nriplugin.node.assembly import Node
 from nriplugin.pacing.turns import Pacer
@@ -84,7 +84,7 @@ def main() -> int:
         cleanup(top)
     print(result)
     if args.write:
-        write_section(args.write, result, " ".join(["python -m bench.reconcile", *sys.argv[1:]]))
+        write_section(args.write, result, shown_command("python -m bench.reconcile", sys.argv[1:]))
     return 0
 
 

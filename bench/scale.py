@@ -35,7 +35,7 @@ from typing import Any
 
 from bench.footprint import status_kib, stop
 from bench.hook_latency import commit
-from bench.report import replace_section
+from bench.report import replace_section, shown_command
 from nriplugin.kernel.inotify import watches_of
 from testkit.containerd import remove_cgroups
 from testkit.go_peers import go_peer
@@ -348,7 +348,7 @@ def main() -> int:
         plot(rows, args.plot)
     if args.write:
         png = os.path.relpath(args.plot, args.write.parent) if args.plot else "scale.png"
-        write_section(args.write, rows, " ".join(["bench.scale", *sys.argv[1:]]), png, args.note_bytes, measured)
+        write_section(args.write, rows, shown_command("bench.scale", sys.argv[1:]), png, args.note_bytes, measured)
     return 0
 
 

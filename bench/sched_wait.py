@@ -39,7 +39,7 @@ from typing import Any
 
 from bench.colocation import calibrate, go_binary, latencies_ms, parse_load, percentile
 from bench.hook_latency import commit
-from bench.report import replace_section
+from bench.report import replace_section, shown_command
 from testkit.plugin import free_port
 
 CPU_ROOT = Path("/sys/fs/cgroup/cpu")
@@ -300,7 +300,7 @@ def main() -> int:
         args.json.write_text(json.dumps(result, indent=1))
     print(json.dumps({rate: r["summary"] for rate, r in result["rates"].items()}))
     if args.write:
-        write_section(args.write, result, " ".join(["python -m bench.sched_wait", *sys.argv[1:]]))
+        write_section(args.write, result, shown_command("python -m bench.sched_wait", sys.argv[1:]))
     return 0
 
 
