@@ -24,11 +24,11 @@ from nriplugin.policy.cache import RuleCache, describe
 from nriplugin.policy.model import Policy
 
 
-class _M(BaseModel):
+class _Input(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class PodIn(_M):
+class PodIn(_Input):
     name: str = "pod"
     namespace: str = "default"
     uid: str = "00000000-0000-0000-0000-000000000000"
@@ -37,19 +37,19 @@ class PodIn(_M):
     cgroupParent: str = "/kubepods/burstable/pod00000000-0000-0000-0000-000000000000"
 
 
-class ResourcesIn(_M):
+class ResourcesIn(_Input):
     cpuShares: int | None = Field(default=None, ge=0)
     cpuQuota: int | None = None
     cpuPeriod: int | None = Field(default=None, ge=0)
     memoryLimit: int | None = None
 
 
-class ContainerIn(_M):
+class ContainerIn(_Input):
     name: str = "main"
     resources: ResourcesIn = ResourcesIn()
 
 
-class Description(_M):
+class Description(_Input):
     pod: PodIn = PodIn()
     containers: list[ContainerIn] = [ContainerIn()]
 
@@ -139,7 +139,8 @@ def explain(d: Description, rules: RuleCache, cgroups: Cgroups, runtime_nri: str
             elif res in fields:
                 how = "NRI adjustment"
             else:
-                how = "cgroup v2 unified (NRI)" if cgroups.version == 2 else "written to the cgroup file"
+                v = cgroups.version
+                how = "cgroup v2 unified (NRI)" if v is not None and v.unified else "written to the cgroup file"
             rows[res] = {"value": value, "why": intent.why.get(res, ""), "via": how}
             if requested and res in requested:
                 rows[res]["criAsked"] = requested[res]
