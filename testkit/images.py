@@ -72,11 +72,16 @@ def files_layer(files: dict[str, Path]) -> bytes:
 
 
 def tree_layer(
-    files: dict[str, tuple[bytes, int]], symlinks: dict[str, str] | None = None, dirs: tuple[str, ...] = ()
+    files: dict[str, tuple[bytes, int]],
+    symlinks: dict[str, str] | None = None,
+    dirs: tuple[str, ...] = (),
+    hardlinks: dict[str, str] | None = None,
 ) -> bytes:
     """A layer written from memory: ``files`` (path -> content and mode, e.g. 0o4755 for a
-    set-uid program), ``symlinks`` (path -> target) and empty ``dirs``; every parent folder is
-    made. For test images that must look like a published one (its users, its tools)."""
+    set-uid program), ``symlinks`` (path -> target), ``hardlinks`` (path -> a file's path in
+    the layer: busybox's applets, so that masking one does not mask busybox) and empty
+    ``dirs``; every parent folder is made. For test images that must look like a published one
+    (its users, its tools)."""
     entries: list[tuple[tarfile.TarInfo, bytes | None]] = []
     folders: set[str] = set()
 
@@ -99,6 +104,12 @@ def tree_layer(
         folder(path.strip("/").rpartition("/")[0])
         link = tarfile.TarInfo(path.strip("/"))
         link.type, link.linkname, link.mode = tarfile.SYMTYPE, target, 0o777
+        entries.append((link, None))
+    for path, target in sorted((hardlinks or {}).items()):
+        folder(path.strip("/").rpartition("/")[0])
+        link = tarfile.TarInfo(path.strip("/"))
+        link.type, link.linkname = tarfile.LNKTYPE, target.strip("/")
+        link.mode = files[target][1]
         entries.append((link, None))
     return _tar_bytes(entries)
 
