@@ -85,6 +85,8 @@ def test_critest_same_with_and_without_agent(pkg_root: Path, critest_binary: Pat
     assert with_agent.agent["run_pod_sandbox_hooks"] >= len(ran) // 2, with_agent.agent
     assert with_agent.agent["create_container_hooks"] >= len(ran) // 2, with_agent.agent
     assert with_agent.agent["hook_failures"] == 0, with_agent.agent
+    # ... and managed them: each pod was placed where kubelet would put it, under its pods root.
+    assert with_agent.placed >= with_agent.agent["run_pod_sandbox_hooks"] * 9 // 10, with_agent.placed
     # Nothing left behind (other work on the host may add; only what appeared is ours to judge).
     left = {k: after[k] - before[k] for k in before}
     left["shm"] = left["shm"] & (with_agent.segments | without.segments)

@@ -6,8 +6,11 @@ runtime's own yardstick for those calls, so the agent must leave its verdict unc
 run gets a fresh containerd (testkit/containerd.py, NRI on, a CNI bridge so pods have a network
 of their own) and the test images critest asks for, built here from Debian's busybox under the
 names it expects. Its pulls go to a registry on 127.0.0.1 that serves those images
-(testkit/registry.py) and nowhere else. Specs that need what cannot be made here, or what this
-harness does not give, are skipped with a reason (:data:`SKIPS`); the rest run.
+(testkit/registry.py) and nowhere else. critest talks to the runtime through a CRI proxy that
+gives each pod the cgroup parent kubelet would (testkit/cri_proxy.py): the agent then manages
+critest's pods as a node's, instead of passing over pods it cannot place. Specs that need what
+cannot be made here, or what this harness does not give, are skipped with a reason
+(:data:`SKIPS`); the rest run.
 
     python -m testkit.critest --binary CRITEST [--focus REGEX] [--out DIR]
 
@@ -26,12 +29,15 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from testkit import containerd as harness
 from testkit import images
+from testkit.cri_proxy import CRIProxy
 from testkit.plugin import PluginProcess, runtime_args, scrape
 from testkit.registry import Registry, split_name
 
@@ -226,6 +232,7 @@ class Outcome:
     failures: dict[str, str] = field(default_factory=dict)  # spec -> ginkgo's failure message
     agent: dict[str, float] | None = None  # the agent's counters after the run (with it only)
     segments: set[str] = field(default_factory=set)  # host shared memory segments it made (removed)
+    placed: int = 0  # pods that got kubelet's cgroup parent on the way (testkit/cri_proxy.py)
 
     def count(self) -> Counter[str]:
         return Counter(self.states.values())
@@ -253,8 +260,9 @@ def parse_report(path: Path) -> tuple[dict[str, str], dict[str, str]]:
     return states, failures
 
 
-def critest_command(binary: Path, rt: harness.Containerd, report: Path, skips: list[tuple[str, str]]) -> list[str]:
-    endpoint = f"unix://{rt.address}"
+def critest_command(
+    binary: Path, rt: harness.Containerd, endpoint: str, report: Path, skips: list[tuple[str, str]]
+) -> list[str]:
     cmd = [
         str(binary),
         f"-runtime-endpoint={endpoint}",
@@ -289,6 +297,13 @@ def remove_segments(record: Path) -> set[str]:
     for shmid in ids:
         subprocess.run(["ipcrm", "-m", shmid], capture_output=True, check=False)
     return ids
+
+
+def kubelet_parent(rt: harness.Containerd, config: Any) -> str:
+    """Where kubelet (cgroupfs driver) puts a pod that asks for nothing: BestEffort's group, under
+    the runtime's kubepods, which the agent's ``--pods-root`` names."""
+    uid = config.metadata.uid or str(uuid.uuid4())
+    return f"/{rt.cgroup_root}/kubepods/besteffort/pod{uid}"
 
 
 def default_cgroups() -> dict[Path, set[str]]:
@@ -336,6 +351,7 @@ def run_once(
     registry.write_hosts(base / "certs.d", {"registry.k8s.io", "gcr.io", "k8s.gcr.io"})
     plugin: PluginProcess | None = None
     proc: subprocess.Popen[bytes] | None = None
+    proxy: CRIProxy | None = None
     outcome: Outcome | None = None
     record = base / "ipcmk.ids"
     report = out_dir / f"{label}.json"
@@ -355,7 +371,9 @@ def run_once(
             "TMPDIR": str(base / "tmp"),
             "PATH": f"{base / 'path'}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}",
         }
-        cmd = critest_command(binary, rt, report, skips)
+        proxy = CRIProxy(rt.address, base / "cri-proxy.sock", lambda cfg: kubelet_parent(rt, cfg))
+        proxy.start()
+        cmd = critest_command(binary, rt, proxy.address, report, skips)
         if focus:
             cmd.append(f"-ginkgo.focus={focus}")
         report.unlink(missing_ok=True)
@@ -389,9 +407,12 @@ def run_once(
                 ),
                 "hook_failures": plugin.metric_sum("nriplugin_hook_failures_total"),
                 "registrations": plugin.metric("nriplugin_registrations_total"),
+                "repaired": plugin.metric_sum("nriplugin_repaired_total"),
+                "write_errors": plugin.metric_sum("nriplugin_write_errors_total"),
+                "conflicts": plugin.metric_sum("nriplugin_conflicts_total"),
             }
             (out_dir / f"{label}.agent.log").write_text(plugin.logs())
-        outcome = Outcome(states, seconds, failures, counters)
+        outcome = Outcome(states, seconds, failures, counters, placed=proxy.placed)
         return outcome
     finally:
         if proc is not None:  # critest's session: itself and anything it started and left
@@ -399,6 +420,8 @@ def run_once(
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         try:
+            if proxy is not None:
+                proxy.stop()
             if plugin is not None:
                 plugin.stop()
         finally:
@@ -461,6 +484,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  failed: {name}\n    {msg.splitlines()[0] if msg else ''}")
     if with_agent.agent:
         print("agent: " + ", ".join(f"{k} {v:.0f}" for k, v in with_agent.agent.items()))
+    print(f"pods given kubelet's cgroup parent: {without.placed} without the agent, {with_agent.placed} with it")
     diff = differences(without, with_agent)
     print("specs that ran:")
     for name, state in sorted(without.ran().items()):
