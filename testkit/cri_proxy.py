@@ -64,7 +64,7 @@ class CRIProxy:
         proxy = self
 
         def unary(method: str) -> grpc.RpcMethodHandler[Any, Any]:
-            call = channel.unary_unary(method)
+            call: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(method)
 
             def forward(request: bytes, context: grpc.ServicerContext) -> bytes:
                 if method.endswith("/RunPodSandbox"):
@@ -78,11 +78,15 @@ class CRIProxy:
             return grpc.unary_unary_rpc_method_handler(forward)
 
         def stream(method: str) -> grpc.RpcMethodHandler[Any, Any]:
-            call = channel.unary_stream(method)
+            call: grpc.UnaryStreamMultiCallable[bytes, bytes] = channel.unary_stream(method)
 
             def forward(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
                 responses = call(request, timeout=deadline(context))
-                context.add_callback(responses.cancel)  # the client went: so does the upstream call
+
+                def cancel() -> None:  # the client went: so does the call upstream
+                    responses.cancel()
+
+                context.add_callback(cancel)
                 try:
                     yield from responses
                 except grpc.RpcError as e:
@@ -93,7 +97,7 @@ class CRIProxy:
 
         class Handler(grpc.GenericRpcHandler):
             def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler[Any, Any] | None:
-                method: str = details.method  # type: ignore[attr-defined]
+                method: str = details.method
                 return stream(method) if method in proxy.streaming else unary(method)
 
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=_LIMITS)
