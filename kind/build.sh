@@ -129,7 +129,9 @@ simple() {
 # dependency. testkit/critest.py runs it against the private containerd.
 build_critest() {
   local bin=$CRI_TOOLS_BIN/critest src=$KIND_CACHE/src/critest mod
-  if "$bin" -version 2>/dev/null | grep -q "critest version: v$CRI_TOOLS_VERSION"; then
+  # its output whole before grep: grep -q would close the pipe early, and pipefail fail the test
+  critest_says() { local out; out=$("$bin" -version 2>/dev/null) || true; grep -q "critest version: v$CRI_TOOLS_VERSION" <<<"$out"; }
+  if critest_says; then
     say "critest $CRI_TOOLS_VERSION: cached"
     return
   fi
@@ -142,7 +144,7 @@ build_critest() {
     env -C "$src" CGO_ENABLED=0 nice -n 10 "$GO" test -c -trimpath -o "$bin.partial" \
     -ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=v$CRI_TOOLS_VERSION" ./cmd/critest
   mv "$bin.partial" "$bin"
-  "$bin" -version | grep -q "critest version: v$CRI_TOOLS_VERSION" || die "critest: built, but -version does not say v$CRI_TOOLS_VERSION"
+  critest_says || die "critest: built, but -version does not say v$CRI_TOOLS_VERSION"
   rm -rf "$src"
 }
 log_far() { echo "log $(lines_of "$1") lines"; }
