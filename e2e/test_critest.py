@@ -1,6 +1,7 @@
 """The CRI still behaves with the agent registered: cri-tools' ``critest`` gives the same
 result, spec by spec, on a private containerd with nriplugin on its NRI socket as without it
-(testkit/critest.py runs both; docs/testing.md lists what runs and what is skipped, and why).
+(testkit/critest.py runs both; docs/deploy.md, "The CRI with the agent: critest", lists what
+runs and what is skipped, and why).
 
 critest is built once and cached by ``bash kind/build.sh critest`` (Go and the module proxy);
 without it the test is skipped, and fails under NRIPLUGIN_REQUIRE_PEERS=1 as the other built
