@@ -109,7 +109,12 @@ def test_the_kubelet_restarted_and_pods_churning_while_be_is_cut(kind_cluster: C
     properties (at its start, on every pod admission and cleanup): BE's quota goes back to
     none, and the agent puts it back. The kubelet starts and every one of its QoS updates
     succeeds; the agent repairs each reset at once and never calls it a fight; the cut holds
-    at the end."""
+    at the end.
+
+    A BE pod may fail to start here, and only this way: runc's systemd driver freezes a new
+    container's cgroup around setting its properties and fails the start when the tasks do not
+    freeze within its retries (runc#3803, #3804); on a busy node a BestEffort group (shares 2,
+    and here cut) may not get the CPU to freeze in time. Counted and printed; docs/deploy.md says so."""
     kc, ns = kind_cluster, namespace
     worker = kc.worker()
     node = kc.node(worker)
@@ -155,9 +160,23 @@ def test_the_kubelet_restarted_and_pods_churning_while_be_is_cut(kind_cluster: C
         names = [f"churn{i}" for i in range(6)]
         for name in names:  # each admission and each cleanup: the kubelet updates the QoS slices
             kc.core.create_namespaced_pod(ns, be_pod(ns, name))
-        for name in names:
-            kc.wait_pods(ns, f"app={name}", 1)
+        frozen: list[str] = []  # pods runc could not start: their cgroup would not freeze (below)
+
+        def settled(name: str) -> bool:
             samples.append(quota())
+            pod = kc.core.read_namespaced_pod(name, ns)
+            for st in pod.status.container_statuses or []:
+                if st.state.running is not None:
+                    return True
+                done = st.state.terminated or st.state.waiting
+                if done is not None and done.reason in ("StartError", "RunContainerError"):
+                    assert "unable to freeze" in (done.message or ""), f"{name} did not start: {done.message}"
+                    frozen.append(name)
+                    return True
+            return False
+
+        for name in names:
+            until(partial(settled, name), 120, f"{name} started", 0.2)
         for name in names:
             kc.core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
 
@@ -190,7 +209,8 @@ def test_the_kubelet_restarted_and_pods_churning_while_be_is_cut(kind_cluster: C
     unquoted = sum(1 for q in samples if q < 0)
     print(
         f"\nkubelet Ready {restarted:.1f} s after its restart; BE quota repairs {repairs:g}, conflicts "
-        f"{delta('nriplugin_conflicts_total'):g}; BE's group read unquoted in {unquoted} of {len(samples)} samples"
+        f"{delta('nriplugin_conflicts_total'):g}; BE's group read unquoted in {unquoted} of {len(samples)} samples; "
+        f"{len(frozen)} of {len(names)} BE pods not started by runc (cgroup would not freeze): {frozen}"
     )
     assert not failed, failed[:5]
     assert restarts == "0", f"the kubelet restarted {restarts} times by itself"
