@@ -745,4 +745,3 @@ def _by_file() -> dict[str, list[str]]:
 
 
 _BY_FILE = _by_file()
-
