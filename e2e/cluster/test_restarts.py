@@ -4,7 +4,9 @@ LS pod as the kubelet asked), a new BE pod is born right, and the agent and the 
 fight over a file (the agent's conflict counter stays 0; its repairs are counted).
 
 Run with BE unquoted (the QoS manager calm); test_under_the_cut.py restarts the kubelet with BE
-cut."""
+cut. The kind node sees the machine's /proc: other work on the machine can make the QoS manager
+cut BE meanwhile, and then systemd's resets of BE's slice (docs/reconciler.md#fights) may count
+as conflicts on its quota; only those are left out, and only when BE was cut."""
 
 from __future__ import annotations
 
@@ -51,12 +53,20 @@ def test_restarts_converge_and_nobody_fights(kind_cluster: Cluster, namespace: s
     def right() -> bool:
         return node.read(be_cpu, "cpu.shares") == "512" and node.read(ls_cpu, "cpu.shares") == "102"
 
-    conflicts = 0.0
+    conflicts = quota_conflicts = cuts = 0.0
+
+    def cut_count(m: dict[str, float]) -> float:  # BE's limit changed at a level where it has a quota
+        levels = ("HIGH", "CRITICAL", "EMERGENCY")
+        return sum(metric_sum(m, "nriplugin_qos_cpu_suppress_total", level=lv) for lv in levels)
+
+    cuts_before = cut_count(kc.metrics(worker))
     repairs: dict[str, float] = {}
 
     def tally(m: dict[str, float]) -> None:
-        nonlocal conflicts
+        nonlocal conflicts, quota_conflicts, cuts
         conflicts += metric_sum(m, "nriplugin_conflicts_total")
+        quota_conflicts += metric_sum(m, "nriplugin_conflicts_total", resource="cpu.cfs_quota_us")
+        cuts += cut_count(m)
         for key, value in m.items():
             if key.startswith("nriplugin_repaired_total"):
                 repairs[key] = repairs.get(key, 0) + value
@@ -93,7 +103,11 @@ def test_restarts_converge_and_nobody_fights(kind_cluster: Cluster, namespace: s
     time.sleep(3)  # a kubelet sync or two after its restart
     assert right()
     tally(kc.metrics(worker))
-    print(f"\n{[(w, round(t, 1)) for w, t in steps]}; repairs {repairs}; conflicts {conflicts}")
-    assert conflicts == 0
+    cut = cuts > cuts_before
+    print(
+        f"\n{[(w, round(t, 1)) for w, t in steps]}; repairs {repairs}; conflicts {conflicts} "
+        f"({quota_conflicts:g} on quotas); BE {'cut meanwhile' if cut else 'never cut'}"
+    )
+    assert conflicts - (quota_conflicts if cut else 0) == 0
     m: Any = kc.metrics(worker)
     assert metric_sum(m, "nriplugin_hook_failures_total") == 0

@@ -1,14 +1,17 @@
 """This node's pods as the API server knows them (``fieldSelector=spec.nodeName=NODE``): the
-facts the runtime does not carry and eviction ranks by — pod priority (``spec.priority``),
-Koordinator's ``koordinator.sh/priority`` label, names, labels — in a small cache the
-eviction ranking queries by pod uid or by namespace and name."""
+facts the runtime does not carry — pod priority (``spec.priority``), Koordinator's
+``koordinator.sh/priority`` label, names, labels, which eviction ranks by, and the batch
+resources the containers ask (``kubernetes.io/batch-cpu``, ``batch-memory``), which BE's
+containers are sized from when Koordinator's webhook did not annotate the pod — in a small
+cache queried by pod uid or by namespace and name."""
 
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -19,6 +22,7 @@ from nriplugin.cluster.listwatch import ListWatch, WatchedResource
 log = logging.getLogger("nriplugin.cluster")
 RESOURCE = WatchedResource("Pod", "pods", "", "v1", missing="is the configured server a Kubernetes API server?")
 KOORD_PRIORITY = "koordinator.sh/priority"
+BATCH = ("kubernetes.io/batch-cpu", "kubernetes.io/batch-memory")
 _INT = re.compile(r"-?\d{1,10}")
 _INT32 = 1 << 31
 
@@ -33,6 +37,9 @@ class PodInfo:
     labels: Mapping[str, str] = field(default_factory=dict)
     created: str = ""  # metadata.creationTimestamp (RFC 3339; sorts by time)
     terminating: bool = False  # deletionTimestamp set: already on its way out
+    # The batch resources its containers ask, as the text of Koordinator's extended-resource-spec
+    # annotation (None: none asked), for features/batch.py
+    extended_spec: str | None = None
 
     @classmethod
     def from_object(cls, obj: dict[str, Any]) -> PodInfo:
@@ -49,7 +56,33 @@ class PodInfo:
             labels=labels,
             created=str(meta.get("creationTimestamp") or ""),
             terminating=bool(meta.get("deletionTimestamp")),
+            extended_spec=_extended_spec(spec),
         )
+
+
+def _extended_spec(spec: dict[str, Any]) -> str | None:
+    """``{"containers": {NAME: {"requests": {...}, "limits": {...}}}}`` with the batch resources
+    of each container that asks any, as Koordinator's webhook writes it; one text for equal
+    asks (sorted keys), so pods of one workload share its parse and their answer."""
+    out: dict[str, dict[str, dict[str, str]]] = {}
+    containers = spec.get("containers")
+    for c in containers if isinstance(containers, list) else []:
+        if not isinstance(c, dict):
+            continue
+        res = _dict(c.get("resources"))
+        entry = {}
+        for part in ("requests", "limits"):
+            section = _dict(res.get(part))
+            found = {k: str(section[k]) for k in BATCH if k in section}
+            if found:
+                entry[part] = found
+        if entry:
+            out[str(c.get("name", ""))] = entry
+    return json.dumps({"containers": out}, sort_keys=True, separators=(",", ":")) if out else None
+
+
+def _dict(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def _label_int(text: str | None) -> int | None:
@@ -69,11 +102,18 @@ class PodLookup(Protocol):
 
 
 class PodCache:
-    """The node's pods by uid and by namespace/name (the ListWatch handler)."""
+    """The node's pods by uid and by namespace/name (the ListWatch handler). ``on_spec(uid)``:
+    a pod's batch resources are known or changed (the desired state works its values out again)."""
 
     def __init__(self) -> None:
         self._by_uid: dict[str, PodInfo] = {}
         self._by_name: dict[tuple[str, str], str] = {}
+        self.on_spec: Callable[[str], None] | None = None
+
+    def extended_resource_spec(self, uid: str) -> str | None:
+        """``intent.core.PodSpecs``: O(1), asked on the hook path."""
+        pod = self._by_uid.get(uid)
+        return None if pod is None else pod.extended_spec
 
     def __len__(self) -> int:
         return len(self._by_uid)
@@ -109,8 +149,12 @@ class PodCache:
         old = self._by_name.get((pod.namespace, pod.name))
         if old is not None and old != pod.uid:
             self._by_uid.pop(old, None)  # the name now belongs to a new pod
+        before = self._by_uid.get(pod.uid)
         self._by_uid[pod.uid] = pod
         self._by_name[(pod.namespace, pod.name)] = pod.uid
+        was = None if before is None else before.extended_spec
+        if pod.extended_spec != was and self.on_spec is not None:
+            self.on_spec(pod.uid)
 
 
 def watcher(api: ApiClient, node: str, **kw: Any) -> tuple[ListWatch, PodCache]:

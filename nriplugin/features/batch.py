@@ -1,5 +1,9 @@
 """Batch resources: BE containers sized from Koordinator's ``kubernetes.io/batch-cpu`` (in
-milli-cores) and ``kubernetes.io/batch-memory`` in ``node.koordinator.sh/extended-resource-spec``.
+milli-cores) and ``kubernetes.io/batch-memory`` in ``node.koordinator.sh/extended-resource-spec``
+— the annotation Koordinator's webhook adds, or, without it, the same built from the pod's spec
+as the API server has it (``Context.specs``, the cluster side's pod cache): the runtime carries
+no extended resource, and koordlet without the webhook leaves such a pod at the kubelet's values
+until its reconciler. The annotation wins when both are there.
 
 shares = clamp(request * 1024 / 1000, 2, 262144); quota = max(limit * 100 µs, 1000) per 100 ms
 period (none without a limit, or with a limit of 0); memory limit = batch-memory limit. A pod's
@@ -31,6 +35,8 @@ def container_batch(ctx: Context, name: str) -> Limits | None:
 
 def _annotation(ctx: Context) -> dict[str, Limits] | None:
     raw = ctx.pod.annotations.get(ANNOTATION)
+    if raw is None and ctx.specs is not None:
+        raw = ctx.specs.extended_resource_spec(ctx.pod.uid)
     if raw is None:
         return None
     parsed = _parse(raw)
@@ -99,12 +105,13 @@ def pod_batch(ctx: Context) -> Limits | None:
 def desired(ctx: Context, intent: Intent) -> None:
     if ctx.qos != "BE":
         return
+    where = ANNOTATION if ANNOTATION in ctx.pod.annotations else "the pod's spec (no webhook annotation)"
     if ctx.container is None:
         found = pod_batch(ctx)
-        src = f"{ANNOTATION}, summed over the pod's containers"
+        src = f"{where}, summed over the pod's containers"
     else:
         found = container_batch(ctx, ctx.container.name)
-        src = f"{ANNOTATION} of container {ctx.container.name}"
+        src = f"{where} of container {ctx.container.name}"
     if found is None:
         return
     req, lim = found

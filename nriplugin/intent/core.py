@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from nriplugin.intent.cpus import CPUAllocator
 from nriplugin.kernel.probe import Capabilities
@@ -28,6 +28,15 @@ class InvalidInput(ValueError):
         self.why = why
 
 
+class PodSpecs(Protocol):
+    """What the API server's pod spec says that the runtime does not carry (the cluster side's
+    pod cache): the extended resources a pod's containers ask, as the text of Koordinator's
+    ``node.koordinator.sh/extended-resource-spec`` annotation (None: none asked, or the pod not
+    seen yet)."""
+
+    def extended_resource_spec(self, uid: str) -> str | None: ...
+
+
 class Context(NamedTuple):
     """What a feature sees of one pod or container (immutable; a tuple: built on every hook)."""
 
@@ -37,6 +46,7 @@ class Context(NamedTuple):
     policy: Policy
     caps: Capabilities
     cpus: CPUAllocator | None = None  # node CPU state (cpuset feature)
+    specs: PodSpecs | None = None  # the API server's pod specs (the cluster side), None without it
 
     def has(self, resource: str) -> bool:
         return self.caps.files.get(resource, False)

@@ -29,7 +29,7 @@ from nriplugin.features import (
     cpuset,
     desired_state,
 )
-from nriplugin.intent.core import cap_burst, requested
+from nriplugin.intent.core import PodSpecs, cap_burst, requested
 from nriplugin.intent.cpus import CPUAllocator
 from nriplugin.kernel.cgroup import MIN_QUOTA_US, cfs_period
 from nriplugin.kernel.cpulist import format_cpulist
@@ -107,6 +107,9 @@ class DesiredState:
         # key of the class is recomputed when next asked, without a walk over them now.
         self._class_gens: dict[QoSClass, int] = {}
         self.rejected_labels = 0
+        # The API server's pod specs (the cluster side's pod cache, once it runs): what the
+        # runtime does not carry, i.e. the batch resources a pod asks without the webhook's annotation.
+        self.specs: PodSpecs | None = None
         rules.subscribe(lambda _v: self.policy_changed())
 
     def subscribe(self, fn: Callable[[list[str]], None]) -> None:
@@ -147,7 +150,7 @@ class DesiredState:
     ) -> Context | None:
         qos = self._class_of(pod) if qos is None else qos
         if _managed(qos):
-            return Context(pod, container, qos, self.rules.policy, self.caps, self.cpus)
+            return Context(pod, container, qos, self.rules.policy, self.caps, self.cpus, self.specs)
         return None
 
     def _features(self, ctx: Context | None) -> Intent | None:
@@ -236,6 +239,7 @@ class DesiredState:
             self._class_gens.get(qos, 0),
             self.cpus.generation,
             tuple(map(pod.annotations.get, POD_ANNOTATIONS)),
+            None if self.specs is None else self.specs.extended_resource_spec(pod.uid),
             label,
             tuple(map(labels.get, _KEY_LABELS)),
             container.name,
@@ -355,6 +359,19 @@ class DesiredState:
             for fn in self._listeners:
                 fn(changed)
         return changed
+
+    def use_specs(self, specs: PodSpecs | None) -> None:
+        """The cluster side's pod specs from now on (None: no more): every value is worked out again."""
+        self.specs = specs
+        self.policy_changed()
+
+    def spec_changed(self, uid: str) -> None:
+        """What the API server says of pod ``uid`` changed (it was seen for the first time, say,
+        after its containers were created): its keys are worked out again and applied."""
+        model = self.model
+        keys = [k for k in model if (r := model.get(k)) is not None and r.pod.uid == uid]
+        if keys:
+            self.invalidate(keys)
 
     def policy_changed(self) -> None:
         self._epoch += 1
