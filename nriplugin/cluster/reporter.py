@@ -222,8 +222,11 @@ class NodeMetricReporter:
     async def _changed(self, timeout: float | None) -> None:
         """Until the spec changes, or ``timeout`` seconds."""
         self.spec.changed.clear()
+        # asyncio.timeout, not wait_for: 3.11's wait_for can lose a cancellation that comes
+        # as its timeout fires (the loop then outlives its cancel).
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.spec.changed.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self.spec.changed.wait()
 
     def _priority(self, pod: PodLike) -> int | None:
         info = self.pods.by_uid(pod.uid) or self.pods.by_name(pod.namespace, pod.name)
