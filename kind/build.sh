@@ -5,6 +5,7 @@
 #
 #   bash kind/build.sh            # all of it; prints the node image's tag last
 #   bash kind/build.sh helm       # only helm (the chart tests need it)
+#   bash kind/build.sh critest    # only critest (the CRI validation suite; testkit/critest.py)
 #
 # From the Go module proxy with the machine's Go (CGO off unless said): Kubernetes'
 # commands (kind/go/k8s), etcd (kind/go/etcd), CoreDNS, kind, helm, crictl/critest, the pause
@@ -122,6 +123,31 @@ simple() {
   gobuild "$name $version" "$src" "$(dirname "$bin")" 0 "$ldflags" "$@"
   eval "$check" >/dev/null || die "$name: built, but '$check' fails"
 }
+
+# critest: cri-tools' CRI validation suite, a ginkgo test binary (`go test -c`, as its Makefile
+# builds it), in a copy of the released module so that its own go.mod and go.sum pick every
+# dependency. testkit/critest.py runs it against the private containerd.
+build_critest() {
+  local bin=$CRI_TOOLS_BIN/critest src=$KIND_CACHE/src/critest mod
+  # its output whole before grep: grep -q would close the pipe early, and pipefail fail the test
+  critest_says() { local out; out=$("$bin" -version 2>/dev/null) || true; grep -q "critest version: v$CRI_TOOLS_VERSION" <<<"$out"; }
+  if critest_says; then
+    say "critest $CRI_TOOLS_VERSION: cached"
+    return
+  fi
+  mod=$("$GO" mod download -json "sigs.k8s.io/cri-tools@v$CRI_TOOLS_VERSION" | jq -r .Dir)
+  [ -f "$mod/cmd/critest/cri_test.go" ] || die "no cmd/critest in sigs.k8s.io/cri-tools@v$CRI_TOOLS_VERSION ($mod)"
+  rm -rf "$src" && mkdir -p "$(dirname "$src")" && cp -r "$mod" "$src" && chmod -R u+w "$src"
+  progress "critest $CRI_TOOLS_VERSION: modules" "$LOG/critest-mod.log" mod_far env -C "$src" "$GO" mod download -x
+  mkdir -p "$CRI_TOOLS_BIN"
+  progress "critest $CRI_TOOLS_VERSION (go test -c)" "$LOG/critest.log" log_far \
+    env -C "$src" CGO_ENABLED=0 nice -n 10 "$GO" test -c -trimpath -o "$bin.partial" \
+    -ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=v$CRI_TOOLS_VERSION" ./cmd/critest
+  mv "$bin.partial" "$bin"
+  critest_says || die "critest: built, but -version does not say v$CRI_TOOLS_VERSION"
+  rm -rf "$src"
+}
+log_far() { echo "log $(lines_of "$1") lines"; }
 
 build_pause() {
   if [ -x "$PAUSE_BIN" ]; then say "pause $PAUSE_VERSION: cached"; return; fi
@@ -327,6 +353,7 @@ EOF
 
 t0=$(date +%s)
 if [ "$what" = helm ]; then build_helm; echo "$HELM_BIN"; exit 0; fi
+if [ "$what" = critest ]; then build_critest; echo "$CRI_TOOLS_BIN/critest"; exit 0; fi
 build_k8s
 build_etcd
 simple coredns github.com/coredns/coredns "$COREDNS_VERSION" "$COREDNS_BIN" "'$COREDNS_BIN' -version | grep -q 'CoreDNS-$COREDNS_VERSION'" \

@@ -71,15 +71,75 @@ def files_layer(files: dict[str, Path]) -> bytes:
     return _tar_bytes(entries)
 
 
-def oci_archive_layers(layers: list[bytes], name: str, entrypoint: list[str], out: Path) -> Path:
+def tree_layer(
+    files: dict[str, tuple[bytes, int]],
+    symlinks: dict[str, str] | None = None,
+    dirs: tuple[str, ...] = (),
+    hardlinks: dict[str, str] | None = None,
+) -> bytes:
+    """A layer written from memory: ``files`` (path -> content and mode, e.g. 0o4755 for a
+    set-uid program), ``symlinks`` (path -> target), ``hardlinks`` (path -> a file's path in
+    the layer: busybox's applets, so that masking one does not mask busybox) and empty
+    ``dirs``; every parent folder is made. For test images that must look like a published one
+    (its users, its tools)."""
+    entries: list[tuple[tarfile.TarInfo, bytes | None]] = []
+    folders: set[str] = set()
+
+    def folder(path: str) -> None:  # the folder and its parents, once each
+        parts = [p for p in path.split("/") if p]
+        for k in range(1, len(parts) + 1):
+            d = "/".join(parts[:k])
+            if d not in folders:
+                folders.add(d)
+                entries.append(_dir(d))
+
+    for d in dirs:
+        folder(d)
+    for path, (data, mode) in sorted(files.items()):
+        folder(path.strip("/").rpartition("/")[0])
+        f = tarfile.TarInfo(path.strip("/"))
+        f.size, f.mode = len(data), mode
+        entries.append((f, data))
+    for path, target in sorted((symlinks or {}).items()):
+        folder(path.strip("/").rpartition("/")[0])
+        link = tarfile.TarInfo(path.strip("/"))
+        link.type, link.linkname, link.mode = tarfile.SYMTYPE, target, 0o777
+        entries.append((link, None))
+    for path, target in sorted((hardlinks or {}).items()):
+        folder(path.strip("/").rpartition("/")[0])
+        link = tarfile.TarInfo(path.strip("/"))
+        link.type, link.linkname = tarfile.LNKTYPE, target.strip("/")
+        link.mode = files[target][1]
+        entries.append((link, None))
+    return _tar_bytes(entries)
+
+
+def oci_archive_layers(
+    layers: list[bytes],
+    name: str,
+    entrypoint: list[str],
+    out: Path,
+    cmd: list[str] | None = None,
+    path: str = "/bin",
+    user: str = "",
+) -> Path:
     """An image of any layers (lowest first): e.g. busybox's and a :func:`files_layer` on top,
-    as an OCI layout tar for ``ctr images import``."""
+    as an OCI layout tar for ``ctr images import``. An empty ``entrypoint`` is left out of the
+    config (the image runs ``cmd``, or what the container's command says); ``user`` is the
+    image's default user."""
     diff_ids = ["sha256:" + hashlib.sha256(layer).hexdigest() for layer in layers]
+    image_config: dict[str, object] = {"Env": [f"PATH={path}"], "WorkingDir": "/"}
+    if entrypoint:
+        image_config["Entrypoint"] = entrypoint
+    if cmd:
+        image_config["Cmd"] = cmd
+    if user:
+        image_config["User"] = user
     config = json.dumps(
         {
             "architecture": "amd64",
             "os": "linux",
-            "config": {"Entrypoint": entrypoint, "Env": ["PATH=/bin"], "WorkingDir": "/"},
+            "config": image_config,
             "rootfs": {"type": "layers", "diff_ids": diff_ids},
         },
         sort_keys=True,

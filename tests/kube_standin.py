@@ -423,8 +423,13 @@ class KubeStandIn:
         ev = await request.json()
         name = ev.get("metadata", {}).get("name")
         missing = [f for f in ("involvedObject", "reason", "message") if not ev.get(f)]
-        if not name or missing or ev["involvedObject"].get("namespace") != ns:
+        if not name or missing:
             return status(422, "Invalid", f"Event is invalid: missing {missing or ['metadata.name']}")
+        # The API server's rule: an Event's namespace is its object's; for a cluster-scoped
+        # object (no namespace) it must be "default".
+        involved_ns = ev["involvedObject"].get("namespace") or ""
+        if involved_ns != ns and not (involved_ns == "" and ns == "default"):
+            return status(422, "Invalid", "Event is invalid: involvedObject.namespace does not match event.namespace")
         if (ns, name) in self.events:
             return status(409, "AlreadyExists", f'events "{name}" already exists')
         ev["metadata"]["namespace"] = ns

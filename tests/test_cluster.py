@@ -147,6 +147,38 @@ def test_a_nodeslo_change_is_in_force_within_a_second(tmp_path: Path, caplog: py
         await until(lambda: rules.rejected == 1, 1.0)
         assert rules.current.version == version and rules.policy.cpuBurstStrategy.cpuBurstPercent == 250
         assert "spec.cpuBurstStrategy.cpuBurstPercent: 20000 is greater than the maximum of 10000" in caplog.text
+        # The stand-in does not apply the CRD: that refusal reached the agent, which says why in a
+        # Warning Event on the NodeSLO, in "default" as for any cluster-scoped object.
+        await cluster.events.drain()
+
+        def events(reason: str) -> list[dict[str, Any]]:
+            return [e for e in s.events.values() if e["involvedObject"]["kind"] == "NodeSLO" and e["reason"] == reason]
+
+        (event,) = events("NodeSLORejected")
+        uid = s.nodeslos[NODE]["metadata"]["uid"]
+        assert event["metadata"]["namespace"] == "default" and event["type"] == "Warning"
+        assert event["involvedObject"] == {
+            "apiVersion": "slo.koordinator.sh/v1alpha1",
+            "kind": "NodeSLO",
+            "name": NODE,
+            "uid": uid,
+        }
+        assert "cpuBurstPercent: 20000 is greater than the maximum" in event["message"] and event["count"] == 1
+        assert f"policy version {version} " in event["message"]
+        # A value the CRD accepts and the agent cannot use (a CAT range that ends before it
+        # starts) is left out, the rest applied, and a Warning Event says so; a repeat of the
+        # reason on the object raises that Event's count.
+        spec = {
+            "cpuBurstStrategy": {"cpuBurstPercent": 250},
+            "resourceQOSStrategy": {"beClass": {"resctrlQOS": {"catRangeStartPercent": 80, "catRangeEndPercent": 20}}},
+        }
+        for count in (1, 2):
+            s.put_nodeslo(NODE, spec)
+            await until(lambda c=count: sum(e["count"] for e in events("NodeSLOValueNotUsed")) == c, 1.0)  # type: ignore[misc]
+        (event,) = events("NodeSLOValueNotUsed")
+        assert "catRangeStartPercent (80) must be below catRangeEndPercent (20)" in event["message"]
+        assert rules.policy.resourceQOSStrategy.beClass.resctrlQOS.catRangeStartPercent == 0
+        assert rules.policy.cpuBurstStrategy.cpuBurstPercent == 250 and rules.rejected == 1
         # Deleted: the policy underneath (here the embedded default) applies again.
         s.delete_nodeslo(NODE)
         await until(lambda: rules.policy.cpuBurstStrategy.cpuBurstPercent == Policy().cpuBurstStrategy.cpuBurstPercent)
@@ -251,7 +283,7 @@ def test_a_pdb_429_spares_that_pod_and_the_next_candidate_goes(tmp_path: Path) -
         assert gone == ["batch-1"]
         assert "deletionTimestamp" not in s.pods[("shop", "web-1")]["metadata"]  # spared
         await until(lambda: pods.by_name("shop", "batch-1") is None)  # gracefully deleted
-        await evictor.drain()
+        await cluster.events.drain()
         events = {e["involvedObject"]["name"]: e for e in s.events.values()}
         assert events["batch-1"]["reason"] == "Evicted" and "MemoryEvict" in events["batch-1"]["message"]
         assert message in events["batch-1"]["message"] and events["batch-1"]["source"]["host"] == NODE
@@ -261,7 +293,7 @@ def test_a_pdb_429_spares_that_pod_and_the_next_candidate_goes(tmp_path: Path) -
         web = pods.by_name("shop", "web-1")
         assert web is not None
         out = await evictor.evict("shop", "web-1", web.uid, 5, "MemoryEvict", message)
-        await evictor.drain()
+        await cluster.events.drain()
         assert out.result is ApiEvictionResult.BLOCKED and len(s.events) == 2
         assert s.events[("shop", events["web-1"]["metadata"]["name"])]["count"] == 2
         # Once the budget allows it, the pod goes.
@@ -274,7 +306,7 @@ def test_a_pdb_429_spares_that_pod_and_the_next_candidate_goes(tmp_path: Path) -
         s.add_pod("shop", "web-1", NODE)
         out = await evictor.evict("shop", "web-1", web.uid, 5, "MemoryEvict", message)
         assert out.result is ApiEvictionResult.GONE and out.status == 409 and ("shop", "web-1") in s.pods
-        await evictor.drain()
+        await cluster.events.drain()
         assert len(s.events) == 3
         # kind/rbac.yaml grants exactly what this session needed and the NodeMetric report's
         # (which this session does not run): nothing missing, nothing spare.
@@ -290,7 +322,7 @@ def test_dry_run_and_an_api_server_away(tmp_path: Path) -> None:
     async def body(s: KubeStandIn, cluster: Cluster, rules: RuleCache) -> None:
         pod = cluster.pods.by_name("batch", "job")
         assert pod is not None
-        dry = ApiEvictor(cluster.api, NODE, dry_run=True)
+        dry = ApiEvictor(cluster.api, cluster.events, dry_run=True)
         out = await dry.evict("batch", "job", pod.uid, 5, "CPUEvict", "score 95")
         assert (
             out.result is ApiEvictionResult.EVICTED and "deletionTimestamp" not in s.pods[("batch", "job")]["metadata"]
@@ -299,7 +331,7 @@ def test_dry_run_and_an_api_server_away(tmp_path: Path) -> None:
         await s.stop()
         out = await cluster.evictor.evict("batch", "job", pod.uid, 5, "CPUEvict", "score 95")
         assert out.result is ApiEvictionResult.ERROR and out.status == 0
-        await cluster.evictor.drain()  # its Event could not be posted either: logged, nothing raised
+        await cluster.events.drain()  # its Event could not be posted either: logged, nothing raised
         await s.start()
 
     run(tmp_path, body, setup=setup)

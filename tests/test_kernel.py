@@ -392,3 +392,25 @@ def test_what_differs_between_hierarchies_is_asked_of_the_kernel_layer(tmp_path:
     assert v2.unified_entry("no.such.file", 1) is None
     assert v2.weight_to_learn and not v1.weight_to_learn
     assert v1.hierarchy is Version.V1
+
+
+@pytest.mark.parametrize(
+    ("groups", "found"),
+    [
+        (["kubepods", "kubepods/besteffort", "system.slice"], ["kubepods"]),
+        (["kubepods.slice", "kubepods.slice/kubepods-besteffort.slice"], ["kubepods.slice"]),
+        # kind: the kubelet's cgroupRoot /kubelet with the systemd driver, and with cgroupfs
+        (
+            ["system.slice", "kubelet.slice", "kubelet.slice/kubelet-kubepods.slice"],
+            ["kubelet.slice/kubelet-kubepods.slice"],
+        ),
+        (["kubelet", "kubelet/kubepods", "kubelet/kubepods/burstable"], ["kubelet/kubepods"]),
+        (["system.slice", "user.slice", "kubelet.slice"], []),  # no pods group yet
+    ],
+)
+@pytest.mark.parametrize("version", [Version.V1, Version.V2])
+def test_the_pods_roots_are_found_where_the_kubelet_put_them(
+    tmp_path: Path, version: Version, groups: list[str], found: list[str]
+) -> None:
+    tree = v1_tree(tmp_path, groups) if version is Version.V1 else v2_tree(tmp_path, groups)
+    assert Cgroups(tree, version=version).pods_roots() == found

@@ -167,7 +167,8 @@ def test_a_nodeslo_edit_moves_the_nodes_values_and_an_invalid_one_is_refused(
 ) -> None:
     """Koordinator's NodeSLO (the v1.8.0 CRD the chart installs) for the worker: BE's memory
     protection follows each edit within 2 s; an object the CRD refuses never reaches the agent
-    (the API server answers 422 naming the field) and the policy in force stays."""
+    (the API server answers 422 naming the field) and the policy in force stays; a value the CRD
+    accepts but the agent cannot use is left out, with a Warning Event saying why."""
     kc, w = kind_cluster, workload
     worker = w.node.name
 
@@ -205,6 +206,30 @@ def test_a_nodeslo_edit_moves_the_nodes_values_and_an_invalid_one_is_refused(
         time.sleep(1)
         assert kc.metrics(worker)["nriplugin_policy_version"] == version
         assert soft() == 64 * MiB
+        # A value the CRD accepts and the agent cannot use (a CAT range that ends before it
+        # starts): left out, the policy in force stays, and a Warning Event on the NodeSLO says why.
+        bad = nodeslo(25)
+        bad["spec"]["resourceQOSStrategy"]["beClass"]["resctrlQOS"] = {
+            "catRangeStartPercent": 80,
+            "catRangeEndPercent": 20,
+        }
+        uid = kc.custom.patch_cluster_custom_object(*NODESLO, worker, bad)["metadata"]["uid"]
+
+        def warned() -> list[client.CoreV1Event]:
+            return [
+                e
+                for e in kc.core.list_namespaced_event("default").items
+                if e.involved_object.kind == "NodeSLO" and e.involved_object.uid == uid
+            ]
+
+        until(lambda: bool(warned()), 5.0, "no Event on a NodeSLO the agent refused", 0.1)
+        (event,) = warned()
+        assert event.type == "Warning" and event.reason == "NodeSLOValueNotUsed", event
+        assert "catRangeStartPercent (80) must be below catRangeEndPercent (20)" in (event.message or "")
+        assert event.source is not None and (event.source.component, event.source.host) == ("nriplugin", worker)
+        assert kc.metrics(worker)["nriplugin_policy_version"] == version
+        assert soft() == 64 * MiB
+        print(f"the agent's Event: {event.reason}: {event.message}")
     finally:
         try:
             kc.custom.delete_cluster_custom_object(*NODESLO, worker)

@@ -54,6 +54,7 @@ from nriplugin.pacing.turns import Pacer
 
 if TYPE_CHECKING:
     from nriplugin.inventory.cri import CriInventory
+    from nriplugin.kernel.cgroup import Cgroups
     from nriplugin.netqos.reconciler import NetQoS
     from nriplugin.node.assembly import Node
     from nriplugin.node.hooks import QoSPlugin
@@ -164,6 +165,7 @@ class Agent:
         created containers waits until the burst is over)."""
         self.ns = ns
         self.loop = asyncio.get_running_loop()
+        self._pods_roots: list[str] | None = None
         self.traffic = HookTraffic(clock)
         self.pacer = Pacer(self.loop, self.traffic, wait_out_bursts=True)
         self.opts = StubOptions.from_env(
@@ -366,6 +368,20 @@ class Agent:
             await asyncio.wait(first, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
         return Loaded(rules, node, plugin, invalid)
 
+    def pods_roots(self, cgroups: Cgroups) -> list[str]:
+        """``--pods-root`` as given; else the kubelet's pods groups found in the tree (a
+        ``cgroupRoot`` moves them, as kind's does), said once; else the usual two."""
+        if self.ns.pods_root:
+            return list(self.ns.pods_root)
+        if self._pods_roots is None:
+            found = cgroups.pods_roots()
+            self._pods_roots = found or list(DEFAULT_PODS_ROOTS)
+            if found:
+                log.info("pods root: %s (found in the cgroup tree)", ", ".join(found))
+            else:
+                log.info("pods root: none in the cgroup tree yet; using %s", ", ".join(DEFAULT_PODS_ROOTS))
+        return self._pods_roots
+
     def learn_limits(self, node: Node) -> None:
         """What the kernel holds on BE's groups, before the real plugin answers its first
         hook, on every start: a previous agent's cut stays written (``serve``), and a BE
@@ -373,7 +389,7 @@ class Agent:
         from nriplugin.policy.qos import QoSClass
         from nriplugin.qos.cpu_suppress import be_groups
 
-        held = node.desired.learn_held(QoSClass.BE, be_groups(self.ns.pods_root or DEFAULT_PODS_ROOTS))
+        held = node.desired.learn_held(QoSClass.BE, be_groups(self.pods_roots(node.cgroups)))
         for group, cores in held.items():
             log.info(
                 "BE's group %s holds %.2f cores (left by the previous agent): BE pods are capped at it until "
@@ -527,7 +543,7 @@ class Agent:
             node.model,
             observer=ReconcilerMetrics(metrics),
             resync_period=self.ns.resync_seconds,
-            roots=self.ns.pods_root or list(DEFAULT_PODS_ROOTS),
+            roots=self.pods_roots(node.cgroups),
             on_new_dir=on_new_dir,
             pacer=self.pacer,
         )
@@ -583,7 +599,7 @@ class Agent:
             collector.stats,
             rules,
             evictor,
-            self.ns.pods_root or list(DEFAULT_PODS_ROOTS),
+            self.pods_roots(node.cgroups),
             priorities=ClusterPriorities(lambda: getattr(self.cluster, "pods", None)),
             usage=lambda: collector.by_container,
             force_dry_run=bool(getattr(self.ns, "evict_dry_run", False)),

@@ -155,7 +155,8 @@ def run_node_options(run: argparse.ArgumentParser) -> None:
         action="append",
         help="cgroup path (relative to a hierarchy) under which kubelet puts pods; new pod and "
         "container directories there are noticed at once, and its memory limit (kubelet's node "
-        "allocatable) is the memory MemoryEvict guards (repeatable; default: kubepods, kubepods.slice)",
+        "allocatable) is the memory MemoryEvict guards (repeatable; default: found in the cgroup tree: "
+        "kubepods, kubepods.slice, or one level below the kubelet's cgroupRoot)",
     )
     run.add_argument(
         "--evict-dry-run",

@@ -12,34 +12,26 @@ decides).
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import json
 import logging
-import secrets
-import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import aiohttp
 from kubernetes_asyncio.client import (
     ApiClient,
     CoreV1Api,
-    CoreV1Event,
     V1DeleteOptions,
-    V1EventSource,
     V1Eviction,
     V1ObjectMeta,
-    V1ObjectReference,
     V1Preconditions,
 )
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from nriplugin.cluster.events import REQUEST_TIMEOUT, EventRecorder, Involved
+
 log = logging.getLogger("nriplugin.cluster")
-COMPONENT = "nriplugin"
-REQUEST_TIMEOUT = 5.0
-AGGREGATE_SECONDS = 600.0  # a repeated event within this is one Event with a count (as client-go does)
 
 
 class ApiEvictionResult(enum.Enum):
@@ -72,12 +64,10 @@ class ApiEvictor:
     """Evictions through the API server. ``dry_run``: the API server checks everything (the
     pod, its budgets) and evicts nothing (``dryRun=All``); no Event is posted."""
 
-    def __init__(self, api: ApiClient, node: str, dry_run: bool = False) -> None:
+    def __init__(self, api: ApiClient, events: EventRecorder, dry_run: bool = False) -> None:
         self.core = CoreV1Api(api)
-        self.node = node
+        self.events = events
         self.dry_run = dry_run
-        self._recent: dict[tuple[str, str], tuple[str, int, float]] = {}  # (pod uid, reason) -> (event, count, first)
-        self._posting: set[asyncio.Task[None]] = set()
 
     async def evict(
         self, pod_ns: str, pod_name: str, pod_uid: str, grace_seconds: int, reason: str, message: str
@@ -126,51 +116,8 @@ class ApiEvictor:
             if event is not None and not (
                 out.result is ApiEvictionResult.BLOCKED and out.detail.startswith("throttled")
             ):
-                task = asyncio.get_running_loop().create_task(self._post(pod_ns, pod_name, pod_uid, *event))
-                self._posting.add(task)
-                task.add_done_callback(self._posting.discard)
+                self.events.emit(Involved("v1", "Pod", pod_name, pod_uid, pod_ns), *event)
         return out
-
-    async def drain(self) -> None:
-        """Wait for the Events still being posted."""
-        if self._posting:
-            await asyncio.gather(*self._posting, return_exceptions=True)
-
-    async def _post(self, ns: str, pod: str, uid: str, reason: str, message: str) -> None:
-        """An Event on the pod; a repeat within AGGREGATE_SECONDS raises the first one's count."""
-        now = time.time()
-        stamp = datetime.fromtimestamp(now, UTC)
-        self._recent = {k: v for k, v in self._recent.items() if now - v[2] < AGGREGATE_SECONDS}
-        key = (uid, reason)
-        try:
-            if key in self._recent:
-                name, count, first = self._recent[key]
-                patch = {"count": count + 1, "lastTimestamp": stamp.strftime("%Y-%m-%dT%H:%M:%SZ"), "message": message}
-                try:
-                    await self.core.patch_namespaced_event(name, ns, patch, _request_timeout=REQUEST_TIMEOUT)
-                    self._recent[key] = (name, count + 1, first)
-                    return
-                except ApiException as exc:
-                    if exc.status != 404:
-                        raise
-            name = f"{pod}.{secrets.token_hex(8)}"
-            event = CoreV1Event(
-                metadata=V1ObjectMeta(name=name, namespace=ns),
-                involved_object=V1ObjectReference(api_version="v1", kind="Pod", name=pod, namespace=ns, uid=uid),
-                reason=reason,
-                message=message[:1024],
-                type="Warning",
-                count=1,
-                first_timestamp=stamp,
-                last_timestamp=stamp,
-                source=V1EventSource(component=COMPONENT, host=self.node),
-                reporting_component=COMPONENT,
-                reporting_instance=f"{COMPONENT}-{self.node}",
-            )
-            await self.core.create_namespaced_event(ns, event, _request_timeout=REQUEST_TIMEOUT)
-            self._recent[key] = (name, 1, now)
-        except (ApiException, aiohttp.ClientError, TimeoutError, OSError) as exc:
-            log.warning("event %s on pod %s/%s not posted: %s", reason, ns, pod, getattr(exc, "status", exc))
 
 
 def _outcome(exc: ApiException) -> ApiEvictionOutcome:

@@ -13,6 +13,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from nriplugin.cluster import node_name
 from nriplugin.cluster.client import connect
+from nriplugin.cluster.events import EventRecorder
 from nriplugin.cluster.eviction import ApiEvictor
 from nriplugin.cluster.listwatch import ListWatch
 from nriplugin.cluster.nodemetric import Measured
@@ -45,14 +46,15 @@ class Cluster:
         self.api = api
         self.node = node
         self.watches: list[ListWatch] = []
+        self.events = EventRecorder(api, node)
         self.nodeslo: NodeSLOSource | None = None
         if nodeslo:
-            watch, self.nodeslo = nodeslo_watcher(api, rules, node, **kw)
+            watch, self.nodeslo = nodeslo_watcher(api, rules, node, events=self.events, **kw)
             self.watches.append(watch)
         watch, self.pods = pods_watcher(api, node, **kw)
         self.pods_watch = watch
         self.watches.append(watch)
-        self.evictor = ApiEvictor(api, node, dry_run=dry_run)
+        self.evictor = ApiEvictor(api, self.events, dry_run=dry_run)
         self.reporter: NodeMetricReporter | None = None
         if usage is not None:
             self.reporter = NodeMetricReporter(api, node, usage, self.pods, observer=observer, **kw)
@@ -79,7 +81,7 @@ class Cluster:
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
-        await self.evictor.drain()
+        await self.events.drain()
         await self.api.close()
 
 

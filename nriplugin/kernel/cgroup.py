@@ -580,6 +580,26 @@ class Cgroups:
             self._child_files = _probe_child(self.root)
         return res.v2 in self._child_files
 
+    def pods_roots(self) -> list[str]:
+        """The kubelet's pods groups in this tree: ``kubepods`` (cgroupfs driver) or
+        ``kubepods.slice`` (systemd) at the top, or one level down when the kubelet has a
+        ``cgroupRoot`` (kind's ``/kubelet``: ``kubelet/kubepods`` or
+        ``kubelet.slice/kubelet-kubepods.slice``). Empty when the kubelet has made none yet."""
+        top = self.root / "cpu" if self.version is Version.V1 else self.root
+        found = [name for name in ("kubepods", "kubepods.slice") if (top / name).is_dir()]
+        if found:
+            return found
+        try:
+            parents = sorted(p.name for p in top.iterdir() if p.is_dir())
+        except OSError:
+            return []
+        for parent in parents:
+            stem = parent.removesuffix(".slice")
+            name = f"{stem}-kubepods.slice" if parent.endswith(".slice") else "kubepods"
+            if (top / parent / name).is_dir():
+                found.append(f"{parent}/{name}")
+        return found
+
     def _mark_unsupported(self, resource: str, why: str) -> None:
         if resource not in self.unsupported:
             self.unsupported.add(resource)

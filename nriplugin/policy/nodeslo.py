@@ -38,6 +38,13 @@ from nriplugin.policy.profiles import overlay as deep_merge
 API_VERSION = "slo.koordinator.sh/v1alpha1"
 CRD_FILE = "slo.koordinator.sh_nodeslos.yaml"
 _INT_RANGE = {"int32": 1 << 31, "int64": 1 << 63}
+UNUSED_FIELDS = "NodeSLO fields not used by nriplugin"  # the note naming what is not implemented
+
+
+def values_left_out(notes: list[str]) -> list[str]:
+    """Of ``overlay``'s notes, those on a value given and left out (a value the CRD allows but
+    nriplugin cannot use), not the one naming fields nriplugin does not implement."""
+    return [n for n in notes if not n.startswith(UNUSED_FIELDS)]
 
 
 @functools.cache
@@ -205,7 +212,7 @@ def overlay(base: Policy, spec: dict[str, Any]) -> tuple[Policy, list[str]]:
     spec = copy.deepcopy(spec)  # values are dropped from it below
     used = split({k: v for k, v in spec.items() if k not in own}, Policy, "", unused)
     used.update({k: v for k, v in spec.items() if k in own})  # strict, as in a policy file
-    notes = [f"NodeSLO fields not used by nriplugin: {', '.join('spec.' + u for u in unused)}"] if unused else []
+    notes = [f"{UNUSED_FIELDS}: {', '.join('spec.' + u for u in unused)}"] if unused else []
     base_doc = _base_document(base)
     while True:
         try:
