@@ -176,6 +176,21 @@ class Cluster:
         found: list[Any] = until(running, timeout, f"{count} Running pod(s) {selector} in {ns}")
         return found
 
+    def why_failed(self, ns: str, selector: str) -> str:
+        """What a failed pod's containers and Events say, for an assertion's message."""
+        lines = []
+        for pod in self.core.list_namespaced_pod(ns, label_selector=selector).items:
+            if pod.status.phase != "Failed":
+                continue
+            for st in pod.status.container_statuses or []:
+                term = st.state.terminated if st.state else None
+                if term is not None:
+                    lines.append(f"{pod.metadata.name}/{st.name}: {term.reason} exit {term.exit_code}: {term.message}")
+            for ev in self.events(ns, pod.metadata.name):
+                if ev.type == "Warning":
+                    lines.append(f"{pod.metadata.name}: {ev.reason}: {ev.message}")
+        return "\n".join(lines[:40]) or "(no failed pod left to read)"
+
     def events(self, ns: str, name: str) -> list[Any]:
         return list(self.core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items)
 

@@ -25,7 +25,7 @@ from nriplugin.intent.cpus import CPUAllocator
 from nriplugin.kernel.cgroup import Cgroups, Version
 from nriplugin.kernel.probe import Capabilities, Resctrl, Topology
 from nriplugin.node.assembly import Node
-from nriplugin.node.hooks import QoSPlugin
+from nriplugin.node.hooks import QoSPlugin, _is_be
 from nriplugin.nri import api_pb2 as api
 from nriplugin.pacing.traffic import HookTraffic
 from nriplugin.pacing.turns import Pacer
@@ -148,7 +148,7 @@ class Waiting(HookTraffic):
 def computed(p: QoSPlugin, pod: api.PodSandbox, ctr: api.Container) -> bytes:
     """The answer worked out for this container alone (no shape shared)."""
     intent = p.desired.intent_before_known(pod, ctr)
-    adj = p._adjustment(intent, pod)
+    adj = p._adjustment(intent, pod, _is_be(pod))
     return b"" if adj is None else adj.SerializeToString(deterministic=True)
 
 
@@ -166,7 +166,7 @@ def test_pods_of_one_workload_share_one_answer_equal_to_their_own(tmp_path: Path
         if i % 4 == 3:
             ctr.linux.resources.memory.limit.value = (256 + i) << 20  # a shape of its own
         assert answered(p, pod, ctr) == computed(p, pod, ctr), f"pod {i} ({qos})"
-    assert len(p._births) == 2 + 10  # BE, LS, and the ten LS pods with their own memory limit
+    assert len(p._answers) == 2 + 10  # BE, LS, and the ten LS pods with their own memory limit
 
 
 def test_a_class_ceiling_and_a_policy_make_new_answers(tmp_path: Path) -> None:

@@ -63,6 +63,9 @@ class Seen:
     def burst(self, granted: bool) -> None:
         pass
 
+    def birth_lift(self, seconds: float | None) -> None:
+        pass
+
 
 def test_constants() -> None:
     assert (FAST_PERIOD, FAST_JUMP, FAST_WINDOW, HISTORY) == (0.05, 0.15, 0.15, 300.0)

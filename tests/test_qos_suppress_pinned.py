@@ -30,6 +30,7 @@ BE_GROUP = "kubepods/besteffort"
 class Observed:
     limits: list[float] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
+    lifts: list[float | None] = field(default_factory=list)
 
     def round_done(self, seconds: float, collect_seconds: float) -> None:
         pass
@@ -45,6 +46,9 @@ class Observed:
 
     def burst(self, granted: bool) -> None:
         pass
+
+    def birth_lift(self, seconds: float | None) -> None:
+        self.lifts.append(seconds)
 
 
 class Host:
@@ -612,3 +616,51 @@ def test_ls_using_exactly_its_request_is_reserved_as_its_request() -> None:
     c = Capacity(4.0, 0.0, 2.0, ls_usage=2.0, be_usage=0.0, non_be_usage=2.0)
     t = be_target(c, 0.8, "MEDIUM", ls_reserve=2.0)
     assert t.cores == pytest.approx(1.6) and t.why == "MEDIUM: (4 total - 2.00 LS request - 0 reserved) x 0.8"
+
+
+def test_a_be_birth_lifts_the_groups_quota_until_the_last_one_started() -> None:
+    """runc's systemd driver freezes a new container's cgroup: a BE group out of quota cannot
+    freeze. From the first birth to the last start the group has no quota; the ceiling on BE's
+    children with quotas stays; then the cut is back."""
+    h = Host()
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    births = h.model.births
+    g = group_key(BE_GROUP)
+    births.begin("x")  # not cut yet: nothing to lift
+    births.end("x")
+    assert h.observer.lifts == [] and g not in h.desired.overlays
+    s.decide(round_at(5.0, Level.HIGH, policy(), cap()))  # 1 core
+    h.scene.told.clear()
+    births.begin("a")
+    births.begin("b")
+    intent = h.desired.intent(g)
+    assert intent is not None and intent.get("cpu.cfs_quota_us") == -1
+    assert "while a BE container is born" in intent.files[("cpu.cfs_quota_us", "")].why
+    assert h.desired.capped(h.scene.be.id)  # children with a quota stay under the ceiling
+    assert h.scene.told == [[g]] and h.observer.lifts == [None]
+    births.end("a")
+    assert h.desired.intent(g).get("cpu.cfs_quota_us") == -1  # type: ignore[union-attr]
+    births.end("b")
+    assert h.desired.intent(g).get("cpu.cfs_quota_us") == 100000  # type: ignore[union-attr]
+    assert len(h.observer.lifts) == 2 and isinstance(h.observer.lifts[1], float)
+    assert h.observer.limits == [1.0]  # the decided limit never moved
+
+
+def test_a_cut_decided_during_a_birth_waits_for_it() -> None:
+    h = Host()
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    h.model.births.begin("a")
+    s.decide(round_at(5.0, Level.HIGH, policy(), cap()))
+    g = group_key(BE_GROUP)
+    assert h.desired.intent(g).get("cpu.cfs_quota_us") == -1  # type: ignore[union-attr]
+    h.model.births.end("a")
+    assert h.desired.intent(g).get("cpu.cfs_quota_us") == 100000  # type: ignore[union-attr]
+
+
+def test_births_lift_nothing_under_the_cpuset_policy() -> None:
+    h = Host(cpuset=True)
+    s = CPUSuppressStrategy(h)  # type: ignore[arg-type]
+    s.decide(round_at(5.0, Level.HIGH, policy(policy="cpuset"), cap()))
+    h.scene.told.clear()
+    h.model.births.begin("a")
+    assert h.scene.told == [] and h.observer.lifts == []

@@ -22,7 +22,7 @@ from nriplugin.node.overlays import group_key
 from nriplugin.nri import api_pb2 as api
 from nriplugin.pacing.turns import Pacer
 from nriplugin.reconciler import Reconciler
-from nriplugin.reconciler.reconciler import BACKOFF_MIN, FIGHT_REPAIRS, UNIT_FIGHT_REPAIRS
+from nriplugin.reconciler.reconciler import BACKOFF_MIN, FIGHT_REPAIRS
 from testkit.runtime_peer import make_container, make_pod
 
 ROOT = Path("/sys/fs/cgroup")
@@ -163,60 +163,6 @@ def test_a_stubborn_writer_is_a_fight(workload: tuple[api.PodSandbox, api.Contai
         assert len(rec.drifts) > len(repairs)
         r.policy_changed()  # a new policy re-applies at once, backoff forgotten
         assert (cpu / "cpu.shares").read_text().strip() == "512"
-
-    asyncio.run(main())
-
-
-@pytest.fixture
-def unit_workload() -> Iterator[tuple[api.PodSandbox, api.Container, Path]]:
-    """The workload laid out by the kubelet's systemd driver: a .slice pod, a .scope container."""
-    top = f"nriplugin-rtest-{os.getpid()}"
-    pod = make_pod(1, "BE", parent=f"/{top}/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice")
-    pod.annotations["node.koordinator.sh/extended-resource-spec"] = BATCH
-    ctr = make_container(1, pod)
-    ctr.linux.cgroups_path = f"{pod.linux.cgroup_parent}/cri-containerd-{ctr.id}.scope"
-    with occupied(ctr.linux.cgroups_path.lstrip("/")) as cpu:
-        yield pod, ctr, cpu
-
-
-def test_systemd_writing_a_unit_again_is_repaired_every_time_not_fought(
-    unit_workload: tuple[api.PodSandbox, api.Container, Path],
-) -> None:
-    """systemd writes a unit's attributes back whenever the kubelet touches the unit (each pod
-    admission and cleanup): resets at the kubelet's pace are each repaired at once, with no
-    backoff and no conflict, where the same pace on a plain directory is a fight
-    (test_a_stubborn_writer_is_a_fight); a writer far faster than any kubelet still is one."""
-    pod, ctr, cpu = unit_workload
-
-    async def main() -> None:
-        rec = Recorder()
-        r = await running(pod, ctr, rec)
-        r.full_pass()
-        try:
-            resets = 3 * FIGHT_REPAIRS
-            for _ in range(resets):  # every 100 ms: a churn of pods
-                (cpu / "cpu.shares").write_text("1024")
-                await until(lambda: shares_of(cpu) == "512", 0.5)
-                await asyncio.sleep(0.1)
-            assert rec.conflicts == [] and len([x for x, _ in rec.repairs if x == "cpu.shares"]) == resets
-            stop = threading.Event()
-
-            def fighter() -> None:
-                while not stop.is_set():
-                    (cpu / "cpu.shares").write_text("1024")
-                    time.sleep(0.002)
-
-            t = threading.Thread(target=fighter)
-            t.start()
-            try:
-                await until(lambda: bool(rec.conflicts), 5.0)
-            finally:
-                stop.set()
-                t.join()
-            assert set(rec.conflicts) == {"cpu.shares"}
-            assert len([x for x, _ in rec.repairs if x == "cpu.shares"]) > UNIT_FIGHT_REPAIRS
-        finally:
-            r.stop()
 
     asyncio.run(main())
 

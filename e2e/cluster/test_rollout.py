@@ -69,7 +69,7 @@ def test_a_rolling_update_under_churn_starts_every_pod_right(kind_cluster: Clust
 
         def under_way() -> bool:
             st = kc.batch.read_namespaced_job("churn", ns).status
-            assert not st.failed, f"a churned pod failed: {st}"
+            assert not st.failed, f"{st.failed} churned pod(s) failed:\n{kc.why_failed(ns, 'app=churn')}"
             return bool((st.succeeded or 0) >= 20)
 
         until(under_way, 120, "churn under way")
@@ -90,21 +90,17 @@ def test_a_rolling_update_under_churn_starts_every_pod_right(kind_cluster: Clust
 
         until(rolled, 120, "the DaemonSet did not roll")
         took = time.monotonic() - t0
-        until(
-            lambda: (
-                (kc.batch.read_namespaced_job("churn", ns).status.succeeded or 0)
-                + (kc.batch.read_namespaced_job("churn", ns).status.failed or 0)
-                >= PODS
-            ),
-            300,
-            "the churn Job did not finish",
-            1.0,
-        )
+
+        def finished() -> bool:
+            st = kc.batch.read_namespaced_job("churn", ns).status
+            return bool(st.failed or (st.succeeded or 0) >= PODS)  # a failure ends the Job (backoffLimit 0)
+
+        until(finished, 300, "the churn Job did not finish", 1.0)
     finally:
         stop.set()
         sampler.join(10)
     job = kc.batch.read_namespaced_job("churn", ns)
-    assert (job.status.succeeded, job.status.failed or 0) == (PODS, 0)
+    assert (job.status.succeeded, job.status.failed or 0) == (PODS, 0), kc.why_failed(ns, "app=churn")
     new = kc.metrics(worker)
     assert metric_sum(new, "nriplugin_hook_failures_total") == 0 and old_failures == 0
     wrong = {cid[:12]: v for cid, v in checked.items() if v != "512"}
@@ -114,5 +110,6 @@ def test_a_rolling_update_under_churn_starts_every_pod_right(kind_cluster: Clust
     assert all(s.restart_count == 0 for p in web for s in p.status.container_statuses)
     print(
         f"\nrolled in {took:.1f} s; {job.status.succeeded} pods churned, 0 failed; {len(checked)} BE containers "
-        f"read while running, all cpu.shares 512; handover gap {gaps[0] * 1000:.1f} ms over {gaps[1]:.0f} handover(s)"
+        f"read while running, all cpu.shares 512; handover gap {gaps[0] * 1000:.1f} ms over {gaps[1]:.0f} handover(s); "
+        f"the new agent lifted BE's quota for births {metric_sum(new, 'nriplugin_qos_be_birth_lifts_total'):g} times"
     )

@@ -199,8 +199,9 @@ class QoSPlugin(Plugin):
         # of one workload come in bursts and get the same values, computed once; the key
         # carries the node's state, so a decision since then makes a new key. With the answer,
         # what is not asked again each time: whether it names a resctrl CLOS
-        # (_placed_by_runtime), and whether the agent manages the container (born_managed).
-        self._births: dict[tuple[object, ...], tuple[api.ContainerAdjustment | None, bool, bool]] = {}
+        # (_placed_by_runtime), whether the agent manages the container (born_managed),
+        # and whether it is BE's (its birth lifts BE's quota: node/births.py).
+        self._answers: dict[tuple[object, ...], tuple[api.ContainerAdjustment | None, bool, bool, bool]] = {}
         # LinuxRdt by resctrl group, while the policy and runtime stay (None: not this path)
         self._rdt: tuple[Policy, dict[str, api.LinuxRdt] | None] | None = None
         self._born_with = born_with.BirthPlans()  # what BE is born with, while the policy and runtime stay
@@ -212,7 +213,7 @@ class QoSPlugin(Plugin):
         self.runtime = caps
         self.fields = carried(caps)
         self.pod_updates_since = None
-        self._births.clear()
+        self._answers.clear()
         self._rdt = None
         policy = self.desired.rules.policy
         for name, why in self._born_with(policy, caps).lines().items():
@@ -332,7 +333,7 @@ class QoSPlugin(Plugin):
         messages: their parse is several times larger, and a burst would parse every request
         into new memory."""
         key = self.desired.birth_key(pod, container)  # None for a pod that pins, among others
-        born = self._births.get(key) if key is not None else None
+        born = self._answers.get(key) if key is not None else None
         if born is None:
             if key is None and self.desired.pins(pod):
                 return self._create_pinned(pod, container)
@@ -340,15 +341,18 @@ class QoSPlugin(Plugin):
                 intent = self.desired.intent_before_known(pod, container)
             except FeatureFailed as exc:
                 raise RuntimeError(f"refusing {pod.namespace}/{pod.name}/{container.name}: {exc}") from exc
-            adj = self._adjustment(intent, pod)
+            be = _is_be(pod)
+            adj = self._adjustment(intent, pod, be)
             managed = self.desired.born_managed(key) if key is not None else self.desired.manages(pod)
-            born = adj, _names_clos(adj), managed
+            born = adj, _names_clos(adj), managed, be
             if key is not None:
-                if len(self._births) >= MAX_SHAPES:  # old stamps: unreachable anyway
-                    self._births.clear()
-                self._births[key] = born
-        adj, placed, managed = born
+                if len(self._answers) >= MAX_SHAPES:  # old stamps: unreachable anyway
+                    self._answers.clear()
+                self._answers[key] = born
+        adj, placed, managed, be = born
         cid = container.id
+        if be:
+            self.model.births.begin(cid)
         self._placed_by_runtime(cid, placed)
         if not request:
             request = api.CreateContainerRequest(pod=pod, container=container).SerializeToString()
@@ -370,7 +374,7 @@ class QoSPlugin(Plugin):
         except FeatureFailed as exc:
             self.model.container_removed(container.id)  # refused: it will never exist
             raise RuntimeError(f"refusing {pod.namespace}/{pod.name}/{container.name}: {exc}") from exc
-        adj = self._adjustment(intent, pod)
+        adj = self._adjustment(intent, pod, _is_be(pod))
         self._placed_by_runtime(container.id, _names_clos(adj))
         if adj is not None and self.desired.cpus.generation != generation:  # cores left the share pool
             return adj, self._pool_updates(skip=container.id)
@@ -382,13 +386,12 @@ class QoSPlugin(Plugin):
         if placed:
             self.writer.rdt_placed.add(cid)
 
-    def _adjustment(self, intent: Intent | None, pod: api.PodSandbox) -> api.ContainerAdjustment | None:
+    def _adjustment(self, intent: Intent | None, pod: api.PodSandbox, be: bool) -> api.ContainerAdjustment | None:
         """The cgroup values NRI carries, the resctrl group where the runtime places
         containers, and for BE the process attributes the runtime's NRI carries
         (``born_with``: one template merged, whatever the node's size)."""
         adj = api.ContainerAdjustment()
         some = False
-        be = _is_be(pod)
         if intent is not None:
             some = to_resources(self._in_spec(intent, be), self.cgroups, adj.linux.resources, self.fields)
             if intent.resctrl_group is not None:
@@ -415,6 +418,7 @@ class QoSPlugin(Plugin):
         started it yet. Starting it in the model joins its task groups and lets the
         reconciler converge whatever NRI did not carry at creation, right after this answer."""
         key = container.id
+        self.model.births.end(key)
         self._take_in_one(key)
         self.model.container_started(pod, container)
         try:
@@ -469,6 +473,7 @@ class QoSPlugin(Plugin):
         its answer's resctrl placement knows it (a pod's first container created and removed
         in one burst costs no take-in, nor its pod's)."""
         cid = container.id
+        self.model.births.end(cid)
         if self._created.pop(cid, None) is not None and cid not in self.model:
             self.writer.rdt_placed.discard(cid)
             return

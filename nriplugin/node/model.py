@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from nriplugin.kernel import paths
+from nriplugin.node.births import Births
 from nriplugin.nri import api_pb2 as api
 
 log = logging.getLogger("nriplugin.node.model")
@@ -83,6 +84,7 @@ class NodeModel:
         # Moves on every change listeners are told of: readers that derive something from the
         # whole model (the BE groups, per-container facts) recompute only when it moved.
         self.revision = 0
+        self.births = Births()  # BE containers between CreateContainer and StartContainer
 
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)

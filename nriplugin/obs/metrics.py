@@ -251,6 +251,12 @@ class Metrics:
         Counter, "nriplugin_qos_cpu_burst_total", "LS bursts granted (started) and ended.", ("change",)
     )
     qos_be_limit = Declared(Gauge, "nriplugin_qos_be_cpu_limit_cores", "BE's CPU limit in cores (+Inf: no quota).")
+    qos_birth_lifts = Declared(
+        Counter, "nriplugin_qos_be_birth_lifts_total", "Times BE's quota was lifted while BE containers were born."
+    )
+    qos_birth_lift_seconds = Declared(
+        Counter, "nriplugin_qos_be_birth_lift_seconds_total", "Seconds BE's quota was lifted for births, in all."
+    )
     qos_evictions = Declared(
         Counter,
         "nriplugin_qos_evictions_total",
@@ -436,6 +442,12 @@ class QoSMetrics:
 
     def burst(self, granted: bool) -> None:
         self.m.qos_burst.labels("granted" if granted else "ended").inc()
+
+    def birth_lift(self, seconds: float | None) -> None:
+        if seconds is None:
+            self.m.qos_birth_lifts.inc()
+        else:
+            self.m.qos_birth_lift_seconds.inc(seconds)
 
 
 class EvictionMetrics:

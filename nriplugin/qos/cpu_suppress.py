@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -197,6 +198,9 @@ class CPUSuppressStrategy(Strategy):
         self._mode: str | None = None  # the suppression policy in force (cfsQuota, cpuset)
         self._cpuset_n: int | None = None  # CPUs BE's containers are on (cpuset policy)
         self._checked_idle: set[str] = set()  # QoS-level groups checked for a left cpu.idle
+        self._why = ""  # the reason of the quota in force (cfsQuota), for a birth's lift and back
+        self._lifted: float | None = None  # when a BE birth lifted the quota (node/births.py)
+        host.model.births.subscribe(self._births)
 
     @classmethod
     def configured(cls, cfg: QoSManagerPolicy) -> bool:
@@ -292,8 +296,13 @@ class CPUSuppressStrategy(Strategy):
         written, so a previous agent's cut is lifted too). Its weight is the kubelet's (it
         rewrites it on every pod change): never written here."""
         unlimited = not math.isfinite(new)
+        self._why = why
+        born = not unlimited and self.host.model.births.open
+        if born:
+            why = f"{why}; no quota while a BE container is born (runc must freeze it: node/births.py)"
+        self._count_lift(born)
         values: dict[str, int | str] = {
-            "cpu.cfs_quota_us": -1 if unlimited else quota_us(new),
+            "cpu.cfs_quota_us": -1 if unlimited or born else quota_us(new),
             "cpu.cfs_period_us": CFS_PERIOD_US,
         }
         # cgroup v1 refuses a child's quota above its parent's: BE's pods and containers get
@@ -312,6 +321,24 @@ class CPUSuppressStrategy(Strategy):
             # whatever a previous agent's cut the group held when this one started
             desired.set_overlay(key, SUPPRESS, values, why, before={"cpu.cfs_quota_us": -1})
             self._applied.add(key)
+
+    def _births(self, born: bool) -> None:
+        """The first BE birth began (``born``) or the last one ended: under a quota (cfsQuota),
+        BE's groups lose it until then, and get it back after. The one writer writes the lift
+        right after the hook's answer, before the runtime gets to ``runc create``."""
+        current = self.limiter.current
+        if self._mode != "cfsQuota" or not self._applied or current is None or not math.isfinite(current):
+            self._count_lift(False)
+            return
+        self._apply_quota(current, self._why)
+
+    def _count_lift(self, born: bool) -> None:
+        if born and self._lifted is None:
+            self._lifted = time.monotonic()
+            self.host.observer.birth_lift(None)
+        elif not born and self._lifted is not None:
+            self.host.observer.birth_lift(time.monotonic() - self._lifted)
+            self._lifted = None
 
     def _apply_cpuset(self, new: float, before: float | None, why: str) -> str | None:
         """cpuset: BE's containers on whole CPUs of the share pool (SMT siblings together),

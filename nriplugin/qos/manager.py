@@ -367,7 +367,9 @@ class QoSManager:
             log.info("QoS overlays withdrawn (%s): %s", s.name, why)
 
     def fast_round(self) -> None:
-        """Between rounds: node CPU and BE's usage only; decide now if non-BE usage jumped."""
+        """Between rounds: node CPU and BE's usage only; decide now if non-BE usage jumped. BE
+        births that never reached StartContainer end here (node/births.py)."""
+        self.model.births.expire()
         policy = self.rules.policy
         if not policy.qosManager.enable or not self.groups or self.last is None:
             return

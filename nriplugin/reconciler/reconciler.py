@@ -44,12 +44,6 @@ log = logging.getLogger("nriplugin.reconciler")
 
 FIGHT_WINDOW = 10.0  # seconds
 FIGHT_REPAIRS = 3  # repairs of one file within the window that make it a fight
-# On a systemd unit's cgroup (a .slice or .scope) systemd writes every attribute of the unit
-# again each time the unit is touched: the kubelet's systemd driver sets the QoS slices'
-# properties on every pod admission and cleanup and once a minute, and each time the unit's
-# quota is written back to the unit's own (none). That is a reset tied to the kubelet's pace,
-# not a writer steering the file: repaired at once, a fight only at this many in the window.
-UNIT_FIGHT_REPAIRS = 100
 BACKOFF_MIN, BACKOFF_MAX = 1.0, 300.0
 # A container's cgroup (cgroupfs: its 64-hex id; systemd: a .scope), as opposed to a QoS or pod
 # directory, whose new children we want to see as well.
@@ -493,7 +487,7 @@ class Reconciler:
             return False
         st.repairs = [t for t in st.repairs if now - t < FIGHT_WINDOW]
         st.repairs.append(now)
-        if len(st.repairs) > (UNIT_FIGHT_REPAIRS if _is_unit(path) else FIGHT_REPAIRS):
+        if len(st.repairs) > FIGHT_REPAIRS:
             st.backoff = min(BACKOFF_MAX, max(BACKOFF_MIN, st.backoff * 2))
             st.blocked_until = now + st.backoff
             st.conflicts += 1
@@ -751,8 +745,3 @@ def _by_file() -> dict[str, list[str]]:
 
 
 _BY_FILE = _by_file()
-
-
-def _is_unit(path: str) -> bool:
-    """Whether a file is in a systemd unit's cgroup (its directory a .slice or .scope)."""
-    return os.path.basename(os.path.dirname(path)).endswith((".slice", ".scope"))
