@@ -20,21 +20,43 @@ It speaks the real endpoints and their semantics, as far as nriplugin uses them:
   (the CRD not installed, or its version ``served: false``), get the API server's 404 Status
   for an unknown resource (``details`` without a name); a missing single object gets a 404
   naming it;
-- ``unavailable``: 503 for every request, as an API server that cannot serve yet.
+- ``unavailable``: 503 for every request, as an API server that cannot serve yet;
+- the cluster-scoped ``nodemetrics.slo.koordinator.sh``: list and watch as nodeslos, and its
+  ``status`` subresource patched (JSON patch or merge patch): the result is validated against
+  the vendored CRD's openAPIV3Schema (``kind/crds/``) and refused with 422 Invalid, naming the
+  fields, as the API server does; metadata and spec stay as they were; ``refuse_status`` makes
+  every status patch get the answer it names.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
+import functools
 import itertools
 import json
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import yaml
 from aiohttp import web
+from jsonschema import Draft4Validator
 
 SLO_PATH = "/apis/slo.koordinator.sh/v1alpha1/nodeslos"
+METRIC_PATH = "/apis/slo.koordinator.sh/v1alpha1/nodemetrics"
+NODEMETRIC_CRD = Path(__file__).resolve().parent.parent / "kind" / "crds" / "slo.koordinator.sh_nodemetrics.yaml"
+
+
+@functools.cache
+def nodemetric_schema() -> dict[str, Any]:
+    """The vendored NodeMetric CRD's openAPIV3Schema (v1alpha1)."""
+    crd = yaml.safe_load(NODEMETRIC_CRD.read_text())
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"]
+    return dict(version["schema"]["openAPIV3Schema"])
+
+
 TRUE = ("1", "t", "T", "true", "TRUE", "True")  # Go's strconv.ParseBool, for ?watch=
 
 
@@ -53,7 +75,7 @@ class PDB:
 @dataclass
 class Change:
     rv: int
-    kind: str  # "pods" or "nodeslos"
+    kind: str  # "pods", "nodeslos" or "nodemetrics"
     type: str  # ADDED, MODIFIED, DELETED
     obj: dict[str, Any]
 
@@ -68,6 +90,10 @@ class KubeStandIn:
     grace_delay: float = 0.0  # how long a gracefully deleted pod stays (Terminating)
     pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     nodeslos: dict[str, dict[str, Any]] = field(default_factory=dict)
+    nodemetrics_served: bool = True  # off: the NodeMetric CRD is not installed
+    nodemetrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    refuse_status: tuple[int, str, str] | None = None  # (code, reason, message) for every status patch
+    status_patches: list[tuple[float, dict[str, Any]]] = field(default_factory=list)  # (monotonic, status) taken
     pdbs: list[PDB] = field(default_factory=list)
     events: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     requests: list[tuple[str, str]] = field(default_factory=list)  # (method, path?query)
@@ -92,6 +118,8 @@ class KubeStandIn:
         app.router.add_get("/api/v1/pods", self._list_pods)
         app.router.add_get(SLO_PATH, self._list_nodeslos)
         app.router.add_get(SLO_PATH + "/{name}", self._get_nodeslo)
+        app.router.add_get(METRIC_PATH, self._list_nodemetrics)
+        app.router.add_patch(METRIC_PATH + "/{name}/status", self._patch_nodemetric_status)
         app.router.add_post("/api/v1/namespaces/{ns}/pods/{name}/eviction", self._evict)
         app.router.add_post("/api/v1/namespaces/{ns}/events", self._post_event)
         app.router.add_patch("/api/v1/namespaces/{ns}/events/{name}", self._patch_event)
@@ -178,6 +206,27 @@ class KubeStandIn:
     def delete_nodeslo(self, name: str) -> None:
         self._record("nodeslos", "DELETED", self.nodeslos.pop(name))
 
+    def put_nodemetric(self, name: str, spec: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Create or update a NodeMetric's spec (what koord-manager does); its status stays."""
+        old = self.nodemetrics.get(name)
+        obj = {
+            "apiVersion": "slo.koordinator.sh/v1alpha1",
+            "kind": "NodeMetric",
+            "metadata": {
+                "name": name,
+                "uid": old["metadata"]["uid"] if old else f"metric-{next(self._uids)}",
+                "generation": (old["metadata"]["generation"] + 1) if old else 1,
+            },
+            "spec": spec if spec is not None else {},
+        }
+        if old and "status" in old:
+            obj["status"] = old["status"]
+        self.nodemetrics[name] = obj
+        return self._record("nodemetrics", "MODIFIED" if old else "ADDED", obj)
+
+    def delete_nodemetric(self, name: str) -> None:
+        self._record("nodemetrics", "DELETED", self.nodemetrics.pop(name))
+
     def add_pod(
         self,
         namespace: str,
@@ -231,6 +280,51 @@ class KubeStandIn:
             return status(404, "NotFound", why, name=name, group="slo.koordinator.sh", kind="nodeslos")
         return web.json_response(obj)
 
+    async def _list_nodemetrics(self, request: web.Request) -> web.StreamResponse:
+        if not self.nodemetrics_served:
+            return not_served()
+        items = list(self.nodemetrics.values())
+        return await self._list_or_watch(request, "nodemetrics", "NodeMetricList", "slo.koordinator.sh/v1alpha1", items)
+
+    async def _patch_nodemetric_status(self, request: web.Request) -> web.StreamResponse:
+        if not self.nodemetrics_served:
+            return not_served()
+        name = request.match_info["name"]
+        obj = self.nodemetrics.get(name)
+        if obj is None:
+            why = f'nodemetrics.slo.koordinator.sh "{name}" not found'
+            return status(404, "NotFound", why, name=name, group="slo.koordinator.sh", kind="nodemetrics")
+        if self.refuse_status is not None:
+            code, reason, message = self.refuse_status
+            return status(code, reason, message)
+        body = await request.json()
+        kind = request.content_type
+        try:
+            if kind == "application/json-patch+json":
+                patched = json_patch(obj, body)
+            elif kind == "application/merge-patch+json":
+                patched = merge(obj, body)
+            else:
+                return status(415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {kind}")
+        except (KeyError, IndexError, ValueError, TypeError) as exc:
+            return status(422, "Invalid", f"the server rejected our request due to an error in our request: {exc}")
+        new = {**copy.deepcopy(obj), "status": patched.get("status")}
+        if new["status"] is None:
+            del new["status"]
+        errors = sorted(Draft4Validator(nodemetric_schema()).iter_errors(new), key=lambda e: list(map(str, e.path)))
+        if errors:
+            causes = [
+                {"reason": "FieldValueInvalid", "message": e.message, "field": ".".join(map(str, e.path))}
+                for e in errors
+            ]
+            why = f'NodeMetric.slo.koordinator.sh "{name}" is invalid: ' + "; ".join(
+                f"{c['field']}: {c['message']}" for c in causes
+            )
+            return status(422, "Invalid", why, name=name, group="slo.koordinator.sh", kind="NodeMetric", causes=causes)
+        self.nodemetrics[name] = new
+        self.status_patches.append((time.monotonic(), copy.deepcopy(new.get("status") or {})))
+        return web.json_response(self._record("nodemetrics", "MODIFIED", new))
+
     async def _list_or_watch(
         self, request: web.Request, kind: str, list_kind: str, api: str, items: list[dict[str, Any]]
     ) -> web.StreamResponse:
@@ -257,7 +351,9 @@ class KubeStandIn:
                 return resp
             deadline = asyncio.get_running_loop().time() + timeout
             while True:
-                if kind == "nodeslos" and not self.nodeslos_served:
+                if (kind == "nodeslos" and not self.nodeslos_served) or (
+                    kind == "nodemetrics" and not self.nodemetrics_served
+                ):
                     return resp  # the type went away: the API server ends its watches
                 for change in [c for c in self.history if c.rv > since]:
                     since = change.rv
@@ -394,6 +490,28 @@ def matches(obj: dict[str, Any], selector: list[tuple[str, str]]) -> bool:
         if str(node) != want:
             return False
     return True
+
+
+def json_patch(doc: Any, ops: list[dict[str, Any]]) -> Any:
+    """JSON patch (RFC 6902): add, replace and remove, on JSON pointers."""
+    out = copy.deepcopy(doc)
+    for op in ops:
+        keys = [k.replace("~1", "/").replace("~0", "~") for k in op["path"].split("/")[1:]]
+        if not keys:
+            raise ValueError("the whole document cannot be patched")
+        parent = out
+        for k in keys[:-1]:
+            parent = parent[int(k)] if isinstance(parent, list) else parent[k]
+        last = keys[-1]
+        if op["op"] in ("add", "replace"):
+            if op["op"] == "replace" and last not in parent:
+                raise KeyError(f"replace operation does not apply: doc is missing key: {op['path']}")
+            parent[last] = copy.deepcopy(op["value"])
+        elif op["op"] == "remove":
+            del parent[last]
+        else:
+            raise ValueError(f"unsupported operation {op['op']!r}")
+    return out
 
 
 def merge(base: Any, patch: Any) -> Any:

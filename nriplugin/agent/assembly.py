@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     from nriplugin.qos.collect import Collector
     from nriplugin.qos.eviction.loop import Eviction
     from nriplugin.qos.manager import QoSManager
+    from nriplugin.qos.usage import UsageWindows
     from nriplugin.reconciler import Reconciler
 
 log = logging.getLogger("nriplugin")
@@ -140,6 +141,7 @@ class Parts:
     qos: QoSManager
     net: NetQoS
     server: asyncio.Server | None
+    usage: UsageWindows | None  # what the QoS manager's rounds keep for the NodeMetric report (None: no report)
 
 
 class Taken(NamedTuple):
@@ -418,6 +420,7 @@ class Agent:
 
         proc = Path(self.ns.proc_root)
         collector = Collector(node.model, node.desired, node.cgroups, proc_root=proc, pacer=self.pacer)
+        usage = self.build_usage()
         qos = QoSManager(
             node.model,
             node.desired,
@@ -428,10 +431,11 @@ class Agent:
             eviction=self.build_eviction(node, rules, metrics, collector),
             psi_path=str(proc / "pressure" / "cpu"),
             pacer=self.pacer,
+            usage=usage,
         )
         net = self.build_net(node, rules, metrics, loaded.invalid)
         server = await self.serve_http(metrics, stub, qos)
-        return Parts(metrics, observer, reconciler, inventory, qos, net, server)
+        return Parts(metrics, observer, reconciler, inventory, qos, net, server, usage)
 
     async def take_runtime(self, stubs: Stubs, parts: Parts) -> Taken | None:
         """Stand by until the runtime lock is ours (when another held it), announce this agent
@@ -472,7 +476,7 @@ class Agent:
         parts.reconciler.start(self.loop)
         parts.qos.start(self.loop)
         parts.net.start(self.loop)
-        cluster_task = self.loop.create_task(self.start_cluster(rules))
+        cluster_task = self.loop.create_task(self.start_cluster(rules, parts))
         watcher = self.watch_policy(rules)
         gap = taken.gap
         gap_task = self.loop.create_task(self.report_gap(parts.metrics, stub, *gap)) if gap is not None else None
@@ -561,6 +565,17 @@ class Agent:
             pacer=self.pacer,
         )
 
+    def build_usage(self) -> UsageWindows | None:
+        """Where the QoS manager's rounds keep what they measured for the NodeMetric report:
+        only when it is reported (the cluster side on, ``--nodemetric on``)."""
+        from nriplugin import cluster
+
+        if not cluster.wanted(self.ns) or getattr(self.ns, "nodemetric", "on") != "on":
+            return None
+        from nriplugin.qos.usage import UsageWindows
+
+        return UsageWindows()
+
     def build_eviction(self, node: Node, rules: RuleCache, metrics: Metrics, collector: Collector) -> Eviction:
         """CPUEvict and MemoryEvict with their evictor: through the cluster's Eviction API while
         the cluster side runs (``self.cluster``), else, and when memory runs out within seconds,
@@ -638,9 +653,10 @@ class Agent:
         watcher.start()
         return watcher
 
-    async def start_cluster(self, rules: RuleCache) -> None:
+    async def start_cluster(self, rules: RuleCache, parts: Parts) -> None:
         """The cluster side (``--cluster``) as ``self.cluster``: the NodeSLO into ``rules``, the
-        node's pods, the Eviction API. Without an API server the agent runs as it always has."""
+        node's pods, the Eviction API, the NodeMetric report from what the QoS manager's rounds
+        keep (``parts.usage``). Without an API server the agent runs as it always has."""
         from nriplugin import cluster
 
         if not cluster.wanted(self.ns):
@@ -648,9 +664,10 @@ class Agent:
         # kubernetes_asyncio takes about a second to import: not on the loop that answers hooks.
         run = await asyncio.to_thread(importlib.import_module, "nriplugin.cluster.run")
         from nriplugin.cluster.client import ClusterError
+        from nriplugin.obs.metrics import NodeMetricMetrics
 
         try:
-            self.cluster = await run.start(self.ns, rules)
+            self.cluster = await run.start(self.ns, rules, parts.usage, NodeMetricMetrics(parts.metrics))
         except ClusterError as exc:
             log.error("cluster side not started: %s", exc, extra={"option": "--kubeconfig"})
 

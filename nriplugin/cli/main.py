@@ -190,6 +190,13 @@ def run_lock_and_cluster_options(run: argparse.ArgumentParser) -> None:
         default="on",
         help="with the cluster side on: watch this node's NodeSLO into the policy, over --policy (default %(default)s)",
     )
+    run.add_argument(
+        "--nodemetric",
+        choices=("on", "off"),
+        default="on",
+        help="with the cluster side on: report this node's usage in its NodeMetric status, at the interval "
+        "koord-manager sets in its spec (default %(default)s)",
+    )
 
 
 def add_explain(sub: Subcommands) -> None:

@@ -282,6 +282,28 @@ class Metrics:
         buckets=(0.25, 0.5, 1, 2, 5, 10, 25, 50, 100),
     )
 
+    # The NodeMetric report (cluster/reporter.py): reports taken, refused by reason, and the last
+    # one's size.
+    nodemetric_reports = Declared(
+        Counter, "nriplugin_nodemetric_reports_total", "NodeMetric status reports the API server took."
+    )
+    nodemetric_failures = Declared(
+        Counter,
+        "nriplugin_nodemetric_report_failures_total",
+        "NodeMetric status reports not taken, by reason (invalid, forbidden, missing, unavailable, failed).",
+        ("reason",),
+    )
+    nodemetric_last = Declared(
+        Gauge,
+        "nriplugin_nodemetric_last_report_timestamp_seconds",
+        "When the API server last took a NodeMetric report (Unix time; koord-manager degrades the "
+        "node's batch resources when it is older than degradeTimeMinutes).",
+    )
+    nodemetric_pods = Declared(Gauge, "nriplugin_nodemetric_report_pods", "Pods in the last NodeMetric report taken.")
+    nodemetric_bytes = Declared(
+        Gauge, "nriplugin_nodemetric_report_bytes", "Size of the last NodeMetric report taken (its JSON)."
+    )
+
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         for attr, declared in vars(Metrics).items():
@@ -439,3 +461,19 @@ class EvictionMetrics:
 
     def eviction_failed(self, backend: str, outcome: str) -> None:
         self.m.qos_eviction_failures.labels(backend, outcome).inc()
+
+
+class NodeMetricMetrics:
+    """Implements the NodeMetric reporter's Observer on :class:`Metrics`."""
+
+    def __init__(self, m: Metrics) -> None:
+        self.m = m
+
+    def reported(self, pods: int, size: int, seconds: float) -> None:
+        self.m.nodemetric_reports.inc()
+        self.m.nodemetric_last.set_to_current_time()
+        self.m.nodemetric_pods.set(pods)
+        self.m.nodemetric_bytes.set(size)
+
+    def report_failed(self, reason: str) -> None:
+        self.m.nodemetric_failures.labels(reason).inc()

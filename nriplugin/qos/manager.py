@@ -56,6 +56,7 @@ from nriplugin.qos.strategy import (
     StrategyObserver,
 )
 from nriplugin.qos.trends import Trends
+from nriplugin.qos.usage import UsageWindows
 
 __all__ = ["BURST", "SUPPRESS", "Decision", "EvictionHook", "PodGroups", "QoSManager"]
 
@@ -180,10 +181,13 @@ class QoSManager:
         psi_path: str | None = "/proc/pressure/cpu",
         eviction: EvictionHook | None = None,
         pacer: Pacer | None = None,
+        usage: UsageWindows | None = None,
     ) -> None:
         """``pacer``: the loop shared with the hooks (the agent's): a round gives it back
-        between turns; default: turns measured in time alone."""
+        between turns; default: turns measured in time alone. ``usage``: where each round's
+        measurements are kept over time for the NodeMetric report (None: no report)."""
         self.model = model
+        self.usage = usage
         self.eviction = eviction
         self.desired = desired
         self.owner = owner
@@ -288,16 +292,31 @@ class QoSManager:
 
     def round(self) -> None:
         """One full round, in one go (tests, tools)."""
-        if self._enabled():
+        on = self._enabled()
+        if on or self.usage is not None:
             self._pods_moved(self.pods.refresh())
-            self._decide(self.collector.sample(self.groups))
+            sample = self.collector.sample(self.groups)
+            self._measured(sample)
+            if on:
+                self._decide(sample)
 
     async def round_async(self) -> None:
         """One full round; the pods' news and the collection give the event loop back
-        between turns (the agent's loop: hooks are not held up by a large node's round)."""
-        if self._enabled():
+        between turns (the agent's loop: hooks are not held up by a large node's round).
+        With the manager off a round still measures when a usage report reads it, and decides
+        nothing."""
+        on = self._enabled()
+        if on or self.usage is not None:
             self._pods_moved(await self.pods.refresh_async())
-            self._decide(await self.collector.sample_async(self.groups))
+            sample = await self.collector.sample_async(self.groups)
+            self._measured(sample)
+            if on:
+                self._decide(sample)
+
+    def _measured(self, sample: NodeSample) -> None:
+        """The round's measurements into the usage kept over time (the NodeMetric report's)."""
+        if self.usage is not None:
+            self.usage.add(sample, self.collector.by_container, self.model.pod)
 
     def _enabled(self) -> bool:
         """False when the manager is off (its overlays withdrawn)."""
