@@ -119,3 +119,25 @@ def test_a_pod_the_cache_learns_of_late_is_worked_out_again(tmp_path: Path) -> N
     cache.event("ADDED", pod_object(pod.uid, [batch_container()]))
     assert changed and c.id in changed[-1]
     assert p.desired.intent(c.id).get("cpu.shares") == 512  # type: ignore[union-attr]
+
+
+def test_the_agent_hands_the_pod_cache_to_the_desired_state(tmp_path: Path) -> None:
+    """``Agent.use_pod_specs`` once the cluster side runs: pods listed before it are worked out
+    again; those listed after, through the cache's ``on_spec``."""
+    from nriplugin.agent.assembly import Agent
+
+    p = plugin(tmp_path)
+    early_pod, early = bare_be(5)
+    late_pod, late = bare_be(6)
+    for pod, c in ((early_pod, early), (late_pod, late)):
+        p.create_container(pod, c)
+        p.start_container(pod, c)
+    cache = PodCache()
+    cache.replace([pod_object(early_pod.uid, [batch_container()])])
+    changed: list[str] = []
+    p.desired.subscribe(changed.extend)
+    Agent.use_pod_specs(p.desired, cache)
+    assert early.id in changed and late.id not in changed
+    cache.event("ADDED", pod_object(late_pod.uid, [batch_container()], name="late"))
+    assert late.id in changed
+    assert [p.desired.intent(c.id).get("cpu.shares") for c in (early, late)] == [512, 512]  # type: ignore[union-attr]

@@ -53,10 +53,12 @@ from nriplugin.pacing.traffic import HookTraffic
 from nriplugin.pacing.turns import Pacer
 
 if TYPE_CHECKING:
+    from nriplugin.cluster.pods import PodCache
     from nriplugin.inventory.cri import CriInventory
     from nriplugin.kernel.cgroup import Cgroups
     from nriplugin.netqos.reconciler import NetQoS
     from nriplugin.node.assembly import Node
+    from nriplugin.node.desired import DesiredState
     from nriplugin.node.hooks import QoSPlugin
     from nriplugin.obs.metrics import Metrics, StubMetrics
     from nriplugin.policy.cache import PolicyWatcher, RuleCache
@@ -670,6 +672,19 @@ class Agent:
             self.cluster = await run.start(self.ns, rules, parts.usage, NodeMetricMetrics(parts.metrics))
         except ClusterError as exc:
             log.error("cluster side not started: %s", exc, extra={"option": "--kubeconfig"})
+            return
+        self.use_pod_specs(parts.qos.desired, self.cluster.pods)
+
+    @staticmethod
+    def use_pod_specs(desired: DesiredState, pods: PodCache) -> None:
+        """BE pods' batch resources from the API server's specs where the webhook did not
+        annotate them (features/batch.py): in the answers from now on, and for the pods already
+        listed, worked out again and applied."""
+        pods.on_spec = desired.spec_changed
+        desired.use_specs(pods)
+        for pod in pods.pods():
+            if pod.extended_spec is not None:
+                desired.spec_changed(pod.uid)
 
     def gap_before(self) -> tuple[float, str] | None:
         """When the runtime last had an agent, and why it went (None: not known)."""

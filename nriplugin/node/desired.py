@@ -361,9 +361,11 @@ class DesiredState:
         return changed
 
     def use_specs(self, specs: PodSpecs | None) -> None:
-        """The cluster side's pod specs from now on (None: no more): every value is worked out again."""
+        """The cluster side's pod specs from now on (None: no more). Nothing worked out without
+        them is reused (a new epoch); the pods they change are told through :meth:`spec_changed`."""
         self.specs = specs
-        self.policy_changed()
+        self._epoch += 1
+        self._cache.clear()
 
     def spec_changed(self, uid: str) -> None:
         """What the API server says of pod ``uid`` changed (it was seen for the first time, say,
