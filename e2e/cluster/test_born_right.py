@@ -37,6 +37,7 @@ class Workload:
     be_pod: Any
     ls_cgroup: dict[str, Any]
     be_cgroup: dict[str, Any]
+    bare_id: str  # a BE Job's container without the webhook's annotation
     before: dict[str, float]  # the agent's metrics before the pods
     after: dict[str, float]  # ... once both run
 
@@ -68,7 +69,8 @@ def ls_deployment(ns: str) -> client.V1Deployment:
     )
 
 
-def be_job(ns: str, name: str = "batch", command: list[str] | None = None) -> client.V1Job:
+def be_job(ns: str, name: str = "batch", command: list[str] | None = None, webhook: bool = True) -> client.V1Job:
+    """``webhook``: with the annotation Koordinator's webhook would add (none runs here)."""
     annotation = json.dumps({"containers": {"main": {"requests": BATCH_REQ, "limits": BATCH_LIM}}})
     ctr = client.V1Container(
         name="main",
@@ -82,7 +84,9 @@ def be_job(ns: str, name: str = "batch", command: list[str] | None = None) -> cl
         spec=client.V1JobSpec(
             backoff_limit=0,
             template=client.V1PodTemplateSpec(
-                metadata=client.V1ObjectMeta(labels={"app": name, **BE}, annotations={SPEC_ANNOTATION: annotation}),
+                metadata=client.V1ObjectMeta(
+                    labels={"app": name, **BE}, annotations={SPEC_ANNOTATION: annotation} if webhook else {}
+                ),
                 spec=client.V1PodSpec(containers=[ctr], restart_policy="Never", termination_grace_period_seconds=1),
             ),
         ),
@@ -113,8 +117,10 @@ def workload(kind_cluster: Cluster) -> Iterator[Workload]:
         before = kc.metrics(worker)
         kc.apps.create_namespaced_deployment(ns, ls_deployment(ns))
         kc.batch.create_namespaced_job(ns, be_job(ns))
+        kc.batch.create_namespaced_job(ns, be_job(ns, "bare", webhook=False))
         (ls_pod,) = kc.wait_pods(ns, "app=web", 1)
         (be_pod,) = kc.wait_pods(ns, "app=batch", 1)
+        (bare,) = kc.wait_pods(ns, "app=bare", 1)
         assert ls_pod.spec.node_name == be_pod.spec.node_name == worker  # the scheduler put them there
         time.sleep(2)  # the reconciler's look at them after StartContainer, a kubelet sync
         after = kc.metrics(worker)
@@ -122,7 +128,7 @@ def workload(kind_cluster: Cluster) -> Iterator[Workload]:
         be_id = kc.container_ids(be_pod)["main"]
         cg = {c: node.container_cgroup(ls_id, c) for c in ("cpu", "memory")}
         bg = {c: node.container_cgroup(be_id, c) for c in ("cpu", "memory")}
-        yield Workload(node, ls_pod, be_pod, cg, bg, before, after)
+        yield Workload(node, ls_pod, be_pod, cg, bg, kc.container_ids(bare)["main"], before, after)
     finally:
         kc.core.delete_namespace(ns, grace_period_seconds=0)
         until(lambda: ns not in [n.metadata.name for n in kc.core.list_namespace().items], 120, f"{ns} deleted")
@@ -139,6 +145,21 @@ def test_be_is_born_with_the_policys_values_and_ls_as_the_kubelet_asked(workload
     assert w.node.read(w.ls_cgroup["cpu"], "cpu.shares") == "102"
     assert w.node.read(w.ls_cgroup["cpu"], "cpu.cfs_quota_us") == "50000"
     assert w.node.read(w.ls_cgroup["memory"], "memory.limit_in_bytes") == str(128 * MiB)
+
+
+def test_a_batch_pod_without_the_webhooks_annotation_is_born_with_its_batch_values(workload: Workload) -> None:
+    """Issue 55, item 3: the agent takes the batch asks from the pod's spec (the API server's),
+    and they are in the CreateContainer answer: the container's OCI spec, as the runtime made it
+    from the answer, has them (koordlet's hook leaves the kubelet's shares 2 there)."""
+    w = workload
+    info = json.loads(w.node.exec("crictl", "inspect", w.bare_id))
+    cpu = info["info"]["runtimeSpec"]["linux"]["resources"]["cpu"]
+    memory = info["info"]["runtimeSpec"]["linux"]["resources"]["memory"]
+    assert (cpu["shares"], memory["limit"]) == (512, 512 * MiB), info["info"]["runtimeSpec"]["linux"]["resources"]
+    cgroup = {c: w.node.container_cgroup(w.bare_id, c) for c in ("cpu", "memory")}
+    assert w.node.read(cgroup["cpu"], "cpu.shares") == "512"
+    assert w.node.read(cgroup["cpu"], "cpu.cfs_quota_us") == "100000"
+    assert w.node.read(cgroup["memory"], "memory.limit_in_bytes") == str(512 * MiB)
 
 
 def test_be_runs_sched_idle_and_ls_does_not(workload: Workload) -> None:
