@@ -61,8 +61,11 @@ def test_restarts_converge_and_nobody_fights(kind_cluster: Cluster, namespace: s
 
     cuts_before = cut_count(kc.metrics(worker))
     repairs: dict[str, float] = {}
+    fights: list[str] = []  # the agents' log lines on them (the path)
 
     def tally(m: dict[str, float]) -> None:
+        log = kc.core.read_namespaced_pod_log(kc.agent_pod(worker).metadata.name, AGENT_NS)
+        fights.extend(line for line in log.splitlines() if "keeps reverting" in line)
         nonlocal conflicts, quota_conflicts, cuts
         conflicts += metric_sum(m, "nriplugin_conflicts_total")
         quota_conflicts += metric_sum(m, "nriplugin_conflicts_total", resource="cpu.cfs_quota_us")
@@ -108,6 +111,6 @@ def test_restarts_converge_and_nobody_fights(kind_cluster: Cluster, namespace: s
         f"\n{[(w, round(t, 1)) for w, t in steps]}; repairs {repairs}; conflicts {conflicts} "
         f"({quota_conflicts:g} on quotas); BE {'cut meanwhile' if cut else 'never cut'}"
     )
-    assert conflicts - (quota_conflicts if cut else 0) == 0
+    assert conflicts - (quota_conflicts if cut else 0) == 0, "\n".join(fights)
     m: Any = kc.metrics(worker)
     assert metric_sum(m, "nriplugin_hook_failures_total") == 0
