@@ -416,6 +416,7 @@ class Agent:
         loaded.invalid.attach(lambda reason: metrics.invalid_input.labels(reason).inc())
         metrics.policy_version.set(rules.current.version)
         rules.subscribe(lambda v: metrics.policy_version.set(v.version))
+        self.follow_unused(metrics, rules)
         reconciler, inventory = self.build_loops(node, metrics, stub)
         from nriplugin.qos.collect import Collector
         from nriplugin.qos.manager import QoSManager
@@ -674,6 +675,20 @@ class Agent:
             log.error("cluster side not started: %s", exc, extra={"option": "--kubeconfig"})
             return
         self.use_pod_specs(parts.qos.desired, self.cluster.pods)
+
+    @staticmethod
+    def follow_unused(metrics: Metrics, rules: RuleCache) -> None:
+        """``nriplugin_policy_unused_field{field}``: what the policy in force has that nriplugin
+        does not implement, for doctor (its log said it once)."""
+        from nriplugin.policy.nodeslo import unused_fields
+
+        def shown(notes: tuple[str, ...]) -> None:
+            metrics.policy_unused.clear()
+            for field in unused_fields(notes):
+                metrics.policy_unused.labels(field).set(1)
+
+        shown(rules.notes)
+        rules.subscribe_notes(shown)
 
     @staticmethod
     def use_pod_specs(desired: DesiredState, pods: PodCache) -> None:

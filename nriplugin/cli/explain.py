@@ -124,6 +124,7 @@ def explain(d: Description, rules: RuleCache, cgroups: Cgroups, runtime_nri: str
     report: dict[str, Any] = {
         "policyVersion": rules.current.version,
         "policySource": rules.current.source,
+        **({"policyNotes": list(rules.notes)} if rules.notes else {}),
         "qosClass": qos.value if qos else "invalid label: left untouched",
         "pod": {},
         "containers": {},
@@ -318,6 +319,7 @@ def runtime_lock(nri_socket: str) -> dict[str, Any]:
 AGENT_METRICS = {
     "nriplugin_connection_state": "connection",
     "nriplugin_policy_version": "policyVersion",
+    "nriplugin_policy_unused_field": "policyFieldsNotUsed",
     "nriplugin_reconcile_entries": "reconcilerEntries",
     "nriplugin_reconcile_passes_total": "reconcilerPasses",
     "nriplugin_drift_total": "driftFound",

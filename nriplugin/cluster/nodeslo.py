@@ -69,7 +69,7 @@ class NodeSLOSource:
             check(obj)
             spec = obj.get("spec") or {}
             _, notes = overlay(self.rules.base, spec)
-            self.rules.set_layer(functools.partial(_layer, spec), source)
+            self.rules.set_layer(functools.partial(_layer, spec), source, notes)
         except NodeSLOError as exc:
             self._reject(obj, source, str(exc))
             return

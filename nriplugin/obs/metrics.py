@@ -217,6 +217,12 @@ class Metrics:
     write_errors = Declared(Counter, "nriplugin_write_errors_total", "Rejected writes, by errno.", ("errno",))
     conflicts = Declared(Counter, "nriplugin_conflicts_total", "Files another writer keeps reverting.", ("resource",))
     policy_version = Declared(Gauge, "nriplugin_policy_version", "Version of the policy in force.")
+    policy_unused = Declared(
+        Gauge,
+        "nriplugin_policy_unused_field",
+        "1 for each field of the NodeSLO (or policy file) in force that nriplugin does not implement.",
+        ("field",),
+    )
     inventory = Declared(
         Counter,
         "nriplugin_inventory_passes_total",

@@ -9,7 +9,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,6 +85,11 @@ class RuleCache:
         self._base = (p, source)
         self._layer: tuple[Layer, str] | None = None
         self._listeners: list[Callable[[Versioned], None]] = []
+        # What each source's document had that is not used (a NodeSLO's fields nriplugin does
+        # not implement, values left out), kept while that source is in force: for explain
+        # and the agent's metrics (doctor), not only a log line said once.
+        self._notes: dict[str, tuple[str, ...]] = {"base": (), "layer": ()}
+        self._notes_listeners: list[Callable[[tuple[str, ...]], None]] = []
         self.rejected = 0
 
     @property
@@ -99,18 +104,40 @@ class RuleCache:
         self._listeners.append(fn)
 
     @property
+    def notes(self) -> tuple[str, ...]:
+        """What the base's and the layer's documents had that is not used, each with its source."""
+        return self._notes["base"] + self._notes["layer"]
+
+    def subscribe_notes(self, fn: Callable[[tuple[str, ...]], None]) -> None:
+        """``fn(notes)`` whenever :attr:`notes` changes."""
+        self._notes_listeners.append(fn)
+
+    def _set_notes(self, which: str, source: str, notes: Sequence[str]) -> None:
+        new = tuple(f"{source}: {n}" for n in notes)
+        if self._notes[which] == new:
+            return
+        self._notes[which] = new
+        for fn in self._notes_listeners:
+            fn(self.notes)
+
+    @property
     def base(self) -> Policy:
         """The policy under the layer (what a new layer applies over)."""
         return self._base[0]
 
-    def set(self, policy: Policy, source: str) -> Versioned:
-        """A new base policy; the layer, if any, applies over it."""
-        return self._commit((policy, source), self._layer)
+    def set(self, policy: Policy, source: str, notes: Sequence[str] = ()) -> Versioned:
+        """A new base policy; the layer, if any, applies over it. ``notes``: what its document
+        had that is not used."""
+        v = self._commit((policy, source), self._layer)
+        self._set_notes("base", source, notes)
+        return v
 
-    def set_layer(self, layer: Layer | None, source: str = "") -> Versioned:
+    def set_layer(self, layer: Layer | None, source: str = "", notes: Sequence[str] = ()) -> Versioned:
         """A new layer over the base (None: none). Raises PolicyError if it does not fit the
         base; the policy in force stays."""
-        return self._commit(self._base, (layer, source) if layer is not None else None)
+        v = self._commit(self._base, (layer, source) if layer is not None else None)
+        self._set_notes("layer", source, notes if layer is not None else ())
+        return v
 
     def reject(self, source: str, why: str) -> None:
         """A policy from ``source`` that could not be used: counted and logged, the last good kept."""
@@ -151,7 +178,7 @@ class RuleCache:
         for n in notes:
             log.warning("%s: %s", path, n)
         try:
-            return self.set(policy, str(path))
+            return self.set(policy, str(path), notes)
         except PolicyError:
             self.rejected += 1  # the file does not fit under the NodeSLO in force
             raise

@@ -23,6 +23,7 @@ import functools
 import json
 import types
 import typing
+from collections.abc import Iterable
 from importlib import resources
 from typing import Any
 
@@ -39,6 +40,17 @@ API_VERSION = "slo.koordinator.sh/v1alpha1"
 CRD_FILE = "slo.koordinator.sh_nodeslos.yaml"
 _INT_RANGE = {"int32": 1 << 31, "int64": 1 << 63}
 UNUSED_FIELDS = "NodeSLO fields not used by nriplugin"  # the note naming what is not implemented
+
+
+def unused_fields(notes: Iterable[str]) -> list[str]:
+    """The fields ``overlay``'s note names as not implemented (``spec.x.y``), from notes as the
+    rule cache keeps them (each led by its source) or as ``overlay`` gives them."""
+    out: list[str] = []
+    for note in notes:
+        _, found, fields = note.partition(UNUSED_FIELDS + ": ")
+        if found:
+            out.extend(f for f in fields.split(", ") if f)
+    return out
 
 
 def values_left_out(notes: list[str]) -> list[str]:
