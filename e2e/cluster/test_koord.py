@@ -18,6 +18,7 @@ from __future__ import annotations
 import calendar
 import json
 import math
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -174,6 +175,17 @@ def koord(kind_cluster: Cluster) -> Iterator[Koord]:
         until(lambda: kc.custom.get_cluster_custom_object(*NODESLO, worker), 60, f"no NodeSLO {worker}", 0.5)
         yield k
     finally:
+        # What koord-manager said of the reports: a panic (v1.8.0 recovers one on a status with
+        # no nodeMetric, and never sets the batch resources) or an error naming the NodeMetric.
+        errors: list[str] = []
+        try:
+            log = kc.kubectl("-n", NS, "logs", "deployment/koord-manager", timeout=60).stdout
+            errors = [line for line in log.splitlines() if line.startswith("E") or "panic" in line.lower()]
+            print(f"koord-manager's log: {len(log.splitlines())} lines, {len(errors)} errors")
+            for line in errors[:20]:
+                print(f"  {line[:300]}")
+        except subprocess.TimeoutExpired as exc:
+            print(f"koord-manager's log not read: {exc}")
         # koord-manager first (nothing writes after it), then what it made, then Koordinator's CRDs
         kc.kubectl("delete", "--ignore-not-found", "--wait", "-f", str(KOORD / "koord-manager.yaml"), timeout=180)
         for o in kc.custom.list_cluster_custom_object(*NODESLO)["items"]:
@@ -196,6 +208,7 @@ def koord(kind_cluster: Cluster) -> Iterator[Koord]:
             extra = [r for r in node.status.allocatable or {} if r.startswith("kubernetes.io/")]
             assert not extra, f"{node.metadata.name} still has {extra}"
         print(f"koord-manager, its CRDs ({len(created)}), NodeSLOs and node resources removed: nothing left")
+        assert not [line for line in errors if "panic" in line.lower() or "nodemetric" in line.lower()], errors
 
 
 # --- Koordinator's batch formula, as koord-manager v1.8.0 computes it ---------------------------
