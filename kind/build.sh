@@ -9,7 +9,8 @@
 #   bash kind/build.sh koord      # only koord-manager and its image (e2e/cluster/test_koord.py)
 #
 # From the Go module proxy with the machine's Go (CGO off unless said): Kubernetes'
-# commands (kind/go/k8s), etcd (kind/go/etcd), CoreDNS, kind, helm, crictl/critest, the pause
+# commands (kind/go/k8s), etcd (kind/go/etcd), Koordinator's koord-manager and its image
+# (kind/go/koord; for e2e/cluster/test_koord.py), CoreDNS, kind, helm, crictl/critest, the pause
 # program (kind/node/pause), runc with seccomp (testkit/build_runc.sh) and containerd 2.4
 # (testkit/install.sh). Then the control-plane images (tools/docker_archive.py, under the tags
 # kubeadm asks for) and the node image: a debootstrap --variant=minbase root with systemd and

@@ -353,11 +353,24 @@ def _show(what: str, values: tuple[int, int] | None, f: Formula, stamp: str) -> 
     )
 
 
-def _assert_equal(values: tuple[int, int] | None, f: Formula) -> None:
-    assert values is not None, f"no batch resources on the node (formula: {f.cpu}m, {f.memory} bytes)"
-    cpu, mem = values
-    assert abs(cpu - f.cpu) <= 1, f"batch-cpu {cpu} on the node, {f.cpu} by the formula ({f.terms})"
-    assert abs(mem - f.memory) <= 1, f"batch-memory {mem} on the node, {f.memory} by the formula ({f.terms})"
+def _equal(values: tuple[int, int] | None, f: Formula) -> bool:
+    return values is not None and abs(values[0] - f.cpu) <= 1 and abs(values[1] - f.memory) <= 1
+
+
+def matched(k: Koord, what: str, reports: int = 3) -> tuple[int, int]:
+    """The node's batch values once they equal the formula on the report they came from (within
+    a milli-core and a byte), over at most ``reports`` reports: koord-manager reads the node's
+    pods when the report arrives, the test a few seconds later, and a pod that came or went in
+    between (the tests before this one clean up) makes that one report's comparison moot. Every
+    comparison is printed."""
+    seen = []
+    for _ in range(reports):
+        values, f, stamp = settled(k)
+        _show(what, values, f, stamp)
+        seen.append((values, f.cpu, f.memory, f.terms))
+        if values is not None and _equal(values, f):
+            return values
+    raise AssertionError(f"the node's batch resources never equal the formula: {seen}")
 
 
 def test_the_agents_report_becomes_the_nodes_batch_resources_by_koordinators_formula(koord: Koord) -> None:
@@ -366,26 +379,21 @@ def test_the_agents_report_becomes_the_nodes_batch_resources_by_koordinators_for
     reclaimThresholdPercent in the ConfigMap lowers them by what the formula says."""
     k = koord
     until(k.batch, 120, f"koord-manager set no batch resources on {k.worker}", 1.0)
-    values, f, stamp = settled(k)
-    _show(
-        f"reclaim {k.colocation()['cpuReclaimThresholdPercent']} % CPU, "
-        f"{k.colocation()['memoryReclaimThresholdPercent']} % memory",
-        values,
-        f,
-        stamp,
+    c = dict(k.colocation())  # as applied (k.edit changes k.colocation() in place)
+    cpu_before, mem_before = matched(
+        k, f"reclaim {c['cpuReclaimThresholdPercent']} % CPU, {c['memoryReclaimThresholdPercent']} % memory"
     )
-    _assert_equal(values, f)
-    assert f.cpu > 0 and f.memory > 0, f"the formula leaves nothing to batch: {f.terms}"
-    cpu_before, mem_before = values or (0, 0)
+    assert cpu_before > 0 and mem_before > 0, "the formula leaves nothing to batch"
     try:
         k.edit("colocation-config", cpuReclaimThresholdPercent=70, memoryReclaimThresholdPercent=45)
-        values, f, stamp = settled(k)
-        _show("reclaim 70 % CPU, 45 % memory", values, f, stamp)
-        _assert_equal(values, f)
-        cpu, mem = values or (0, 0)
+        cpu, mem = matched(k, "reclaim 70 % CPU, 45 % memory")
         assert cpu < cpu_before and mem < mem_before, f"moved from {(cpu_before, mem_before)} to {(cpu, mem)}"
     finally:
-        k.edit("colocation-config", cpuReclaimThresholdPercent=90, memoryReclaimThresholdPercent=65)
+        k.edit(
+            "colocation-config",
+            cpuReclaimThresholdPercent=c["cpuReclaimThresholdPercent"],
+            memoryReclaimThresholdPercent=c["memoryReclaimThresholdPercent"],
+        )
 
 
 @dataclass
