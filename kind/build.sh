@@ -6,9 +6,11 @@
 #   bash kind/build.sh            # all of it; prints the node image's tag last
 #   bash kind/build.sh helm       # only helm (the chart tests need it)
 #   bash kind/build.sh critest    # only critest (the CRI validation suite; testkit/critest.py)
+#   bash kind/build.sh koord      # only koord-manager and its image (e2e/cluster/test_koord.py)
 #
 # From the Go module proxy with the machine's Go (CGO off unless said): Kubernetes'
-# commands (kind/go/k8s), etcd (kind/go/etcd), CoreDNS, kind, helm, crictl/critest, the pause
+# commands (kind/go/k8s), etcd (kind/go/etcd), Koordinator's koord-manager and its image
+# (kind/go/koord; for e2e/cluster/test_koord.py), CoreDNS, kind, helm, crictl/critest, the pause
 # program (kind/node/pause), runc with seccomp (testkit/build_runc.sh) and containerd 2.4
 # (testkit/install.sh). Then the control-plane images (tools/docker_archive.py, under the tags
 # kubeadm asks for) and the node image: a debootstrap --variant=minbase root with systemd and
@@ -20,7 +22,7 @@
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 what=${1:-all}
-case $what in all | helm | tools | critest) ;; *) die "usage: bash kind/build.sh [all|helm|tools|critest]" ;; esac
+case $what in all | helm | tools | critest | koord) ;; *) die "usage: bash kind/build.sh [all|helm|tools|critest|koord]" ;; esac
 [ "$(id -u)" = 0 ] || die "needs root (debootstrap, containerd, docker)"
 [ -x "$GO" ] || die "no Go toolchain (set GO=...; Go >= 1.25)"
 mkdir -p "$KIND_CACHE/src" "$KIND_CACHE/log"
@@ -168,6 +170,35 @@ build_runc_wrapper() {
   mkdir -p "$(dirname "$RUNC_WRAPPER")"
   install -m 0755 "$KIND_SRC/node/runc-nosysres" "$RUNC_WRAPPER"
   say "runc wrapper (drops CAP_SYS_RESOURCE, which this machine lacks): $RUNC_WRAPPER"
+}
+
+# koord-manager: Koordinator's control-plane manager (NodeSLO from slo-controller-config, batch
+# resources from NodeMetric), for e2e/cluster/test_koord.py; from the wrapper module kind/go/koord
+# (Koordinator's replace block copied), CGO off, static. Its image: the binary on a folder with
+# /etc/passwd and /tmp, as the control-plane images are made; kind/up.sh loads it into the nodes.
+build_koord() {
+  if [ -x "$KOORD_BIN" ] && [ -s "$KOORD_TAR" ]; then
+    say "koord-manager v$KOORD_VERSION: cached ($KOORD_TAR)"
+    return
+  fi
+  local src out tmp py=python3
+  out=$(dirname "$KOORD_BIN")
+  if [ ! -x "$KOORD_BIN" ]; then
+    src=$(wrapper koord)
+    gobuild "koord-manager v$KOORD_VERSION" "$src" "$out" 0 "-s -w" github.com/koordinator-sh/koordinator/cmd/koord-manager
+  fi
+  [ -x "$REPO/.venv/bin/python" ] && py=$REPO/.venv/bin/python
+  tmp=$(mktemp -d "$KIND_CACHE/koord/stage.XXXXXX")
+  mkdir -p "$tmp/etc" "$tmp/tmp" "$tmp/usr/local/bin"
+  chmod 1777 "$tmp/tmp"
+  printf 'root:x:0:0:root:/root:/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin\n' >"$tmp/etc/passwd"
+  printf 'root:x:0:\nnogroup:x:65534:\n' >"$tmp/etc/group"
+  cp "$KOORD_BIN" "$tmp/usr/local/bin/"
+  (cd "$REPO" && "$py" -m tools.docker_archive "$KOORD_TAR.partial" --tag "$KOORD_IMAGE" \
+    --entrypoint '["/usr/local/bin/koord-manager"]' --layer "$tmp")
+  rm -rf "$tmp"
+  mv "$KOORD_TAR.partial" "$KOORD_TAR"
+  say "koord-manager v$KOORD_VERSION: $KOORD_BIN ($(du -sm "$KOORD_BIN" | cut -f1) MB), image $KOORD_IMAGE in $KOORD_TAR"
 }
 
 # --- images --------------------------------------------------------------------------------------
@@ -354,6 +385,7 @@ EOF
 t0=$(date +%s)
 if [ "$what" = helm ]; then build_helm; echo "$HELM_BIN"; exit 0; fi
 if [ "$what" = critest ]; then build_critest; echo "$CRI_TOOLS_BIN/critest"; exit 0; fi
+if [ "$what" = koord ]; then build_koord; echo "$KOORD_TAR"; exit 0; fi
 build_k8s
 build_etcd
 simple coredns github.com/coredns/coredns "$COREDNS_VERSION" "$COREDNS_BIN" "'$COREDNS_BIN' -version | grep -q 'CoreDNS-$COREDNS_VERSION'" \
@@ -365,6 +397,7 @@ simple cri-tools sigs.k8s.io/cri-tools "$CRI_TOOLS_VERSION" "$CRI_TOOLS_BIN/cric
 build_pause
 build_runc_wrapper
 [ "$what" = tools ] && exit 0
+build_koord
 build_base
 build_images
 build_node

@@ -13,6 +13,7 @@ KIND_VERSION=0.33.0      # sigs.k8s.io/kind
 HELM_VERSION=4.3.2       # helm.sh/helm/v4
 CRI_TOOLS_VERSION=1.37.0 # sigs.k8s.io/cri-tools: crictl in the node, critest
 RUNC_VERSION=1.4.4       # the node's runc (testkit/build_runc.sh: with seccomp)
+KOORD_VERSION=1.8.0      # Koordinator's koord-manager (kind/go/koord; e2e/cluster/test_koord.py)
 NODE_SUITE=bookworm      # the node image's Debian
 
 KIND_SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -37,6 +38,9 @@ HELM_BIN=$KIND_CACHE/helm/v$HELM_VERSION/helm
 CRI_TOOLS_BIN=$KIND_CACHE/cri-tools/v$CRI_TOOLS_VERSION
 PAUSE_BIN=$KIND_CACHE/pause/$PAUSE_VERSION/pause
 RUNC_WRAPPER=$KIND_CACHE/runc-wrapper/runc  # only where the machine lacks CAP_SYS_RESOURCE
+KOORD_BIN=$KIND_CACHE/koord/v$KOORD_VERSION/koord-manager
+KOORD_IMAGE=nriplugin.local/koord-manager:v$KOORD_VERSION  # its image (kind/build.sh), loaded by kind/up.sh
+KOORD_TAR=$KIND_CACHE/koord/v$KOORD_VERSION/koord-manager.tar
 KUBECTL=$K8S_BIN/kubectl
 KUBECONFIG_FILE=$KIND_RUN/kubeconfig
 

@@ -7,7 +7,8 @@
 # Builds (once; kind/build.sh) Kubernetes, kind, helm and the node image, and the agent's image
 # (image/build.sh); starts a private dockerd (kind/lib.sh); creates the cluster of
 # kind/cluster.yaml (a control plane and a worker) unless it exists; gives each node a bridge on
-# its podCIDR; loads the agent's image into the nodes; installs Koordinator's NodeSLO CRD and
+# its podCIDR; loads the agent's image into the nodes (and koord-manager's into the control
+# plane, for e2e/cluster/test_koord.py); installs Koordinator's NodeSLO CRD and
 # the agent with the Helm chart (charts/nriplugin, values ci/kind-values.yaml) or the manifests
 # rendered from it (kind/*.yaml); waits for the DaemonSet to be Ready. Then:
 #
@@ -98,6 +99,12 @@ say "nodes Ready in $(elapsed "$t0")"
 t0=$(date +%s)
 "$KIND_BIN" load image-archive "$archive" --name "$CLUSTER" >&2
 say "loaded $(basename "$archive") into the nodes in $(elapsed "$t0")"
+# koord-manager's image (kind/build.sh), on the control-plane node: e2e/cluster/test_koord.py
+# deploys it there (kind/koord/) and removes it again; nothing else runs it.
+t0=$(date +%s)
+cp_nodes=$(kubectl get nodes -l node-role.kubernetes.io/control-plane -o jsonpath='{.items[*].metadata.name}' | tr ' ' ,)
+"$KIND_BIN" load image-archive "$KOORD_TAR" --name "$CLUSTER" --nodes "$cp_nodes" >&2
+say "loaded koord-manager's image into $cp_nodes in $(elapsed "$t0")"
 operator=false
 kubectl get crd podmonitors.monitoring.coreos.com prometheusrules.monitoring.coreos.com >/dev/null 2>&1 && operator=true
 if [ "$install_with" = helm ]; then

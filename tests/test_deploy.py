@@ -5,6 +5,7 @@ PrometheusRule against their vendored CRDs, the kind config against kind's own t
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import tomllib
@@ -225,6 +226,8 @@ def test_manifests_fit_together() -> None:
     (ns,) = docs("namespace.yaml")
     name = ns["metadata"]["name"]
     for path, doc in all_manifests():
+        if path.parent.name == "koord":  # koord-manager's, for e2e/cluster/test_koord.py: below
+            continue
         if doc["kind"] not in ("Namespace", "Cluster", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"):
             assert doc["metadata"]["namespace"] == name, path
     (ds,) = docs("daemonset.yaml")
@@ -254,3 +257,40 @@ def test_up_script_applies_every_manifest() -> None:
         assert f"kind/{path.name}" in text, f"kind/up.sh does not apply {path.name}"
     r = subprocess.run(["bash", "-n", str(ROOT / "kind" / "up.sh")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_koord_managers_manifests_fit_together() -> None:
+    """kind/koord/ (koord-manager for e2e/cluster/test_koord.py): its objects in its namespace,
+    the Deployment's ServiceAccount bound to its ClusterRole, the image kind/build.sh makes (the
+    tag kind/lib.sh names), the flags that need no webhook, the ConfigMap it reads."""
+    koord = ROOT / "kind" / "koord"
+    objs = {
+        (d["kind"], d["metadata"]["name"]): d
+        for p in sorted(koord.glob("*.yaml"))
+        for d in yaml.safe_load_all(p.read_text())
+        if d
+    }
+    (ns,) = [n for kind, n in objs if kind == "Namespace"]
+    for (kind, name), doc in objs.items():
+        if kind not in ("Namespace", "ClusterRole", "ClusterRoleBinding"):
+            assert doc["metadata"]["namespace"] == ns, (kind, name)
+    deploy = objs[("Deployment", "koord-manager")]
+    spec = deploy["spec"]["template"]["spec"]
+    assert ("ServiceAccount", spec["serviceAccountName"]) in objs
+    binding = objs[("ClusterRoleBinding", "koord-manager")]
+    assert ("ClusterRole", binding["roleRef"]["name"]) in objs
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": spec["serviceAccountName"], "namespace": ns}]
+    (ctr,) = spec["containers"]
+    lib = (ROOT / "kind" / "lib.sh").read_text()
+    version = re.search(r"^KOORD_VERSION=(\S+)", lib, re.M)
+    assert version and ctr["image"] == f"nriplugin.local/koord-manager:v{version.group(1)}"
+    assert ctr["imagePullPolicy"] == "Never"
+    for flag in (
+        "--enable-leader-election=false",
+        "--feature-gates=WebhookFramework=false",
+        f"--config-namespace={ns}",
+    ):
+        assert flag in ctr["args"]
+    cm = objs[("ConfigMap", "slo-controller-config")]
+    for key in ("colocation-config", "resource-qos-config"):
+        json.loads(cm["data"][key])
