@@ -109,3 +109,16 @@ def test_explain_names_what_a_nodeslo_policy_does_not_use(tmp_path: Path) -> Non
     notes = json.loads(r.stdout)["policyNotes"]
     assert any("pageCacheEnable" in f for f in unused_fields(notes)), notes
     assert all(n.startswith(str(policy)) for n in notes)
+
+
+def test_koord_managers_zero_total_bandwidth_is_not_set_and_not_noted() -> None:
+    """koord-manager's default NodeSLO writes ``totalNetworkBandwidth: "0"``, Koordinator's "not
+    set" (koordlet then reads the NIC's speed): neither a note on every Koordinator cluster nor a
+    node of zero bandwidth."""
+    rules = RuleCache()
+    source = NodeSLOSource(rules, NODE)
+    for rv, zero in enumerate(("0", 0, "0M")):
+        source.apply(nodeslo({"systemStrategy": {"totalNetworkBandwidth": zero}}, rv=str(rv)))
+        assert rules.notes == () and rules.policy.systemStrategy.total_bits() is None
+    source.apply(nodeslo({"systemStrategy": {"totalNetworkBandwidth": "100M"}}, rv="9"))
+    assert rules.policy.systemStrategy.total_bits() == 100_000_000

@@ -15,6 +15,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 
 from nriplugin.policy.bandwidth import check_class_bandwidth, parse_total_bandwidth
 from nriplugin.policy.profiles import PROFILES, Profile, overlay
+from nriplugin.policy.quantity import parse_quantity
 
 Percent = Annotated[int, Field(ge=0, le=100)]
 
@@ -394,10 +395,23 @@ class CPUBurst(_M):
 def _total_bandwidth(v: Any) -> Any:
     """The node's bandwidth, kept as written (checked here; ``SystemStrategy.total_bits``
     converts): an integer is Mbit/s (the CRD's unit), a string a Kubernetes quantity in
-    bits/s (``"100M"`` = 100 Mbit/s)."""
-    if v is not None:
-        parse_total_bandwidth(v)
+    bits/s (``"100M"`` = 100 Mbit/s). Zero is not set, as Koordinator reads it (koord-manager's
+    default NodeSLO writes ``"0"``)."""
+    if v is None or _zero(v):
+        return None
+    parse_total_bandwidth(v)
     return v
+
+
+def _zero(v: Any) -> bool:
+    if isinstance(v, bool):
+        return False
+    if isinstance(v, int):
+        return v == 0
+    try:
+        return isinstance(v, str) and parse_quantity(v) == 0
+    except ValueError:
+        return False
 
 
 class SystemStrategy(_M):
