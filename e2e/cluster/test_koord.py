@@ -208,7 +208,20 @@ def koord(kind_cluster: Cluster) -> Iterator[Koord]:
             extra = [r for r in node.status.allocatable or {} if r.startswith("kubernetes.io/")]
             assert not extra, f"{node.metadata.name} still has {extra}"
         print(f"koord-manager, its CRDs ({len(created)}), NodeSLOs and node resources removed: nothing left")
-        assert not [line for line in errors if "panic" in line.lower() or "nodemetric" in line.lower()], errors
+        assert not [line for line in errors if _about_the_report(line)], errors
+
+
+def _about_the_report(line: str) -> bool:
+    """Whether a koord-manager log line is an error about the NodeMetric (our report) or a panic.
+
+    Not one: its NodeMetric controller creating an object its informer has not seen yet
+    (nodemetric_controller.go reads from the cache, creates on a miss, and requeues on
+    AlreadyExists), a race of its own that the next reconcile settles.
+    """
+    low = line.lower()
+    if "panic" in low:
+        return True
+    return "nodemetric" in low and "already exists" not in low
 
 
 # --- Koordinator's batch formula, as koord-manager v1.8.0 computes it ---------------------------
