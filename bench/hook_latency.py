@@ -63,6 +63,7 @@ from testkit.go_peers import DEFAULT_NRI, NRI_VERSIONS, go_peer
 ROOT = Path(__file__).resolve().parent.parent
 WARMUP = 50  # CreateContainer calls nri-runtime-bench makes after Synchronize, before timing
 ASLEEP = "nriplugin --burst-poll-us 0"  # the agent whose loop sleeps between requests (bench --asleep)
+BASELINE = "nriplugin baseline"  # the agent as of an earlier commit (bench --baseline)
 # Bounds (seconds; each a bucket bound of the hook histogram, so the histogram's count below it
 # is exact) at which the share of calls answered within is compared, runtime against histogram.
 WITHIN = (250e-6, 500e-6, 1e-3, 2e-3)
@@ -219,8 +220,12 @@ def ratio_ci(a: list[float], b: list[float], n: int = 2000, seed: int = 1) -> tu
     )
 
 
-def run_external(bench: Path, name: str, calls: int, sync_pods: int, goplugin: Path, settle: float) -> dict[str, Any]:
-    """One round of one plugin: its own process, started after the runtime listens."""
+def run_external(
+    bench: Path, name: str, calls: int, sync_pods: int, goplugin: Path, settle: float, baseline: Path | None = None
+) -> dict[str, Any]:
+    """One round of one plugin: its own process, started after the runtime listens. The
+    baseline is the same command run from an earlier commit's tree (``python -m`` finds the
+    package in its working directory before the editable install's)."""
     with tempfile.TemporaryDirectory() as d, cri_node(sync_pods) as cri:
         sock = Path(d) / "nri.sock"
         port = free_port()
@@ -233,9 +238,11 @@ def run_external(bench: Path, name: str, calls: int, sync_pods: int, goplugin: P
             "stub floor": [sys.executable, "-m", "bench.stub_floor", "--socket", str(sock)],
         }
         cmds[ASLEEP] = [*cmds["nriplugin"], "--burst-poll-us", "0"]
+        cmds[BASELINE] = cmds["nriplugin"]
         cmd = cmds[name]
         rt = runtime_bench(bench, sock, calls, sync_pods, settle)
-        plugin = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+        cwd = baseline if name == BASELINE and baseline is not None else ROOT
+        plugin = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd)
         try:
             start = after_warmup(port, WARMUP, rt) if name.startswith("nriplugin") else None
             out, _ = rt.communicate(timeout=300)
@@ -353,9 +360,38 @@ def main() -> int:
     ap.add_argument(
         "--asleep", action="store_true", help=f"also run the agent with its loop always sleeping ({ASLEEP!r})"
     )
+    ap.add_argument(
+        "--baseline",
+        metavar="COMMIT",
+        help="also run the agent as of this commit (a detached git worktree), round by round beside today's",
+    )
     args = ap.parse_args()
     if args.inprocess_rounds < 1:
         ap.error("--inprocess-rounds must be at least 1 (the plugin-side figures come from them)")
+    with baseline_tree(args.baseline) as base:
+        return measure(args, base)
+
+
+@contextmanager
+def baseline_tree(commit: str | None) -> Iterator[Path | None]:
+    """A detached worktree of the baseline commit for the run's length, removed after."""
+    if commit is None:
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="hook-baseline-") as d:
+        tree = Path(d) / "tree"
+        git = ["git", "-C", str(ROOT)]
+        done = subprocess.run([*git, "worktree", "add", "--detach", str(tree), commit], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"--baseline {commit}: git worktree add failed: {done.stderr.strip()}")
+        try:
+            yield tree
+        finally:
+            subprocess.run([*git, "worktree", "remove", "--force", str(tree)], check=False, capture_output=True)
+
+
+def measure(args: argparse.Namespace, base: Path | None) -> int:
+    """The rounds, the plugin side and the figures, once the baseline's tree (if any) exists."""
     bench = go_peer("nri-runtime-bench", args.nri)
     goplugin = go_peer("go-nri-refplugin", args.nri)
     if bench is None or goplugin is None:
@@ -368,13 +404,14 @@ def main() -> int:
     # ASLEEP: the agent with its loop sleeping between requests, to show what the burst poll buys.
     configs = [("go", args.sync_pods), ("nriplugin", args.sync_pods), ("stub floor", args.sync_pods)]
     configs += [(ASLEEP, args.sync_pods)] if args.asleep else []
+    configs += [(BASELINE, args.sync_pods)] if args.baseline else []
     # The larger node: nriplugin, and its stub alone as the control (what the runtime's side and
     # the transport cost on a big node, with no agent work).
     configs += [(name, n) for n in nodes[1:] for name in ("nriplugin", "stub floor")]
     runs: dict[str, list[dict[str, Any]]] = {f"{name}@{n}": [] for name, n in configs}
     for r in range(args.rounds):
         for name, n in configs if r % 2 == 0 else configs[::-1]:
-            res = run_external(bench, name, args.calls, n, goplugin, args.settle)
+            res = run_external(bench, name, args.calls, n, goplugin, args.settle, base)
             if not res.get("ready") or res.get("errors"):
                 print(f"{name}@{n} round {r}: {res}", file=sys.stderr)
                 return 1
@@ -451,6 +488,9 @@ def main() -> int:
         return res
 
     out["ratio_nriplugin_over_go"] = {small: paired(f"nriplugin{small}", f"go{small}")}
+    if args.baseline:
+        out["baseline"] = args.baseline
+        out["ratio_nriplugin_over_baseline"] = paired(f"nriplugin{small}", f"{BASELINE}{small}")
     if args.large:
         out["large_over_small"] = paired(f"nriplugin{large}", f"nriplugin{small}")
         out["stub_floor_large_over_small"] = paired(f"stub floor{large}", f"stub floor{small}")
@@ -535,6 +575,28 @@ def plot(path: Path, out: dict[str, Any], handled: list[float], raw: dict[str, A
 def ratio_cell(v: dict[str, Any], f: str) -> str:
     ci = v.get(f"{f}_ci")
     return f"**{v[f]:.2f}**" + (f" ({ci[0]:.2f} .. {ci[1]:.2f})" if ci else "")
+
+
+def hist_label(key: str) -> str:
+    """A histogram row's name: the node, and which agent where it is not today's default."""
+    name, node = key.split("@")
+    extra = {ASLEEP: ", `--burst-poll-us 0`", BASELINE: ", the baseline"}.get(name, "")
+    return f"node of {node}{extra}"
+
+
+def against_baseline(v: dict[str, Any]) -> str:
+    """Today's agent against an earlier commit's: slower or faster only where the whole
+    interval says so."""
+    parts = []
+    for f in ("p50_us", "p99_us"):
+        ci, q = v.get(f"{f}_ci"), f[:3]
+        if ci and ci[0] > 1:
+            parts.append(f"{q}: slower")
+        elif ci and ci[1] < 1:
+            parts.append(f"{q}: faster")
+        else:
+            parts.append(f"{q}: no difference this run can tell")
+    return "; ".join(parts)
 
 
 def verdict(v: dict[str, Any], target: tuple[float, float] | None) -> str:
@@ -623,18 +685,26 @@ def write_section(path: Path, out: dict[str, Any], command: str) -> None:
     rows += [row(f"{stub}, node of {n}", s[f"stub floor@{n}"]) for n in out["nodes"]]
     if f"{ASLEEP}@{small}" in s:
         rows.append(row(f"nriplugin `--burst-poll-us 0` (always sleeps), node of {small}", s[f"{ASLEEP}@{small}"]))
-    paired: list[tuple[str, dict[str, Any], tuple[float, float] | None]]
-    paired = [(f"nriplugin / Go, node of {k.lstrip('@')}", v, TARGETS["nriplugin / Go"]) for k, v in r.items()]
+    paired: list[tuple[str, dict[str, Any], str]]
+    paired = [
+        (f"nriplugin / Go, node of {k.lstrip('@')}", v, verdict(v, TARGETS["nriplugin / Go"])) for k, v in r.items()
+    ]
     if "large_over_small" in out:
         sizes = f"node of {large} / node of {small}"
-        paired.append((f"nriplugin, {sizes}", out["large_over_small"], TARGETS["large / small"]))
-        paired.append((f"its stub alone (control), {sizes}", out["stub_floor_large_over_small"], None))
+        paired.append(
+            (f"nriplugin, {sizes}", out["large_over_small"], verdict(out["large_over_small"], TARGETS["large / small"]))
+        )
+        paired.append((f"its stub alone (control), {sizes}", out["stub_floor_large_over_small"], "-"))
+    if "ratio_nriplugin_over_baseline" in out:
+        rows.append(row(f"nriplugin as of `{out['baseline']}`, node of {small}", s[f"{BASELINE}@{small}"]))
+        v = out["ratio_nriplugin_over_baseline"]
+        paired.append((f"nriplugin / nriplugin as of `{out['baseline']}`, node of {small}", v, against_baseline(v)))
     ratio_lines = "\n".join(
-        f"| {name} | " + " | ".join(ratio_cell(v, f) for f in ("p50_us", "p99_us")) + f" | {verdict(v, target)} |"
-        for name, v, target in paired
+        f"| {name} | " + " | ".join(ratio_cell(v, f) for f in ("p50_us", "p99_us")) + f" | {judged} |"
+        for name, v, judged in paired
     )
     hist_rows = "\n".join(
-        f"| node of {k.split('@')[1]}{', `--burst-poll-us 0`' if k.startswith(ASLEEP) else ''} | "
+        f"| {hist_label(k)} | "
         f"{s[k]['p50_us']:.0f} / {s[k]['p99_us']:.0f} µs | "
         f"{v['p50_us']:.0f} / {v['p99_us']:.0f} µs | {s[k]['p50_us'] - v['p50_us']:+.0f} / "
         f"{s[k]['p99_us'] - v['p99_us']:+.0f} µs |"
@@ -643,7 +713,7 @@ def write_section(path: Path, out: dict[str, Any], command: str) -> None:
     bounds = [b for b in WITHIN if all(f"{b * 1e6:.0f}" in v.get("within", {}) for v in h.values())]
     within_head = " | ".join(f"{b * 1e6:.0f} µs" if b < 1e-3 else f"{b * 1e3:.0f} ms" for b in bounds)
     within_rows = "\n".join(
-        f"| node of {k.split('@')[1]}{', `--burst-poll-us 0`' if k.startswith(ASLEEP) else ''} | "
+        f"| {hist_label(k)} | "
         + " | ".join("{:.1f} / {:.1f} %".format(*v["within"][f"{b * 1e6:.0f}"]) for b in bounds)
         + " |"
         for k, v in h.items()
