@@ -34,10 +34,10 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import ssl
 import functools
 import itertools
 import json
+import ssl
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
