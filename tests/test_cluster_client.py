@@ -27,7 +27,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nriplugin.cluster import check
-from nriplugin.cluster.client import ApiClient, ApiError, ClusterError, connect
+from nriplugin.cluster.client import ApiClient, ApiError, ClusterError, connect, ssl_context
 from nriplugin.cluster.kubeconfig import ApiConfig, ConfigError, TokenFile, in_cluster, parse_kubeconfig
 from nriplugin.cluster.listwatch import ListWatch
 from nriplugin.cluster.pods import RESOURCE as PODS
@@ -391,6 +391,10 @@ def test_tls_with_a_client_certificate_from_kubeconfig_data(tmp_path: Path, capl
             await api.close()
 
     served(body, tls=server)
+    # The kubeconfig's CA alone is trusted (as client-go does), not the system's besides.
+    ctx = ssl_context(ApiConfig("https://127.0.0.1:1", "test", ca_data=(tmp_path / "ca.crt").read_bytes()))
+    assert [c["subject"] for c in ctx.get_ca_certs()] == [((("commonName", "standin-ca"),),)]
+    assert ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname
 
 
 def test_every_request_has_a_timeout() -> None:

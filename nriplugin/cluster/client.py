@@ -146,10 +146,15 @@ class ApiClient:
 
 
 def ssl_context(config: ApiConfig) -> ssl.SSLContext:
-    """The TLS context for ``config``: its CA (else the system's), its client certificate."""
-    ctx = ssl.create_default_context(cafile=config.ca_file)
+    """The TLS context for ``config``: its CA alone when it names one (as client-go trusts it),
+    else the system's; its client certificate."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies the certificate and the host name
+    if config.ca_file:
+        ctx.load_verify_locations(cafile=config.ca_file)
     if config.ca_data:
         ctx.load_verify_locations(cadata=config.ca_data.decode("ascii", "replace"))
+    if not config.ca_file and not config.ca_data:
+        ctx.load_default_certs()
     if config.insecure:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
