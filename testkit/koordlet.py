@@ -124,10 +124,11 @@ class Koordlet:
             f"-xpu-device-infos-dir={self.base / 'xpu'}/",
             f"-addr=127.0.0.1:{self.ports['metrics']}",
             f"-pprof-addr=127.0.0.1:{self.ports['pprof']}",
-            f"-feature-gates={self.feature_gates}",
             "-logtostderr=true",
             f"-v={self.verbosity}",
         ]
+        if self.feature_gates:  # over its defaults; empty: its defaults alone
+            argv.append(f"-feature-gates={self.feature_gates}")
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": os.environ.get("HOME", "/root"),
