@@ -75,6 +75,7 @@ class Koordlet:
     proc: subprocess.Popen[bytes] | None = None
     ports: dict[str, int] = field(default_factory=dict)
     started: float = 0.0
+    log_from: int = 0  # the runtime log's size at start: a registration before it was another koordlet's
 
     @property
     def base(self) -> Path:
@@ -137,6 +138,7 @@ class Koordlet:
             "KUBECONFIG": str(self.node.kubeconfig),
         }
         log = open(self.log, "ab")  # noqa: SIM115 - lives as long as the process
+        self.log_from = self._runtime_log().stat().st_size if self._runtime_log().exists() else 0
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
             argv,
@@ -150,12 +152,17 @@ class Koordlet:
         log.close()
 
     def registered(self) -> bool:
-        """Whether the runtime says koordlet's NRI plugin is connected (its log, read now)."""
+        """Whether the runtime says this koordlet's NRI plugin is connected (its log since the
+        start, read now)."""
         if self.proc is not None and self.proc.poll() is not None:
             raise RuntimeError(f"koordlet exited with {self.proc.returncode}; its log ends:\n{self.tail()}")
+        with self._runtime_log().open("rb") as f:
+            f.seek(self.log_from)
+            return bool(REGISTERED.search(f.read().decode(errors="replace")))
+
+    def _runtime_log(self) -> Path:
         assert self.node.runtime is not None
-        log = self.node.runtime.base / "logs" / "containerd.log"
-        return bool(REGISTERED.search(log.read_text(errors="replace")))
+        return self.node.runtime.base / "logs" / "containerd.log"
 
     def wait_registered(self, timeout: float = 120.0) -> float:
         """Seconds from start until the runtime had koordlet's plugin registered."""
