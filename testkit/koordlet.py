@@ -72,6 +72,7 @@ class Koordlet:
     nri_socket: str = ""
     feature_gates: str = "BECPUSuppress=true"
     verbosity: int = 2
+    extra_args: tuple[str, ...] = ()  # e.g. ("-enable-pprof",) to profile it
     proc: subprocess.Popen[bytes] | None = None
     ports: dict[str, int] = field(default_factory=dict)
     started: float = 0.0
@@ -130,6 +131,7 @@ class Koordlet:
         ]
         if self.feature_gates:  # over its defaults; empty: its defaults alone
             argv.append(f"-feature-gates={self.feature_gates}")
+        argv += self.extra_args
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": os.environ.get("HOME", "/root"),
