@@ -221,11 +221,21 @@ def ratio_ci(a: list[float], b: list[float], n: int = 2000, seed: int = 1) -> tu
 
 
 def run_external(
-    bench: Path, name: str, calls: int, sync_pods: int, goplugin: Path, settle: float, baseline: Path | None = None
+    bench: Path,
+    name: str,
+    calls: int,
+    sync_pods: int,
+    goplugin: Path,
+    settle: float,
+    peer: KoordletPeer | None = None,
+    baseline: Path | None = None,
 ) -> dict[str, Any]:
     """One round of one plugin: its own process, started after the runtime listens. The
     baseline is the same command run from an earlier commit's tree (``python -m`` finds the
     package in its working directory before the editable install's)."""
+    if name == "koordlet":
+        assert peer is not None, "the koordlet configuration needs its host node (--with-koordlet)"
+        return run_koordlet(bench, calls, sync_pods, settle, peer)
     with tempfile.TemporaryDirectory() as d, cri_node(sync_pods) as cri:
         sock = Path(d) / "nri.sock"
         port = free_port()
@@ -257,6 +267,88 @@ def run_external(
             plugin.kill()
             plugin.wait()
         return res
+
+
+class KoordletPeer:
+    """Koordinator's koordlet as a configuration: a host-process node (testkit/hostnode.py) with
+    one running pod, whose kubelet its informer reads (it connects to NRI only once that has
+    synced), and the koordlet binary. Each round's koordlet serves the runtime bench's socket
+    instead of the node's runtime: the timed CreateContainer calls are the bench's, as for every
+    other plugin here."""
+
+    def __init__(self) -> None:
+        from testkit import koordlet
+        from testkit.hostnode import HostNode
+
+        self.binary = koordlet.build()
+        self.node = HostNode()
+        self.node.start()
+        try:
+            names = self.node.create_pods([self.node.pod_manifest("informer-0", {"koordinator.sh/qosClass": "BE"})])
+            self.node.wait_running(names, 120)
+        except BaseException:
+            self.node.stop()
+            raise
+
+    def close(self) -> None:
+        self.node.stop()
+
+
+def run_koordlet(bench: Path, calls: int, sync_pods: int, settle: float, peer: KoordletPeer) -> dict[str, Any]:
+    """One round of koordlet (v1.8.0, its default hooks and gates) on the runtime bench's socket."""
+    from testkit import koordlet
+
+    with tempfile.TemporaryDirectory() as d:
+        sock = Path(d) / "nri.sock"
+        rt = runtime_bench(bench, sock, calls, sync_pods, settle)
+        k = koordlet.Koordlet(peer.binary, peer.node, nri_socket=str(sock), feature_gates="")
+        k.start()
+        try:
+            out, _ = rt.communicate(timeout=300)
+            res: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+            res.pop("latencies_us", None)
+        finally:
+            k.stop()
+            if rt.poll() is None:
+                rt.kill()
+                rt.wait()
+        return res
+
+
+def write_koordlet_section(path: Path, out: dict[str, Any], command: str) -> None:
+    """The side-by-side section: koordlet's NRI plugin, nriplugin and the Go stub on one runtime
+    bench, alternating round by round."""
+    s, n = out["median_of_rounds"], out["nodes"][0]
+    rows = [
+        row(f"nriplugin (`nriplugin run`, defaults), node of {n}", s[f"nriplugin@{n}"]),
+        row(f"koordlet v1.8.0 (its NRI plugin, host mode, default hooks), node of {n}", s[f"koordlet@{n}"]),
+        row(f"Go stub (`go-nri-refplugin`), node of {n}", s[f"go@{n}"]),
+    ]
+    k, g = out["ratio_koordlet_over_nriplugin"], out["ratio_go_over_nriplugin"]
+    section = f"""<!-- hook_latency_koordlet:begin -->
+## Hook latency beside koordlet, NRI {out["nri"]} (`bench/hook_latency.py --with-koordlet`)
+
+Command: `flock -x /tmp/nriplugin-cpu.lock .venv/bin/{command}` ({os.cpu_count()} CPUs,
+{time.strftime("%Y-%m-%d")}), commit `{out["commit"]}`. The runtime side is `nri-runtime-bench`
+(containerd/nri {out["nri"]} `pkg/adaptation`): it synchronizes a node of {n} running containers,
+warms up, waits {out["settle"]:g} s, then times {out["calls"]} CreateContainer calls (BE/LS
+alternating, each of a new pod). Three plugins, each alone on it, the order alternating round by
+round, {out["rounds"]} rounds: nriplugin as in the sections above; koordlet v1.8.0
+(`testkit/koordlet.py`: host mode, its default feature gates and hooks, `-v=2`), its NRI plugin
+pointed at the bench's socket while its pod informer reads the kubelet of a host-process node
+(`testkit/hostnode.py`, one running pod: koordlet connects to NRI only once that has synced);
+the Go stub. Round trip as the runtime sees it; medians over rounds.
+
+| plugin | p50 | p90 | p99 | Synchronize |
+|---|---|---|---|---|
+{chr(10).join(rows)}
+
+koordlet / nriplugin: p50 {ratio_cell(k, "p50_us")}, p99 {ratio_cell(k, "p99_us")}; Go stub /
+nriplugin: p50 {ratio_cell(g, "p50_us")}, p99 {ratio_cell(g, "p99_us")} (95 % intervals resampling
+rounds).
+<!-- hook_latency_koordlet:end -->
+"""
+    replace_section(path, "hook_latency_koordlet", section)
 
 
 def run_inprocess(
@@ -365,7 +457,14 @@ def main() -> int:
         metavar="COMMIT",
         help="also run the agent as of this commit (a detached git worktree), round by round beside today's",
     )
+    ap.add_argument(
+        "--with-koordlet",
+        action="store_true",
+        help="koordlet beside nriplugin and the Go stub on the node of --sync-pods only; --write: its own section",
+    )
     args = ap.parse_args()
+    if args.with_koordlet:
+        return with_koordlet(args)
     if args.inprocess_rounds < 1:
         ap.error("--inprocess-rounds must be at least 1 (the plugin-side figures come from them)")
     with baseline_tree(args.baseline) as base:
@@ -411,7 +510,7 @@ def measure(args: argparse.Namespace, base: Path | None) -> int:
     runs: dict[str, list[dict[str, Any]]] = {f"{name}@{n}": [] for name, n in configs}
     for r in range(args.rounds):
         for name, n in configs if r % 2 == 0 else configs[::-1]:
-            res = run_external(bench, name, args.calls, n, goplugin, args.settle, base)
+            res = run_external(bench, name, args.calls, n, goplugin, args.settle, baseline=base)
             if not res.get("ready") or res.get("errors"):
                 print(f"{name}@{n} round {r}: {res}", file=sys.stderr)
                 return 1
@@ -526,6 +625,64 @@ def measure(args: argparse.Namespace, base: Path | None) -> int:
         write_section(args.write, out, shown_command("python -m bench.hook_latency", sys.argv[1:]))
     if args.plot:  # last: the figures are written even where the plot cannot be drawn
         plot(args.plot, out, handled, raw)
+    return 0
+
+
+def with_koordlet(args: argparse.Namespace) -> int:
+    """``--with-koordlet``: nriplugin, koordlet and the Go stub on one runtime bench, alternating."""
+    bench = go_peer("nri-runtime-bench", args.nri)
+    goplugin = go_peer("go-nri-refplugin", args.nri)
+    if bench is None or goplugin is None:
+        print("Go peers unavailable (need Go at /usr/local/go/bin/go, or set GO)", file=sys.stderr)
+        return 2
+    n = args.sync_pods
+    configs = ["nriplugin", "koordlet", "go"]
+    runs: dict[str, list[dict[str, Any]]] = {f"{name}@{n}": [] for name in configs}
+    head = commit()
+    peer = KoordletPeer()
+    try:
+        for r in range(args.rounds):
+            for name in configs if r % 2 == 0 else configs[::-1]:
+                res = run_external(bench, name, args.calls, n, goplugin, args.settle, peer=peer)
+                if not res.get("ready") or res.get("errors"):
+                    print(f"{name}@{n} round {r}: {res}", file=sys.stderr)
+                    return 1
+                runs[f"{name}@{n}"].append(res)
+                print(
+                    f"round {r} {name:10s} node {n:5d}  p50 {res['p50_us']:7.1f} us  p99 {res['p99_us']:7.1f} us  "
+                    f"sync {res['sync_ms']:6.2f} ms",
+                    file=sys.stderr,
+                )
+    finally:
+        peer.close()
+    summary = {
+        k: {f: float(statistics.median(float(x[f]) for x in v)) for f in ("p50_us", "p90_us", "p99_us", "sync_ms")}
+        for k, v in runs.items()
+    }
+
+    def paired(a: str, b: str) -> dict[str, Any]:
+        res: dict[str, Any] = {}
+        for f in ("p50_us", "p99_us"):
+            xa, xb = [float(x[f]) for x in runs[a]], [float(x[f]) for x in runs[b]]
+            res[f] = summary[a][f] / summary[b][f]
+            res[f"{f}_ci"] = list(ratio_ci(xa, xb)) if args.rounds >= 2 else None
+        return res
+
+    out: dict[str, Any] = {
+        "commit": head,
+        "nri": args.nri,
+        "rounds": args.rounds,
+        "settle": args.settle,
+        "calls": args.calls,
+        "nodes": [n],
+        "median_of_rounds": summary,
+        "ratio_koordlet_over_nriplugin": paired(f"koordlet@{n}", f"nriplugin@{n}"),
+        "ratio_go_over_nriplugin": paired(f"go@{n}", f"nriplugin@{n}"),
+        "runs": runs,
+    }
+    print(json.dumps({k: v for k, v in out.items() if k != "runs"}, indent=1))
+    if args.write:
+        write_koordlet_section(args.write, out, shown_command("python -m bench.hook_latency", sys.argv[1:]))
     return 0
 
 
