@@ -197,16 +197,22 @@ def host_pods(node: HostNode, n: int) -> list[dict[str, Any]]:
     return pods
 
 
-def nriplugin_on(node: HostNode, n: int) -> tuple[subprocess.Popen[bytes], int]:
+def nriplugin_on(
+    node: HostNode, n: int, log: Path | None = None, extra: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen[bytes], int]:
     """nriplugin as the host node's agent (cluster side on: NodeSLO and NodeMetric), once it
-    has taken in the node's containers."""
+    has taken in the node's containers; its log appended to ``log`` if given (else dropped),
+    ``extra`` arguments after the rest (e.g. a policy file under the NodeSLO)."""
     assert node.runtime is not None
     port = free_port()
     argv = [sys.executable, "-m", "nriplugin", "run", "--socket", node.runtime.nri_socket]
     argv += ["--cri-socket", node.runtime.address, "--pods-root", node.pods_root]
     argv += ["--metrics-address", f"127.0.0.1:{port}", "--cluster", "on", "--kubeconfig", str(node.kubeconfig)]
-    argv += ["--node-name", node.name]
-    agent = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    argv += ["--node-name", node.name, *extra]
+    sink: Any = log.open("ab") if log is not None else subprocess.DEVNULL
+    agent = subprocess.Popen(argv, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
+    if log is not None:
+        sink.close()
     try:
         until(lambda: scrape(port, "nriplugin_reconcile_entries") >= n, 120, "nriplugin took in the containers", 0.2)
     except BaseException:
