@@ -36,8 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.footprint import nriplugin_on, ratio, stop
-from bench.hook_latency import commit
+from bench.footprint import beside_main, nriplugin_on, ratio, stop_agent
 from bench.report import replace_section, shown_command
 from nriplugin.kernel.memory_events import MemoryEvents
 from testkit import containerd as harness
@@ -121,22 +120,8 @@ def trial(rt: harness.Containerd, limit_mib: int) -> dict[str, Any]:
         g = rt.run_pod("leaky", "BestEffort", BE)
         pods["leaky"] = (g, rt.create_container(g, "main", command=GROW))
         g_dir = harness.CGROUP_FS / "memory" / g.config.linux.cgroup_parent.lstrip("/")
-        peak, stopped = 0, None
-        before: dict[str, int] = {}
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < 120:
-            use = int((root / "memory.usage_in_bytes").read_text())
-            peak = max(peak, use)
-            if crossing.at is None:
-                sizes["leaky"] = anon(g_dir)
-            if crossing.at is not None and not before:
-                before = dict(sizes)
-            down = [n for n, (_, c) in pods.items() if not running(rt, c)]
-            if down and stopped is None:
-                stopped = time.time()
-            if stopped is not None and time.time() - stopped > 5:
-                break
-            time.sleep(0.01)
+        ids = {n: c for n, (_, c) in pods.items()}
+        peak, _, stopped, before = watch(rt, root, crossing, sizes, g_dir, ids, 120)
         crossing.close()
         if os.environ.get("EVICT_BENCH_LOG"):
             Path(os.environ["EVICT_BENCH_LOG"]).write_text(plugin.logs())
@@ -173,6 +158,37 @@ def trial(rt: harness.Containerd, limit_mib: int) -> dict[str, Any]:
             with contextlib.suppress(Exception):
                 rt.cri.call("StopPodSandbox", msg("StopPodSandboxRequest", pod_sandbox_id=p.id))
                 rt.cri.call("RemovePodSandbox", msg("RemovePodSandboxRequest", pod_sandbox_id=p.id))
+
+
+def watch(
+    rt: harness.Containerd,
+    root: Path,
+    crossing: Any,
+    sizes: dict[str, int],
+    leak: Path,
+    ids: dict[str, str],
+    limit: float,
+) -> tuple[int, int, float | None, dict[str, int]]:
+    """Every 10 ms until 5 s after the first of ``ids``' containers stopped (at most ``limit``
+    s): the pods root's peak use, the node's (MemTotal - MemAvailable), when the first stopped,
+    and the pods' sizes at ``crossing`` (the leak's, ``sizes["leaky"]``, kept current till then)."""
+    peak, peak_node, stopped = 0, 0, None
+    before: dict[str, int] = {}
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit:
+        peak = max(peak, int((root / "memory.usage_in_bytes").read_text()))
+        peak_node = max(peak_node, node_used())
+        if crossing.at is None:
+            sizes["leaky"] = anon(leak)
+        elif not before:
+            before = dict(sizes)
+        down = [n for n, c in ids.items() if not running(rt, c)]
+        if down and stopped is None:
+            stopped = time.time()
+        if stopped is not None and time.time() - stopped > 5:
+            break
+        time.sleep(0.01)
+    return peak, peak_node, stopped, before
 
 
 def _be(sizes: dict[str, int]) -> list[int]:
@@ -373,22 +389,7 @@ def host_trial(node: HostNode, agent: str, percent: int, binary: Path) -> dict[s
         node.create_pods([_never(node.pod_manifest("leaky", BE, command=GROW_TERM))])
         until(lambda: "leaky" in container_ids(node), 60, "the leaking pod running")
         ids, dirs = container_ids(node), pod_dirs(node, root)
-        peak, peak_node, stopped, down = 0, 0, None, []
-        before: dict[str, int] = {}
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < 240:
-            peak = max(peak, int((root / "memory.usage_in_bytes").read_text()))
-            peak_node = max(peak_node, node_used())
-            if crossing.at is None:
-                sizes["leaky"] = anon(dirs["leaky"])
-            elif not before:
-                before = dict(sizes)
-            down = [n for n, c in ids.items() if not running(rt, c)]
-            if down and stopped is None:
-                stopped = time.time()
-            if stopped is not None and time.time() - stopped > 5:
-                break
-            time.sleep(0.01)
+        peak, peak_node, stopped, before = watch(rt, root, crossing, sizes, dirs["leaky"], ids, 240)
         crossing.close()
         down = [n for n, c in ids.items() if not running(rt, c)]
         with log.open("rb") as f:
@@ -412,10 +413,7 @@ def host_trial(node: HostNode, agent: str, percent: int, binary: Path) -> dict[s
         }
         return out
     finally:
-        if proc is not None:
-            stop(proc)
-        if k is not None:
-            k.stop()
+        stop_agent(proc, k)
         node.kubectl("delete", "pods", "--all", "-n", "default", "--wait=true", "--timeout=120s", timeout=180)
 
 
@@ -604,14 +602,9 @@ def main() -> int:
         print("needs root and cgroup v1 (containerd, cgroups)", file=sys.stderr)
         return 2
     if args.beside == "koordlet":
-        head = commit()
-        beside = beside_koordlet(args.rounds)
-        print(json.dumps(beside))
-        if args.json:
-            args.json.write_text(json.dumps(beside, indent=1))
-        if args.write:
-            write_beside_section(args.write, beside, shown_command("bench.evict", sys.argv[1:]), head)
-        return 0
+        return beside_main(
+            "bench.evict", lambda: beside_koordlet(args.rounds), write_beside_section, args.json, args.write
+        )
     trials = []
     for _ in range(args.trials):
         rt = harness.Containerd(harness.install(), Path(tempfile.mkdtemp(prefix="nriplugin-bench-")))

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -221,6 +222,33 @@ def nriplugin_on(
     return agent, port
 
 
+def stop_agent(proc: subprocess.Popen[bytes] | None, k: koordlet.Koordlet | None) -> None:
+    """Whichever agent a trial started, stopped by its PID."""
+    if proc is not None:
+        stop(proc)
+    if k is not None:
+        k.stop()
+
+
+def beside_main(
+    prefix: str,
+    run: Callable[[], dict[str, Any]],
+    write: Callable[[Path, dict[str, Any], str, str], None],
+    json_path: Path | None,
+    write_path: Path | None,
+) -> int:
+    """A ``--beside koordlet`` run's end: the commit measured taken before it, the raw results
+    printed (and saved to ``json_path``), the section written into ``write_path``."""
+    head = commit()
+    r = run()
+    print(json.dumps(r))
+    if json_path:
+        json_path.write_text(json.dumps(r, indent=1))
+    if write_path:
+        write(write_path, r, shown_command(prefix, sys.argv[1:]), head)
+    return 0
+
+
 def beside_koordlet(n: int, rounds: int, settle: float, window: float) -> dict[str, Any]:
     binary = koordlet.build()
     node = HostNode(nodeslo_spec=NODESLO, max_pods=n + 20)
@@ -345,14 +373,13 @@ def main() -> int:
         print("needs root (containerd, cgroups)", file=sys.stderr)
         return 2
     if args.beside == "koordlet":
-        head = commit()
-        beside = beside_koordlet(args.containers, args.rounds, args.settle, args.window)
-        print(json.dumps(beside))
-        if args.json:
-            args.json.write_text(json.dumps(beside, indent=1))
-        if args.write:
-            write_beside_section(args.write, beside, shown_command("bench.footprint", sys.argv[1:]), head)
-        return 0
+        return beside_main(
+            "bench.footprint",
+            lambda: beside_koordlet(args.containers, args.rounds, args.settle, args.window),
+            write_beside_section,
+            args.json,
+            args.write,
+        )
     rt = harness.Containerd(harness.install(), Path(tempfile.mkdtemp(prefix="nriplugin-bench-")))
     try:
         rt.start()

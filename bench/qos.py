@@ -55,10 +55,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from bench.footprint import beside_main, nriplugin_on, ratio, status_kib, stop_agent
 from bench.footprint import cpu_seconds as proc_cpu_seconds
-from bench.footprint import nriplugin_on, ratio, status_kib
-from bench.footprint import stop as fp_stop
-from bench.hook_latency import commit
 from bench.report import replace_section, shown_command
 from testkit import containerd as harness
 from testkit import koordlet
@@ -734,10 +732,7 @@ def qos_trial(host: HostQosNode, agent: str, binary: Path, args: argparse.Namesp
         nz["agent_writes"] = nz["suppress_delta"] if agent == "nriplugin" else nz["log_writes"]
         return out
     finally:
-        if proc is not None:
-            fp_stop(proc)
-        if k is not None:
-            k.stop()
+        stop_agent(proc, k)
 
 
 def round_figures(t: dict[str, Any], cut: float) -> dict[str, Any]:
@@ -909,13 +904,13 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2, help="with --beside: rounds, each agent once per round")
     args = ap.parse_args()
     if args.beside == "koordlet":
-        head = commit()
-        beside = beside_koordlet(args)
-        if args.json:
-            args.json.write_text(json.dumps(beside, indent=1))
-        if args.write:
-            write_beside_section(args.write, beside, shown_command("bench.qos", sys.argv[1:]), head, args)
-        return 0
+        return beside_main(
+            "bench.qos",
+            lambda: beside_koordlet(args),
+            lambda path, r, cmd, head: write_beside_section(path, r, cmd, head, args),
+            args.json,
+            args.write,
+        )
     if os.geteuid() != 0 or not (harness.CGROUP_FS / "cpu" / "cpu.cfs_quota_us").exists():
         print("needs root and cgroup v1 (containerd, cgroups)", file=sys.stderr)
         return 2
