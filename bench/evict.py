@@ -530,7 +530,7 @@ def write_beside_section(path: Path, r: dict[str, Any], cmd: str, head: str) -> 
                 rat("decision_s"),
             ),
             (
-                "crossing -> victim stopped, median (min..max)",
+                "crossing -> victim stopped, median (min..max), same trials",
                 _ms(r["nriplugin"], "stopped_s") + " ms",
                 _ms(r["koordlet"], "stopped_s") + " ms",
                 rat("stopped_s"),
@@ -595,8 +595,9 @@ after P was chosen) is not timed; what its agent evicted is counted all the same
 {TRIAL_HEAD}
 {rows}
 
-The ratio is koordlet / nriplugin of the medians over the rounds where both stopped a
-victim, with its 95 % bootstrap interval over rounds.
+The ratio is koordlet / nriplugin of the medians over the rounds where both were timed, with
+its 95 % bootstrap interval over those rounds (with two such rounds it spans no more than
+their two ratios).
 <!-- evict_koordlet:end -->
 """
     replace_section(path, "evict_koordlet", section)
