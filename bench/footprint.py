@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -197,22 +198,55 @@ def host_pods(node: HostNode, n: int) -> list[dict[str, Any]]:
     return pods
 
 
-def nriplugin_on(node: HostNode, n: int) -> tuple[subprocess.Popen[bytes], int]:
+def nriplugin_on(
+    node: HostNode, n: int, log: Path | None = None, extra: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen[bytes], int]:
     """nriplugin as the host node's agent (cluster side on: NodeSLO and NodeMetric), once it
-    has taken in the node's containers."""
+    has taken in the node's containers; its log appended to ``log`` if given (else dropped),
+    ``extra`` arguments after the rest (e.g. a policy file under the NodeSLO)."""
     assert node.runtime is not None
     port = free_port()
     argv = [sys.executable, "-m", "nriplugin", "run", "--socket", node.runtime.nri_socket]
     argv += ["--cri-socket", node.runtime.address, "--pods-root", node.pods_root]
     argv += ["--metrics-address", f"127.0.0.1:{port}", "--cluster", "on", "--kubeconfig", str(node.kubeconfig)]
-    argv += ["--node-name", node.name]
-    agent = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    argv += ["--node-name", node.name, *extra]
+    sink: Any = log.open("ab") if log is not None else subprocess.DEVNULL
+    agent = subprocess.Popen(argv, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
+    if log is not None:
+        sink.close()
     try:
         until(lambda: scrape(port, "nriplugin_reconcile_entries") >= n, 120, "nriplugin took in the containers", 0.2)
     except BaseException:
         stop(agent)
         raise
     return agent, port
+
+
+def stop_agent(proc: subprocess.Popen[bytes] | None, k: koordlet.Koordlet | None) -> None:
+    """Whichever agent a trial started, stopped by its PID."""
+    if proc is not None:
+        stop(proc)
+    if k is not None:
+        k.stop()
+
+
+def beside_main(
+    prefix: str,
+    run: Callable[[], dict[str, Any]],
+    write: Callable[[Path, dict[str, Any], str, str], None],
+    json_path: Path | None,
+    write_path: Path | None,
+) -> int:
+    """A ``--beside koordlet`` run's end: the commit measured taken before it, the raw results
+    printed (and saved to ``json_path``), the section written into ``write_path``."""
+    head = commit()
+    r = run()
+    print(json.dumps(r))
+    if json_path:
+        json_path.write_text(json.dumps(r, indent=1))
+    if write_path:
+        write(write_path, r, shown_command(prefix, sys.argv[1:]), head)
+    return 0
 
 
 def beside_koordlet(n: int, rounds: int, settle: float, window: float) -> dict[str, Any]:
@@ -339,14 +373,13 @@ def main() -> int:
         print("needs root (containerd, cgroups)", file=sys.stderr)
         return 2
     if args.beside == "koordlet":
-        head = commit()
-        beside = beside_koordlet(args.containers, args.rounds, args.settle, args.window)
-        print(json.dumps(beside))
-        if args.json:
-            args.json.write_text(json.dumps(beside, indent=1))
-        if args.write:
-            write_beside_section(args.write, beside, shown_command("bench.footprint", sys.argv[1:]), head)
-        return 0
+        return beside_main(
+            "bench.footprint",
+            lambda: beside_koordlet(args.containers, args.rounds, args.settle, args.window),
+            write_beside_section,
+            args.json,
+            args.write,
+        )
     rt = harness.Containerd(harness.install(), Path(tempfile.mkdtemp(prefix="nriplugin-bench-")))
     try:
         rt.start()

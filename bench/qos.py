@@ -50,14 +50,17 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from bench.footprint import beside_main, nriplugin_on, ratio, status_kib, stop_agent
 from bench.footprint import cpu_seconds as proc_cpu_seconds
-from bench.footprint import status_kib
 from bench.report import replace_section, shown_command
 from testkit import containerd as harness
+from testkit import koordlet
+from testkit.hostnode import HostNode
 from testkit.plugin import PluginProcess, runtime_args
 
 BE = {"koordinator.sh/qosClass": "BE"}
@@ -626,6 +629,263 @@ spinning, so the fast path runs every 50 ms throughout.
     replace_section(path, "qos", section)
 
 
+# -- beside koordlet, on a host-process node ---------------------------------------------------
+#
+# The spikes and the noise above, run by the same functions against each agent in turn on the
+# host node of bench/footprint.py --beside koordlet: the LS and BE pods created through its API
+# server, the spinner in the LS container's groups, BE's quota read from the kubelet's
+# besteffort group. Each agent alone, the first in a round alternating.
+
+KOORDLET_QOS_GATES = "BECPUSuppress=true"
+# The same cpuSuppressThresholdPercent for both: nriplugin's default (koordlet's is 65, which on
+# 2 CPUs leaves an idle-LS budget of 1.3 cores less the node's own use, too close to the cut).
+SUPPRESS_PERCENT = 90
+KOORDLET_WRITE = "succeeded to write cfs_quota_us"  # koordlet's log line for each quota write
+
+
+class AgentView:
+    """What the spike and noise functions read of an agent: its /metrics (nriplugin's; koordlet's
+    families are other names, so its counters read 0) and its log since the trial began."""
+
+    def __init__(self, log: Path, port: int | None) -> None:
+        self.log, self.port = log, port
+        self.offset = log.stat().st_size if log.exists() else 0
+
+    def get(self, path: str) -> tuple[int, str]:
+        if self.port is None:
+            return 200, ""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
+                return r.status, r.read().decode()
+        except OSError:
+            return 0, ""
+
+    def logs(self) -> str:
+        with self.log.open("rb") as f:
+            f.seek(self.offset)
+            return f.read().decode(errors="replace")
+
+
+class HostQosNode(Node):
+    """:class:`Node` on the host node: an LS pod requesting one core and a BE pod spinning two
+    threads, made once for the run (each agent meets the same pods)."""
+
+    def __init__(self, node: HostNode) -> None:  # no super(): the pods come from the API server
+        self.host = node
+        res = {"requests": {"cpu": "1", "memory": "64Mi"}}
+        pods = [node.pod_manifest("web", LS, resources=res), node.pod_manifest("batch", BE, command=SPIN_TWO)]
+        node.wait_running(node.create_pods(pods), 120)
+        listed = {p.metadata.name: p for p in node.core().list_namespaced_pod("default").items}
+        cpu, acct = (harness.CGROUP_FS / c / node.pods_root for c in ("cpu", "cpuacct"))
+        ls = listed["web"]
+        cid = ls.status.container_statuses[0].container_id.split("://", 1)[-1]
+        ls_dir = f"burstable/pod{ls.metadata.uid}/{cid}"
+        self.ls_acct = acct / ls_dir
+        self.be_acct = acct / f"besteffort/pod{listed['batch'].metadata.uid}"
+        self.be_group = cpu / "besteffort"
+        self.spinner = Spinner([cpu / ls_dir, acct / ls_dir])
+        self.plugin: Any = None
+
+    def log_lines(self) -> list[str]:
+        return [ln for ln in self.plugin.logs().splitlines() if "BE limited to" in ln or KOORDLET_WRITE in ln]
+
+
+def qos_nodeslo(policy: str) -> dict[str, Any]:
+    return {
+        "resourceUsedThresholdWithBE": {
+            "enable": True,
+            "cpuSuppressThresholdPercent": SUPPRESS_PERCENT,
+            "cpuSuppressPolicy": policy,
+        }
+    }
+
+
+def qos_trial(host: HostQosNode, agent: str, binary: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """One agent alone: BE's quota reset to the kubelet's (none), the agent started and its
+    first limit awaited, then the spikes and the noise."""
+    node = host.host
+    (host.be_group / "cpu.cfs_quota_us").write_text("-1")  # what the last agent left is not this one's
+    proc, k = None, None
+    try:
+        if agent == "nriplugin":
+            policy = node.base / "qos-policy.yaml"
+            policy.write_text(QUOTA_POLICY)
+            log = node.base / "nriplugin-qos.log"
+            view_offset = AgentView(log, None).offset
+            proc, port = nriplugin_on(node, 2, log, ("--policy", str(policy)))
+            host.plugin = AgentView(log, port)
+            host.plugin.offset = view_offset
+        else:
+            k = koordlet.Koordlet(binary, node, feature_gates=KOORDLET_QOS_GATES)
+            host.plugin = AgentView(k.log, None)
+            k.start()
+            k.wait_registered(120)
+        first = host.wait_quota(lambda q: q < float("inf"), 30.0)
+        if first is None:
+            raise RuntimeError(f"{agent} never limited BE: {host.plugin.logs()[-3000:]}")
+        time.sleep(args.settle)
+        out: dict[str, Any] = {"agent": agent, "first_limit_s": first, "initial_limit": host.quota()}
+        out["spikes"] = spikes(host, args.spikes, args.interval, args.cut, args.spike_seconds, None)
+        time.sleep(max(0.0, args.interval - args.spike_seconds - 10))
+        out["noise"] = noise(host, args.noise_minutes, args.seed)
+        nz = out["noise"]
+        nz["agent_writes"] = nz["suppress_delta"] if agent == "nriplugin" else nz["log_writes"]
+        return out
+    finally:
+        stop_agent(proc, k)
+
+
+def round_figures(t: dict[str, Any], cut: float) -> dict[str, Any]:
+    """A trial's figures: cut and give-back medians over its measurable spikes, writes per minute."""
+    eps = [e for e in t["spikes"]["episodes"] if e["valid"]]
+    cuts = [e["cut_ms"] for e in eps if e["cut_ms"] is not None]
+    back = [e["given_back_s"] for e in eps if e["given_back_s"] is not None]
+    nz = t["noise"]
+    return {
+        "cut_ms": statistics.median(cuts) if cuts else float("nan"),
+        "cuts": cuts,
+        "measurable": len(eps),
+        "spikes": len(t["spikes"]["episodes"]),
+        "back_s": statistics.median(back) if back else float("nan"),
+        "backs": back,
+        "file_per_min": len(nz["file_changes"]) / nz["minutes"],
+        "agent_per_min": nz["agent_writes"] / nz["minutes"],
+        "before": statistics.median(e["before"] for e in eps) if eps else float("nan"),
+        "after": statistics.median(e["after"] for e in eps) if eps else float("nan"),
+    }
+
+
+def beside_koordlet(args: argparse.Namespace) -> dict[str, Any]:
+    binary = koordlet.build()
+    node = HostNode(nodeslo_spec=qos_nodeslo("cfsQuota"), max_pods=30)
+    out: dict[str, Any] = {"rounds": args.rounds, "nriplugin": [], "koordlet": [], "order": [], "raw": []}
+    host: HostQosNode | None = None
+    try:
+        node.start()
+        host = HostQosNode(node)
+        for r in range(args.rounds):
+            order = ("nriplugin", "koordlet") if r % 2 == 0 else ("koordlet", "nriplugin")
+            out["order"].append(order[0])
+            for name in order:
+                t = qos_trial(host, name, binary, args)
+                out["raw"].append(t)
+                out[name].append(round_figures(t, args.cut))
+                print(f"round {r + 1}/{args.rounds} {name}: {out[name][-1]}", file=sys.stderr, flush=True)
+    finally:
+        if host is not None:
+            host.spinner.kill()
+        node.stop()
+    return out
+
+
+def write_beside_section(path: Path, r: dict[str, Any], cmd: str, head: str, args: argparse.Namespace) -> None:
+    def pooled(a: str, key: str) -> list[float]:
+        return [x for t in r[a] for x in t[key]]
+
+    def fig(key: str, q: float, a: str, unit: str, fmt: str = "{:.0f}") -> str:
+        xs = pooled(a, key)
+        return (fmt.format(pct(xs, q)) + f" {unit}") if xs else "-"
+
+    def med(a: str, key: str) -> float:
+        return float(statistics.median(t[key] for t in r[a]))
+
+    def rat(key: str) -> str:
+        if any(t[key] != t[key] for a in ("nriplugin", "koordlet") for t in r[a]):  # nan: a round without
+            return "-"
+        x, lo, hi = ratio(r, key)
+        return f"{x:.2f}x ({lo:.2f}..{hi:.2f})"
+
+    n_sp = {a: (sum(t["measurable"] for t in r[a]), sum(t["spikes"] for t in r[a])) for a in ("nriplugin", "koordlet")}
+    rows = [
+        (
+            f"LS spike -> BE's quota <= {args.cut:g} cores, p50 (pooled spikes)",
+            fig("cuts", 0.5, "nriplugin", "ms"),
+            fig("cuts", 0.5, "koordlet", "ms"),
+            rat("cut_ms"),
+        ),
+        (
+            "same, p99 (pooled; with this few spikes, the largest)",
+            fig("cuts", 0.99, "nriplugin", "ms"),
+            fig("cuts", 0.99, "koordlet", "ms"),
+            "",
+        ),
+        (
+            "spikes cut / measurable / all",
+            "{} / {} / {}".format(len(pooled("nriplugin", "cuts")), *n_sp["nriplugin"]),
+            "{} / {} / {}".format(len(pooled("koordlet", "cuts")), *n_sp["koordlet"]),
+            "",
+        ),
+        (
+            f"LS stopped -> BE's quota given back (> {args.cut + 0.1:g} cores), p50",
+            fig("backs", 0.5, "nriplugin", "s", "{:.1f}"),
+            fig("backs", 0.5, "koordlet", "s", "{:.1f}"),
+            rat("back_s"),
+        ),
+        (
+            "BE's quota before a spike -> during it (median)",
+            f"{med('nriplugin', 'before'):.2f} -> {med('nriplugin', 'after'):.2f} cores",
+            f"{med('koordlet', 'before'):.2f} -> {med('koordlet', 'after'):.2f} cores",
+            "",
+        ),
+        (
+            "quota changes per minute under the noisy LS load (the file, sampled every 50 ms)",
+            f"{med('nriplugin', 'file_per_min'):.1f}",
+            f"{med('koordlet', 'file_per_min'):.1f}",
+            rat("file_per_min"),
+        ),
+        (
+            "quota writes per minute the agent reports (nriplugin's counter / koordlet's log)",
+            f"{med('nriplugin', 'agent_per_min'):.1f}",
+            f"{med('koordlet', 'agent_per_min'):.1f}",
+            "",
+        ),
+    ]
+    table = "\n".join(f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows)
+    per_round = " · ".join(
+        f"{a['cut_ms']:.0f} / {b['cut_ms']:.0f} ms, {a['back_s']:.1f} / {b['back_s']:.1f} s, "
+        f"{a['file_per_min']:.1f} / {b['file_per_min']:.1f} per min ({o})"
+        for o, a, b in zip(r["order"], r["nriplugin"], r["koordlet"], strict=True)
+    )
+    section = f"""<!-- qos_koordlet:begin -->
+## QoS reaction beside koordlet, same node (`bench/qos.py --beside koordlet`)
+
+Command: `flock -x /tmp/nriplugin-cpu.lock .venv/bin/python -m {cmd}` ({os.cpu_count()} CPUs
+shared with other work, {time.strftime("%Y-%m-%d")}), commit `{head}`. The host-process node of
+the footprint row (`testkit/hostnode.py`: kubelet v1.35.4, cgroupfs, cgroup v1, containerd
+2.4.2), with the pods of the section above created once through its API server: an LS pod
+requesting one core, a BE pod spinning two threads. {r["rounds"]} rounds; in each, nriplugin and
+koordlet run alone one after the other (first in the round alternating), each started with
+BE's quota reset to none (the kubelet's), its first limit awaited, settled {args.settle:g} s, then
+the same functions as the section above: {args.spikes} spikes (a `yes` continued inside the LS
+container's cgroups for {args.spike_seconds:g} s, one every {args.interval:g} s at the earliest and only
+once BE's quota is given back), BE's quota read from the kubelet's
+`kubepods/besteffort/cpu.cfs_quota_us` every ~5 ms; then {args.noise_minutes:g} min of the noisy
+LS load (busy and idle chunks uniform in 100-300 ms, seed {args.seed}).
+
+One NodeSLO for both, written directly: `resourceUsedThresholdWithBE: {{enable: true,
+cpuSuppressThresholdPercent: {SUPPRESS_PERCENT}, cpuSuppressPolicy: cfsQuota}}` (cfsQuota: a
+quota on BE's group is the quantity measured for both; koordlet's default, cpuset, cannot cut
+on this node: it never leaves BE fewer than 2 CPUs, `beMinCPUSetCores`, and the node has 2).
+What each does with it: **koordlet** v1.8.0 (`-feature-gates={KOORDLET_QOS_GATES}`) every
+second sets BE's quota to capacity x {SUPPRESS_PERCENT} % - non-BE pods' use - system use, from its
+collectors' last 1-second samples, skipping changes under 1 % of the node and raising by at
+most 10 % of the node per second; **nriplugin** (`nriplugin run --cluster on`, the embedded
+default policy plus the section above's one change, `quotaFrom: LOW`, in a policy file under
+the NodeSLO) takes the lower of its level budget and the same usage formula, in 1 s rounds plus
+its 50 ms fast path, raising after a cut only after `raiseDelay`.
+
+| figure | nriplugin | koordlet | koordlet / nriplugin |
+|---|---|---|---|
+{table}
+
+Per round, nriplugin / koordlet (who went first): cut p50, give-back p50, quota changes per
+minute under noise: {per_round}. The ratio is koordlet / nriplugin of the medians over rounds
+with its 95 % bootstrap interval over rounds.
+<!-- qos_koordlet:end -->
+"""
+    replace_section(path, "qos_koordlet", section)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--spikes", type=int, default=12)
@@ -640,7 +900,17 @@ def main() -> int:
     ap.add_argument("--plot", type=Path, default=Path("bench/qos_timeline.png"))
     ap.add_argument("--write", type=Path)
     ap.add_argument("--json", type=Path, help="also save the raw results here")
+    ap.add_argument("--beside", choices=["koordlet"], help="spikes and noise beside this peer on a host-process node")
+    ap.add_argument("--rounds", type=int, default=2, help="with --beside: rounds, each agent once per round")
     args = ap.parse_args()
+    if args.beside == "koordlet":
+        return beside_main(
+            "bench.qos",
+            lambda: beside_koordlet(args),
+            lambda path, r, cmd, head: write_beside_section(path, r, cmd, head, args),
+            args.json,
+            args.write,
+        )
     if os.geteuid() != 0 or not (harness.CGROUP_FS / "cpu" / "cpu.cfs_quota_us").exists():
         print("needs root and cgroup v1 (containerd, cgroups)", file=sys.stderr)
         return 2
