@@ -197,16 +197,20 @@ def host_pods(node: HostNode, n: int) -> list[dict[str, Any]]:
     return pods
 
 
-def nriplugin_on(node: HostNode, n: int) -> tuple[subprocess.Popen[bytes], int]:
+def nriplugin_on(node: HostNode, n: int, log: Path | None = None) -> tuple[subprocess.Popen[bytes], int]:
     """nriplugin as the host node's agent (cluster side on: NodeSLO and NodeMetric), once it
-    has taken in the node's containers."""
+    has taken in the node's containers; its output to ``log`` (default: discarded)."""
     assert node.runtime is not None
     port = free_port()
     argv = [sys.executable, "-m", "nriplugin", "run", "--socket", node.runtime.nri_socket]
     argv += ["--cri-socket", node.runtime.address, "--pods-root", node.pods_root]
     argv += ["--metrics-address", f"127.0.0.1:{port}", "--cluster", "on", "--kubeconfig", str(node.kubeconfig)]
     argv += ["--node-name", node.name]
-    agent = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if log is None:
+        agent = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    else:
+        with log.open("ab") as out:
+            agent = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     try:
         until(lambda: scrape(port, "nriplugin_reconcile_entries") >= n, 120, "nriplugin took in the containers", 0.2)
     except BaseException:
