@@ -63,6 +63,8 @@ CONFIGS = [
     Beside("koordlet-cpuset", agent=True, who="koordlet"),
     Beside("koordlet-quota", agent=True, who="koordlet", nodeslo=QUOTA_NODESLO),
     Beside("be-alone", load=False),
+    # not in the default run: nriplugin with LS alone (what the agent costs LS without BE)
+    Beside("nriplugin-alone", be=False, agent=True, who="nriplugin"),
 ]
 KOORDLETS = ("koordlet-cpuset", "koordlet-quota")
 QOS_GROUPS = ((), ("burstable",), ("besteffort",))  # the kubelet's, under kubepods
@@ -449,7 +451,7 @@ def main(args: argparse.Namespace) -> int:
         return report(args, raw, s)
     signal.signal(signal.SIGTERM, co.stop)
     signal.signal(signal.SIGINT, co.stop)
-    configs: list[co.Config] = list(CONFIGS)
+    configs: list[co.Config] = [c for c in CONFIGS if c.name != "nriplugin-alone"]
     if args.configs:
         configs = [c for c in CONFIGS if c.name in args.configs.split(",")]
     binary = co.go_binary()
