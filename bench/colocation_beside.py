@@ -297,6 +297,8 @@ def paired_ratio(
 
 def ratios(raw: dict[str, list[list[dict[str, Any]]]], stall_lag_ms: float) -> dict[str, Any]:
     """ratios[koordlet config][level][key] = (ratio, low, high), koordlet / nriplugin."""
+    if "nriplugin" not in raw:
+        return {}  # a --configs subset without it: nothing to compare
     levels = len(raw["nriplugin"])
     return {
         k: [
