@@ -75,9 +75,13 @@ load generator and the agent, all in our top cgroup) gets cgroup v1's highest CP
 rest of the host, and node utilization is what that tree uses instead of /proc/stat. The agent
 still sees the whole host (its usage budget counts the other work as the system's).
 
+``--beside koordlet`` runs the same workloads as kubelet pods on a host-process Kubernetes node
+beside Koordinator's koordlet: ``bench/colocation_beside.py``.
+
 Usage (root, cgroup v1): .venv/bin/python -m bench.colocation [--seconds 60] [--rounds 2]
        [--rates R1,R2 | --load 0.35,0.7] [--configs alone,no-agent,...] [--isolate]
        [--plot bench/colocation.png] [--write BENCHMARKS.md]
+       .venv/bin/python -m bench.colocation --beside koordlet [--rounds 3] [--seconds 30] [--write BENCHMARKS.md]
 """
 
 from __future__ import annotations
@@ -96,9 +100,10 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from bench.report import replace_section, shown_command
 from testkit import containerd as harness
@@ -477,12 +482,33 @@ class Node:
                 n += st.status.state == 1  # CONTAINER_RUNNING
         return n
 
+    def evictions(self) -> float:
+        return self.plugin.metric_sum("nriplugin_qos_evictions_total") if self.plugin is not None else 0.0
+
+    def agent_lines(self) -> list[str]:
+        return agent_log(self.plugin) if self.plugin is not None else []
+
     def close(self) -> None:
         try:
             if self.plugin is not None:
                 self.plugin.stop()
         finally:
             self.b.rt.remove_all_pods()
+
+
+class Measured(Protocol):
+    """What a window reads from a configuration's node: :class:`Node` here, the host-process
+    node's pods with ``--beside`` (``bench/colocation_beside.py``)."""
+
+    b: Bench
+
+    def snapshot(self) -> dict[str, Any]: ...
+    def be_limit(self) -> float | None: ...
+    def be_running(self) -> int: ...
+    def be_idle(self) -> str: ...
+    def evictions(self) -> float: ...
+    def agent_lines(self) -> list[str]: ...
+    def close(self) -> None: ...
 
 
 # one load level -----------------------------------------------------------------------------------------
@@ -492,7 +518,7 @@ def sleep_until(t: float) -> None:
     time.sleep(max(0.0, t - time.time()))
 
 
-def limits_until(node: Node, end: float) -> list[float | None]:
+def limits_until(node: Measured, end: float) -> list[float | None]:
     """BE's limit every 0.5 s until ``end`` (unix time)."""
     out = []
     while time.time() < end:
@@ -501,13 +527,12 @@ def limits_until(node: Node, end: float) -> list[float | None]:
     return out
 
 
-def figures(node: Node, s0: dict[str, Any], s1: dict[str, Any], limits: list[float | None]) -> dict[str, Any]:
+def figures(node: Measured, s0: dict[str, Any], s1: dict[str, Any], limits: list[float | None]) -> dict[str, Any]:
     """What a window shows besides LS latency: the node's CPU, LS's and BE's cores, BE's ops/s
     and limit, the agent's evictions, BE containers still running."""
     dt = s1["t"] - s0["t"]
     c0, c1 = s0["counters"], s1["counters"]
     known = [x for x in limits if x is not None]
-    plugin = node.plugin
     host = cpu_util(s0["stat"], s1["stat"])
     return {
         "node_cpu_util": (s1["tree_s"] - s0["tree_s"]) / dt / node.b.cpus if node.b.isolate else host,
@@ -517,10 +542,10 @@ def figures(node: Node, s0: dict[str, Any], s1: dict[str, Any], limits: list[flo
         "be_ops_s": {n: counter_rate(c0[n], c1[n]) for n in c1},
         "be_limit_cores": statistics.fmean(known) if known else None,
         "be_limit_unlimited_share": (len(limits) - len(known)) / len(limits) if limits else None,
-        "evictions": plugin.metric_sum("nriplugin_qos_evictions_total") if plugin is not None else 0.0,
+        "evictions": node.evictions(),
         "be_running": node.be_running(),
         "be_cpu_idle": node.be_idle(),
-        "agent_log": agent_log(plugin) if plugin is not None else [],
+        "agent_log": node.agent_lines(),
     }
 
 
@@ -531,7 +556,7 @@ def agent_log(plugin: PluginProcess, last: int = 6) -> list[str]:
     return keep[-last:]
 
 
-def measure(b: Bench, node: Node, rate: float | None) -> dict[str, Any]:
+def measure(b: Bench, node: Measured, rate: float | None) -> dict[str, Any]:
     """``--warmup`` then the window at ``rate`` requests/s (None: no load, BE's reference)."""
     if rate is None:
         t0 = time.time()
@@ -567,12 +592,15 @@ def measure(b: Bench, node: Node, rate: float | None) -> dict[str, Any]:
     }
 
 
-def calibrate_rates(b: Bench, fractions: list[float]) -> tuple[list[float], float]:
+def calibrate_rates(
+    b: Bench, fractions: list[float], alone: Callable[[], Measured] | None = None
+) -> tuple[list[float], float]:
     """Rates at ``fractions`` of the node's CPUs, from the CPU one request costs (the LS
-    container's and the load generator's), measured with LS alone at 200 requests/s for 5 s."""
+    container's and the load generator's), measured with LS alone (``alone()``'s node, by
+    default this runtime's) at 200 requests/s for 5 s."""
     import resource
 
-    node = Node(b, Config("calibrate", be=False))
+    node = alone() if alone is not None else Node(b, Config("calibrate", be=False))
     try:
         ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         ls0 = node.snapshot()["ls_s"]
@@ -617,12 +645,19 @@ def line(cfg: str, m: dict[str, Any]) -> str:
     )
 
 
-def run(b: Bench, configs: list[Config], rates: list[float], rounds: int) -> dict[str, list[list[dict[str, Any]]]]:
-    """raw[config][level] = one measurement per round."""
+def run(
+    b: Bench,
+    configs: list[Config],
+    rates: list[float],
+    rounds: int,
+    run_one: Callable[[Config], list[dict[str, Any]]] | None = None,
+) -> dict[str, list[list[dict[str, Any]]]]:
+    """raw[config][level] = one measurement per round (``run_one(cfg)``: every level of one
+    configuration on a fresh node; by default on this runtime)."""
     raw: dict[str, list[list[dict[str, Any]]]] = {c.name: [] for c in configs}
     for r in range(rounds):
         for cfg in configs if r % 2 == 0 else configs[::-1]:
-            ms = run_config(b, cfg, rates)
+            ms = run_one(cfg) if run_one is not None else run_config(b, cfg, rates)
             for i, m in enumerate(ms):
                 if len(raw[cfg.name]) <= i:
                     raw[cfg.name].append([])
@@ -917,6 +952,11 @@ def parse_args() -> argparse.Namespace:
         help="leave out windows whose generator sent later than this at p99 (a stalled host); 0: keep every window",
     )
     ap.add_argument("--from-json", type=Path, help="summarize a run saved with --json again, without measuring")
+    ap.add_argument(
+        "--beside",
+        choices=["koordlet"],
+        help="nriplugin beside this peer on a host-process Kubernetes node (bench/colocation_beside.py)",
+    )
     return ap.parse_args()
 
 
@@ -942,6 +982,34 @@ def report(args: argparse.Namespace, raw: dict[str, list[list[dict[str, Any]]]],
     return 0
 
 
+def run_summary(
+    args: argparse.Namespace,
+    raw: dict[str, list[list[dict[str, Any]]]],
+    b: Bench,
+    iters: int,
+    cost: float,
+    rates: list[float],
+) -> dict[str, Any]:
+    """The summary of a run and what it ran: the command, commit, date and settings."""
+    from bench.hook_latency import commit
+
+    s = summarize(raw, args.stall_lag_ms)
+    s.update(
+        command=shown_command("python -m bench.colocation", sys.argv[1:]),
+        commit=commit(),
+        date=time.strftime("%Y-%m-%d"),
+        cpus=b.cpus,
+        work_us=args.work_us,
+        iters=iters,
+        cost_ms=cost * 1e3,
+        rounds=args.rounds,
+        warmup=args.warmup,
+        seconds=args.seconds,
+        rates=rates,
+    )
+    return s
+
+
 def stop(signum: int, _frame: object) -> None:
     """SIGTERM (or SIGINT, which a shell's background job ignores) unwinds through the
     ``finally`` that stops the agent, the pods and containerd and removes their cgroups."""
@@ -950,6 +1018,10 @@ def stop(signum: int, _frame: object) -> None:
 
 def main() -> int:
     args = parse_args()
+    if args.beside:
+        from bench import colocation_beside
+
+        return colocation_beside.main(args)
     if args.from_json:
         return resummarize(args)
     signal.signal(signal.SIGTERM, stop)
@@ -976,23 +1048,7 @@ def main() -> int:
         raw = run(b, configs, rates, args.rounds)
     finally:
         rt.teardown()
-    from bench.hook_latency import commit
-
-    command = shown_command("python -m bench.colocation", sys.argv[1:])
-    s = summarize(raw, args.stall_lag_ms)
-    s.update(
-        command=command,
-        commit=commit(),
-        date=time.strftime("%Y-%m-%d"),
-        cpus=b.cpus,
-        work_us=args.work_us,
-        iters=iters,
-        cost_ms=cost * 1e3,
-        rounds=args.rounds,
-        warmup=args.warmup,
-        seconds=args.seconds,
-        rates=rates,
-    )
+    s = run_summary(args, raw, b, iters, cost, rates)
     if args.json:
         args.json.write_text(json.dumps({"summary": s, "raw": raw}))
     return report(args, raw, s)
