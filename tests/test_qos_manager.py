@@ -28,6 +28,7 @@ from tests.test_features import caps
 from tests.test_reconciler import occupied
 
 BE_GROUP = "kubepods/besteffort"
+PODS_ROOT = "kubepods"
 
 
 @dataclass
@@ -39,6 +40,9 @@ class Script:
     ls_request: float = 1.0
     be: float = 2.0
     be_seconds: float = 0.0
+    ls_seconds: float = 0.0
+    pods_counter: bool = True  # the pods root's counter can be read
+    fast_t: float | None = None  # the last fast sample's time
     rounds: int = 0
     fast_reads: list[float] = field(default_factory=list)
     by_container: dict[str, ContainerUsage] = field(default_factory=dict)
@@ -46,6 +50,7 @@ class Script:
     def advance(self, dt: float) -> None:
         self.t += dt
         self.be_seconds += self.be * dt
+        self.ls_seconds += self.ls * dt
 
     def sample(self, be_groups: Sequence[str] = ()) -> NodeSample:
         self.rounds += 1
@@ -68,9 +73,14 @@ class Script:
         return self.sample(be_groups)
 
     def fast(self) -> FastSample:
-        return FastSample(t=self.t, interval=0.1, cpu_busy_cores=self.ls + self.be)
+        interval = 0.1 if self.fast_t is None else self.t - self.fast_t
+        self.fast_t = self.t
+        return FastSample(t=self.t, interval=interval, cpu_busy_cores=self.ls + self.be)
 
     def group_cpu_seconds(self, group: str) -> float | None:
+        """BE's QoS-level group's counter; the pods root's counts LS too."""
+        if group == PODS_ROOT:
+            return self.be_seconds + self.ls_seconds if self.pods_counter else None
         self.fast_reads.append(self.t)
         return self.be_seconds
 
@@ -168,11 +178,14 @@ def test_a_full_round_reads_bes_groups_for_the_usage_budget(tmp_path: Path) -> N
 
 def test_a_stationary_noisy_load_writes_nothing(tmp_path: Path) -> None:
     _, _, mgr, s, _ = node_with_pods(tmp_path)
-    s.ls = 0.4
+    s.ls = 0.6  # LS's peak: BE's groups read twice, the usage budget holds BE at 2 x 65 % - 0.6
     mgr.round()
+    s.advance(1.0)
+    mgr.round()
+    assert mgr.limiter.current == pytest.approx(0.7)
     writes = mgr.limiter.writes
     for i in range(600):  # a minute of 100 ms steps, LS wobbling by +-0.1 core
-        s.ls = 0.4 + (0.1 if i % 2 else -0.1)
+        s.ls = 0.5 + (0.1 if i % 2 else -0.1)
         s.advance(0.1)
         mgr.round() if i % 10 == 0 else mgr.fast_round()
     assert mgr.limiter.writes == writes

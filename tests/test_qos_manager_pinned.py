@@ -17,7 +17,7 @@ import pytest
 
 from nriplugin.policy.model import PLUGINS, Policy
 from nriplugin.qos.levels import Level, Thresholds
-from nriplugin.qos.manager import FAST_JUMP, FAST_PERIOD, FAST_WINDOW, HISTORY, QoSManager
+from nriplugin.qos.manager import FAST_FOLLOW, FAST_JUMP, FAST_OUTSIDE, FAST_PERIOD, FAST_WINDOW, HISTORY, QoSManager
 from nriplugin.qos.sample import NodeSample
 from nriplugin.qos.strategy import FastUsage, Round
 from tests.test_qos_manager import BE_GROUP, Script, node_with_pods
@@ -68,7 +68,14 @@ class Seen:
 
 
 def test_constants() -> None:
-    assert (FAST_PERIOD, FAST_JUMP, FAST_WINDOW, HISTORY) == (0.05, 0.15, 0.15, 300.0)
+    assert (FAST_PERIOD, FAST_FOLLOW, FAST_JUMP, FAST_WINDOW, FAST_OUTSIDE, HISTORY) == (
+        0.05,
+        0.025,
+        0.15,
+        0.15,
+        1.0,
+        300.0,
+    )
 
 
 def test_a_new_manager_starts_low_with_the_policys_assessors(tmp_path: Path) -> None:
@@ -113,18 +120,43 @@ def test_a_reload_applies_the_new_pressure_settings_at_the_next_round(tmp_path: 
 
 def test_the_fast_path_decides_only_on_a_jump(tmp_path: Path) -> None:
     _, _, mgr, s, quota = node_with_pods(tmp_path)
-    mgr.fast_round()  # no round yet: nothing read
+    assert mgr.fast_round() is False  # no round yet: nothing read
     assert s.fast_reads == []
     mgr.round()
     assert quota.read_text() == "100000"
     s.advance(0.1)
-    mgr.fast_round()  # the baseline of BE's counter
+    assert mgr.fast_round() is False  # the baseline of BE's and the pods' counters
     assert len(s.fast_reads) == 1
+    s.advance(0.1)
+    mgr.fast_round()  # the pods' counter read over FAST_WINDOW: the last interval is what the pods use
     writes = mgr.limiter.writes
     s.ls = 0.125  # non-BE up by 0.125 core: less than FAST_JUMP
     s.advance(0.1)
-    mgr.fast_round()
+    assert mgr.fast_round() is False
     assert mgr.limiter.writes == writes
+    s.ls = 1.25  # a jump, seen whole over the last interval: 2 x 65 % - 1.25 = 0.05 -> floor 0.1
+    s.advance(0.1)
+    assert mgr.fast_round() is True  # a rise: the next sample sooner
+    assert quota.read_text() == "10000"
+    s.advance(0.1)
+    assert mgr.fast_round() is False  # no change since the last decision: nothing to do
+    assert mgr.limiter.writes == writes + 1
+    s.ls = 0.0
+    s.advance(0.1)
+    assert mgr.fast_round() is False  # a fall is decided on too (it cuts nothing), but is no rise
+    assert mgr._non_be == 0.0
+
+
+def test_without_the_pods_counter_the_fast_path_reads_proc_stat_over_its_window(tmp_path: Path) -> None:
+    _, _, mgr, s, quota = node_with_pods(tmp_path)
+    s.pods_counter = False
+    mgr.round()
+    s.advance(0.1)
+    mgr.fast_round()  # the baseline of BE's counter
+    writes = mgr.limiter.writes
+    s.ls = 0.125
+    s.advance(0.1)
+    mgr.fast_round()
     s.ls = 1.25  # a jump: the usage budget cuts BE at once, by what the window has seen of it
     s.advance(0.1)
     mgr.fast_round()  # 0.2 s window: (0.125 + 1.25) / 2 = 0.6875 -> 2 x 65 % - 0.6875 = 0.6125
@@ -132,8 +164,6 @@ def test_the_fast_path_decides_only_on_a_jump(tmp_path: Path) -> None:
     s.advance(0.1)
     mgr.fast_round()  # the window all after the jump: 2 x 65 % - 1.25 = 0.05 -> floor 0.1
     assert quota.read_text() == "10000"
-    s.advance(0.1)
-    mgr.fast_round()  # no change since the last decision: nothing to do
     assert mgr.limiter.writes == writes + 2
 
 
@@ -146,7 +176,7 @@ def test_the_fast_path_waits_for_be_groups_and_a_readable_counter(tmp_path: Path
     assert s.fast_reads == []  # no BE group: nothing to read
     mgr.groups = [BE_GROUP, "kubepods.slice/kubepods-besteffort.slice"]
     readings = iter([1.0, 2.0, None, 3.0, 4.0])
-    s.group_cpu_seconds = lambda group: next(readings)  # type: ignore[method-assign]
+    s.group_cpu_seconds = lambda group: None if "/" not in group else next(readings)  # type: ignore[method-assign]
     s.advance(0.1)
     mgr.fast_round()  # 1 + 2: a baseline
     s.ls = 1.5
@@ -505,7 +535,7 @@ def test_the_fast_path_sums_bes_groups(tmp_path: Path) -> None:
     mgr, s, between = fast_scene(tmp_path)
     counters = {BE_GROUP: 1.0, "kubepods.slice/kubepods-besteffort.slice": 2.0}
     mgr.groups = list(counters)
-    s.group_cpu_seconds = lambda group: counters[group]  # type: ignore[method-assign]
+    s.group_cpu_seconds = lambda group: counters.get(group)  # type: ignore[method-assign]
     s.advance(0.1)
     mgr.fast_round()
     counters[BE_GROUP] += 0.1  # 1 core

@@ -68,9 +68,11 @@ HISTORY = 300.0  # seconds of samples kept for the trends: five minutes
 
 log = logging.getLogger("nriplugin.qos")
 
-FAST_PERIOD = 0.05  # seconds between fast samples (two /proc reads and BE's counter: cheap)
+FAST_PERIOD = 0.05  # seconds between fast samples (two /proc reads and a few counters: cheap)
+FAST_FOLLOW = 0.025  # seconds to the next fast sample while non-BE usage is rising
 FAST_JUMP = 0.15  # cores: a change in non-BE usage that calls for a decision now
-FAST_WINDOW = 0.15  # seconds of fast samples non-BE usage is measured over (node_resource.FastWindow)
+FAST_WINDOW = 0.15  # seconds of /proc/stat samples non-BE usage is measured over without a pods counter
+FAST_OUTSIDE = 1.0  # seconds of /proc/stat samples what runs outside the pods is measured over
 
 
 def _be_parent(group: str) -> str | None:
@@ -205,8 +207,9 @@ class QoSManager:
         self.cpu_terms: dict[str, float] | None = None  # the last raw CPU score's terms
         self.groups: list[str] = []  # the QoS-level groups holding BE pods
         self.pods = PodGroups(model, desired, collector.pressure_path, pacer)
-        self._fast = node_resource.FastWindow(FAST_WINDOW)  # node and BE usage between rounds
+        self._fast = node_resource.FastWindow(FAST_WINDOW, FAST_OUTSIDE)  # node and BE usage between rounds
         self._fast_groups: list[str] = []  # the BE groups whose counters the window sums
+        self._fast_roots: list[str] = []  # the pods roots holding them (their counters: all pods)
         self._non_be = 0.0  # non-BE usage at the last decision
         self._task: asyncio.Task[None] | None = None
         self.psi_path = psi_path
@@ -267,23 +270,27 @@ class QoSManager:
     async def run(self) -> None:
         next_round = 0.0
         while True:
+            rising = False
             try:
                 now = time.monotonic()
                 if now >= next_round or self._wake.is_set():
                     self._wake.clear()
                     await self.round_async()
                     next_round = now + self._sync_period()
-                else:
-                    self.fast_round()
+                # every turn, a full round's too: a round read over the last second would
+                # otherwise leave a spike that began just before it unseen for a fast period
+                rising = self.fast_round()
             except asyncio.CancelledError:
                 raise
             except Exception:  # a round must never end the loop
                 log.exception("QoS round failed; trying again next round")
+            # a rise seen: the next sample sooner, its interval all inside the rise
+            wait = FAST_FOLLOW if rising else FAST_PERIOD
             if self._trigger is None and not (self.ls_pressure and self.ls_pressure.fds):
-                await asyncio.sleep(FAST_PERIOD)  # nothing else can wake us: the cheap wait
+                await asyncio.sleep(wait)  # nothing else can wake us: the cheap wait
             else:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), FAST_PERIOD)
+                    await asyncio.wait_for(self._wake.wait(), wait)
 
     def _sync_period(self) -> float:
         return float(self.rules.policy.qosManager.syncPeriod)
@@ -366,24 +373,28 @@ class QoSManager:
         if s.off(t, why):
             log.info("QoS overlays withdrawn (%s): %s", s.name, why)
 
-    def fast_round(self) -> None:
-        """Between rounds: node CPU and BE's usage only; decide now if non-BE usage jumped. BE
-        births that never reached StartContainer end here (node/births.py)."""
+    def fast_round(self) -> bool:
+        """Between rounds: node CPU, BE's usage and the pods' only; decide now if non-BE usage
+        jumped. Returns whether it rose (the next sample then comes sooner). BE births that
+        never reached StartContainer end here (node/births.py)."""
         self.model.births.expire()
         policy = self.rules.policy
         if not policy.qosManager.enable or not self.groups or self.last is None:
-            return
+            return False
         if self.groups != self._fast_groups:  # the counters' sum is over other groups now
             self._fast.reset()
             self._fast_groups = list(self.groups)
+            self._fast_roots = sorted({root for g in self.groups if (root := g.rpartition("/")[0])})
         fast = self.collector.fast()
-        usage = self._fast.add(fast.t, fast.interval, fast.cpu_busy_cores, self._be_seconds())
+        be_seconds = self._seconds(self.groups)
+        pods_seconds = self._seconds(self._fast_roots)
+        usage = self._fast.add(fast.t, fast.interval, fast.cpu_busy_cores, be_seconds, pods_seconds)
         if usage is None:
-            return
+            return False
         busy, be = usage
         non_be = max(0.0, busy - be)
         if abs(non_be - self._non_be) < FAST_JUMP:
-            return
+            return False
         r = Round(
             fast.t,
             self.last,
@@ -394,10 +405,12 @@ class QoSManager:
             FastUsage(be, non_be),
             cpu_terms=self.cpu_terms,
         )
+        rising = non_be > self._non_be
         for s in self.strategies:
             if s.runs(r.config) and not (s.needs_capacity and r.capacity is None):
                 s.between_rounds(r)
         self._non_be = non_be
+        return rising
 
     def watch_ls_pressure(self) -> None:
         """On cgroup v2, a CPU stall of an LS pod (its ``cpu.pressure`` trigger) wakes a round
@@ -411,11 +424,12 @@ class QoSManager:
             log.info("no PSI trigger on LS groups (%s: %s); the fast path carries the reaction", path, why)
             self._ls_refused_said = True
 
-    def _be_seconds(self) -> float | None:
-        if not self.groups:
+    def _seconds(self, groups: list[str]) -> float | None:
+        """The CPU ``groups`` used so far, together (None: none, or one unreadable)."""
+        if not groups:
             return None
         total = 0.0
-        for g in self.groups:
+        for g in groups:
             v = self.collector.group_cpu_seconds(g)
             if v is None:
                 return None

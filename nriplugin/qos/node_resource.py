@@ -54,39 +54,83 @@ class Rate:
 
 
 class FastWindow:
-    """Node busy and BE's usage over the last ``span`` seconds of fast samples.
+    """Node busy and BE's usage between rounds, from the fast samples.
 
-    One 50 ms sample of /proc/stat is off by up to a tick per CPU at each end (at 100 Hz, 0.2
-    core per CPU). The fast path would cut BE on that noise, and the limiter's raise, which
-    goes no higher than the lowest target of its hold, would keep BE where the noise's peaks
-    put it. Over 150 ms the error is a third of that, and a step of LS load shows a third of
-    itself 50 ms after it began and all of itself after 150 ms."""
+    With the pods root's own CPU counter (``pods_seconds``: ``cpuacct.usage`` on cgroup v1,
+    ``cpu.stat`` ``usage_usec`` on v2, both the scheduler's runtime in ns), what the pods other
+    than BE use is measured over the last interval alone: such a counter lags the truth by at
+    most a scheduler tick per CPU, so one short interval shows an LS step whole as soon as it
+    lies inside the step, without reading noise as load. What runs outside the pods (system
+    daemons, the kernel, the agent) is known only from /proc/stat, which counts in 10 ms ticks:
+    it is taken over ``outside_span`` (that work moves slowly), and the fine reading waits
+    until at least ``span`` of it is in.
 
-    def __init__(self, span: float) -> None:
+    Without a pods counter, everything comes from /proc/stat over ``span``: one 50 ms sample
+    is off by up to a tick per CPU at each end, which the fast path would cut BE on, and the
+    limiter's raise, which goes no higher than the lowest target of its hold, would keep BE
+    where those peaks put it. Over ``span`` the error is a third of that, and a step of LS
+    load shows a third of itself 50 ms after it began and all of itself after ``span``."""
+
+    def __init__(self, span: float, outside_span: float = 0.0) -> None:
         self.span = span
+        self.outside_span = max(span, outside_span)
         self._busy = 0.0  # node busy core-seconds summed over the samples
-        self._points: deque[tuple[float, float, float]] = deque()  # (t, busy so far, BE seconds)
+        # (t, busy so far, BE seconds, pods seconds or None)
+        self._points: deque[tuple[float, float, float, float | None]] = deque()
 
     def reset(self) -> None:
         """BE's groups changed (their counters' sum jumps) or a reading failed: start again."""
         self._points.clear()
 
-    def add(self, t: float, interval: float, busy_cores: float, be_seconds: float | None) -> tuple[float, float] | None:
-        """Node busy and BE's usage, in cores, over the window ending at ``t`` (None until
-        two readings are in)."""
+    def add(
+        self,
+        t: float,
+        interval: float,
+        busy_cores: float,
+        be_seconds: float | None,
+        pods_seconds: float | None = None,
+    ) -> tuple[float, float] | None:
+        """Node busy and BE's usage, in cores, as the window ending at ``t`` shows them (None
+        until two readings are in)."""
         if be_seconds is None:
             self.reset()
             return None
         self._busy += busy_cores * interval
         pts = self._points
-        pts.append((t, self._busy, be_seconds))
-        while len(pts) > 2 and t - pts[1][0] >= self.span:
-            pts.popleft()  # the oldest point left still opens a window of at least ``span``
-        t0, busy0, be0 = pts[0]
-        if len(pts) < 2 or t <= t0:
+        pts.append((t, self._busy, be_seconds, pods_seconds))
+        keep = self.span if pods_seconds is None else self.outside_span
+        while len(pts) > 2 and t - pts[1][0] >= keep:
+            pts.popleft()  # the oldest point left still opens a window of at least ``keep``
+        if len(pts) < 2:
+            return None
+        if pods_seconds is not None:
+            fine = self._fine(t, be_seconds, pods_seconds)
+            if fine is not None:
+                return fine
+        start = pts[0]
+        for i in range(len(pts) - 2, 0, -1):
+            if t - pts[i][0] >= self.span:
+                start = pts[i]  # the newest point that still opens a window of at least ``span``
+                break
+        t0, busy0, be0, _ = start
+        if t <= t0:
             return None
         dt = t - t0
         return (self._busy - busy0) / dt, max(0.0, be_seconds - be0) / dt
+
+    def _fine(self, t: float, be_seconds: float, pods_seconds: float) -> tuple[float, float] | None:
+        """From the pods root's counter: the pods over the last interval, the rest over the
+        oldest reading of it kept (None until that is ``span`` old, or without one before)."""
+        pts = self._points
+        t0, _, be0, pods0 = pts[-2]
+        first = next(p for p in pts if p[3] is not None)
+        if pods0 is None or t <= t0 or t - first[0] < self.span:
+            return None
+        dt, dt_out = t - t0, t - first[0]
+        be = max(0.0, be_seconds - be0) / dt
+        in_pods = max(0.0, (pods_seconds - pods0) - (be_seconds - be0)) / dt
+        outside = max(0.0, (self._busy - first[1]) - (pods_seconds - (first[3] or 0.0))) / dt_out
+        return be + in_pods + outside, be
 
 
 @register

@@ -1,0 +1,236 @@
+"""The fast path's source: the pods root's own CPU counter (v1 ``cpuacct.usage``, v2 ``cpu.stat``
+``usage_usec``) over the last interval, what runs outside the pods from /proc/stat over a long
+window. An LS step shows whole in one interval that lies inside it; /proc/stat's tick noise moves
+nothing; a rise brings the next sample forward; a full round's turn samples too. On fake v1 and
+v2 trees through the real collector, and with a scripted loop (no timing)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from nriplugin.kernel.cgroup import Cgroups
+from nriplugin.node.assembly import Node
+from nriplugin.policy.cache import RuleCache
+from nriplugin.qos.collect import Collector
+from nriplugin.qos.manager import FAST_FOLLOW, FAST_PERIOD, QoSManager
+from nriplugin.qos.node_resource import FastWindow
+from nriplugin.reconciler import Reconciler
+from testkit.kernel_tree import proc_tree, v1_counters, v1_tree, v2_counters, v2_tree
+from testkit.runtime_peer import make_container, make_pod
+from tests.test_features import caps
+from tests.test_qos_manager import BE_GROUP, node_with_pods, seed_policy
+
+# the window ------------------------------------------------------------------------------------
+
+
+def test_with_the_pods_counter_tick_noise_moves_nothing_and_a_step_shows_in_one_interval() -> None:
+    w = FastWindow(0.15, 1.0)
+    t, be, pods, seen = 0.0, 10.0, 30.0, []
+    for i in range(30):  # 50 ms samples: /proc/stat reads a steady 1.2 cores as 0.8 and 1.6 by turns
+        got = w.add(t, 0.05, 0.8 if i % 2 else 1.6, be, pods)
+        if got is not None:
+            seen.append(got)
+        t, be, pods = t + 0.05, be + 0.025, pods + 0.05  # BE 0.5 core, the pods 1.0 (LS 0.5)
+    # before FAST_WINDOW of /proc/stat is in, /proc/stat alone over what there is (as without
+    # the pods counter); from then on, the pods' 1.0 plus what is outside (1.2 - 1.0), averaged
+    late = [b for b, _ in seen[5:]]
+    assert max(late) - min(late) <= 0.1 and all(abs(b - 1.2) <= 0.1 for b in late)
+    assert all(be_cores == pytest.approx(0.5) for _, be_cores in seen)
+    # LS steps up by a whole core at the start of an interval: the next sample shows all of it
+    got = w.add(t, 0.05, 2.2, be, pods + 0.05)
+    assert got is not None and got[0] == pytest.approx(late[-1] + 1.0, abs=0.1) and got[1] == pytest.approx(0.5)
+
+
+def test_the_pods_counter_waits_for_a_span_of_proc_stat_and_both_readings() -> None:
+    w = FastWindow(0.5, 1.0)  # quarter-second samples: exact in binary
+    w.add(0.0, 0.0, 0.0, 0.0, 0.0)
+    # /proc/stat says 3 cores, the pods 1: not a span of /proc/stat yet, /proc/stat alone
+    assert w.add(0.25, 0.25, 3.0, 0.0, 0.25) == (3.0, 0.0)
+    # a span in: the pods over the last interval (2 cores), the rest over the span (3 - 1.5)
+    assert w.add(0.5, 0.25, 3.0, 0.0, 0.75) == pytest.approx((3.5, 0.0))
+    assert w.add(0.75, 0.25, 3.0, 0.0, None) == (3.0, 0.0)  # the pods unread now: /proc/stat
+    # the reading before lacks it: /proc/stat; the one after has both ends again
+    assert w.add(1.0, 0.25, 3.0, 0.0, 1.25) == (3.0, 0.0)
+    fine = w.add(1.25, 0.25, 3.0, 0.0, 1.5)
+    # the pods over the last interval: 1 core; the rest from the oldest reading of the pods
+    # kept (0.25; 0.0 is more than the outside span old): (3.0 - 1.25) / 1.0
+    assert fine is not None and fine[0] == pytest.approx(1.0 + 1.75)
+
+
+def test_the_pods_counter_counts_be_once_and_never_below_zero() -> None:
+    w = FastWindow(0.1, 1.0)
+    w.add(0.0, 0.0, 2.0, 0.0, 0.0)
+    w.add(0.1, 0.1, 2.0, 0.2, 0.2)  # BE is all the pods use
+    got = w.add(0.2, 0.1, 2.0, 0.4, 0.4)
+    assert got == pytest.approx((2.0, 2.0))  # no LS; what /proc/stat says beyond is 0
+    got = w.add(0.3, 0.1, 2.0, 0.6, 0.5)  # the pods' counter read before BE's moved: not negative
+    assert got is not None and got[1] == pytest.approx(2.0) and got[0] >= got[1]
+
+
+# the manager, scripted ------------------------------------------------------------------------
+
+
+def test_proc_stat_tick_noise_alone_writes_nothing(tmp_path: Path) -> None:
+    """LS steady at 0.6 core, /proc/stat reading the node 0.4 core off by turns: the pods'
+    counter does not move, so neither does BE's limit."""
+    _, _, mgr, s, _ = node_with_pods(tmp_path)
+    s.ls = 0.6
+    mgr.round()
+    s.advance(1.0)
+    mgr.round()
+    assert mgr.limiter.current == pytest.approx(0.7)  # 2 x 65 % - 0.6
+    writes = mgr.limiter.writes
+    real = s.fast
+    turn = [0]
+
+    def noisy() -> object:
+        turn[0] += 1
+        f = real()
+        return type(f)(f.t, f.interval, f.cpu_busy_cores + (0.4 if turn[0] % 2 else -0.4))
+
+    s.fast = noisy  # type: ignore[method-assign,assignment]
+    for i in range(400):  # 20 s of 50 ms samples, a full round every second
+        s.advance(0.05)
+        mgr.round() if i % 20 == 0 else mgr.fast_round()
+    assert mgr.limiter.writes == writes
+
+
+def test_a_spike_is_cut_by_the_first_sample_that_lies_inside_it(tmp_path: Path) -> None:
+    _, _, mgr, s, quota = node_with_pods(tmp_path)
+    mgr.round()
+    for _ in range(4):  # a span of fast samples: the pods' counter is read over the last interval
+        s.advance(0.05)
+        mgr.fast_round()
+    assert quota.read_text() == "100000"
+    s.ls, s.be = 1.0, 1.0  # LS spins a core from the start of the interval
+    s.advance(FAST_FOLLOW)
+    assert mgr.fast_round() is True
+    assert int(quota.read_text()) == pytest.approx(30000, abs=10)  # 2 x 65 % - 1.0, from one short interval
+
+
+# the loop ---------------------------------------------------------------------------------------
+
+
+def run_loop(mgr: QoSManager, turns: int, monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Run the manager's loop for ``turns`` waits, recording each wait instead of sleeping."""
+    waits: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        if len(waits) >= turns:
+            raise asyncio.CancelledError
+        await real_sleep(0)
+
+    monkeypatch.setattr(asyncio, "sleep", sleep)  # the manager's module sees the same asyncio
+    mgr.psi_path = None  # no trigger: the loop's plain wait
+
+    async def main() -> None:
+        with pytest.raises(asyncio.CancelledError):
+            await mgr.run()
+
+    asyncio.run(main())
+    return waits
+
+
+def test_a_rise_brings_the_next_sample_forward(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, _, mgr, _, _ = node_with_pods(tmp_path)
+    rises = iter([False, True, True, False, False])
+    mgr.fast_round = lambda: next(rises)  # type: ignore[method-assign]
+    assert run_loop(mgr, 5, monkeypatch) == [FAST_PERIOD, FAST_FOLLOW, FAST_FOLLOW, FAST_PERIOD, FAST_PERIOD]
+
+
+def test_a_full_rounds_turn_samples_the_fast_path_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, _, mgr, s, _ = node_with_pods(tmp_path)
+    order: list[str] = []
+    real_round = mgr.round_async
+
+    async def full() -> None:
+        order.append("round")
+        await real_round()
+
+    def fast() -> bool:
+        order.append("fast")
+        return False
+
+    mgr.round_async = full  # type: ignore[method-assign]
+    mgr.fast_round = fast  # type: ignore[method-assign]
+    run_loop(mgr, 3, monkeypatch)
+    assert order[:2] == ["round", "fast"] and s.rounds == 1  # the first turn: a full round, then a sample
+
+
+# the real collector on fake trees ---------------------------------------------------------------
+
+
+def manager_on(
+    root: Path, proc: Path, counters: Callable[[str, int], None]
+) -> tuple[QoSManager, Collector, list[float], Path]:
+    """An LS pod and a BE pod on the tree ``root``, the real collector reading it and ``proc``."""
+    be, ls = make_pod(1, "BE"), make_pod(2, "LS")
+    ctrs = [make_container(1, be, shares=2), make_container(2, ls)]
+    rules = RuleCache(seed_policy())
+    node = Node.create(rules, caps=caps(), cgroups=Cgroups(root))
+    for c in ctrs:
+        counters(c.linux.cgroups_path.lstrip("/"), 0)
+    for pod, c in ((be, ctrs[0]), (ls, ctrs[1])):
+        node.model.container_started(pod, c)
+    clock = [1000.0]
+    col = Collector(node.model, node.desired, Cgroups(root), proc, clock=lambda: clock[0], memory_every=1)
+    rec = Reconciler(node.desired, node.writer, node.model, watch=False, resync_period=3600)
+    return QoSManager(node.model, node.desired, rec, col, rules, psi_path=None), col, clock, root
+
+
+def spike_on(tmp_path: Path, counters: Callable[[str, int], None], root: Path, quota: Callable[[], str]) -> None:
+    """BE spinning 2 cores, LS idle; /proc/stat reading the node 0.2 core off by turns. Then LS
+    takes one of BE's cores: the first fast sample after it cuts BE to 2 x 65 % - 1."""
+    proc = tmp_path / "proc"
+    mgr, col, clock, _ = manager_on(root, proc, counters)
+    ns = {"kubepods": 0, BE_GROUP: 0}
+    busy = [0]
+
+    def advance(dt: float, be: float, ls: float, noise: int) -> None:
+        clock[0] += dt
+        ns[BE_GROUP] += int(be * dt * 1e9)
+        ns["kubepods"] += int((be + ls) * dt * 1e9)
+        busy[0] += int((be + ls) * dt * 100) + noise  # ticks of 10 ms
+        for g, v in ns.items():
+            counters(g, v)
+        proc_tree(proc, busy=busy[0], idle=10**6)
+
+    advance(0.0, 0, 0, 0)
+    mgr.round()
+    advance(1.0, 2.0, 0.0, 0)
+    mgr.round()
+    held = quota()
+    for i in range(30):  # 1.5 s of fast samples under /proc/stat's noise: nothing moves
+        advance(0.05, 2.0, 0.0, 2 if i % 2 else -2)
+        assert mgr.fast_round() is False
+    assert quota() == held
+    advance(FAST_FOLLOW, 1.0, 1.0, 0)
+    assert mgr.fast_round() is True
+    assert int(quota()) == pytest.approx(30000, abs=10)
+    col.close()
+
+
+def test_a_spike_on_a_v1_tree_is_cut_from_cpuacct_usage(tmp_path: Path) -> None:
+    root = v1_tree(tmp_path / "cg", ["kubepods/besteffort", "kubepods/burstable"])
+    spike_on(
+        tmp_path,
+        lambda g, ns: v1_counters(root, g, usage_ns=ns),
+        root,
+        lambda: (root / "cpu" / BE_GROUP / "cpu.cfs_quota_us").read_text().strip(),
+    )
+
+
+def test_a_spike_on_a_v2_tree_is_cut_from_cpu_stat_usage_usec(tmp_path: Path) -> None:
+    root = v2_tree(tmp_path / "cg", ["kubepods/besteffort", "kubepods/burstable"])
+    spike_on(
+        tmp_path,
+        lambda g, ns: v2_counters(root, g, usage_ns=ns),
+        root,
+        lambda: (root / BE_GROUP / "cpu.max").read_text().split()[0],
+    )
