@@ -38,6 +38,7 @@ Usage (root, cgroup v1, 2 CPUs): .venv/bin/python -m bench.qos [--spikes 12] [--
 from __future__ import annotations
 
 import argparse
+import calendar
 import itertools
 import json
 import os
@@ -216,6 +217,23 @@ class Node:
     def log_lines(self) -> list[str]:
         return [ln for ln in self.plugin.logs().splitlines() if "BE limited to" in ln]
 
+    def decisions(self, since: float, until: float) -> list[tuple[float, float]]:
+        """The agent's BE-limit decisions logged between two wall-clock times: (when, cores).
+        A decision is logged where it is made, in the fast sample that showed the change (its
+        time to the millisecond), before the writer writes it."""
+        out = []
+        for ln in self.log_lines():
+            try:
+                rec = json.loads(ln)
+                ts = str(rec["ts"])
+                t = calendar.timegm(time.strptime(ts[:19], "%Y-%m-%dT%H:%M:%S")) + int(ts[20:23]) / 1e3
+                cores = float(rec["be_limit_cores"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            if since <= t <= until:
+                out.append((t, cores))
+        return out
+
 
 class Timeline(threading.Thread):
     """LS usage, BE usage, BE's limit and the CPU pressure score every SAMPLE seconds."""
@@ -244,6 +262,7 @@ def spike(node: Node, cut: float, spin: float) -> dict[str, Any]:
     before = node.quota()
     samples: list[tuple[float, float, float]] = []  # t since the spike, BE cpu seconds, quota
     j0, ls0, be0 = node_jiffies(), acct_seconds(node.ls_acct), acct_seconds(node.be_acct)
+    w0 = time.time()  # the log's clock (its timestamps are wall-clock, to the millisecond)
     t0 = time.monotonic()
     node.spinner.go()
     first = reached = usage_under = None
@@ -268,6 +287,11 @@ def spike(node: Node, cut: float, spin: float) -> dict[str, Any]:
     after = node.quota()
     node.spinner.stop()
     spun = time.monotonic() - t0
+    # the log's timestamps are truncated to the millisecond: a decision in the spike's first
+    # millisecond may read as before it
+    made = node.decisions(w0 - 0.001, w0 + spun)
+    decided = made[0][0] if made else None
+    cut_decided = next((t for t, cores in made if cores <= cut), None)
     ls, be = (acct_seconds(node.ls_acct) - ls0) / spun, (acct_seconds(node.be_acct) - be0) / spun
     other = busy_cores(j0, node_jiffies()) - ls - be
     back = node.wait_quota(lambda q: q > cut + 0.1, 25.0)
@@ -277,6 +301,8 @@ def spike(node: Node, cut: float, spin: float) -> dict[str, Any]:
         "first_change_ms": None if first is None else first * 1e3,
         "cut_ms": None if reached is None else reached * 1e3,
         "usage_under_ms": None if usage_under is None else usage_under * 1e3,
+        "decision_ms": None if decided is None else max(0.0, decided - w0) * 1e3,
+        "cut_decision_ms": None if cut_decided is None else max(0.0, cut_decided - w0) * 1e3,
         "given_back_s": back,
         "restored": node.quota(),
         "ls_cores": ls,
@@ -504,12 +530,26 @@ def summarize(r: dict[str, Any]) -> dict[str, Any]:
 
     cut, use, first = col("cut_ms"), col("usage_under_ms"), col("first_change_ms")
     back = col("given_back_s")
+    decided, cut_decided = col("decision_ms"), col("cut_decision_ms")
+    # the write: from the decision that cut to the quota file showing it (the file polled every
+    # POLL, the log to the millisecond)
+    written = [
+        e["cut_ms"] - e["cut_decision_ms"] for e in eps if e["cut_ms"] is not None and e["cut_decision_ms"] is not None
+    ]
     return {
         "n": len(eps),
         "all": len(every),
         "other": (min(e["other_cores"] for e in every), max(e["other_cores"] for e in every)),
         "cut": (len(cut), pct(cut, 0.5), pct(cut, 0.99), max(cut, default=float("nan"))),
         "first": (len(first), pct(first, 0.5), max(first, default=float("nan"))),
+        "decided": (len(decided), pct(decided, 0.5), pct(decided, 0.99), max(decided, default=float("nan"))),
+        "cut_decided": (
+            len(cut_decided),
+            pct(cut_decided, 0.5),
+            pct(cut_decided, 0.99),
+            max(cut_decided, default=float("nan")),
+        ),
+        "written": (len(written), pct(written, 0.5), max(written, default=float("nan"))),
         "usage": (len(use), pct(use, 0.5), pct(use, 0.99), max(use, default=float("nan"))),
         "back": (len(back), pct(back, 0.5), max(back, default=float("nan"))),
         "after": statistics.median(e["after"] for e in eps),
@@ -541,6 +581,22 @@ def write_section(path: Path, r: dict[str, Any], command: str, plot: Path | None
         ("same, p99", ms(s["cut"][2]), "< 200 ms"),
         ("same, max", ms(s["cut"][3]), ""),
         ("LS spike -> BE's first quota write, p50 / max", f"{s['first'][1]:.0f} / {s['first'][2]:.0f} ms", ""),
+        (
+            "LS spike -> the agent's first decision (made in the first sample that shows the spike), "
+            f"p50 / p99 / max ({s['decided'][0]} spikes)",
+            f"{s['decided'][1]:.0f} / {s['decided'][2]:.0f} / {s['decided'][3]:.0f} ms",
+            "",
+        ),
+        (
+            f"LS spike -> the decision that cuts BE to <= {sp['cut_cores']:g} cores, p50 / p99 / max",
+            f"{s['cut_decided'][1]:.0f} / {s['cut_decided'][2]:.0f} / {s['cut_decided'][3]:.0f} ms",
+            "",
+        ),
+        (
+            "that decision -> the quota file shows it (the write; the file polled every 5 ms), p50 / max",
+            f"{s['written'][1]:.0f} / {s['written'][2]:.0f} ms",
+            "",
+        ),
         (
             "LS spike -> BE's usage (100 ms windows after the cut) under its limit, p50 / p99 / max",
             f"{s['usage'][1]:.0f} / {s['usage'][2]:.0f} / {s['usage'][3]:.0f} ms",
