@@ -4,11 +4,11 @@ Two bounds, the tighter wins:
 - the level's: ``(total - LS reserve - system reserved - LS burst granted) x ratio(level)`` —
   LS bursts are served first, BE gets what is left, so the sum never exceeds the node. The LS
   reserve is LS's request from ``reserveLSRequestFrom`` (HIGH) up, and below it what LS uses:
-  a calm LS's unused request goes to BE, and the usage budget below takes it back within the
-  fast path's 150 ms window when LS needs it;
+  a calm LS's unused request goes to BE, and the usage budget below takes it back within a
+  fast sample or two when LS needs it;
 - Koordinator's usage budget (NodeSLO ``cpuSuppressThresholdPercent``): ``total x threshold -
-  what everything but BE uses now``. It follows LS's actual use, so it reacts within one fast
-  sample (50 ms) to an LS spike, long before a pressure level (smoothed, with hysteresis)
+  what everything but BE uses now``. It follows LS's actual use, so it reacts to an LS spike
+  within the first fast sample whose interval lies inside it, long before a pressure level (smoothed, with hysteresis)
   moves, and gives BE back what LS leaves idle.
 A floor keeps BE from being starved to zero.
 
@@ -108,8 +108,8 @@ class Limiter:
 
     The rate limit is on *reversals*: a raise that follows a cut counts (that is what a
     flapping load does), further raises on the way back up do not, so BE gets its CPU back in
-    as many steps as the pressure falls through. ``tighten_only`` steps (the 50 ms fast path:
-    short windows, noisy) may cut but never touch the hold of a raise, which full rounds
+    as many steps as the pressure falls through. ``tighten_only`` steps (the fast path:
+    short windows) may cut but never touch the hold of a raise, which full rounds
     (1 s windows) decide, though they count towards the lowest target seen while a raise is
     held: a raise goes only as high as every sample of the hold allowed."""
 

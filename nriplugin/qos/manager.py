@@ -15,11 +15,14 @@ find them as it set them. BE's tasks keep SCHED_IDLE meanwhile, so LS keeps its 
 the next agent's first round.
 
 Timing: a full round every ``syncPeriod`` (1 s), and a fast path every 50 ms between rounds
-that reads only node CPU and BE's own usage (a few files) and, when what LS and the system use
-jumps, runs the strategies' ``between_rounds`` at once (CPUSuppress tightens BE's limit). A
-kernel that accepts PSI triggers wakes a round at once on a CPU stall; on one that refuses
-them, the fast path alone keeps the reaction to an LS spike within a few fast periods
-(koordlet: 1-2 s).
+(and after each round) that reads only node CPU, BE's own usage and the pods root's (a few
+files) and, when what LS and the system use jumps, runs the strategies' ``between_rounds`` at
+once (CPUSuppress tightens BE's limit). What the pods use is read from their root's own
+counter over the last interval (``node_resource.FastWindow``), so a short interval is not
+tick noise; after a rise the next sample comes sooner, its interval all inside the rise, and
+shows it whole. A kernel that accepts PSI triggers wakes a round at once on a CPU stall; on
+one that refuses them, the fast path alone keeps the reaction to an LS spike within a fast
+period or two (koordlet: 1-2 s).
 """
 
 from __future__ import annotations
