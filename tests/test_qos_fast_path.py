@@ -16,8 +16,10 @@ from nriplugin.kernel.cgroup import Cgroups
 from nriplugin.node.assembly import Node
 from nriplugin.policy.cache import RuleCache
 from nriplugin.qos.collect import Collector
+from nriplugin.qos.cpu_suppress import Limiter
 from nriplugin.qos.manager import FAST_FOLLOW, FAST_PERIOD, QoSManager
 from nriplugin.qos.node_resource import FastWindow
+from nriplugin.qos.strategy import FastUsage
 from nriplugin.reconciler import Reconciler
 from testkit.kernel_tree import proc_tree, v1_counters, v1_tree, v2_counters, v2_tree
 from testkit.runtime_peer import make_container, make_pod
@@ -36,29 +38,35 @@ def test_with_the_pods_counter_tick_noise_moves_nothing_and_a_step_shows_in_one_
             seen.append(got)
         t, be, pods = t + 0.05, be + 0.025, pods + 0.05  # BE 0.5 core, the pods 1.0 (LS 0.5)
     # before FAST_WINDOW of /proc/stat is in, /proc/stat alone over what there is (as without
-    # the pods counter); from then on, the pods' 1.0 plus what is outside (1.2 - 1.0), averaged
-    late = [b for b, _ in seen[5:]]
-    assert max(late) - min(late) <= 0.1 and all(abs(b - 1.2) <= 0.1 for b in late)
-    assert all(be_cores == pytest.approx(0.5) for _, be_cores in seen)
-    # LS steps up by a whole core at the start of an interval: the next sample shows all of it
+    # the pods counter); from then on, the pods' LS 0.5 plus what is outside (1.2 - 1.0), averaged
+    late = [u.non_be for u in seen[5:]]
+    assert max(late) - min(late) <= 0.1 and all(abs(v - 0.7) <= 0.1 for v in late)
+    assert all(u.be == pytest.approx(0.5) for u in seen)
+    # LS steps up by a whole core at the start of an interval: the next sample shows all of it;
+    # over FAST_WINDOW (what a raise's hold counts) a third of it
     got = w.add(t, 0.05, 2.2, be, pods + 0.05)
-    assert got is not None and got[0] == pytest.approx(late[-1] + 1.0, abs=0.1) and got[1] == pytest.approx(0.5)
+    assert got is not None and got.be == pytest.approx(0.5)
+    assert got.non_be == pytest.approx(late[-1] + 1.0, abs=0.1)
+    assert got.held == pytest.approx(late[-1] + 1.0 / 3, abs=0.1)
 
 
 def test_the_pods_counter_waits_for_a_span_of_proc_stat_and_both_readings() -> None:
     w = FastWindow(0.5, 1.0)  # quarter-second samples: exact in binary
     w.add(0.0, 0.0, 0.0, 0.0, 0.0)
     # /proc/stat says 3 cores, the pods 1: not a span of /proc/stat yet, /proc/stat alone
-    assert w.add(0.25, 0.25, 3.0, 0.0, 0.25) == (3.0, 0.0)
-    # a span in: the pods over the last interval (2 cores), the rest over the span (3 - 1.5)
-    assert w.add(0.5, 0.25, 3.0, 0.0, 0.75) == pytest.approx((3.5, 0.0))
-    assert w.add(0.75, 0.25, 3.0, 0.0, None) == (3.0, 0.0)  # the pods unread now: /proc/stat
+    assert w.add(0.25, 0.25, 3.0, 0.0, 0.25) == FastUsage(0.0, 3.0, 3.0)
+    # a span in: the pods over the last interval (2 cores) and over the span (1.5), the rest
+    # over the span (3 - 1.5)
+    fine = w.add(0.5, 0.25, 3.0, 0.0, 0.75)
+    assert fine is not None and (fine.non_be, fine.held) == pytest.approx((3.5, 3.0))
+    assert w.add(0.75, 0.25, 3.0, 0.0, None) == FastUsage(0.0, 3.0, 3.0)  # the pods unread now: /proc/stat
     # the reading before lacks it: /proc/stat; the one after has both ends again
-    assert w.add(1.0, 0.25, 3.0, 0.0, 1.25) == (3.0, 0.0)
+    assert w.add(1.0, 0.25, 3.0, 0.0, 1.25) == FastUsage(0.0, 3.0, 3.0)
     fine = w.add(1.25, 0.25, 3.0, 0.0, 1.5)
-    # the pods over the last interval: 1 core; the rest from the oldest reading of the pods
-    # kept (0.25; 0.0 is more than the outside span old): (3.0 - 1.25) / 1.0
-    assert fine is not None and fine[0] == pytest.approx(1.0 + 1.75)
+    # the pods over the last interval: 1 core, and over the span from the newest reading of
+    # them a span old (0.5; 0.75 has none): 1 core; the rest from the oldest reading of the
+    # pods kept (0.25; 0.0 is more than the outside span old): (3.0 - 1.25) / 1.0
+    assert fine is not None and (fine.non_be, fine.held) == pytest.approx((1.0 + 1.75, 1.0 + 1.75))
 
 
 def test_the_pods_counter_counts_be_once_and_never_below_zero() -> None:
@@ -66,9 +74,9 @@ def test_the_pods_counter_counts_be_once_and_never_below_zero() -> None:
     w.add(0.0, 0.0, 2.0, 0.0, 0.0)
     w.add(0.1, 0.1, 2.0, 0.2, 0.2)  # BE is all the pods use
     got = w.add(0.2, 0.1, 2.0, 0.4, 0.4)
-    assert got == pytest.approx((2.0, 2.0))  # no LS; what /proc/stat says beyond is 0
+    assert got is not None and (got.be, got.non_be) == pytest.approx((2.0, 0.0))  # no LS, nothing outside
     got = w.add(0.3, 0.1, 2.0, 0.6, 0.5)  # the pods' counter read before BE's moved: not negative
-    assert got is not None and got[1] == pytest.approx(2.0) and got[0] >= got[1]
+    assert got is not None and got.be == pytest.approx(2.0) and got.non_be >= 0.0
 
 
 # the manager, scripted ------------------------------------------------------------------------
@@ -234,3 +242,15 @@ def test_a_spike_on_a_v2_tree_is_cut_from_cpu_stat_usage_usec(tmp_path: Path) ->
         root,
         lambda: (root / BE_GROUP / "cpu.max").read_text().split()[0],
     )
+
+
+def test_a_hold_counts_the_fast_paths_longer_window_not_its_short_peak() -> None:
+    lim = Limiter(deadband=0.2, relax_hold=2.0)
+    assert lim.step(0.0, 1.0) == 1.0
+    assert lim.step(1.0, 1.5) is None  # a raise held from here
+    # a fast sample: its last interval allows 1.0 (within the deadband: no cut), its longer
+    # window 1.3: the hold counts 1.3
+    assert lim.step(1.5, 1.0, tighten_only=True, held=1.3) is None
+    assert lim.step(3.0, 1.5) == pytest.approx(1.3)
+    # a short peak past the deadband cuts at once
+    assert lim.step(3.5, 0.5, tighten_only=True, held=1.0) == 0.5

@@ -507,7 +507,7 @@ def test_the_fast_path_decides_at_a_jump_of_exactly_fast_jump(tmp_path: Path) ->
     s.advance(0.1)
     mgr.fast_round()
     (r,) = between.rounds
-    assert r.fast == FastUsage(0.0, FAST_JUMP) and r.t == s.t and r.sample is mgr.last
+    assert r.fast == FastUsage(0.0, FAST_JUMP, FAST_JUMP) and r.t == s.t and r.sample is mgr.last
     assert (r.level, r.cpu_score, r.memory_score) == (mgr.level, mgr.cpu.score, mgr.memory.score)
     assert mgr._non_be == FAST_JUMP
     s.advance(0.1)

@@ -27,7 +27,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from nriplugin.kernel.cgroup import CFS_PERIOD_US, MIN_QUOTA_US
 from nriplugin.policy.model import CPUSuppress, QoSManagerPolicy
@@ -124,15 +124,16 @@ class Limiter:
     _last_was_cut: bool = True
     _lowest: float = 0.0  # the lowest target since the hold began
 
-    def step(self, now: float, target: float, tighten_only: bool = False) -> float | None:
-        """The limit to write now, or None to leave it."""
+    def step(self, now: float, target: float, tighten_only: bool = False, held: float | None = None) -> float | None:
+        """The limit to write now, or None to leave it. ``held``: what the sample allows over a
+        longer window than ``target``'s (the fast path's), for the lowest target of a hold."""
         cur = self.current
         if cur is None or target < cur - self.deadband:
             self._above_since = None
             self._last_was_cut = cur is not None
             return self._write(target)
-        if self._above_since is not None:
-            self._lowest = min(self._lowest, target)  # every sample counts, the fast path's too
+        if self._above_since is not None:  # every sample counts, the fast path's too
+            self._lowest = min(self._lowest, target if held is None else held)
         if tighten_only:
             return None
         if target <= cur + self.deadband:
@@ -220,8 +221,13 @@ class CPUSuppressStrategy(Strategy):
         r.be_target = target if math.isfinite(target) else None
 
     def between_rounds(self, r: Round) -> None:
-        if r.capacity is not None:
-            self.apply(r, self.target(r, r.capacity), tighten_only=True)
+        cap = r.capacity
+        if cap is None:
+            return
+        held = None
+        if r.fast is not None and r.fast.held is not None:
+            held = self.target(r, replace(cap, non_be_usage=r.fast.held)).cores
+        self.apply(r, self.target(r, cap), tighten_only=True, held=held)
 
     def unquoted(self, r: Round) -> bool:
         """Whether BE goes without a quota this round: its tasks run SCHED_IDLE
@@ -252,7 +258,7 @@ class CPUSuppressStrategy(Strategy):
             ls_reserve=cap.ls_usage if calm else None,
         )
 
-    def apply(self, r: Round, target: Target, tighten_only: bool = False) -> None:
+    def apply(self, r: Round, target: Target, tighten_only: bool = False, held: float | None = None) -> None:
         groups = self.host.groups
         if not groups:
             return
@@ -262,7 +268,7 @@ class CPUSuppressStrategy(Strategy):
         s, lim = r.config.cpuSuppress, self.limiter
         lim.deadband, lim.relax_hold, lim.max_relax_per_minute = s.deadbandCores, s.raiseDelay, s.maxWritesPerMinute
         before = lim.current
-        new = lim.step(r.t, target.cores, tighten_only)
+        new = lim.step(r.t, target.cores, tighten_only, held)
         if new is None:
             return
         finite = math.isfinite(new)

@@ -52,7 +52,6 @@ from nriplugin.qos.strategy import (
     CollectorView,
     Decision,
     EvictionHook,
-    FastUsage,
     Owner,
     Round,
     Strategy,
@@ -394,8 +393,7 @@ class QoSManager:
         usage = self._fast.add(fast.t, fast.interval, fast.cpu_busy_cores, be_seconds, pods_seconds)
         if usage is None:
             return False
-        busy, be = usage
-        non_be = max(0.0, busy - be)
+        non_be = usage.non_be
         if abs(non_be - self._non_be) < FAST_JUMP:
             return False
         r = Round(
@@ -405,7 +403,7 @@ class QoSManager:
             self.cpu.score,
             self.memory.score,
             policy,
-            FastUsage(be, non_be),
+            usage,
             cpu_terms=self.cpu_terms,
         )
         rising = non_be > self._non_be

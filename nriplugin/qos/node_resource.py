@@ -18,7 +18,7 @@ from collections import deque
 from dataclasses import replace
 
 from nriplugin.qos.sample import LS_CLASSES, NodeSample
-from nriplugin.qos.strategy import Capacity, Host, Round, Strategy, register
+from nriplugin.qos.strategy import Capacity, FastUsage, Host, Round, Strategy, register
 
 
 def capacity(sample: NodeSample) -> Capacity:
@@ -60,7 +60,9 @@ class FastWindow:
     ``cpu.stat`` ``usage_usec`` on v2, both the scheduler's runtime in ns), what the pods other
     than BE use is measured over the last interval alone: such a counter lags the truth by at
     most a scheduler tick per CPU, so one short interval shows an LS step whole as soon as it
-    lies inside the step, without reading noise as load. What runs outside the pods (system
+    lies inside the step, without reading noise as load. It is measured over ``span`` too
+    (``FastUsage.held``): what a raise's hold counts, so that an LS peak shorter than that
+    cuts BE but does not keep it at the peak's height. What runs outside the pods (system
     daemons, the kernel, the agent) is known only from /proc/stat, which counts in 10 ms ticks:
     it is taken over ``outside_span`` (that work moves slowly), and the fine reading waits
     until at least ``span`` of it is in.
@@ -89,9 +91,9 @@ class FastWindow:
         busy_cores: float,
         be_seconds: float | None,
         pods_seconds: float | None = None,
-    ) -> tuple[float, float] | None:
-        """Node busy and BE's usage, in cores, as the window ending at ``t`` shows them (None
-        until two readings are in)."""
+    ) -> FastUsage | None:
+        """BE's usage and everything else's, in cores, as the window ending at ``t`` shows them
+        now and over ``span`` (None until two readings are in)."""
         if be_seconds is None:
             self.reset()
             return None
@@ -107,30 +109,41 @@ class FastWindow:
             fine = self._fine(t, be_seconds, pods_seconds)
             if fine is not None:
                 return fine
-        start = pts[0]
-        for i in range(len(pts) - 2, 0, -1):
-            if t - pts[i][0] >= self.span:
-                start = pts[i]  # the newest point that still opens a window of at least ``span``
-                break
-        t0, busy0, be0, _ = start
+        t0, busy0, be0, _ = self._start(t, with_pods=False)
         if t <= t0:
             return None
         dt = t - t0
-        return (self._busy - busy0) / dt, max(0.0, be_seconds - be0) / dt
+        be = max(0.0, be_seconds - be0) / dt
+        non_be = max(0.0, (self._busy - busy0) / dt - be)
+        return FastUsage(be, non_be, non_be)
 
-    def _fine(self, t: float, be_seconds: float, pods_seconds: float) -> tuple[float, float] | None:
-        """From the pods root's counter: the pods over the last interval, the rest over the
-        oldest reading of it kept (None until that is ``span`` old, or without one before)."""
+    def _start(self, t: float, with_pods: bool) -> tuple[float, float, float, float | None]:
+        """The newest point before ``t`` that opens a window of at least ``span`` (with a pods
+        reading, if asked), else the oldest such."""
+        pts = self._points
+        start = next((p for p in pts if not with_pods or p[3] is not None), pts[0])
+        for i in range(len(pts) - 2, 0, -1):
+            p = pts[i]
+            if t - p[0] >= self.span and (not with_pods or p[3] is not None):
+                return p
+        return start
+
+    def _fine(self, t: float, be_seconds: float, pods_seconds: float) -> FastUsage | None:
+        """From the pods root's counter: the pods over the last interval (and over ``span``),
+        the rest over the oldest reading of it kept (None until that is ``span`` old, or
+        without one before)."""
         pts = self._points
         t0, _, be0, pods0 = pts[-2]
         first = next(p for p in pts if p[3] is not None)
         if pods0 is None or t <= t0 or t - first[0] < self.span:
             return None
-        dt, dt_out = t - t0, t - first[0]
+        outside = max(0.0, (self._busy - first[1]) - (pods_seconds - (first[3] or 0.0))) / (t - first[0])
+        dt = t - t0
         be = max(0.0, be_seconds - be0) / dt
-        in_pods = max(0.0, (pods_seconds - pods0) - (be_seconds - be0)) / dt
-        outside = max(0.0, (self._busy - first[1]) - (pods_seconds - (first[3] or 0.0))) / dt_out
-        return be + in_pods + outside, be
+        now = max(0.0, (pods_seconds - pods0) - (be_seconds - be0)) / dt
+        ts, _, be_s, pods_s = self._start(t, with_pods=True)
+        held = max(0.0, (pods_seconds - (pods_s or 0.0)) - (be_seconds - be_s)) / (t - ts)
+        return FastUsage(be, now + outside, held + outside)
 
 
 @register

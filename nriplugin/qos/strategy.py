@@ -62,10 +62,14 @@ class Capacity:
 
 @dataclass(frozen=True, slots=True)
 class FastUsage:
-    """Between full rounds: BE's usage and everything else's, measured just now (cores)."""
+    """Between full rounds: BE's usage and everything else's, measured just now (cores), and
+    everything else's over a longer window (``held``; None: the same): a cut follows the
+    former, the lowest target a raise's hold counts the latter, so LS's short peaks cut at once
+    without holding BE at their height."""
 
     be: float
     non_be: float
+    held: float | None = None
 
 
 @dataclass(slots=True)
