@@ -557,6 +557,17 @@ def summarize(r: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def commit() -> str:
+    """The commit measured (``-dirty`` with local changes to the agent or the benchmarks)."""
+    root = Path(__file__).resolve().parents[1]
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=root)
+    code = ["nriplugin", "bench/*.py", "pyproject.toml"]
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no", "--", *code], capture_output=True, text=True, cwd=root
+    )
+    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
 def write_section(path: Path, r: dict[str, Any], command: str, plot: Path | None) -> None:
     s = summarize(r)
     sp, nz, mn = r["spikes"], r["noise"], r["many"]
@@ -644,11 +655,11 @@ def write_section(path: Path, r: dict[str, Any], command: str, plot: Path | None
     section = f"""<!-- qos:begin -->
 ## QoS manager: reaction, decision latency, footprint, writes under noise (`bench/qos.py`)
 
-Command: `.venv/bin/{command}` ({os.cpu_count()} CPUs, {time.strftime("%Y-%m-%d")}), on the private
-containerd 1.7.24 and the host's cgroup v1 tree, the agent with its **embedded default policy and
+Command: `.venv/bin/{command}` ({os.cpu_count()} CPUs, {time.strftime("%Y-%m-%d")}), commit `{r["commit"]}`,
+on the private containerd 1.7.24 and the host's cgroup v1 tree, the agent with its **embedded default policy and
 `quotaFrom: LOW`** (a quota at every CPU level: the default gives BE's idle group none below HIGH,
 so an idle LS would leave nothing to cut; `bench/colocation.py` measures the default itself;
-balanced profile, syncPeriod 1 s, the 50 ms fast path, usage budget 65 %, deadband 0.2 cores,
+balanced profile, syncPeriod 1 s, the 50 ms fast path, usage budget 90 %, deadband 0.2 cores,
 raiseDelay 2 s, doubled for each raise after a cut in the last minute, at most 4 such a minute): an
 LS pod requesting one core, a BE pod spinning two threads. A spike is a host `yes` kept stopped
 inside the LS container's cpu and cpuacct cgroups and continued (SIGCONT) for {sp["spin_s"]:g} s,
@@ -661,10 +672,14 @@ BE's quota is read from
 
 Reading: a decision round is {dec["mean"]:.1f} ms on average, of which collection is {col["mean"]:.1f} ms.
 The give-back waits for the CPU pressure level to fall back (see the score in the timeline),
-not only for raiseDelay. Below `reserveLSRequestFrom` (HIGH) BE's limit follows what LS uses,
-measured over the fast path's 150 ms window, so a spike is cut in steps as LS's usage shows
-(the first write, then the cut). The figures move with whatever else runs on this shared
-machine: the usage budget counts any non-BE work, not only LS's.
+not only for raiseDelay. Below `reserveLSRequestFrom` (HIGH) BE's limit follows what LS uses
+as the fast path measures it: the pods root's CPU counter over the last interval (what runs
+outside the pods from `/proc/stat` over a second), and the next sample 25 ms after a rise, so
+the cut is decided by the first sample whose interval lies inside the spike. The rows "the
+agent's first decision" and "the decision that cuts" are the log's timestamps of those
+decisions (each made in the fast sample that showed the change, to the millisecond); "the
+write" is from that decision to the quota file showing it. The figures move with whatever
+else runs on this shared machine: the usage budget counts any non-BE work, not only LS's.
 
 Noisy load: the spinner continued and stopped in chunks, busy and idle each uniform in
 100-300 ms (seed {nz["seed"]}; duty {nz["duty"] * 100:.0f} %, LS used {nz["ls_cores"]:.2f} cores and BE
@@ -709,6 +724,7 @@ def main() -> int:
         result = run(rt, args)
     finally:
         rt.teardown()
+    result["commit"] = commit()
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     print({k: v for k, v in result.items() if k != "spikes"})
