@@ -254,3 +254,49 @@ def test_a_hold_counts_the_fast_paths_longer_window_not_its_short_peak() -> None
     assert lim.step(3.0, 1.5) == pytest.approx(1.3)
     # a short peak past the deadband cuts at once
     assert lim.step(3.5, 0.5, tighten_only=True, held=1.0) == 0.5
+
+
+def test_a_cut_made_for_a_rise_is_refined_as_the_rise_is_measured_more_exactly(tmp_path: Path) -> None:
+    _, _, mgr, s, quota = node_with_pods(tmp_path)
+    mgr.round()
+    for _ in range(4):
+        s.advance(0.05)
+        mgr.fast_round()
+    writes = mgr.limiter.writes
+    s.ls, s.be = 0.6, 1.4  # the first sample shows part of a rise: 2 x 65 % - 0.6 = 0.7, cut
+    s.advance(FAST_FOLLOW)
+    assert mgr.fast_round() is True
+    assert int(quota.read_text()) == pytest.approx(70000, abs=10)
+    s.ls, s.be = 0.78, 1.22  # the rise measured since that sample: 0.52, within the deadband of 0.7
+    s.advance(FAST_FOLLOW)
+    assert mgr.fast_round() is True
+    assert int(quota.read_text()) == pytest.approx(52000, abs=10)  # refined: more than REFINE_CORES below
+    assert mgr.limiter.writes == writes + 2
+    while mgr.fast_round():  # the rest of the rise's window: nothing more to refine
+        s.advance(FAST_FOLLOW)
+    assert mgr.limiter.writes == writes + 2
+
+
+def test_a_rise_that_cut_nothing_is_not_refined(tmp_path: Path) -> None:
+    """A noisy load: the limit already holds its peaks, a rise cuts nothing, and what follows
+    the rise moves the limit only past the policy's deadband."""
+    _, _, mgr, s, quota = node_with_pods(tmp_path)
+    s.ls, s.be = 0.75, 1.25
+    mgr.round()
+    s.advance(1.0)
+    mgr.round()  # 2 x 65 % - 0.75
+    for _ in range(4):
+        s.advance(0.05)
+        mgr.fast_round()
+    assert int(quota.read_text()) == pytest.approx(55000, abs=10)
+    s.ls, s.be = 0.3, 1.7  # LS idles: a fall, nothing cut
+    s.advance(0.05)
+    mgr.fast_round()
+    writes = mgr.limiter.writes
+    s.ls, s.be = 0.5, 1.5  # a rise: 0.8 allowed, above the limit: nothing cut
+    s.advance(0.05)
+    assert mgr.fast_round() is True
+    s.ls, s.be = 0.9, 1.1  # measured since: 0.4, more than REFINE_CORES below 0.55, not the deadband
+    s.advance(FAST_FOLLOW)
+    assert mgr.fast_round() is True
+    assert mgr.limiter.writes == writes

@@ -136,8 +136,10 @@ def test_the_fast_path_decides_only_on_a_jump(tmp_path: Path) -> None:
     assert mgr.limiter.writes == writes
     s.ls = 1.25  # a jump, seen whole over the last interval: 2 x 65 % - 1.25 = 0.05 -> floor 0.1
     s.advance(0.1)
-    assert mgr.fast_round() is True  # a rise: the next sample sooner
+    assert mgr.fast_round() is True  # a rise: followed, the next samples sooner
     assert quota.read_text() == "10000"
+    s.advance(0.1)
+    assert mgr.fast_round() is True  # followed for FAST_WINDOW: decides again, nothing to write
     s.advance(0.1)
     assert mgr.fast_round() is False  # no change since the last decision: nothing to do
     assert mgr.limiter.writes == writes + 1
@@ -505,14 +507,18 @@ def test_the_fast_path_decides_at_a_jump_of_exactly_fast_jump(tmp_path: Path) ->
     assert mgr._non_be == 0.0
     s.ls = FAST_JUMP
     s.advance(0.1)
-    mgr.fast_round()
+    assert mgr.fast_round() is True  # a rise: followed
     (r,) = between.rounds
-    assert r.fast == FastUsage(0.0, FAST_JUMP, FAST_JUMP) and r.t == s.t and r.sample is mgr.last
+    assert r.fast == FastUsage(0.0, FAST_JUMP, FAST_JUMP, rise=s.t) and r.t == s.t and r.sample is mgr.last
     assert (r.level, r.cpu_score, r.memory_score) == (mgr.level, mgr.cpu.score, mgr.memory.score)
     assert mgr._non_be == FAST_JUMP
+    rise = s.t
     s.advance(0.1)
-    mgr.fast_round()
-    assert len(between.rounds) == 1  # the same non-BE usage as at the last decision: nothing
+    assert mgr.fast_round() is True  # within FAST_WINDOW of the rise: every sample decides
+    assert len(between.rounds) == 2 and between.rounds[1].fast is not None and between.rounds[1].fast.rise == rise
+    s.advance(0.1)
+    assert mgr.fast_round() is False  # the rise no longer followed
+    assert len(between.rounds) == 2  # the same non-BE usage as at the last decision: nothing
 
 
 def test_the_fast_path_hands_the_scores_on(tmp_path: Path) -> None:

@@ -40,6 +40,7 @@ log = logging.getLogger("nriplugin.qos")
 SUPPRESS = "qos:cpuSuppress"  # the overlays' owner
 IDLE = "qos:giveBackIdle"  # the owner of the cpu.idle a previous agent left on BE's groups
 KUBELET_BE_SHARES = 2  # the kubelet's cpu.shares for its besteffort group (MinShares)
+REFINE_CORES = 0.05  # cores: the step a cut made for a rise may be refined by while it is followed
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,11 +125,21 @@ class Limiter:
     _last_was_cut: bool = True
     _lowest: float = 0.0  # the lowest target since the hold began
 
-    def step(self, now: float, target: float, tighten_only: bool = False, held: float | None = None) -> float | None:
+    def step(
+        self,
+        now: float,
+        target: float,
+        tighten_only: bool = False,
+        held: float | None = None,
+        band: float | None = None,
+    ) -> float | None:
         """The limit to write now, or None to leave it. ``held``: what the sample allows over a
-        longer window than ``target``'s (the fast path's), for the lowest target of a hold."""
+        longer window than ``target``'s (the fast path's), for the lowest target of a hold.
+        ``band``: a cut's deadband for this step, when smaller than the policy's (a cut being
+        refined as the rise it was made for is measured more exactly)."""
         cur = self.current
-        if cur is None or target < cur - self.deadband:
+        cut_band = self.deadband if band is None else min(band, self.deadband)
+        if cur is None or target < cur - cut_band:
             self._above_since = None
             self._last_was_cut = cur is not None
             return self._write(target)
@@ -201,6 +212,7 @@ class CPUSuppressStrategy(Strategy):
         self._checked_idle: set[str] = set()  # QoS-level groups checked for a left cpu.idle
         self._why = ""  # the reason of the quota in force (cfsQuota), for a birth's lift and back
         self._lifted: float | None = None  # when a BE birth lifted the quota (node/births.py)
+        self._cut_for: float | None = None  # the rise (its first sample's time) the fast path cut for
         host.model.births.subscribe(self._births)
 
     @classmethod
@@ -221,13 +233,23 @@ class CPUSuppressStrategy(Strategy):
         r.be_target = target if math.isfinite(target) else None
 
     def between_rounds(self, r: Round) -> None:
-        cap = r.capacity
+        """The fast path's cut. A rise is measured more exactly with each sample that follows
+        it (a longer interval inside it): a cut made for it is refined by as little as
+        REFINE_CORES until the rise is no longer followed, so its first, rough measure does
+        not leave BE above what the rise allows (the deadband would keep it there). A rise that
+        made no cut (BE was limited enough already) is not refined: a noisy load writes no more."""
+        cap, fast = r.capacity, r.fast
         if cap is None:
             return
         held = None
-        if r.fast is not None and r.fast.held is not None:
-            held = self.target(r, replace(cap, non_be_usage=r.fast.held)).cores
-        self.apply(r, self.target(r, cap), tighten_only=True, held=held)
+        if fast is not None and fast.held is not None:
+            held = self.target(r, replace(cap, non_be_usage=fast.held)).cores
+        rise = None if fast is None else fast.rise
+        band = REFINE_CORES if rise is not None and rise == self._cut_for else None
+        writes = self.limiter.writes
+        self.apply(r, self.target(r, cap), tighten_only=True, held=held, band=band)
+        if rise is not None and self.limiter.writes != writes:
+            self._cut_for = rise
 
     def unquoted(self, r: Round) -> bool:
         """Whether BE goes without a quota this round: its tasks run SCHED_IDLE
@@ -258,7 +280,9 @@ class CPUSuppressStrategy(Strategy):
             ls_reserve=cap.ls_usage if calm else None,
         )
 
-    def apply(self, r: Round, target: Target, tighten_only: bool = False, held: float | None = None) -> None:
+    def apply(
+        self, r: Round, target: Target, tighten_only: bool = False, held: float | None = None, band: float | None = None
+    ) -> None:
         groups = self.host.groups
         if not groups:
             return
@@ -268,7 +292,7 @@ class CPUSuppressStrategy(Strategy):
         s, lim = r.config.cpuSuppress, self.limiter
         lim.deadband, lim.relax_hold, lim.max_relax_per_minute = s.deadbandCores, s.raiseDelay, s.maxWritesPerMinute
         before = lim.current
-        new = lim.step(r.t, target.cores, tighten_only, held)
+        new = lim.step(r.t, target.cores, tighten_only, held, band)
         if new is None:
             return
         finite = math.isfinite(new)

@@ -33,6 +33,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 from nriplugin.kernel.psi_trigger import PressureWatch, Trigger, open_trigger
 from nriplugin.node.desired import DesiredState
@@ -52,6 +53,7 @@ from nriplugin.qos.strategy import (
     CollectorView,
     Decision,
     EvictionHook,
+    FastUsage,
     Owner,
     Round,
     Strategy,
@@ -213,6 +215,7 @@ class QoSManager:
         self._fast_groups: list[str] = []  # the BE groups whose counters the window sums
         self._fast_roots: list[str] = []  # the pods roots holding them (their counters: all pods)
         self._non_be = 0.0  # non-BE usage at the last decision
+        self._rise: float | None = None  # the sample that first showed the rise being followed
         self._task: asyncio.Task[None] | None = None
         self.psi_path = psi_path
         self._trigger: Trigger | None = None
@@ -377,41 +380,49 @@ class QoSManager:
 
     def fast_round(self) -> bool:
         """Between rounds: node CPU, BE's usage and the pods' only; decide now if non-BE usage
-        jumped. Returns whether it rose (the next sample then comes sooner). BE births that
-        never reached StartContainer end here (node/births.py)."""
+        jumped. A rise is followed for FAST_WINDOW: the next samples come sooner, each
+        measuring the pods from the sample that first showed the rise (all inside it, more
+        exactly with each), and each decides. Returns whether a rise is being followed. BE
+        births that never reached StartContainer end here (node/births.py)."""
         self.model.births.expire()
-        policy = self.rules.policy
-        if not policy.qosManager.enable or not self.groups or self.last is None:
+        last = self.last
+        if not self.rules.policy.qosManager.enable or not self.groups or last is None:
             return False
         if self.groups != self._fast_groups:  # the counters' sum is over other groups now
             self._fast.reset()
             self._fast_groups = list(self.groups)
             self._fast_roots = sorted({root for g in self.groups if (root := g.rpartition("/")[0])})
+            self._rise = None
         fast = self.collector.fast()
         be_seconds = self._seconds(self.groups)
         pods_seconds = self._seconds(self._fast_roots)
         usage = self._fast.add(fast.t, fast.interval, fast.cpu_busy_cores, be_seconds, pods_seconds)
         if usage is None:
+            self._rise = None
             return False
-        non_be = usage.non_be
-        if abs(non_be - self._non_be) < FAST_JUMP:
+        rise = self._rise
+        if rise is not None and fast.t - rise < FAST_WINDOW:
+            since = self._fast.since(rise)
+            self._between(fast.t, last, usage if since is None else replace(since, rise=rise))
+            return True
+        self._rise = None
+        if abs(usage.non_be - self._non_be) < FAST_JUMP:
             return False
-        r = Round(
-            fast.t,
-            self.last,
-            self.level,
-            self.cpu.score,
-            self.memory.score,
-            policy,
-            usage,
-            cpu_terms=self.cpu_terms,
-        )
-        rising = non_be > self._non_be
+        if usage.non_be > self._non_be:
+            self._rise = fast.t
+            usage = replace(usage, rise=fast.t)
+        self._between(fast.t, last, usage)
+        return self._rise is not None
+
+    def _between(self, t: float, last: NodeSample, usage: FastUsage) -> None:
+        """The strategies' decisions between rounds, on what the fast path measured and the
+        last full round's sample."""
+        policy = self.rules.policy
+        r = Round(t, last, self.level, self.cpu.score, self.memory.score, policy, usage, cpu_terms=self.cpu_terms)
         for s in self.strategies:
             if s.runs(r.config) and not (s.needs_capacity and r.capacity is None):
                 s.between_rounds(r)
-        self._non_be = non_be
-        return rising
+        self._non_be = usage.non_be
 
     def watch_ls_pressure(self) -> None:
         """On cgroup v2, a CPU stall of an LS pod (its ``cpu.pressure`` trigger) wakes a round

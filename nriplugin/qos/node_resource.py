@@ -133,17 +133,46 @@ class FastWindow:
         the rest over the oldest reading of it kept (None until that is ``span`` old, or
         without one before)."""
         pts = self._points
-        t0, _, be0, pods0 = pts[-2]
-        first = next(p for p in pts if p[3] is not None)
-        if pods0 is None or t <= t0 or t - first[0] < self.span:
+        prev, first = pts[-2], next(p for p in pts if p[3] is not None)
+        if prev[3] is None or t <= prev[0] or t - first[0] < self.span:
             return None
-        outside = max(0.0, (self._busy - first[1]) - (pods_seconds - (first[3] or 0.0))) / (t - first[0])
-        dt = t - t0
-        be = max(0.0, be_seconds - be0) / dt
-        now = max(0.0, (pods_seconds - pods0) - (be_seconds - be0)) / dt
-        ts, _, be_s, pods_s = self._start(t, with_pods=True)
-        held = max(0.0, (pods_seconds - (pods_s or 0.0)) - (be_seconds - be_s)) / (t - ts)
+        outside = self._outside(t, pods_seconds)
+        be, now = self._pods(prev, t, be_seconds, pods_seconds)
+        _, held = self._pods(self._start(t, with_pods=True), t, be_seconds, pods_seconds)
         return FastUsage(be, now + outside, held + outside)
+
+    def since(self, t0: float) -> FastUsage | None:
+        """As :meth:`add` measured the newest reading, but the pods from the reading at ``t0``
+        on: a rise being followed, from the sample that first showed it — an interval all
+        inside the rise, longer (so exacter) with each sample. None without the pods' counter
+        at both ends, or before a span of /proc/stat is in."""
+        pts = self._points
+        if len(pts) < 2:
+            return None
+        t, _, be_seconds, pods_seconds = pts[-1]
+        start = next((p for p in pts if p[0] == t0), None)
+        first = next((p for p in pts if p[3] is not None), None)
+        if start is None or start[3] is None or pods_seconds is None or first is None:
+            return None
+        if t <= t0 or t - first[0] < self.span:
+            return None
+        outside = self._outside(t, pods_seconds)
+        be, in_pods = self._pods(start, t, be_seconds, pods_seconds)
+        _, held = self._pods(self._start(t, with_pods=True), t, be_seconds, pods_seconds)
+        return FastUsage(be, in_pods + outside, held + outside)
+
+    def _pods(
+        self, since: tuple[float, float, float, float | None], t: float, be_seconds: float, pods_seconds: float
+    ) -> tuple[float, float]:
+        """BE's cores and the other pods' from the point ``since`` to ``t``."""
+        dt = t - since[0]
+        be = be_seconds - since[2]
+        return max(0.0, be) / dt, max(0.0, (pods_seconds - (since[3] or 0.0)) - be) / dt
+
+    def _outside(self, t: float, pods_seconds: float) -> float:
+        """What runs outside the pods, from the oldest reading of their counter kept."""
+        first = next(p for p in self._points if p[3] is not None)
+        return max(0.0, (self._busy - first[1]) - (pods_seconds - (first[3] or 0.0))) / (t - first[0])
 
 
 @register

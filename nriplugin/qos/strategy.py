@@ -70,6 +70,9 @@ class FastUsage:
     be: float
     non_be: float
     held: float | None = None
+    # the time of the sample that first showed the rise this one follows (None: none): a cut
+    # made for it may be refined by less than the deadband while the measure of it sharpens
+    rise: float | None = None
 
 
 @dataclass(slots=True)
