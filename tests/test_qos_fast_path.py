@@ -16,8 +16,8 @@ from nriplugin.kernel.cgroup import Cgroups
 from nriplugin.node.assembly import Node
 from nriplugin.policy.cache import RuleCache
 from nriplugin.qos.collect import Collector
-from nriplugin.qos.cpu_suppress import Limiter
-from nriplugin.qos.manager import FAST_FOLLOW, FAST_PERIOD, QoSManager
+from nriplugin.qos.cpu_suppress import REFINE_CORES, Limiter
+from nriplugin.qos.manager import FAST_FOLLOW, FAST_PERIOD, FAST_WINDOW, QoSManager
 from nriplugin.qos.node_resource import FastWindow
 from nriplugin.qos.strategy import FastUsage
 from nriplugin.reconciler import Reconciler
@@ -114,7 +114,10 @@ def test_a_spike_is_cut_by_the_first_sample_that_lies_inside_it(tmp_path: Path) 
         s.advance(0.05)
         mgr.fast_round()
     assert quota.read_text() == "100000"
-    s.ls, s.be = 1.0, 1.0  # LS spins a core from the start of the interval
+    s.ls, s.be = 1.0, 1.0  # LS spins a core
+    s.advance(0.05)
+    assert mgr.fast_round() is True  # the rise seen: followed; this sample straddles its start
+    assert quota.read_text() == "100000"
     s.advance(FAST_FOLLOW)
     assert mgr.fast_round() is True
     assert int(quota.read_text()) == pytest.approx(30000, abs=10)  # 2 x 65 % - 1.0, from one short interval
@@ -218,6 +221,8 @@ def spike_on(tmp_path: Path, counters: Callable[[str, int], None], root: Path, q
         advance(0.05, 2.0, 0.0, 2 if i % 2 else -2)
         assert mgr.fast_round() is False
     assert quota() == held
+    advance(0.05, 1.0, 1.0, 0)
+    assert mgr.fast_round() is True  # the rise seen: followed
     advance(FAST_FOLLOW, 1.0, 1.0, 0)
     assert mgr.fast_round() is True
     assert int(quota()) == pytest.approx(30000, abs=10)
@@ -263,18 +268,29 @@ def test_a_cut_made_for_a_rise_is_refined_as_the_rise_is_measured_more_exactly(t
         s.advance(0.05)
         mgr.fast_round()
     writes = mgr.limiter.writes
-    s.ls, s.be = 0.6, 1.4  # the first sample shows part of a rise: 2 x 65 % - 0.6 = 0.7, cut
-    s.advance(FAST_FOLLOW)
+    s.ls, s.be = 0.6, 1.4
+    s.advance(0.05)
+    assert mgr.fast_round() is True  # a rise, followed
+    s.advance(FAST_FOLLOW)  # measured roughly at first: 2 x 65 % - 0.6 = 0.7, cut
     assert mgr.fast_round() is True
     assert int(quota.read_text()) == pytest.approx(70000, abs=10)
-    s.ls, s.be = 0.78, 1.22  # the rise measured since that sample: 0.52, within the deadband of 0.7
+    s.ls, s.be = 0.7, 1.3  # more exactly since the rise: (0.6 + 0.7) / 2 -> 0.65, within the deadband of 0.7
     s.advance(FAST_FOLLOW)
     assert mgr.fast_round() is True
-    assert int(quota.read_text()) == pytest.approx(52000, abs=10)  # refined: more than REFINE_CORES below
+    assert int(quota.read_text()) == pytest.approx(65000, abs=10)  # refined: more than REFINE_CORES below
     assert mgr.limiter.writes == writes + 2
-    while mgr.fast_round():  # the rest of the rise's window: nothing more to refine
+    while mgr.fast_round():  # the rest of the rise's window: the measure since it nears 0.7
         s.advance(FAST_FOLLOW)
-    assert mgr.limiter.writes == writes + 2
+    # followed down in steps of at least REFINE_CORES, toward 2 x 65 % - 0.7
+    assert 60000 <= int(quota.read_text()) < 65000 - REFINE_CORES * 100000
+    assert mgr.limiter.writes <= writes + 2 + round(FAST_WINDOW / FAST_FOLLOW)
+    s.advance(0.05)
+    assert mgr.fast_round() is False  # no longer followed: the policy's deadband again
+    writes = mgr.limiter.writes
+    s.ls, s.be = 0.85, 1.15  # 0.45 allowed: more than REFINE_CORES below, within the deadband
+    s.advance(0.05)
+    mgr.fast_round()
+    assert mgr.limiter.writes == writes
 
 
 def test_a_rise_that_cut_nothing_is_not_refined(tmp_path: Path) -> None:

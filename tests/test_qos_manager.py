@@ -149,7 +149,9 @@ def test_rounds_limit_be_cut_fast_and_give_back_after_the_hold(tmp_path: Path) -
     mgr.fast_round()  # first fast sample: a baseline only
     s.ls, s.be = 1.0, 1.0  # LS spins one core
     s.advance(0.1)
-    mgr.fast_round()  # 100 ms later: 2 x 65% - 1.0 = 0.3 core, at once
+    assert mgr.fast_round() is True  # 100 ms later: the rise seen, followed
+    s.advance(0.02)
+    mgr.fast_round()  # measured inside the rise: 2 x 65% - 1.0 = 0.3 core, at once
     assert quota.read_text() == "30000"
     assert s.rounds == 1  # no full round was needed
     s.ls, s.be = 0.0, 0.3
@@ -274,7 +276,9 @@ def test_the_cpuset_policy_moves_be_between_whole_cpus_and_lifts_cleanly(tmp_pat
     mgr.fast_round()
     s.ls, s.be = 1.0, 1.0
     s.advance(0.1)
-    mgr.fast_round()  # LS spins a core: 0.3 core -> one CPU, at once
+    mgr.fast_round()  # LS spins a core: followed
+    s.advance(0.02)
+    mgr.fast_round()  # 0.3 core -> one CPU, at once
     assert cpus.read_text() == "3"
     writes = mgr.limiter.writes
     for i in range(100):  # LS wobbling around its core: same count, nothing written

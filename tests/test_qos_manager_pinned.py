@@ -19,7 +19,7 @@ from nriplugin.policy.model import PLUGINS, Policy
 from nriplugin.qos.levels import Level, Thresholds
 from nriplugin.qos.manager import FAST_FOLLOW, FAST_JUMP, FAST_OUTSIDE, FAST_PERIOD, FAST_WINDOW, HISTORY, QoSManager
 from nriplugin.qos.sample import NodeSample
-from nriplugin.qos.strategy import FastUsage, Round
+from nriplugin.qos.strategy import Round
 from tests.test_qos_manager import BE_GROUP, Script, node_with_pods
 
 
@@ -70,7 +70,7 @@ class Seen:
 def test_constants() -> None:
     assert (FAST_PERIOD, FAST_FOLLOW, FAST_JUMP, FAST_WINDOW, FAST_OUTSIDE, HISTORY) == (
         0.05,
-        0.025,
+        0.02,
         0.15,
         0.15,
         1.0,
@@ -134,14 +134,15 @@ def test_the_fast_path_decides_only_on_a_jump(tmp_path: Path) -> None:
     s.advance(0.1)
     assert mgr.fast_round() is False
     assert mgr.limiter.writes == writes
-    s.ls = 1.25  # a jump, seen whole over the last interval: 2 x 65 % - 1.25 = 0.05 -> floor 0.1
+    s.ls = 1.25  # a jump: a rise, followed; its first sample straddles its start: no decision
     s.advance(0.1)
-    assert mgr.fast_round() is True  # a rise: followed, the next samples sooner
+    assert mgr.fast_round() is True
+    assert mgr.limiter.writes == writes
+    s.advance(0.1)  # the rise measured inside it: 2 x 65 % - 1.25 = 0.05 -> floor 0.1
+    assert mgr.fast_round() is True
     assert quota.read_text() == "10000"
     s.advance(0.1)
-    assert mgr.fast_round() is True  # followed for FAST_WINDOW: decides again, nothing to write
-    s.advance(0.1)
-    assert mgr.fast_round() is False  # no change since the last decision: nothing to do
+    assert mgr.fast_round() is False  # FAST_WINDOW since the rise; no change since the last decision
     assert mgr.limiter.writes == writes + 1
     s.ls = 0.0
     s.advance(0.1)
@@ -159,14 +160,13 @@ def test_without_the_pods_counter_the_fast_path_reads_proc_stat_over_its_window(
     s.ls = 0.125
     s.advance(0.1)
     mgr.fast_round()
-    s.ls = 1.25  # a jump: the usage budget cuts BE at once, by what the window has seen of it
+    s.ls = 1.25  # a jump: 0.2 s window, (0.125 + 1.25) / 2 = 0.6875: a rise, followed
     s.advance(0.1)
-    mgr.fast_round()  # 0.2 s window: (0.125 + 1.25) / 2 = 0.6875 -> 2 x 65 % - 0.6875 = 0.6125
-    assert quota.read_text() == "61250"
-    s.advance(0.1)
-    mgr.fast_round()  # the window all after the jump: 2 x 65 % - 1.25 = 0.05 -> floor 0.1
-    assert quota.read_text() == "10000"
-    assert mgr.limiter.writes == writes + 2
+    assert mgr.fast_round() is True
+    s.advance(0.02)  # the window from 0.22 s back: (0.125 x 0.1 + 1.25 x 0.12) / 0.22 = 0.7386
+    assert mgr.fast_round() is True
+    assert quota.read_text() == "56136"  # 2 x 65 % - 0.7386: what /proc/stat's window has seen of it
+    assert mgr.limiter.writes == writes + 1
 
 
 def test_the_fast_path_waits_for_be_groups_and_a_readable_counter(tmp_path: Path) -> None:
@@ -507,18 +507,19 @@ def test_the_fast_path_decides_at_a_jump_of_exactly_fast_jump(tmp_path: Path) ->
     assert mgr._non_be == 0.0
     s.ls = FAST_JUMP
     s.advance(0.1)
-    assert mgr.fast_round() is True  # a rise: followed
-    (r,) = between.rounds
-    assert r.fast == FastUsage(0.0, FAST_JUMP, FAST_JUMP, rise=s.t) and r.t == s.t and r.sample is mgr.last
-    assert (r.level, r.cpu_score, r.memory_score) == (mgr.level, mgr.cpu.score, mgr.memory.score)
-    assert mgr._non_be == FAST_JUMP
+    assert mgr.fast_round() is True  # a rise: followed, nothing decided on the sample that first shows it
+    assert between.rounds == [] and mgr._non_be == 0.0
     rise = s.t
-    s.advance(0.1)
+    s.advance(0.02)
     assert mgr.fast_round() is True  # within FAST_WINDOW of the rise: every sample decides
-    assert len(between.rounds) == 2 and between.rounds[1].fast is not None and between.rounds[1].fast.rise == rise
-    s.advance(0.1)
+    (r,) = between.rounds
+    assert r.fast is not None and r.fast.be == 0.0 and r.fast.non_be == pytest.approx(FAST_JUMP) and r.fast.rise == rise
+    assert r.t == s.t and r.sample is mgr.last
+    assert (r.level, r.cpu_score, r.memory_score) == (mgr.level, mgr.cpu.score, mgr.memory.score)
+    assert mgr._non_be == pytest.approx(FAST_JUMP)
+    s.advance(0.15)
     assert mgr.fast_round() is False  # the rise no longer followed
-    assert len(between.rounds) == 2  # the same non-BE usage as at the last decision: nothing
+    assert len(between.rounds) == 1  # the same non-BE usage as at the last decision: nothing
 
 
 def test_the_fast_path_hands_the_scores_on(tmp_path: Path) -> None:
@@ -526,6 +527,8 @@ def test_the_fast_path_hands_the_scores_on(tmp_path: Path) -> None:
     mgr.cpu._score, mgr.memory._score = 61.0, 23.0
     s.ls = 1.0
     s.advance(0.1)
+    mgr.fast_round()
+    s.advance(0.02)
     mgr.fast_round()
     (r,) = between.rounds
     assert (r.cpu_score, r.memory_score) == (61.0, 23.0)
@@ -548,6 +551,10 @@ def test_the_fast_path_sums_bes_groups(tmp_path: Path) -> None:
     counters["kubepods.slice/kubepods-besteffort.slice"] += 0.2  # 2 cores
     s.ls, s.be = 0.5, 3.0
     s.advance(0.1)
+    mgr.fast_round()  # a rise, followed
+    counters[BE_GROUP] += 0.02
+    counters["kubepods.slice/kubepods-besteffort.slice"] += 0.04
+    s.advance(0.02)
     mgr.fast_round()
     (r,) = between.rounds
     assert r.fast is not None and r.fast.be == pytest.approx(3.0) and r.fast.non_be == pytest.approx(0.5)

@@ -19,10 +19,10 @@ Timing: a full round every ``syncPeriod`` (1 s), and a fast path every 50 ms bet
 files) and, when what LS and the system use jumps, runs the strategies' ``between_rounds`` at
 once (CPUSuppress tightens BE's limit). What the pods use is read from their root's own
 counter over the last interval (``node_resource.FastWindow``), so a short interval is not
-tick noise; after a rise the next sample comes sooner, its interval all inside the rise, and
-shows it whole. A kernel that accepts PSI triggers wakes a round at once on a CPU stall; on
-one that refuses them, the fast path alone keeps the reaction to an LS spike within a fast
-period or two (koordlet: 1-2 s).
+tick noise; a rise is followed with sooner samples, each measuring it from the sample that
+first showed it (an interval all inside it) and deciding. A kernel that accepts PSI triggers
+wakes a round at once on a CPU stall; on one that refuses them, the fast path alone keeps the
+reaction to an LS spike within a fast period or two (koordlet: 1-2 s).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ HISTORY = 300.0  # seconds of samples kept for the trends: five minutes
 log = logging.getLogger("nriplugin.qos")
 
 FAST_PERIOD = 0.05  # seconds between fast samples (two /proc reads and a few counters: cheap)
-FAST_FOLLOW = 0.025  # seconds to the next fast sample while non-BE usage is rising
+FAST_FOLLOW = 0.02  # seconds between fast samples while a rise of non-BE usage is followed
 FAST_JUMP = 0.15  # cores: a change in non-BE usage that calls for a decision now
 FAST_WINDOW = 0.15  # seconds of /proc/stat samples non-BE usage is measured over without a pods counter
 FAST_OUTSIDE = 1.0  # seconds of /proc/stat samples what runs outside the pods is measured over
@@ -380,10 +380,11 @@ class QoSManager:
 
     def fast_round(self) -> bool:
         """Between rounds: node CPU, BE's usage and the pods' only; decide now if non-BE usage
-        jumped. A rise is followed for FAST_WINDOW: the next samples come sooner, each
-        measuring the pods from the sample that first showed the rise (all inside it, more
-        exactly with each), and each decides. Returns whether a rise is being followed. BE
-        births that never reached StartContainer end here (node/births.py)."""
+        fell or rose by FAST_JUMP. A rise is followed for FAST_WINDOW: the sample that first
+        shows it straddles its start (it shows only part of it) and decides nothing; the next
+        samples come sooner, each measuring the pods from that sample on (all inside the
+        rise, more exactly with each), and each decides. Returns whether a rise is being
+        followed. BE births that never reached StartContainer end here (node/births.py)."""
         self.model.births.expire()
         last = self.last
         if not self.rules.policy.qosManager.enable or not self.groups or last is None:
@@ -403,16 +404,16 @@ class QoSManager:
         rise = self._rise
         if rise is not None and fast.t - rise < FAST_WINDOW:
             since = self._fast.since(rise)
-            self._between(fast.t, last, usage if since is None else replace(since, rise=rise))
+            self._between(fast.t, last, replace(usage if since is None else since, rise=rise))
             return True
         self._rise = None
         if abs(usage.non_be - self._non_be) < FAST_JUMP:
             return False
         if usage.non_be > self._non_be:
-            self._rise = fast.t
-            usage = replace(usage, rise=fast.t)
+            self._rise = fast.t  # followed from here
+            return True
         self._between(fast.t, last, usage)
-        return self._rise is not None
+        return False
 
     def _between(self, t: float, last: NodeSample, usage: FastUsage) -> None:
         """The strategies' decisions between rounds, on what the fast path measured and the
