@@ -15,6 +15,7 @@ import pytest
 from nriplugin.kernel.cgroup import Cgroups
 from nriplugin.node.assembly import Node
 from nriplugin.policy.cache import RuleCache
+from nriplugin.policy.model import Policy
 from nriplugin.qos.collect import Collector
 from nriplugin.qos.cpu_suppress import REFINE_CORES, Limiter
 from nriplugin.qos.manager import FAST_FOLLOW, FAST_PERIOD, FAST_WINDOW, QoSManager
@@ -316,3 +317,38 @@ def test_a_rise_that_cut_nothing_is_not_refined(tmp_path: Path) -> None:
     s.advance(FAST_FOLLOW)
     assert mgr.fast_round() is True
     assert mgr.limiter.writes == writes
+
+
+# what a round reads -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("policy", "waits"),
+    [
+        ({}, False),  # BE runs SCHED_IDLE: CPUEvict evicts on no stall
+        ({"beProcess": {"schedIdle": False}}, True),
+        ({"beProcess": {"schedIdle": False}, "qosManager": {"cpuEvict": {"enabled": False}}}, False),
+    ],
+)
+def test_a_round_reads_ls_waits_only_when_cpu_evict_decides_on_them(
+    tmp_path: Path, policy: dict[str, object], waits: bool
+) -> None:
+    _, _, mgr, s, _ = node_with_pods(tmp_path, Policy.model_validate(policy))
+    mgr.round()
+    assert s.ls_waits is waits
+    asyncio.run(mgr.round_async())
+    assert s.ls_waits is waits
+
+
+def test_without_ls_waits_a_round_reads_no_ls_pressure(tmp_path: Path) -> None:
+    root = v2_tree(tmp_path / "cg", ["kubepods/besteffort", "kubepods/burstable"])
+    proc = proc_tree(tmp_path / "proc")
+    _, col, clock, _ = manager_on(root, proc, lambda g, ns: v2_counters(root, g, usage_ns=ns, cpu_some_us=ns // 1000))
+    col.sample(ls_waits=False)
+    clock[0] += 1.0
+    assert col.sample(ls_waits=False).usage("LS").stall_ratio is None
+    clock[0] += 1.0
+    col.sample()
+    clock[0] += 1.0
+    assert col.sample().usage("LS").stall_ratio == 0.0  # read: no wait meanwhile
+    col.close()

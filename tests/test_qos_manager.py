@@ -43,6 +43,7 @@ class Script:
     ls_seconds: float = 0.0
     pods_counter: bool = True  # the pods root's counter can be read
     fast_t: float | None = None  # the last fast sample's time
+    ls_waits: bool | None = None  # whether the last round asked for LS's waits
     rounds: int = 0
     fast_reads: list[float] = field(default_factory=list)
     by_container: dict[str, ContainerUsage] = field(default_factory=dict)
@@ -52,8 +53,9 @@ class Script:
         self.be_seconds += self.be * dt
         self.ls_seconds += self.ls * dt
 
-    def sample(self, be_groups: Sequence[str] = ()) -> NodeSample:
+    def sample(self, be_groups: Sequence[str] = (), ls_waits: bool = True) -> NodeSample:
         self.rounds += 1
+        self.ls_waits = ls_waits
         return NodeSample(
             t=self.t,
             interval=1.0,
@@ -69,8 +71,8 @@ class Script:
             be_cpu_seconds=self.be_seconds if be_groups else None,
         )
 
-    async def sample_async(self, be_groups: Sequence[str] = ()) -> NodeSample:
-        return self.sample(be_groups)
+    async def sample_async(self, be_groups: Sequence[str] = (), ls_waits: bool = True) -> NodeSample:
+        return self.sample(be_groups, ls_waits)
 
     def fast(self) -> FastSample:
         interval = 0.1 if self.fast_t is None else self.t - self.fast_t

@@ -292,7 +292,7 @@ def test_the_loop(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
             real = s.sample
             failed: list[int] = []
 
-            def fail(be_groups: object = ()) -> NodeSample:
+            def fail(be_groups: object = (), ls_waits: bool = True) -> NodeSample:
                 failed.append(1)
                 raise RuntimeError("boom")
 
@@ -374,7 +374,7 @@ def test_a_rounds_time_includes_its_collection(tmp_path: Path) -> None:
     seen = Seen()
     mgr.observer = seen
     real = s.sample
-    s.sample = lambda be_groups=(): replace(real(be_groups), collect_seconds=0.5)  # type: ignore[method-assign]
+    s.sample = lambda be_groups=(), ls_waits=True: replace(real(be_groups), collect_seconds=0.5)  # type: ignore[method-assign]
     mgr.round()
     seconds, collect = seen.rounds[0]
     assert collect == 0.5 and 0.5 <= seconds < 30
@@ -565,7 +565,7 @@ def test_round_async_takes_the_pods_in_and_samples_their_groups(tmp_path: Path) 
     asked: list[object] = []
     real = s.sample
 
-    def sample(be_groups: Sequence[str] = ()) -> NodeSample:
+    def sample(be_groups: Sequence[str] = (), ls_waits: bool = True) -> NodeSample:
         asked.append(list(be_groups))
         return real(be_groups)
 
@@ -580,7 +580,7 @@ def test_a_falling_memory_score_is_smoothed_too(tmp_path: Path) -> None:
     _, _, mgr, s, _ = node_with_pods(tmp_path)
     real = s.sample
     avail = [0]
-    s.sample = lambda be_groups=(): replace(real(be_groups), mem_available=avail[0])  # type: ignore[method-assign]
+    s.sample = lambda be_groups=(), ls_waits=True: replace(real(be_groups), mem_available=avail[0])  # type: ignore[method-assign]
     mgr.round()
     high = mgr.memory.score
     avail[0] = 6 << 30
@@ -685,7 +685,7 @@ def test_a_failing_round_is_said_as_such(tmp_path: Path, caplog: pytest.LogCaptu
     _, _, mgr, s, _ = node_with_pods(tmp_path, p)
     mgr.psi_path = None
 
-    def fail(be_groups: object = ()) -> NodeSample:
+    def fail(be_groups: object = (), ls_waits: bool = True) -> NodeSample:
         raise RuntimeError("boom")
 
     s.sample = fail  # type: ignore[method-assign]

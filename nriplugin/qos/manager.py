@@ -307,7 +307,7 @@ class QoSManager:
         on = self._enabled()
         if on or self.usage is not None:
             self._pods_moved(self.pods.refresh())
-            sample = self.collector.sample(self.groups)
+            sample = self.collector.sample(self.groups, self._ls_waits())
             self._measured(sample)
             if on:
                 self._decide(sample)
@@ -320,10 +320,15 @@ class QoSManager:
         on = self._enabled()
         if on or self.usage is not None:
             self._pods_moved(await self.pods.refresh_async())
-            sample = await self.collector.sample_async(self.groups)
+            sample = await self.collector.sample_async(self.groups, self._ls_waits())
             self._measured(sample)
             if on:
                 self._decide(sample)
+
+    def _ls_waits(self) -> bool:
+        """Whether a strategy the policy runs decides on LS's waits for a CPU this round."""
+        policy = self.rules.policy
+        return any(c.reads_ls_waits(policy) for c in STRATEGIES)
 
     def _measured(self, sample: NodeSample) -> None:
         """The round's measurements into the usage kept over time (the NodeMetric report's)."""
