@@ -674,7 +674,7 @@ Reading: a decision round is {dec["mean"]:.1f} ms on average, of which collectio
 The give-back waits for the CPU pressure level to fall back (see the score in the timeline),
 not only for raiseDelay. Below `reserveLSRequestFrom` (HIGH) BE's limit follows what LS uses
 as the fast path measures it: the pods root's CPU counter (what runs outside the pods from
-`/proc/stat` over a second); a rise is followed with samples every 20 ms, each measuring it
+`/proc/stat` over a second); a rise is followed with samples every 30 ms, each measuring it
 from the sample that first showed it, so the cut is decided by the first sample whose interval
 lies inside the spike, and refined as that measure sharpens. The rows "the
 agent's first decision" and "the decision that cuts" are the log's timestamps of those

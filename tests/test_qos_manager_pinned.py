@@ -70,7 +70,7 @@ class Seen:
 def test_constants() -> None:
     assert (FAST_PERIOD, FAST_FOLLOW, FAST_JUMP, FAST_WINDOW, FAST_OUTSIDE, HISTORY) == (
         0.05,
-        0.02,
+        0.03,
         0.15,
         0.15,
         1.0,

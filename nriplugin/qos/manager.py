@@ -73,7 +73,7 @@ HISTORY = 300.0  # seconds of samples kept for the trends: five minutes
 log = logging.getLogger("nriplugin.qos")
 
 FAST_PERIOD = 0.05  # seconds between fast samples (two /proc reads and a few counters: cheap)
-FAST_FOLLOW = 0.02  # seconds between fast samples while a rise of non-BE usage is followed
+FAST_FOLLOW = 0.03  # seconds between fast samples while a rise of non-BE usage is followed
 FAST_JUMP = 0.15  # cores: a change in non-BE usage that calls for a decision now
 FAST_WINDOW = 0.15  # seconds of /proc/stat samples non-BE usage is measured over without a pods counter
 FAST_OUTSIDE = 1.0  # seconds of /proc/stat samples what runs outside the pods is measured over
