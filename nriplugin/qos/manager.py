@@ -289,7 +289,7 @@ class QoSManager:
                 raise
             except Exception:  # a round must never end the loop
                 log.exception("QoS round failed; trying again next round")
-            # a rise seen: the next sample sooner, its interval all inside the rise
+            # a rise followed: the next sample sooner, measuring it from inside
             wait = FAST_FOLLOW if rising else FAST_PERIOD
             if self._trigger is None and not (self.ls_pressure and self.ls_pressure.fds):
                 await asyncio.sleep(wait)  # nothing else can wake us: the cheap wait
