@@ -8,12 +8,21 @@ of one core, and resident memory (VmRSS, and VmHWM, the peak). The Go stub plugi
 (``go-nri-refplugin``: one value per BE container, no reconciler) is measured the same way
 on the same containers, one after the other.
 
+``--beside koordlet`` measures nriplugin and Koordinator's koordlet v1.8.0 instead, side by
+side on one host-process Kubernetes node (testkit/hostnode.py: a real kubelet on the private
+containerd 2.4, etcd and kube-apiserver): N pods created through the API server (half BE, half
+LS), then rounds in which each agent runs alone, started, settled and measured, the order
+alternating round by round. Both have their QoS loops and cluster side on and read the same
+NodeSLO (written directly: BE suppression on at 65 %, each agent's own default policy).
+
 Usage (root): .venv/bin/python -m bench.footprint [--containers 200] [--window 60] [--write BENCHMARKS.md]
+              .venv/bin/python -m bench.footprint --beside koordlet [--rounds 4] [--write BENCHMARKS.md]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -23,9 +32,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from bench.hook_latency import commit
 from bench.report import replace_section, shown_command
+from bench.rounds import interval
 from testkit import containerd as harness
+from testkit import koordlet
 from testkit.go_peers import go_peer
+from testkit.hostnode import HostNode, until
 from testkit.plugin import free_port, scrape
 
 BE = {"koordinator.sh/qosClass": "BE"}
@@ -163,8 +176,159 @@ QoS manager on, its issue asks under 2 %). Before the QoS manager (same command,
     replace_section(path, "footprint", section)
 
 
+# -- beside koordlet, on a host-process node ---------------------------------------------------
+
+# The NodeSLO both agents read: BE suppression on at koordlet's default threshold; the policy is
+# each agent's own default (koordlet: cpuset, nriplugin: cfsQuota).
+NODESLO = {"resourceUsedThresholdWithBE": {"enable": True, "cpuSuppressThresholdPercent": 65}}
+KOORDLET_GATES = "BECPUSuppress=true"
+
+
+def host_pods(node: HostNode, n: int) -> list[dict[str, Any]]:
+    """Half BE (Koordinator's label and batch annotation, BestEffort), half LS (Burstable: a
+    small request the node's allocatable takes n of, a one-CPU limit)."""
+    pods = []
+    for i in range(n):
+        if i % 2 == 0:
+            pods.append(node.pod_manifest(f"be-{i}", BE, {"node.koordinator.sh/extended-resource-spec": BATCH}))
+        else:
+            res = {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"cpu": "1"}}
+            pods.append(node.pod_manifest(f"ls-{i}", LS, resources=res))
+    return pods
+
+
+def nriplugin_on(node: HostNode, n: int) -> tuple[subprocess.Popen[bytes], int]:
+    """nriplugin as the host node's agent (cluster side on: NodeSLO and NodeMetric), once it
+    has taken in the node's containers."""
+    assert node.runtime is not None
+    port = free_port()
+    argv = [sys.executable, "-m", "nriplugin", "run", "--socket", node.runtime.nri_socket]
+    argv += ["--cri-socket", node.runtime.address, "--pods-root", node.pods_root]
+    argv += ["--metrics-address", f"127.0.0.1:{port}", "--cluster", "on", "--kubeconfig", str(node.kubeconfig)]
+    argv += ["--node-name", node.name]
+    agent = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        until(lambda: scrape(port, "nriplugin_reconcile_entries") >= n, 120, "nriplugin took in the containers", 0.2)
+    except BaseException:
+        stop(agent)
+        raise
+    return agent, port
+
+
+def beside_koordlet(n: int, rounds: int, settle: float, window: float) -> dict[str, Any]:
+    binary = koordlet.build()
+    node = HostNode(nodeslo_spec=NODESLO, max_pods=n + 20)
+    out: dict[str, Any] = {"containers": n, "rounds": rounds, "settle_s": settle, "window_s": window}
+    out["nriplugin"], out["koordlet"], out["order"] = [], [], []
+    try:
+        node.start()
+        t0 = time.monotonic()
+        names: list[str] = []
+        for chunk in range(0, n, 50):
+            names += node.create_pods(host_pods(node, n)[chunk : chunk + 50])
+        node.wait_running(names, 900)
+        out["pods_up_s"] = time.monotonic() - t0
+        for r in range(rounds):
+            order = ("nriplugin", "koordlet") if r % 2 == 0 else ("koordlet", "nriplugin")
+            out["order"].append(order[0])
+            for name in order:
+                if name == "nriplugin":
+                    agent, port = nriplugin_on(node, n)
+                    try:
+                        m = measure(agent, settle, window)
+                        m["entries"] = scrape(port, "nriplugin_reconcile_entries")
+                    finally:
+                        stop(agent)
+                else:
+                    k = koordlet.Koordlet(binary, node, feature_gates=KOORDLET_GATES)
+                    k.start()
+                    try:
+                        m = {"registered_s": k.wait_registered(120)}
+                        assert k.proc is not None
+                        m |= measure(k.proc, settle, window)
+                    finally:
+                        k.stop()
+                out[name].append(m)
+                print(f"round {r + 1}/{rounds} {name}: {m}", file=sys.stderr, flush=True)
+    finally:
+        node.stop()
+    return out
+
+
+def _median(xs: list[float]) -> float:
+    ys = sorted(xs)
+    mid = len(ys) // 2
+    return ys[mid] if len(ys) % 2 else (ys[mid - 1] + ys[mid]) / 2
+
+
+def ratio(r: dict[str, Any], key: str) -> tuple[float, float, float]:
+    """koordlet / nriplugin on ``key``: the ratio of the medians over the rounds, and its 95 %
+    bootstrap interval (the same rounds picked for both)."""
+    ours, theirs = [m[key] for m in r["nriplugin"]], [m[key] for m in r["koordlet"]]
+
+    def stat(picks: list[int]) -> float:
+        return _median([theirs[i] for i in picks]) / max(_median([ours[i] for i in picks]), 1e-9)
+
+    lo, hi = interval(len(ours), stat)
+    return stat(list(range(len(ours)))), lo, hi
+
+
+def write_beside_section(path: Path, r: dict[str, Any], cmd: str, head: str) -> None:
+    rows = []
+    for key, label, unit in (
+        ("cpu_percent", "CPU (share of one core)", "%"),
+        ("rss_mib", "RSS", "MiB"),
+        ("peak_rss_mib", "peak RSS", "MiB"),
+    ):
+        ours = _median([m[key] for m in r["nriplugin"]])
+        theirs = _median([m[key] for m in r["koordlet"]])
+        x, lo, hi = ratio(r, key)
+        rows.append(f"| {label} | {ours:.2f} {unit} | {theirs:.2f} {unit} | {x:.2f}x ({lo:.2f}..{hi:.2f}) |")
+    per_round = " · ".join(
+        f"{a['cpu_percent']:.2f} / {b['cpu_percent']:.2f} % ({o})"
+        for o, a, b in zip(r["order"], r["nriplugin"], r["koordlet"], strict=True)
+    )
+    reg = _median([m["registered_s"] for m in r["koordlet"]])
+    section = f"""<!-- footprint_koordlet:begin -->
+## Idle footprint beside koordlet, same node (`bench/footprint.py --beside koordlet`)
+
+Command: `flock -x /tmp/nriplugin-cpu.lock .venv/bin/python -m {cmd}` ({os.cpu_count()} CPUs,
+{time.strftime("%Y-%m-%d")}), commit `{head}`. One host-process Kubernetes node
+(`testkit/hostnode.py`: kubelet v1.35.4, cgroupfs driver, cgroup v1, on the private containerd
+2.4.2 with NRI; etcd and kube-apiserver on loopback) with {r["containers"]} running pods created
+through its API server (half BE with Koordinator's label and batch annotation, half LS with a
+10m request and a one-CPU limit; all up in {r["pods_up_s"]:.0f} s). {r["rounds"]} rounds; in each,
+nriplugin and koordlet run alone one after the other (first in the round alternating), each
+started, settled {r["settle_s"]:.0f} s and measured over {r["window_s"]:.0f} s with nothing
+happening but its own loops: CPU (utime + stime of its process) as a share of one core, RSS and
+peak RSS at the end of the window. Medians over the rounds; the ratio is koordlet / nriplugin
+with its 95 % bootstrap interval over rounds.
+
+The same configuration for both: one NodeSLO (written directly, no koord-manager):
+`resourceUsedThresholdWithBE: {{enable: true, cpuSuppressThresholdPercent: 65}}`, each agent's
+default suppression policy (koordlet: cpuset; nriplugin: cfsQuota). nriplugin: `nriplugin run`
+with its embedded default policy (QoS manager's 1 s rounds and 50 ms fast path, reconciler,
+CRI inventory, metrics) and its cluster side on (`--cluster on`: NodeSLO watch, NodeMetric
+report). koordlet v1.8.0 (`testkit/peers/koordlet.sh`, `testkit/koordlet.py`): host mode,
+`-feature-gates={KOORDLET_GATES}` over its defaults, `-v=2`, its NRI plugin registered
+(median {reg:.1f} s after its start), reading pods from the kubelet, NodeMetric report every
+20 s (the NodeMetric's collect policy).
+
+| | nriplugin | koordlet | koordlet / nriplugin |
+|---|---|---|---|
+{chr(10).join(rows)}
+
+Per round, CPU nriplugin / koordlet (who went first): {per_round}.
+<!-- footprint_koordlet:end -->
+"""
+    replace_section(path, "footprint_koordlet", section)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--beside", choices=["koordlet"], help="measure beside this peer on a host-process node")
+    ap.add_argument("--rounds", type=int, default=4, help="with --beside: rounds, each agent once per round")
+    ap.add_argument("--json", type=Path, help="also write the raw results here")
     ap.add_argument("--containers", type=int, default=200)
     ap.add_argument("--settle", type=float, default=10.0)
     ap.add_argument("--window", type=float, default=60.0)
@@ -174,6 +338,15 @@ def main() -> int:
     if os.geteuid() != 0:
         print("needs root (containerd, cgroups)", file=sys.stderr)
         return 2
+    if args.beside == "koordlet":
+        head = commit()
+        beside = beside_koordlet(args.containers, args.rounds, args.settle, args.window)
+        print(json.dumps(beside))
+        if args.json:
+            args.json.write_text(json.dumps(beside, indent=1))
+        if args.write:
+            write_beside_section(args.write, beside, shown_command("bench.footprint", sys.argv[1:]), head)
+        return 0
     rt = harness.Containerd(harness.install(), Path(tempfile.mkdtemp(prefix="nriplugin-bench-")))
     try:
         rt.start()

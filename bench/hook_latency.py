@@ -63,6 +63,7 @@ from testkit.go_peers import DEFAULT_NRI, NRI_VERSIONS, go_peer
 ROOT = Path(__file__).resolve().parent.parent
 WARMUP = 50  # CreateContainer calls nri-runtime-bench makes after Synchronize, before timing
 ASLEEP = "nriplugin --burst-poll-us 0"  # the agent whose loop sleeps between requests (bench --asleep)
+BASELINE = "nriplugin baseline"  # the agent as of an earlier commit (bench --baseline)
 # Bounds (seconds; each a bucket bound of the hook histogram, so the histogram's count below it
 # is exact) at which the share of calls answered within is compared, runtime against histogram.
 WITHIN = (250e-6, 500e-6, 1e-3, 2e-3)
@@ -219,8 +220,22 @@ def ratio_ci(a: list[float], b: list[float], n: int = 2000, seed: int = 1) -> tu
     )
 
 
-def run_external(bench: Path, name: str, calls: int, sync_pods: int, goplugin: Path, settle: float) -> dict[str, Any]:
-    """One round of one plugin: its own process, started after the runtime listens."""
+def run_external(
+    bench: Path,
+    name: str,
+    calls: int,
+    sync_pods: int,
+    goplugin: Path,
+    settle: float,
+    peer: KoordletPeer | None = None,
+    baseline: Path | None = None,
+) -> dict[str, Any]:
+    """One round of one plugin: its own process, started after the runtime listens. The
+    baseline is the same command run from an earlier commit's tree (``python -m`` finds the
+    package in its working directory before the editable install's)."""
+    if name == "koordlet":
+        assert peer is not None, "the koordlet configuration needs its host node (--with-koordlet)"
+        return run_koordlet(bench, calls, sync_pods, settle, peer)
     with tempfile.TemporaryDirectory() as d, cri_node(sync_pods) as cri:
         sock = Path(d) / "nri.sock"
         port = free_port()
@@ -233,9 +248,11 @@ def run_external(bench: Path, name: str, calls: int, sync_pods: int, goplugin: P
             "stub floor": [sys.executable, "-m", "bench.stub_floor", "--socket", str(sock)],
         }
         cmds[ASLEEP] = [*cmds["nriplugin"], "--burst-poll-us", "0"]
+        cmds[BASELINE] = cmds["nriplugin"]
         cmd = cmds[name]
         rt = runtime_bench(bench, sock, calls, sync_pods, settle)
-        plugin = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+        cwd = baseline if name == BASELINE and baseline is not None else ROOT
+        plugin = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd)
         try:
             start = after_warmup(port, WARMUP, rt) if name.startswith("nriplugin") else None
             out, _ = rt.communicate(timeout=300)
@@ -250,6 +267,88 @@ def run_external(bench: Path, name: str, calls: int, sync_pods: int, goplugin: P
             plugin.kill()
             plugin.wait()
         return res
+
+
+class KoordletPeer:
+    """Koordinator's koordlet as a configuration: a host-process node (testkit/hostnode.py) with
+    one running pod, whose kubelet its informer reads (it connects to NRI only once that has
+    synced), and the koordlet binary. Each round's koordlet serves the runtime bench's socket
+    instead of the node's runtime: the timed CreateContainer calls are the bench's, as for every
+    other plugin here."""
+
+    def __init__(self) -> None:
+        from testkit import koordlet
+        from testkit.hostnode import HostNode
+
+        self.binary = koordlet.build()
+        self.node = HostNode()
+        self.node.start()
+        try:
+            names = self.node.create_pods([self.node.pod_manifest("informer-0", {"koordinator.sh/qosClass": "BE"})])
+            self.node.wait_running(names, 120)
+        except BaseException:
+            self.node.stop()
+            raise
+
+    def close(self) -> None:
+        self.node.stop()
+
+
+def run_koordlet(bench: Path, calls: int, sync_pods: int, settle: float, peer: KoordletPeer) -> dict[str, Any]:
+    """One round of koordlet (v1.8.0, its default hooks and gates) on the runtime bench's socket."""
+    from testkit import koordlet
+
+    with tempfile.TemporaryDirectory() as d:
+        sock = Path(d) / "nri.sock"
+        rt = runtime_bench(bench, sock, calls, sync_pods, settle)
+        k = koordlet.Koordlet(peer.binary, peer.node, nri_socket=str(sock), feature_gates="")
+        k.start()
+        try:
+            out, _ = rt.communicate(timeout=300)
+            res: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+            res.pop("latencies_us", None)
+        finally:
+            k.stop()
+            if rt.poll() is None:
+                rt.kill()
+                rt.wait()
+        return res
+
+
+def write_koordlet_section(path: Path, out: dict[str, Any], command: str) -> None:
+    """The side-by-side section: koordlet's NRI plugin, nriplugin and the Go stub on one runtime
+    bench, alternating round by round."""
+    s, n = out["median_of_rounds"], out["nodes"][0]
+    rows = [
+        row(f"nriplugin (`nriplugin run`, defaults), node of {n}", s[f"nriplugin@{n}"]),
+        row(f"koordlet v1.8.0 (its NRI plugin, host mode, default hooks), node of {n}", s[f"koordlet@{n}"]),
+        row(f"Go stub (`go-nri-refplugin`), node of {n}", s[f"go@{n}"]),
+    ]
+    k, g = out["ratio_koordlet_over_nriplugin"], out["ratio_go_over_nriplugin"]
+    section = f"""<!-- hook_latency_koordlet:begin -->
+## Hook latency beside koordlet, NRI {out["nri"]} (`bench/hook_latency.py --with-koordlet`)
+
+Command: `flock -x /tmp/nriplugin-cpu.lock .venv/bin/{command}` ({os.cpu_count()} CPUs,
+{time.strftime("%Y-%m-%d")}), commit `{out["commit"]}`. The runtime side is `nri-runtime-bench`
+(containerd/nri {out["nri"]} `pkg/adaptation`): it synchronizes a node of {n} running containers,
+warms up, waits {out["settle"]:g} s, then times {out["calls"]} CreateContainer calls (BE/LS
+alternating, each of a new pod). Three plugins, each alone on it, the order alternating round by
+round, {out["rounds"]} rounds: nriplugin as in the sections above; koordlet v1.8.0
+(`testkit/koordlet.py`: host mode, its default feature gates and hooks, `-v=2`), its NRI plugin
+pointed at the bench's socket while its pod informer reads the kubelet of a host-process node
+(`testkit/hostnode.py`, one running pod: koordlet connects to NRI only once that has synced);
+the Go stub. Round trip as the runtime sees it; medians over rounds.
+
+| plugin | p50 | p90 | p99 | Synchronize |
+|---|---|---|---|---|
+{chr(10).join(rows)}
+
+koordlet / nriplugin: p50 {ratio_cell(k, "p50_us")}, p99 {ratio_cell(k, "p99_us")}; Go stub /
+nriplugin: p50 {ratio_cell(g, "p50_us")}, p99 {ratio_cell(g, "p99_us")} (95 % intervals resampling
+rounds).
+<!-- hook_latency_koordlet:end -->
+"""
+    replace_section(path, "hook_latency_koordlet", section)
 
 
 def run_inprocess(
@@ -353,9 +452,45 @@ def main() -> int:
     ap.add_argument(
         "--asleep", action="store_true", help=f"also run the agent with its loop always sleeping ({ASLEEP!r})"
     )
+    ap.add_argument(
+        "--baseline",
+        metavar="COMMIT",
+        help="also run the agent as of this commit (a detached git worktree), round by round beside today's",
+    )
+    ap.add_argument(
+        "--with-koordlet",
+        action="store_true",
+        help="koordlet beside nriplugin and the Go stub on the node of --sync-pods only; --write: its own section",
+    )
     args = ap.parse_args()
+    if args.with_koordlet:
+        return with_koordlet(args)
     if args.inprocess_rounds < 1:
         ap.error("--inprocess-rounds must be at least 1 (the plugin-side figures come from them)")
+    with baseline_tree(args.baseline) as base:
+        return measure(args, base)
+
+
+@contextmanager
+def baseline_tree(commit: str | None) -> Iterator[Path | None]:
+    """A detached worktree of the baseline commit for the run's length, removed after."""
+    if commit is None:
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="hook-baseline-") as d:
+        tree = Path(d) / "tree"
+        git = ["git", "-C", str(ROOT)]
+        done = subprocess.run([*git, "worktree", "add", "--detach", str(tree), commit], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"--baseline {commit}: git worktree add failed: {done.stderr.strip()}")
+        try:
+            yield tree
+        finally:
+            subprocess.run([*git, "worktree", "remove", "--force", str(tree)], check=False, capture_output=True)
+
+
+def measure(args: argparse.Namespace, base: Path | None) -> int:
+    """The rounds, the plugin side and the figures, once the baseline's tree (if any) exists."""
     bench = go_peer("nri-runtime-bench", args.nri)
     goplugin = go_peer("go-nri-refplugin", args.nri)
     if bench is None or goplugin is None:
@@ -368,13 +503,14 @@ def main() -> int:
     # ASLEEP: the agent with its loop sleeping between requests, to show what the burst poll buys.
     configs = [("go", args.sync_pods), ("nriplugin", args.sync_pods), ("stub floor", args.sync_pods)]
     configs += [(ASLEEP, args.sync_pods)] if args.asleep else []
+    configs += [(BASELINE, args.sync_pods)] if args.baseline else []
     # The larger node: nriplugin, and its stub alone as the control (what the runtime's side and
     # the transport cost on a big node, with no agent work).
     configs += [(name, n) for n in nodes[1:] for name in ("nriplugin", "stub floor")]
     runs: dict[str, list[dict[str, Any]]] = {f"{name}@{n}": [] for name, n in configs}
     for r in range(args.rounds):
         for name, n in configs if r % 2 == 0 else configs[::-1]:
-            res = run_external(bench, name, args.calls, n, goplugin, args.settle)
+            res = run_external(bench, name, args.calls, n, goplugin, args.settle, baseline=base)
             if not res.get("ready") or res.get("errors"):
                 print(f"{name}@{n} round {r}: {res}", file=sys.stderr)
                 return 1
@@ -451,6 +587,9 @@ def main() -> int:
         return res
 
     out["ratio_nriplugin_over_go"] = {small: paired(f"nriplugin{small}", f"go{small}")}
+    if args.baseline:
+        out["baseline"] = args.baseline
+        out["ratio_nriplugin_over_baseline"] = paired(f"nriplugin{small}", f"{BASELINE}{small}")
     if args.large:
         out["large_over_small"] = paired(f"nriplugin{large}", f"nriplugin{small}")
         out["stub_floor_large_over_small"] = paired(f"stub floor{large}", f"stub floor{small}")
@@ -486,6 +625,64 @@ def main() -> int:
         write_section(args.write, out, shown_command("python -m bench.hook_latency", sys.argv[1:]))
     if args.plot:  # last: the figures are written even where the plot cannot be drawn
         plot(args.plot, out, handled, raw)
+    return 0
+
+
+def with_koordlet(args: argparse.Namespace) -> int:
+    """``--with-koordlet``: nriplugin, koordlet and the Go stub on one runtime bench, alternating."""
+    bench = go_peer("nri-runtime-bench", args.nri)
+    goplugin = go_peer("go-nri-refplugin", args.nri)
+    if bench is None or goplugin is None:
+        print("Go peers unavailable (need Go at /usr/local/go/bin/go, or set GO)", file=sys.stderr)
+        return 2
+    n = args.sync_pods
+    configs = ["nriplugin", "koordlet", "go"]
+    runs: dict[str, list[dict[str, Any]]] = {f"{name}@{n}": [] for name in configs}
+    head = commit()
+    peer = KoordletPeer()
+    try:
+        for r in range(args.rounds):
+            for name in configs if r % 2 == 0 else configs[::-1]:
+                res = run_external(bench, name, args.calls, n, goplugin, args.settle, peer=peer)
+                if not res.get("ready") or res.get("errors"):
+                    print(f"{name}@{n} round {r}: {res}", file=sys.stderr)
+                    return 1
+                runs[f"{name}@{n}"].append(res)
+                print(
+                    f"round {r} {name:10s} node {n:5d}  p50 {res['p50_us']:7.1f} us  p99 {res['p99_us']:7.1f} us  "
+                    f"sync {res['sync_ms']:6.2f} ms",
+                    file=sys.stderr,
+                )
+    finally:
+        peer.close()
+    summary = {
+        k: {f: float(statistics.median(float(x[f]) for x in v)) for f in ("p50_us", "p90_us", "p99_us", "sync_ms")}
+        for k, v in runs.items()
+    }
+
+    def paired(a: str, b: str) -> dict[str, Any]:
+        res: dict[str, Any] = {}
+        for f in ("p50_us", "p99_us"):
+            xa, xb = [float(x[f]) for x in runs[a]], [float(x[f]) for x in runs[b]]
+            res[f] = summary[a][f] / summary[b][f]
+            res[f"{f}_ci"] = list(ratio_ci(xa, xb)) if args.rounds >= 2 else None
+        return res
+
+    out: dict[str, Any] = {
+        "commit": head,
+        "nri": args.nri,
+        "rounds": args.rounds,
+        "settle": args.settle,
+        "calls": args.calls,
+        "nodes": [n],
+        "median_of_rounds": summary,
+        "ratio_koordlet_over_nriplugin": paired(f"koordlet@{n}", f"nriplugin@{n}"),
+        "ratio_go_over_nriplugin": paired(f"go@{n}", f"nriplugin@{n}"),
+        "runs": runs,
+    }
+    print(json.dumps({k: v for k, v in out.items() if k != "runs"}, indent=1))
+    if args.write:
+        write_koordlet_section(args.write, out, shown_command("python -m bench.hook_latency", sys.argv[1:]))
     return 0
 
 
@@ -535,6 +732,28 @@ def plot(path: Path, out: dict[str, Any], handled: list[float], raw: dict[str, A
 def ratio_cell(v: dict[str, Any], f: str) -> str:
     ci = v.get(f"{f}_ci")
     return f"**{v[f]:.2f}**" + (f" ({ci[0]:.2f} .. {ci[1]:.2f})" if ci else "")
+
+
+def hist_label(key: str) -> str:
+    """A histogram row's name: the node, and which agent where it is not today's default."""
+    name, node = key.split("@")
+    extra = {ASLEEP: ", `--burst-poll-us 0`", BASELINE: ", the baseline"}.get(name, "")
+    return f"node of {node}{extra}"
+
+
+def against_baseline(v: dict[str, Any]) -> str:
+    """Today's agent against an earlier commit's: slower or faster only where the whole
+    interval says so."""
+    parts = []
+    for f in ("p50_us", "p99_us"):
+        ci, q = v.get(f"{f}_ci"), f[:3]
+        if ci and ci[0] > 1:
+            parts.append(f"{q}: slower")
+        elif ci and ci[1] < 1:
+            parts.append(f"{q}: faster")
+        else:
+            parts.append(f"{q}: no difference this run can tell")
+    return "; ".join(parts)
 
 
 def verdict(v: dict[str, Any], target: tuple[float, float] | None) -> str:
@@ -623,18 +842,26 @@ def write_section(path: Path, out: dict[str, Any], command: str) -> None:
     rows += [row(f"{stub}, node of {n}", s[f"stub floor@{n}"]) for n in out["nodes"]]
     if f"{ASLEEP}@{small}" in s:
         rows.append(row(f"nriplugin `--burst-poll-us 0` (always sleeps), node of {small}", s[f"{ASLEEP}@{small}"]))
-    paired: list[tuple[str, dict[str, Any], tuple[float, float] | None]]
-    paired = [(f"nriplugin / Go, node of {k.lstrip('@')}", v, TARGETS["nriplugin / Go"]) for k, v in r.items()]
+    paired: list[tuple[str, dict[str, Any], str]]
+    paired = [
+        (f"nriplugin / Go, node of {k.lstrip('@')}", v, verdict(v, TARGETS["nriplugin / Go"])) for k, v in r.items()
+    ]
     if "large_over_small" in out:
         sizes = f"node of {large} / node of {small}"
-        paired.append((f"nriplugin, {sizes}", out["large_over_small"], TARGETS["large / small"]))
-        paired.append((f"its stub alone (control), {sizes}", out["stub_floor_large_over_small"], None))
+        paired.append(
+            (f"nriplugin, {sizes}", out["large_over_small"], verdict(out["large_over_small"], TARGETS["large / small"]))
+        )
+        paired.append((f"its stub alone (control), {sizes}", out["stub_floor_large_over_small"], "-"))
+    if "ratio_nriplugin_over_baseline" in out:
+        rows.append(row(f"nriplugin as of `{out['baseline']}`, node of {small}", s[f"{BASELINE}@{small}"]))
+        v = out["ratio_nriplugin_over_baseline"]
+        paired.append((f"nriplugin / nriplugin as of `{out['baseline']}`, node of {small}", v, against_baseline(v)))
     ratio_lines = "\n".join(
-        f"| {name} | " + " | ".join(ratio_cell(v, f) for f in ("p50_us", "p99_us")) + f" | {verdict(v, target)} |"
-        for name, v, target in paired
+        f"| {name} | " + " | ".join(ratio_cell(v, f) for f in ("p50_us", "p99_us")) + f" | {judged} |"
+        for name, v, judged in paired
     )
     hist_rows = "\n".join(
-        f"| node of {k.split('@')[1]}{', `--burst-poll-us 0`' if k.startswith(ASLEEP) else ''} | "
+        f"| {hist_label(k)} | "
         f"{s[k]['p50_us']:.0f} / {s[k]['p99_us']:.0f} µs | "
         f"{v['p50_us']:.0f} / {v['p99_us']:.0f} µs | {s[k]['p50_us'] - v['p50_us']:+.0f} / "
         f"{s[k]['p99_us'] - v['p99_us']:+.0f} µs |"
@@ -643,7 +870,7 @@ def write_section(path: Path, out: dict[str, Any], command: str) -> None:
     bounds = [b for b in WITHIN if all(f"{b * 1e6:.0f}" in v.get("within", {}) for v in h.values())]
     within_head = " | ".join(f"{b * 1e6:.0f} µs" if b < 1e-3 else f"{b * 1e3:.0f} ms" for b in bounds)
     within_rows = "\n".join(
-        f"| node of {k.split('@')[1]}{', `--burst-poll-us 0`' if k.startswith(ASLEEP) else ''} | "
+        f"| {hist_label(k)} | "
         + " | ".join("{:.1f} / {:.1f} %".format(*v["within"][f"{b * 1e6:.0f}"]) for b in bounds)
         + " |"
         for k, v in h.items()

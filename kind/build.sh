@@ -98,7 +98,7 @@ build_k8s() {
 }
 
 build_etcd() {
-  if "$ETCD_BIN" --version 2>/dev/null | grep -q "^etcd Version: $ETCD_VERSION\$"; then
+  if (set +o pipefail; "$ETCD_BIN" --version 2>/dev/null | grep -q "^etcd Version: $ETCD_VERSION\$"); then  # as in simple()
     say "etcd $ETCD_VERSION: cached"
     return
   fi
@@ -116,14 +116,16 @@ build_etcd() {
 simple() {
   local name=$1 mod=$2 version=$3 bin=$4 check=$5 ldflags=$6
   shift 6
-  if eval "$check" >/dev/null 2>&1; then
+  # A check is "BIN version | grep -q ...": without pipefail, as grep says; with it, a binary
+  # that writes on after grep -q has its line and closed the pipe (SIGPIPE) would fail it.
+  if (set +o pipefail; eval "$check") >/dev/null 2>&1; then
     say "$name $version: cached"
     return
   fi
   local src
   src=$(module "$name" "$1@v$version")
   gobuild "$name $version" "$src" "$(dirname "$bin")" 0 "$ldflags" "$@"
-  eval "$check" >/dev/null || die "$name: built, but '$check' fails"
+  (set +o pipefail; eval "$check") >/dev/null || die "$name: built, but '$check' fails"
 }
 
 # critest: cri-tools' CRI validation suite, a ginkgo test binary (`go test -c`, as its Makefile

@@ -21,6 +21,8 @@ It speaks the real endpoints and their semantics, as far as nriplugin uses them:
   for an unknown resource (``details`` without a name); a missing single object gets a 404
   naming it;
 - ``unavailable``: 503 for every request, as an API server that cannot serve yet;
+- ``tls``: served over TLS with that context (its verify mode says whether client certificates
+  are required), else plain HTTP;
 - the cluster-scoped ``nodemetrics.slo.koordinator.sh``: list and watch as nodeslos, and its
   ``status`` subresource patched (JSON patch or merge patch): the result is validated against
   the vendored CRD's openAPIV3Schema (``kind/crds/``) and refused with 422 Invalid, naming the
@@ -35,6 +37,7 @@ import copy
 import functools
 import itertools
 import json
+import ssl
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,6 +104,7 @@ class KubeStandIn:
     compacted: int = 0  # watches from a resourceVersion below this get 410 Gone
     rv: int = 100
     port: int = 0
+    tls: ssl.SSLContext | None = None
     _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     _runner: web.AppRunner | None = None
     _uids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
@@ -110,7 +114,7 @@ class KubeStandIn:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     async def start(self) -> None:
         """Listen (again, on the same port after stop(): an API server that comes back)."""
@@ -126,7 +130,7 @@ class KubeStandIn:
         app.router.add_route("*", "/{tail:.*}", self._unknown)  # last: what no route above serves
         self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.1)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port, ssl_context=self.tls)
         await site.start()
         if not self.port:
             server = site._server

@@ -8,18 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes_asyncio.client import CustomObjectsApi
 
-from nriplugin.cluster.client import connect
+from nriplugin.cluster.client import ApiClient, connect
+from nriplugin.cluster.kubeconfig import ApiConfig
 from nriplugin.cluster.listwatch import NOT_SERVED, ListWatch, Refused
-from nriplugin.cluster.nodeslo import GROUP, PLURAL, RESOURCE, VERSION
+from nriplugin.cluster.nodeslo import RESOURCE
 from nriplugin.cluster.nodeslo import watcher as nodeslo_watcher
 from nriplugin.cluster.pods import watcher as pods_watcher
 from nriplugin.policy.cache import RuleCache
@@ -37,7 +36,7 @@ def watching(
     tmp_path: Path,
     body: Body,
     setup: Callable[[KubeStandIn], None] | None = None,
-    make: Callable[[Any, RuleCache], ListWatch] | None = None,
+    make: Callable[[ApiClient, RuleCache], ListWatch] | None = None,
     **kw: Any,
 ) -> None:
     """Run ``body`` while one list-watch (the node's NodeSLO unless ``make`` says) runs."""
@@ -151,7 +150,7 @@ def test_a_core_resource_is_named_as_rbac_names_it(tmp_path: Path, log: pytest.L
         assert line.startswith(f"pods on {NODE}: RBAC does not allow list pods (403 Forbidden: pods is forbidden: ")
         assert 'in API group "" at the cluster scope): grant list on pods to this agent' in line
 
-    def make(api: Any, rules: RuleCache) -> ListWatch:
+    def make(api: ApiClient, rules: RuleCache) -> ListWatch:
         return pods_watcher(api, NODE, backoff=FAST)[0]
 
     watching(tmp_path, body, setup=lambda s: s.forbidden.add(("list", "pods")), make=make)
@@ -223,7 +222,6 @@ def test_back_but_the_type_gone_says_both(tmp_path: Path, log: pytest.LogCapture
 
 def test_another_error_carries_the_status_message(tmp_path: Path, log: pytest.LogCaptureFixture) -> None:
     """A 404 naming an object is not "the type is not served"; a 400 says what the server said."""
-    selector = ["metadata.name!=x"]
 
     async def body(s: KubeStandIn, watch: ListWatch, rules: RuleCache) -> None:
         await until(lambda: watch.failures >= 3)
@@ -231,18 +229,16 @@ def test_another_error_carries_the_status_message(tmp_path: Path, log: pytest.Lo
             f"NodeSLO {NODE}: the API server refused list nodeslos.slo.koordinator.sh: 400 BadRequest: "
             "unsupported field selector 'metadata.name!=x'; retrying with backoff"
         ]
-        selector[0] = f"metadata.name={NODE}"
+        watch.field_selector = f"metadata.name={NODE}"
         await until(lambda: watch.trouble is None)
         assert said(log, logging.INFO)[-1].startswith(f"NodeSLO {NODE}: the API server answers again, after ")
         assert "reachable" not in log.text
 
-    def make(api: Any, rules: RuleCache) -> ListWatch:
-        listing = CustomObjectsApi(api).list_cluster_custom_object
-
-        async def call(**kw: Any) -> Any:
-            return await listing(GROUP, VERSION, PLURAL, field_selector=selector[0], **kw)
-
-        return ListWatch(f"NodeSLO {NODE}", call, RecordingHandler(), resource=RESOURCE, backoff=FAST)
+    def make(api: ApiClient, rules: RuleCache) -> ListWatch:
+        handler = RecordingHandler()
+        return ListWatch(
+            f"NodeSLO {NODE}", api, handler, resource=RESOURCE, field_selector="metadata.name!=x", backoff=FAST
+        )
 
     watching(tmp_path, body, make=make)
 
@@ -255,9 +251,9 @@ def test_a_missing_object_is_not_a_type_not_served(tmp_path: Path, log: pytest.L
             'nodeslos.slo.koordinator.sh "node-9" not found; retrying with backoff'
         ]
 
-    def make(api: Any, rules: RuleCache) -> ListWatch:
-        call = functools.partial(CustomObjectsApi(api).get_cluster_custom_object, GROUP, VERSION, PLURAL, "node-9")
-        return ListWatch(f"NodeSLO {NODE}", call, RecordingHandler(), resource=RESOURCE, backoff=FAST)
+    def make(api: ApiClient, rules: RuleCache) -> ListWatch:
+        path = f"{RESOURCE.collection}/node-9"  # a single object: its 404 names it
+        return ListWatch(f"NodeSLO {NODE}", api, RecordingHandler(), resource=RESOURCE, path=path, backoff=FAST)
 
     watching(tmp_path, body, make=make)
 
@@ -282,8 +278,8 @@ def test_a_wrong_server_url_is_said_for_the_pods(tmp_path: Path, log: pytest.Log
             f"API server? (404 on list {s.url}/not-the-api/api/v1/pods); retrying with backoff"
         ]
 
-    def make(api: Any, rules: RuleCache) -> ListWatch:
-        api.configuration.host += "/not-the-api"
+    def make(api: ApiClient, rules: RuleCache) -> ListWatch:
+        api.host += "/not-the-api"
         return pods_watcher(api, NODE, backoff=FAST)[0]
 
     watching(tmp_path, body, make=make)
@@ -292,10 +288,9 @@ def test_a_wrong_server_url_is_said_for_the_pods(tmp_path: Path, log: pytest.Log
 def test_a_plain_404_is_a_type_not_served_too() -> None:
     """Some API servers answer an unknown group with a plain "404 page not found", no Status."""
 
-    async def unused(**kw: Any) -> Any:
-        raise AssertionError("not called")
-
-    watch = ListWatch(f"NodeSLO {NODE}", unused, RecordingHandler(), resource=RESOURCE)
+    watch = ListWatch(
+        f"NodeSLO {NODE}", ApiClient(ApiConfig("https://api:6443", "test")), RecordingHandler(), resource=RESOURCE
+    )
     url = "https://api:6443/apis/slo.koordinator.sh/v1alpha1/nodeslos"
     trouble = watch._judge(Refused("list", 404, "Not Found", "", {}, url))
     assert trouble.kind == NOT_SERVED and f"(404 on list {url})" in trouble.text

@@ -664,7 +664,7 @@ class Agent:
 
         if not cluster.wanted(self.ns):
             return
-        # kubernetes_asyncio takes about a second to import: not on the loop that answers hooks.
+        # The HTTP client (aiohttp) takes a while to import: not on the loop that answers hooks.
         run = await asyncio.to_thread(importlib.import_module, "nriplugin.cluster.run")
         from nriplugin.cluster.client import ClusterError
         from nriplugin.obs.metrics import NodeMetricMetrics

@@ -1,10 +1,11 @@
 """The cluster side: this node's ``NodeSLO`` watched into the rule cache, this node's pods
-(priorities and names for the eviction ranking), and evictions through the Eviction API with
-an Event on the pod — all through kubernetes_asyncio, started by ``nriplugin run`` when an API
-server is configured (``--cluster``). Without one the agent runs exactly as without this package.
+(priorities and names for the eviction ranking), evictions through the Eviction API with an
+Event on the pod, and the node's NodeMetric report — all through the agent's own small API
+client (``client.py`` on aiohttp), started by ``nriplugin run`` when an API server is configured
+(``--cluster``). Without one the agent runs exactly as without this package.
 
-This module is light (imported before registering, for the start-up checks); the client
-library loads only in ``run.py``.
+This module is light (imported before registering, for the start-up checks); the HTTP client
+loads only in ``run.py``.
 """
 
 from __future__ import annotations
@@ -32,11 +33,12 @@ def check(ns: argparse.Namespace) -> tuple[str, str, str, str] | None:
     """A start-up problem with the cluster options, as (option, value, problem, fix); None if fine."""
     kubeconfig = getattr(ns, "kubeconfig", None)
     if kubeconfig:
+        from nriplugin.cluster.kubeconfig import ConfigError, load_kubeconfig
+
         try:
-            with open(kubeconfig, "rb") as f:
-                f.read(1)
-        except OSError as exc:
-            return "--kubeconfig", kubeconfig, f"cannot read: {exc.strerror}", "fix the path or the mount"
+            load_kubeconfig(kubeconfig)  # what it needs and this client does not do: said now, in one line
+        except ConfigError as exc:
+            return "--kubeconfig", kubeconfig, str(exc), exc.fix or "fix the kubeconfig"
     elif getattr(ns, "cluster", "off") == "on" and not in_cluster():
         return (
             "--cluster",

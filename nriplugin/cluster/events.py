@@ -15,10 +15,9 @@ import secrets
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
-import aiohttp
-from kubernetes_asyncio.client import ApiClient, CoreV1Api, CoreV1Event, V1EventSource, V1ObjectMeta, V1ObjectReference
-from kubernetes_asyncio.client.exceptions import ApiException
+from nriplugin.cluster.client import MERGE_PATCH, UNANSWERED, ApiClient, ApiError, path_of
 
 log = logging.getLogger("nriplugin.cluster")
 COMPONENT = "nriplugin"
@@ -41,17 +40,48 @@ class Involved:
     def event_namespace(self) -> str:
         return self.namespace or CLUSTER_SCOPED_NAMESPACE
 
-    def ref(self) -> V1ObjectReference:
-        return V1ObjectReference(
-            api_version=self.api_version, kind=self.kind, name=self.name, namespace=self.namespace or None, uid=self.uid
-        )
+    def ref(self) -> dict[str, str]:
+        """The ``involvedObject`` (an ObjectReference; no namespace for a cluster-scoped object)."""
+        out = {"apiVersion": self.api_version, "kind": self.kind, "name": self.name}
+        if self.namespace:
+            out["namespace"] = self.namespace
+        if self.uid:
+            out["uid"] = self.uid
+        return out
+
+
+def event_object(
+    about: Involved, name: str, reason: str, message: str, type_: str, node: str, stamp: datetime
+) -> dict[str, Any]:
+    """A core/v1 Event, as client-go's recorder makes one."""
+    when = timestamp(stamp)
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": name, "namespace": about.event_namespace},
+        "involvedObject": about.ref(),
+        "reason": reason,
+        "message": message[:1024],
+        "type": type_,
+        "count": 1,
+        "firstTimestamp": when,
+        "lastTimestamp": when,
+        "source": {"component": COMPONENT, "host": node},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": f"{COMPONENT}-{node}",
+    }
+
+
+def timestamp(when: datetime) -> str:
+    """RFC 3339 in seconds, UTC, as the API's Time fields are."""
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class EventRecorder:
     """Posts Events as the agent on ``node``."""
 
     def __init__(self, api: ApiClient, node: str) -> None:
-        self.core = CoreV1Api(api)
+        self.api = api
         self.node = node
         self._recent: dict[tuple[str, str], tuple[str, int, float]] = {}  # (uid, reason) -> (event, count, first)
         self._posting: set[asyncio.Task[None]] = set()
@@ -76,29 +106,21 @@ class EventRecorder:
         try:
             if key in self._recent:
                 name, count, first = self._recent[key]
-                patch = {"count": count + 1, "lastTimestamp": stamp.strftime("%Y-%m-%dT%H:%M:%SZ"), "message": message}
+                patch = {"count": count + 1, "lastTimestamp": timestamp(stamp), "message": message[:1024]}
                 try:
-                    await self.core.patch_namespaced_event(name, ns, patch, _request_timeout=REQUEST_TIMEOUT)
+                    path = path_of("api", "v1", "namespaces", ns, "events", name)
+                    await self.api.call("PATCH", path, body=patch, content_type=MERGE_PATCH, timeout=REQUEST_TIMEOUT)
                     self._recent[key] = (name, count + 1, first)
                     return
-                except ApiException as exc:
+                except ApiError as exc:
                     if exc.status != 404:
                         raise
             name = f"{about.name}.{secrets.token_hex(8)}"
-            event = CoreV1Event(
-                metadata=V1ObjectMeta(name=name, namespace=ns),
-                involved_object=about.ref(),
-                reason=reason,
-                message=message[:1024],
-                type=type_,
-                count=1,
-                first_timestamp=stamp,
-                last_timestamp=stamp,
-                source=V1EventSource(component=COMPONENT, host=self.node),
-                reporting_component=COMPONENT,
-                reporting_instance=f"{COMPONENT}-{self.node}",
-            )
-            await self.core.create_namespaced_event(ns, event, _request_timeout=REQUEST_TIMEOUT)
+            event = event_object(about, name, reason, message, type_, self.node, stamp)
+            path = path_of("api", "v1", "namespaces", ns, "events")
+            await self.api.call("POST", path, body=event, timeout=REQUEST_TIMEOUT)
             self._recent[key] = (name, 1, now)
-        except (ApiException, aiohttp.ClientError, TimeoutError, OSError) as exc:
-            log.warning("event %s on %s %s not posted: %s", reason, about.kind, about.name, getattr(exc, "status", exc))
+        except ApiError as exc:
+            log.warning("event %s on %s %s not posted: %s", reason, about.kind, about.name, exc)
+        except UNANSWERED as exc:
+            log.warning("event %s on %s %s not posted: %s: %s", reason, about.kind, about.name, type(exc).__name__, exc)

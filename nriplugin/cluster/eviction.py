@@ -13,22 +13,11 @@ decides).
 from __future__ import annotations
 
 import enum
-import json
 import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import aiohttp
-from kubernetes_asyncio.client import (
-    ApiClient,
-    CoreV1Api,
-    V1DeleteOptions,
-    V1Eviction,
-    V1ObjectMeta,
-    V1Preconditions,
-)
-from kubernetes_asyncio.client.exceptions import ApiException
-
+from nriplugin.cluster.client import UNANSWERED, ApiClient, ApiError, path_of
 from nriplugin.cluster.events import REQUEST_TIMEOUT, EventRecorder, Involved
 
 log = logging.getLogger("nriplugin.cluster")
@@ -65,33 +54,29 @@ class ApiEvictor:
     pod, its budgets) and evicts nothing (``dryRun=All``); no Event is posted."""
 
     def __init__(self, api: ApiClient, events: EventRecorder, dry_run: bool = False) -> None:
-        self.core = CoreV1Api(api)
+        self.api = api
         self.events = events
         self.dry_run = dry_run
 
     async def evict(
         self, pod_ns: str, pod_name: str, pod_uid: str, grace_seconds: int, reason: str, message: str
     ) -> ApiEvictionOutcome:
-        body = V1Eviction(
-            api_version="policy/v1",
-            kind="Eviction",
-            metadata=V1ObjectMeta(name=pod_name, namespace=pod_ns),
-            # The uid precondition: a new pod that took the name is not evicted in its place.
-            delete_options=V1DeleteOptions(
-                grace_period_seconds=max(0, int(grace_seconds)), preconditions=V1Preconditions(uid=pod_uid)
-            ),
-        )
-        kw: dict[str, Any] = {"dry_run": "All"} if self.dry_run else {}
+        path = path_of("api", "v1", "namespaces", pod_ns, "pods", pod_name, "eviction")
+        params = {"dryRun": "All"} if self.dry_run else None
         try:
-            await self.core.create_namespaced_pod_eviction(
-                pod_name, pod_ns, body, _request_timeout=REQUEST_TIMEOUT, **kw
+            await self.api.call(
+                "POST",
+                path,
+                params=params,
+                body=eviction(pod_ns, pod_name, pod_uid, grace_seconds),
+                timeout=REQUEST_TIMEOUT,
             )
             out = ApiEvictionOutcome(
                 ApiEvictionResult.EVICTED, 201, "dry run: would be evicted" if self.dry_run else ""
             )
-        except ApiException as exc:
+        except ApiError as exc:
             out = _outcome(exc)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        except UNANSWERED as exc:
             out = ApiEvictionOutcome(ApiEvictionResult.ERROR, 0, f"{type(exc).__name__}: {exc}")
         log.info(
             "eviction of %s/%s (%s): %s",
@@ -120,24 +105,31 @@ class ApiEvictor:
         return out
 
 
-def _outcome(exc: ApiException) -> ApiEvictionOutcome:
+def eviction(pod_ns: str, pod_name: str, pod_uid: str, grace_seconds: int) -> dict[str, Any]:
+    """The ``policy/v1`` Eviction of a pod."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": pod_name, "namespace": pod_ns},
+        # The uid precondition: a new pod that took the name is not evicted in its place.
+        "deleteOptions": {"gracePeriodSeconds": max(0, int(grace_seconds)), "preconditions": {"uid": pod_uid}},
+    }
+
+
+def _outcome(exc: ApiError) -> ApiEvictionOutcome:
     detail = _message(exc)
     if exc.status == 429:
-        if "DisruptionBudget" in str(exc.body or "") or "disruption budget" in detail:
+        if "DisruptionBudget" in exc.body or "disruption budget" in detail:
             return ApiEvictionOutcome(ApiEvictionResult.BLOCKED, 429, detail)
         return ApiEvictionOutcome(ApiEvictionResult.BLOCKED, 429, f"throttled by the API server: {detail}")
     if exc.status in (404, 409):  # 409: the uid precondition failed, the name is another pod's now
         return ApiEvictionOutcome(ApiEvictionResult.GONE, exc.status, detail)
-    return ApiEvictionOutcome(ApiEvictionResult.ERROR, int(exc.status or 0), detail)
+    return ApiEvictionOutcome(ApiEvictionResult.ERROR, exc.status, detail)
 
 
-def _message(exc: ApiException) -> str:
+def _message(exc: ApiError) -> str:
     """The Status message, with the budget's own words when the API server gives them."""
-    try:
-        body = json.loads(exc.body) if exc.body else {}
-    except (ValueError, TypeError):
-        body = {}
-    if not isinstance(body, dict):
-        return str(exc.reason)
-    causes = [c.get("message", "") for c in (body.get("details") or {}).get("causes") or [] if isinstance(c, dict)]
-    return "; ".join(filter(None, [str(body.get("message") or exc.reason), *causes]))
+    if not exc.is_status:
+        return exc.phrase
+    causes = [c.message for c in exc.causes]
+    return "; ".join(filter(None, [exc.message or exc.phrase, *causes]))

@@ -4,8 +4,8 @@ A watch that ends (the server's timeout) is resumed from the last resourceVersio
 ``410 Gone`` (history compacted) means the list is stale, so everything is listed again;
 any other failure is retried with capped exponential backoff from the last resourceVersion
 (a too-old one then turns into a 410 and a re-list). Objects are handled as the API's JSON
-(dicts): nothing here needs the generated models, and a node's pods are listed faster
-without them.
+(dicts). The watch's bytes are decoded by ``watchstream.WatchDecoder`` (sans-IO); this module
+is the loop that drives it and the handler.
 
 Failures are told apart because each has its own fix: the API server out of reach
 (connection, TLS, timeout, 5xx), the resource type not served (a 404 on the collection: a
@@ -21,13 +21,14 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import aiohttp
-from kubernetes_asyncio.client.exceptions import ApiException
-from kubernetes_asyncio.watch import Watch
+
+from nriplugin.cluster.client import ApiClient, ApiError
+from nriplugin.cluster.status import BadAnswer, json_object
+from nriplugin.cluster.watchstream import WatchDecoder
 
 log = logging.getLogger("nriplugin.cluster")
 
@@ -46,9 +47,6 @@ class Handler(Protocol):
         """One watch event: ADDED, MODIFIED or DELETED."""
 
 
-ListCall = Callable[..., Awaitable[Any]]
-
-
 @dataclass(frozen=True)
 class WatchedResource:
     """The type a ListWatch lists, so that a failure names it as RBAC and kubectl do."""
@@ -62,6 +60,13 @@ class WatchedResource:
     @property
     def api_version(self) -> str:
         return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def collection(self) -> str:
+        """The collection's path: ``/api/v1/pods``, ``/apis/GROUP/VERSION/PLURAL``."""
+        if self.group:
+            return f"/apis/{self.group}/{self.version}/{self.plural}"
+        return f"/api/{self.version}/{self.plural}"
 
     @property
     def qualified(self) -> str:
@@ -93,27 +98,36 @@ class Trouble:
 
 
 class ListWatch:
+    """``resource``'s collection (or ``path``), listed and watched with ``field_selector``."""
+
     def __init__(
         self,
         what: str,
-        call: ListCall,
+        api: ApiClient,
         handler: Handler,
         *,
         resource: WatchedResource,
+        field_selector: str = "",
+        path: str | None = None,
+        list_timeout: float = 30.0,
         backoff: tuple[float, float] = (0.2, 10.0),
         watch_seconds: int = 300,
         remind: float = 600.0,
         rng: random.Random | None = None,
     ) -> None:
         self.what = what
-        self.call = call
+        self.api = api
         self.handler = handler
         self.resource = resource
+        self.field_selector = field_selector
+        self.path = path or resource.collection
+        self.list_timeout = list_timeout
         self.backoff = backoff
         self.watch_seconds = watch_seconds
         self.remind = remind  # seconds between reminders of a trouble that lasts (logged at warning)
         self.rng = rng or random.Random()
         self.synced = asyncio.Event()  # set after the first successful list
+        self.resource_version: str | None = None  # of the last list or event handled (None: list next)
         self.lists = 0  # how many times everything was listed (the first one included)
         self.failures = 0  # consecutive failures (0 while connected)
         self.trouble: str | None = None  # the class of the current run of failures (None while connected)
@@ -123,19 +137,18 @@ class ListWatch:
         self._warned_at = 0.0
 
     async def run(self) -> None:
-        rv: str | None = None
         delay = self.backoff[0]
         while True:
             try:
-                if rv is None:
-                    rv = await self._list()
-                rv = await self._watch(rv)
+                if self.resource_version is None:
+                    await self._list()
+                await self._watch(self.resource_version or "")
                 delay = self.backoff[0]
                 continue
-            except (Refused, ApiException) as exc:  # ApiException: an ERROR event in the watch stream
+            except Refused as exc:
                 if exc.status == 410:
                     log.info("%s: watch history expired (410 Gone); listing again", self.what)
-                    rv = None
+                    self.resource_version = None
                     continue
                 trouble = self._judge(exc)
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
@@ -146,10 +159,8 @@ class ListWatch:
             await asyncio.sleep(delay * (0.8 + 0.4 * self.rng.random()))
             delay = min(self.backoff[1], delay * 2)
 
-    def _judge(self, exc: Refused | ApiException) -> Trouble:
+    def _judge(self, exc: Refused) -> Trouble:
         """What an error answer means, said so that the fix is plain."""
-        if isinstance(exc, ApiException):  # a watch's ERROR event: a Status without the request
-            exc = Refused("watch", int(exc.status or 0), "", str(exc.reason or ""), {}, "")
         r = self.resource
         said = " ".join(str(p) for p in (exc.status, exc.reason) if p) + (f": {exc.message}" if exc.message else "")
         request = f"{exc.verb} {r.qualified}"
@@ -221,69 +232,71 @@ class ListWatch:
         self.failures = self._attempts = 0
         self.trouble = self._key = None
 
-    async def _open(self, verb: str, **kw: Any) -> Any:
-        """The response to one request, if it is a success; an error answer raises Refused."""
-        resp = await self.call(**kw)
-        if not 200 <= resp.status <= 299:
-            try:
-                raise await _refused(verb, resp)
-            finally:
-                resp.release()
-        self._connected()
-        return resp
+    def _params(self) -> dict[str, str]:
+        return {"fieldSelector": self.field_selector} if self.field_selector else {}
 
-    async def _list(self) -> str:
-        resp = await self._open("list", _preload_content=False, _request_timeout=30)
+    async def _list(self) -> None:
         try:
-            body = await resp.json(content_type=None)
-        finally:
-            resp.release()
-        items = list(body.get("items") or [])
+            raw = await self.api.call("GET", self.path, params=self._params(), timeout=self.list_timeout)
+        except ApiError as exc:
+            raise refused("list", exc) from None
+        self._connected()
+        body = json_object(raw, f"list {self.resource.qualified}")
+        items = body.get("items") or []
+        if not isinstance(items, list) or not all(isinstance(o, dict) for o in items):
+            raise BadAnswer(f"list {self.resource.qualified}: items is not a list of objects")
+        meta = body.get("metadata")
+        rv = str((meta.get("resourceVersion") if isinstance(meta, dict) else None) or "")
         self.handler.replace(items)
+        self.resource_version = rv
         self.lists += 1
         self.synced.set()
-        rv = str((body.get("metadata") or {}).get("resourceVersion") or "")
         log.debug("%s: listed %d, resourceVersion %s", self.what, len(items), rv)
-        return rv
 
-    async def _watch(self, rv: str) -> str:
-        """Watch from ``rv`` until the server ends the stream; returns the last resourceVersion."""
-
-        async def opened(**kw: Any) -> Any:
-            return await self._open("watch", **kw)
-
-        async with Watch(return_type="object") as watch:
-            stream = watch.stream(
-                opened,
-                resource_version=rv,
-                timeout_seconds=self.watch_seconds,
-                allow_watch_bookmarks=True,
-                _request_timeout=self.watch_seconds + 30,  # a silent, half-dead connection ends too
-            )
-            async for ev in stream:
-                kind = ev["type"]
-                if kind in ("ADDED", "MODIFIED", "DELETED"):
-                    self.handler.event(kind, ev["raw_object"])
-                rv = str(watch.resource_version or rv)
-        return rv
+    async def _watch(self, rv: str) -> None:
+        """Watch from ``rv`` until the server ends the stream; each event handled moves
+        ``resource_version`` on, so a watch that breaks resumes where it was."""
+        params = {
+            **self._params(),
+            "watch": "true",
+            "resourceVersion": rv,
+            "timeoutSeconds": str(self.watch_seconds),
+            "allowWatchBookmarks": "true",
+        }
+        decoder = WatchDecoder(rv)
+        # The request's own timeout ends a silent, half-dead connection too.
+        try:
+            async with self.api.stream(self.path, params, timeout=self.watch_seconds + 30) as chunks:
+                self._connected()
+                async for chunk in chunks:
+                    for ev in decoder.feed(chunk):
+                        if ev.error is not None:
+                            raise refused("watch", ev.error)
+                        if ev.is_change:
+                            self.handler.event(ev.type, ev.object)
+                        self.resource_version = ev.resource_version or self.resource_version
+                    if decoder.broken is not None:
+                        raise decoder.broken
+        except ApiError as exc:
+            raise refused("watch", exc) from None
+        except aiohttp.ClientPayloadError as exc:
+            # The connection cut mid-stream (the server went away or restarted): the stream's
+            # end, as client-go takes an unexpected EOF; the next request tells whether the
+            # server is there. A short pause, so that a server cutting every watch at once is
+            # not asked again in a tight loop.
+            log.debug("%s: the watch was cut (%s); resuming from %s", self.what, exc, self.resource_version)
+            await asyncio.sleep(self.backoff[0] * (0.8 + 0.4 * self.rng.random()))
+            return
+        if decoder.pending:
+            log.debug("%s: the watch ended inside an event (%d bytes); resuming", self.what, decoder.pending)
 
 
 def _attempts(n: int, how: str = "") -> str:
     return f"{n} {how}attempt" + ("" if n == 1 else "s")
 
 
-async def _refused(verb: str, resp: Any) -> Refused:
+def refused(verb: str, exc: ApiError) -> Refused:
     """The error answer as the API server meant it: its Status, or whatever the body was."""
-    status = int(resp.status)
-    reason, message, details = str(resp.reason or ""), "", dict[str, Any]()
-    try:
-        body = await resp.json(content_type=None)
-    except (ValueError, aiohttp.ClientError):
-        body = None
-    if isinstance(body, dict) and body.get("kind") == "Status":
-        reason = str(body.get("reason") or reason)
-        message = str(body.get("message") or "")
-        if isinstance(body.get("details"), dict):
-            details = body["details"]
-    url = getattr(resp, "url", None)
-    return Refused(verb, status, reason, message, details, str(url.with_query(None)) if url is not None else "")
+    if exc.is_status:
+        return Refused(verb, exc.status, exc.reason, exc.message, exc.details, exc.url)
+    return Refused(verb, exc.status, exc.phrase, "", {}, exc.url)

@@ -17,9 +17,9 @@ import functools
 import logging
 from typing import Any
 
-from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
 from pydantic import ValidationError
 
+from nriplugin.cluster.client import ApiClient
 from nriplugin.cluster.events import EventRecorder, Involved
 from nriplugin.cluster.listwatch import ListWatch, WatchedResource
 from nriplugin.policy.cache import PolicyError, RuleCache, describe
@@ -115,11 +115,5 @@ def watcher(
 ) -> tuple[ListWatch, NodeSLOSource]:
     """The list-watch of this node's NodeSLO (by name, so other nodes' never come)."""
     source = NodeSLOSource(rules, node, events)
-    call = functools.partial(
-        CustomObjectsApi(api).list_cluster_custom_object,
-        GROUP,
-        VERSION,
-        PLURAL,
-        field_selector=f"metadata.name={node}",
-    )
-    return ListWatch(f"NodeSLO {node}", call, source, resource=RESOURCE, **kw), source
+    watch = ListWatch(f"NodeSLO {node}", api, source, resource=RESOURCE, field_selector=f"metadata.name={node}", **kw)
+    return watch, source

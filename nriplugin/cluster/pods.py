@@ -7,7 +7,6 @@ cache queried by pod uid or by namespace and name."""
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import re
@@ -15,8 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from kubernetes_asyncio.client import ApiClient, CoreV1Api
-
+from nriplugin.cluster.client import ApiClient
 from nriplugin.cluster.listwatch import ListWatch, WatchedResource
 
 log = logging.getLogger("nriplugin.cluster")
@@ -159,5 +157,5 @@ class PodCache:
 
 def watcher(api: ApiClient, node: str, **kw: Any) -> tuple[ListWatch, PodCache]:
     cache = PodCache()
-    call = functools.partial(CoreV1Api(api).list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node}")
-    return ListWatch(f"pods on {node}", call, cache, resource=RESOURCE, **kw), cache
+    watch = ListWatch(f"pods on {node}", api, cache, resource=RESOURCE, field_selector=f"spec.nodeName={node}", **kw)
+    return watch, cache

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 import time
@@ -23,9 +22,8 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import aiohttp
-from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
-from kubernetes_asyncio.client.exceptions import ApiException
 
+from nriplugin.cluster.client import JSON_PATCH, ApiClient, ApiError, BadAnswer, path_of
 from nriplugin.cluster.listwatch import ListWatch, WatchedResource
 from nriplugin.cluster.nodemetric import (
     GROUP,
@@ -155,15 +153,11 @@ class NodeMetricReporter:
         self.clock = clock
         self.wall = wall
         self.spec = NodeMetricSpec(node, min_report)
-        call = functools.partial(
-            CustomObjectsApi(api).list_cluster_custom_object,
-            GROUP,
-            VERSION,
-            PLURAL,
-            field_selector=f"metadata.name={node}",
+        self.watch = ListWatch(
+            f"NodeMetric {node}", api, self.spec, resource=RESOURCE, field_selector=f"metadata.name={node}", **kw
         )
-        self.watch = ListWatch(f"NodeMetric {node}", call, self.spec, resource=RESOURCE, **kw)
-        self.custom = CustomObjectsApi(api)
+        self.api = api
+        self.status_path = path_of("apis", GROUP, VERSION, PLURAL, node, "status")
         self.reports = 0  # reports taken
         self.failures = 0  # consecutive reports not taken
         self.last: float | None = None  # when the last report was sent (taken or not), on ``clock``
@@ -237,18 +231,13 @@ class NodeMetricReporter:
         pods = len(report.get("podsMetric") or ())
         t0 = time.perf_counter()
         try:
-            await self.custom.patch_cluster_custom_object_status(
-                GROUP,
-                VERSION,
-                PLURAL,
-                self.node,
-                patch(report),  # a list: sent as application/json-patch+json
-                _request_timeout=REQUEST_TIMEOUT,
+            await self.api.call(
+                "PATCH", self.status_path, body=patch(report), content_type=JSON_PATCH, timeout=REQUEST_TIMEOUT
             )
-        except ApiException as exc:
+        except ApiError as exc:
             self._failed(*_judge(exc, self.node))
             return False
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        except (aiohttp.ClientError, TimeoutError, OSError, BadAnswer) as exc:
             self._failed(UNAVAILABLE, 0, f"the API server is unreachable ({type(exc).__name__}: {exc})")
             return False
         seconds = time.perf_counter() - t0
@@ -286,9 +275,9 @@ class NodeMetricReporter:
             log.debug("NodeMetric %s: report not taken: %s", self.node, text, extra=extra)
 
 
-def _judge(exc: ApiException, node: str) -> tuple[str, int, str]:
+def _judge(exc: ApiError, node: str) -> tuple[str, int, str]:
     """(reason, status, what to log) for an error answer, said so that the fix is plain."""
-    code = int(exc.status or 0)
+    code = exc.status
     reason, message = _status(exc)
     said = f"{code} {reason}".strip() + (f": {message}" if message else "")
     target = f"{PLURAL}.{GROUP}/status"
@@ -310,19 +299,11 @@ def _judge(exc: ApiException, node: str) -> tuple[str, int, str]:
     return FAILED, code, f"the API server refused it ({said})"
 
 
-def _status(exc: ApiException) -> tuple[str, str]:
+def _status(exc: ApiError) -> tuple[str, str]:
     """The answer's reason and message as its Status says them (the HTTP reason phrase and no
     message when the body is not a Status)."""
-    try:
-        body = json.loads(exc.body) if exc.body else {}
-    except (ValueError, TypeError):
-        body = {}
-    if not isinstance(body, dict) or body.get("kind") != "Status":
-        return str(exc.reason or ""), ""
-    causes = [
-        f"{c.get('field', '')}: {c.get('message', '')}".strip(": ")
-        for c in (body.get("details") or {}).get("causes") or []
-        if isinstance(c, dict)
-    ]
-    message = "; ".join(filter(None, [str(body.get("message") or ""), *causes]))[:500]
-    return str(body.get("reason") or exc.reason or ""), message
+    if not exc.is_status:
+        return exc.phrase, ""
+    causes = [f"{c.field}: {c.message}".strip(": ") for c in exc.causes]
+    message = "; ".join(filter(None, [exc.message, *causes]))[:500]
+    return exc.reason, message

@@ -9,10 +9,8 @@ import contextlib
 import logging
 from typing import Any
 
-from kubernetes_asyncio.client import ApiClient
-
 from nriplugin.cluster import node_name
-from nriplugin.cluster.client import connect
+from nriplugin.cluster.client import ApiClient, connect
 from nriplugin.cluster.events import EventRecorder
 from nriplugin.cluster.eviction import ApiEvictor
 from nriplugin.cluster.listwatch import ListWatch
@@ -98,7 +96,7 @@ async def start(
         "cluster: node %s (from %s), API server %s; NodeSLO %s; NodeMetric %s",
         node,
         source,
-        api.configuration.host,
+        api.host,
         "watched" if cluster.nodeslo is not None else "not used (--nodeslo off)",
         "reported" if cluster.reporter is not None else "not reported (--nodemetric off)",
         extra={"node": node},
