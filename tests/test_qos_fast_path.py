@@ -124,6 +124,38 @@ def test_a_spike_is_cut_by_the_first_sample_that_lies_inside_it(tmp_path: Path) 
     assert int(quota.read_text()) == pytest.approx(30000, abs=10)  # 2 x 65 % - 1.0, from one short interval
 
 
+def test_a_rise_is_sized_by_what_ls_waits_for_too_where_its_pods_have_psi(tmp_path: Path) -> None:
+    """Under contention LS uses only part of what it asks for: its pods' PSI ``some`` since the
+    rise began counts too, so the cut leaves LS what it needs, not what BE let it have."""
+    node, _, mgr, s, quota = node_with_pods(tmp_path)
+    mgr.pods.pressure_path = lambda group: f"/psi/{group}/cpu.pressure"  # as on v2 or a hybrid host
+    node.model.pod_seen(make_pod(4, "LS", parent="/kubepods/burstable/pod4"))
+    mgr.round()
+    for _ in range(4):
+        s.advance(0.05)
+        mgr.fast_round()
+    s.ls, s.ls_wait, s.be = 0.8, 0.2, 1.2  # LS asks for a core, gets 0.8 of it while BE runs
+    s.advance(0.05)
+    assert mgr.fast_round() is True  # the rise seen: followed; its waits counted from here
+    s.advance(FAST_FOLLOW)
+    assert mgr.fast_round() is True
+    assert int(quota.read_text()) == pytest.approx(30000, abs=10)  # 2 x 65 % - (0.8 + 0.2)
+
+
+def test_without_psi_files_a_rise_is_sized_by_use_alone(tmp_path: Path) -> None:
+    _, _, mgr, s, quota = node_with_pods(tmp_path)
+    mgr.round()
+    for _ in range(4):
+        s.advance(0.05)
+        mgr.fast_round()
+    s.ls, s.ls_wait, s.be = 0.8, 0.2, 1.2
+    s.advance(0.05)
+    assert mgr.fast_round() is True
+    s.advance(FAST_FOLLOW)
+    assert mgr.fast_round() is True
+    assert int(quota.read_text()) == pytest.approx(50000, abs=10)  # 2 x 65 % - 0.8: use alone
+
+
 # the loop ---------------------------------------------------------------------------------------
 
 

@@ -5,7 +5,7 @@ writes nothing, disabling the manager gives BE its CPU back."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +41,8 @@ class Script:
     be: float = 2.0
     be_seconds: float = 0.0
     ls_seconds: float = 0.0
+    ls_wait: float = 0.0  # cores' worth of time LS's pods had a task waiting for a CPU
+    ls_stall_us: float = 0.0
     pods_counter: bool = True  # the pods root's counter can be read
     fast_t: float | None = None  # the last fast sample's time
     ls_waits: bool | None = None  # whether the last round asked for LS's waits
@@ -52,6 +54,7 @@ class Script:
         self.t += dt
         self.be_seconds += self.be * dt
         self.ls_seconds += self.ls * dt
+        self.ls_stall_us += self.ls_wait * dt * 1e6
 
     def sample(self, be_groups: Sequence[str] = (), ls_waits: bool = True) -> NodeSample:
         self.rounds += 1
@@ -88,6 +91,10 @@ class Script:
 
     def pressure_path(self, group: str) -> str | None:
         return None  # cgroup v1
+
+    def stall_us(self, files: Iterable[str]) -> int | None:
+        """LS's waits, when the test gave its pods PSI files (as on v2 or a hybrid host)."""
+        return int(self.ls_stall_us) if set(files) else None
 
 
 def seed_dict() -> dict[str, object]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple, Protocol
@@ -619,13 +619,16 @@ class Collector:
         return None if cpu is None else cpu.usage_ns / 1e9
 
     def pressure_path(self, group: str) -> str | None:
-        """A group's ``cpu.pressure`` (cgroup v2; None on v1, which has no per-group PSI)."""
-        if not self.stats.v2:
-            return None
+        """A group's ``cpu.pressure`` (cgroup v2, or a v1 host's unified hierarchy beside it;
+        None on a v1 host without one: v1 has no per-group PSI)."""
         try:
-            return f"{self.stats.cgroups.group_path(group, 'cpu')}/cpu.pressure"
+            return self.stats.cgroups.pressure_file(group)
         except OSError:
             return None
+
+    def stall_us(self, files: Iterable[str]) -> int | None:
+        """How long these groups had a task waiting for a CPU, summed (µs; the fast path)."""
+        return self.stats.stall_us(files)
 
     def close(self) -> None:
         """Close the counter files kept open between rounds."""

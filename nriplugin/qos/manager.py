@@ -216,6 +216,7 @@ class QoSManager:
         self._fast_roots: list[str] = []  # the pods roots holding them (their counters: all pods)
         self._non_be = 0.0  # non-BE usage at the last decision
         self._rise: float | None = None  # the sample that first showed the rise being followed
+        self._rise_stall: int | None = None  # the LS pods' CPU waits (µs) at that sample
         self._task: asyncio.Task[None] | None = None
         self.psi_path = psi_path
         self._trigger: Trigger | None = None
@@ -409,16 +410,33 @@ class QoSManager:
         rise = self._rise
         if rise is not None and fast.t - rise < FAST_WINDOW:
             since = self._fast.since(rise)
-            self._between(fast.t, last, replace(usage if since is None else since, rise=rise))
+            self._between(fast.t, last, replace(self._waiting(usage if since is None else since, fast.t), rise=rise))
             return True
         self._rise = None
         if abs(usage.non_be - self._non_be) < FAST_JUMP:
             return False
         if usage.non_be > self._non_be:
             self._rise = fast.t  # followed from here
+            self._rise_stall = self.collector.stall_us(self.pods.ls())
             return True
         self._between(fast.t, last, usage)
         return False
+
+    def _waiting(self, usage: FastUsage, t: float) -> FastUsage:
+        """What LS needs while a rise is followed: what it uses, and the time its pods had a
+        task waiting for a CPU since the rise began (their PSI ``some``, where the kernel keeps
+        it per group: v2, or a v1 host's unified hierarchy). Under contention LS's use shows
+        only part of what it asks for — BE's tasks still hold CPUs until the cut — and a cut
+        sized by use alone would leave BE above what LS leaves it."""
+        rise, before = self._rise, self._rise_stall
+        if rise is None or before is None or t <= rise:
+            return usage
+        now = self.collector.stall_us(self.pods.ls())
+        if now is None:
+            return usage
+        waiting = max(0, now - before) / 1e6 / (t - rise)
+        held = None if usage.held is None else usage.held + waiting
+        return replace(usage, non_be=usage.non_be + waiting, held=held)
 
     def _between(self, t: float, last: NodeSample, usage: FastUsage) -> None:
         """The strategies' decisions between rounds, on what the fast path measured and the

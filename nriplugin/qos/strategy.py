@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, TypeVar, cast
 
@@ -126,6 +126,7 @@ class CollectorView(Protocol):
     def fast(self) -> FastSample: ...
     def group_cpu_seconds(self, group: str) -> float | None: ...
     def pressure_path(self, group: str) -> str | None: ...
+    def stall_us(self, files: Iterable[str]) -> int | None: ...
 
 
 class Owner(Protocol):
