@@ -7,7 +7,8 @@ how fast the quota reacts, so it asks for one at every level (bench/colocation.p
 the default itself does to LS).
 
 - reaction to an LS spike: a host ``yes``, kept stopped inside the LS container's cpu and
-  cpuacct cgroups, is continued (SIGCONT); from that instant, the time until BE's group quota
+  cpuacct cgroups (and its unified-hierarchy group on a hybrid host, as runc puts each of the
+  container's processes), is continued (SIGCONT); from that instant, the time until BE's group quota
   (``kubepods/besteffort/cpu.cfs_quota_us``, polled every ~5 ms) reads at or below the cut
   (``--cut`` cores, 0.8: what LS's one-core request leaves BE at MEDIUM, (2 - 1) x 0.8; the
   usage budget may cut deeper), and until BE's measured usage (the BE
@@ -153,7 +154,7 @@ def pct(v: list[float], q: float) -> float:
 
 
 class Spinner:
-    """One thread of ``yes`` inside the LS container's cpu and cpuacct cgroups, stopped until
+    """One thread of ``yes`` inside the LS container's CPU cgroups, stopped until
     :meth:`go`. It is started stopped (``kill -STOP $$`` before ``exec yes``) and moved while
     stopped, so it never spins outside LS, and continued once at set-up so the exec is done."""
 
@@ -200,7 +201,10 @@ class Node:
         self.ls_acct = rt.container_cgroup(ls, ls_c, "cpuacct")
         self.be_acct = harness.CGROUP_FS / "cpuacct" / be.config.linux.cgroup_parent.lstrip("/")
         self.be_group = harness.CGROUP_FS / "cpu" / rt.cgroup_root / "kubepods" / "besteffort"
-        self.spinner = Spinner([rt.container_cgroup(ls, ls_c, c) for c in ("cpu", "cpuacct")])
+        # where runc put the container: the v1 cpu and cpuacct groups, and on a hybrid host its
+        # group in the unified hierarchy too (where the kernel keeps the container's PSI)
+        groups = [rt.container_cgroup(ls, ls_c, c) for c in ("cpu", "cpuacct", "unified")]
+        self.spinner = Spinner([g for g in groups if g.is_dir()])
 
     def quota(self) -> float:
         return quota_cores(self.be_group)
@@ -662,7 +666,8 @@ so an idle LS would leave nothing to cut; `bench/colocation.py` measures the def
 balanced profile, syncPeriod 1 s, the 50 ms fast path, usage budget 90 %, deadband 0.2 cores,
 raiseDelay 2 s, doubled for each raise after a cut in the last minute, at most 4 such a minute): an
 LS pod requesting one core, a BE pod spinning two threads. A spike is a host `yes` kept stopped
-inside the LS container's cpu and cpuacct cgroups and continued (SIGCONT) for {sp["spin_s"]:g} s,
+inside the LS container's cpu and cpuacct cgroups (and its group in the unified hierarchy beside
+them, as runc places the container's own processes) and continued (SIGCONT) for {sp["spin_s"]:g} s,
 one every {sp["interval_s"]:g} s at the earliest (an LS load that comes back every half minute), and
 only once BE's limit has been given back (else a spike cannot show a cut; waited for up to 45 s);
 BE's quota is read from
