@@ -18,7 +18,7 @@ from nriplugin.policy.cache import RuleCache
 from nriplugin.policy.model import Policy
 from nriplugin.qos.collect import Collector
 from nriplugin.qos.cpu_suppress import Limiter
-from nriplugin.qos.manager import FAST_FOLLOW, FAST_PERIOD, FAST_WINDOW, QoSManager
+from nriplugin.qos.manager import FAST_FOLLOW, FAST_IDLE, FAST_PERIOD, FAST_WINDOW, QoSManager
 from nriplugin.qos.node_resource import FastWindow
 from nriplugin.qos.strategy import FastUsage
 from nriplugin.reconciler import Reconciler
@@ -186,6 +186,35 @@ def test_a_rise_brings_the_next_sample_forward(tmp_path: Path, monkeypatch: pyte
     rises = iter([False, True, True, False, False])
     mgr.fast_round = lambda: next(rises)  # type: ignore[method-assign]
     assert run_loop(mgr, 5, monkeypatch) == [FAST_PERIOD, FAST_FOLLOW, FAST_FOLLOW, FAST_PERIOD, FAST_PERIOD]
+
+
+def test_while_be_runs_next_to_nothing_the_fast_path_samples_slower(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """BE idle takes no CPU from LS: FAST_IDLE between samples; BE busy again: FAST_PERIOD."""
+    _, _, mgr, s, _ = node_with_pods(tmp_path)
+    s.be = 0.0
+    mgr.round()
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        if len(waits) == 6:
+            s.be = 1.5  # BE wakes
+        if len(waits) >= 9:
+            raise asyncio.CancelledError
+        s.advance(seconds)
+
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    mgr.psi_path = None
+
+    async def main() -> None:
+        with pytest.raises(asyncio.CancelledError):
+            await mgr.run()
+
+    asyncio.run(main())
+    assert FAST_IDLE in waits[:6] and waits[5] == FAST_IDLE
+    assert waits[-2:] == [FAST_PERIOD, FAST_PERIOD]  # seen at the next sample: back to the fast period
 
 
 def test_a_full_rounds_turn_samples_the_fast_path_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

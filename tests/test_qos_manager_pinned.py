@@ -17,7 +17,17 @@ import pytest
 
 from nriplugin.policy.model import PLUGINS, Policy
 from nriplugin.qos.levels import Level, Thresholds
-from nriplugin.qos.manager import FAST_FOLLOW, FAST_JUMP, FAST_OUTSIDE, FAST_PERIOD, FAST_WINDOW, HISTORY, QoSManager
+from nriplugin.qos.manager import (
+    FAST_BE_BUSY,
+    FAST_FOLLOW,
+    FAST_IDLE,
+    FAST_JUMP,
+    FAST_OUTSIDE,
+    FAST_PERIOD,
+    FAST_WINDOW,
+    HISTORY,
+    QoSManager,
+)
 from nriplugin.qos.sample import NodeSample
 from nriplugin.qos.strategy import Round
 from tests.test_qos_manager import BE_GROUP, Script, node_with_pods
@@ -76,6 +86,7 @@ def test_constants() -> None:
         1.0,
         300.0,
     )
+    assert (FAST_IDLE, FAST_BE_BUSY) == (0.25, 0.05)
 
 
 def test_a_new_manager_starts_low_with_the_policys_assessors(tmp_path: Path) -> None:

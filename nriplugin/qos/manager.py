@@ -74,6 +74,8 @@ log = logging.getLogger("nriplugin.qos")
 
 FAST_PERIOD = 0.05  # seconds between fast samples (two /proc reads and a few counters: cheap)
 FAST_FOLLOW = 0.03  # seconds between fast samples while a rise of non-BE usage is followed
+FAST_IDLE = 0.25  # seconds between fast samples while BE uses next to no CPU: nothing to cut
+FAST_BE_BUSY = 0.05  # cores: BE using less than this (over a fast interval) has nothing to cut
 FAST_JUMP = 0.15  # cores: a change in non-BE usage that calls for a decision now
 FAST_WINDOW = 0.15  # seconds of /proc/stat samples non-BE usage is measured over without a pods counter
 FAST_OUTSIDE = 1.0  # seconds of /proc/stat samples what runs outside the pods is measured over
@@ -217,6 +219,7 @@ class QoSManager:
         self._non_be = 0.0  # non-BE usage at the last decision
         self._rise: float | None = None  # the sample that first showed the rise being followed
         self._rise_stall: int | None = None  # the LS pods' CPU waits (µs) at that sample
+        self._be_idle = False  # BE used next to no CPU in the last fast interval (FAST_IDLE)
         self._task: asyncio.Task[None] | None = None
         self.psi_path = psi_path
         self._trigger: Trigger | None = None
@@ -291,7 +294,7 @@ class QoSManager:
             except Exception:  # a round must never end the loop
                 log.exception("QoS round failed; trying again next round")
             # a rise followed: the next sample sooner, measuring it from inside
-            wait = FAST_FOLLOW if rising else FAST_PERIOD
+            wait = FAST_FOLLOW if rising else FAST_IDLE if self._be_idle else FAST_PERIOD
             if self._trigger is None and not (self.ls_pressure and self.ls_pressure.fds):
                 await asyncio.sleep(wait)  # nothing else can wake us: the cheap wait
             else:
@@ -394,6 +397,7 @@ class QoSManager:
         self.model.births.expire()
         last = self.last
         if not self.rules.policy.qosManager.enable or not self.groups or last is None:
+            self._be_idle = last is not None  # no BE group (or the manager off): nothing to cut
             return False
         if self.groups != self._fast_groups:  # the counters' sum is over other groups now
             self._fast.reset()
@@ -405,8 +409,11 @@ class QoSManager:
         pods_seconds = self._seconds(self._fast_roots)
         usage = self._fast.add(fast.t, fast.interval, fast.cpu_busy_cores, be_seconds, pods_seconds)
         if usage is None:
-            self._rise = None
+            self._rise, self._be_idle = None, False
             return False
+        # BE that runs next to nothing takes no CPU from LS: sampling it slower costs no
+        # reaction (a BE that wakes is seen within FAST_IDLE, and the cut follows at FAST_PERIOD)
+        self._be_idle = usage.be < FAST_BE_BUSY
         rise = self._rise
         if rise is not None and fast.t - rise < FAST_WINDOW:
             since = self._fast.since(rise)
