@@ -663,7 +663,7 @@ Command: `.venv/bin/{command}` ({os.cpu_count()} CPUs, {time.strftime("%Y-%m-%d"
 on the private containerd 1.7.24 and the host's cgroup v1 tree, the agent with its **embedded default policy and
 `quotaFrom: LOW`** (a quota at every CPU level: the default gives BE's idle group none below HIGH,
 so an idle LS would leave nothing to cut; `bench/colocation.py` measures the default itself;
-balanced profile, syncPeriod 1 s, the 50 ms fast path, usage budget 90 %, deadband 0.2 cores,
+balanced profile, syncPeriod 1 s, the 30 ms fast path (250 ms while BE idles), usage budget 90 %, deadband 0.2 cores,
 raiseDelay 2 s, doubled for each raise after a cut in the last minute, at most 4 such a minute): an
 LS pod requesting one core, a BE pod spinning two threads. A spike is a host `yes` kept stopped
 inside the LS container's cpu and cpuacct cgroups (and its group in the unified hierarchy beside
@@ -697,7 +697,7 @@ The {mn["containers"]} containers (half BE, half LS, busybox `sleep`; the LS one
 CPU request) were added after the spikes and the noise, next to the two pods above; the agent
 then managed {mn["entries"]:.0f} cgroups (the node was
 {mn["node_busy_cores"]:.2f} cores busy in the window). Agent CPU is its utime+stime over the window, with BE
-spinning, so the fast path runs every 50 ms throughout.
+spinning, so the fast path runs every 30 ms throughout.
 {png}<!-- qos:end -->
 """
     replace_section(path, "qos", section)

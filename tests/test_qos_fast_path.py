@@ -18,7 +18,7 @@ from nriplugin.policy.cache import RuleCache
 from nriplugin.policy.model import Policy
 from nriplugin.qos.collect import Collector
 from nriplugin.qos.cpu_suppress import Limiter
-from nriplugin.qos.manager import FAST_FOLLOW, FAST_IDLE, FAST_PERIOD, FAST_WINDOW, QoSManager
+from nriplugin.qos.manager import FAST_FOLLOW, FAST_IDLE, FAST_PERIOD, FAST_REFINE, FAST_WINDOW, QoSManager
 from nriplugin.qos.node_resource import FastWindow
 from nriplugin.qos.strategy import FastUsage
 from nriplugin.reconciler import Reconciler
@@ -186,6 +186,34 @@ def test_a_rise_brings_the_next_sample_forward(tmp_path: Path, monkeypatch: pyte
     rises = iter([False, True, True, False, False])
     mgr.fast_round = lambda: next(rises)  # type: ignore[method-assign]
     assert run_loop(mgr, 5, monkeypatch) == [FAST_PERIOD, FAST_FOLLOW, FAST_FOLLOW, FAST_PERIOD, FAST_PERIOD]
+
+
+def test_a_rise_is_measured_first_a_follow_period_after_then_sooner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first sample that measures a rise lies a whole FAST_FOLLOW inside it; the next ones,
+    each measuring from the rise's start over a longer interval, come every FAST_REFINE."""
+    _, _, mgr, s, _ = node_with_pods(tmp_path)
+    mgr.round()
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        if len(waits) == 4:
+            s.ls, s.be = 1.0, 1.0  # LS spins a core
+        if len(waits) >= 9:
+            raise asyncio.CancelledError
+        s.advance(seconds)
+
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    mgr.psi_path = None
+
+    async def main() -> None:
+        with pytest.raises(asyncio.CancelledError):
+            await mgr.run()
+
+    asyncio.run(main())
+    assert waits[3:8] == [FAST_PERIOD, FAST_FOLLOW, FAST_REFINE, FAST_REFINE, FAST_REFINE]
 
 
 def test_while_be_runs_next_to_nothing_the_fast_path_samples_slower(

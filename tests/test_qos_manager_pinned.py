@@ -24,6 +24,7 @@ from nriplugin.qos.manager import (
     FAST_JUMP,
     FAST_OUTSIDE,
     FAST_PERIOD,
+    FAST_REFINE,
     FAST_WINDOW,
     HISTORY,
     QoSManager,
@@ -79,14 +80,14 @@ class Seen:
 
 def test_constants() -> None:
     assert (FAST_PERIOD, FAST_FOLLOW, FAST_JUMP, FAST_WINDOW, FAST_OUTSIDE, HISTORY) == (
-        0.05,
+        0.03,
         0.03,
         0.15,
         0.15,
         1.0,
         300.0,
     )
-    assert (FAST_IDLE, FAST_BE_BUSY) == (0.25, 0.05)
+    assert (FAST_IDLE, FAST_BE_BUSY, FAST_REFINE) == (0.25, 0.05, 0.02)
 
 
 def test_a_new_manager_starts_low_with_the_policys_assessors(tmp_path: Path) -> None:
@@ -324,7 +325,7 @@ def test_the_loop(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, "nriplugin.qos"):
         asyncio.run(main())
     assert "QoS round failed; trying again next round" in caplog.text
-    assert "no PSI trigger (" in caplog.text and "the 50 ms fast path carries the reaction" in caplog.text
+    assert "no PSI trigger (" in caplog.text and "the 30 ms fast path carries the reaction" in caplog.text
 
 
 def test_stop_before_start_is_harmless(tmp_path: Path) -> None:
@@ -688,7 +689,7 @@ def test_without_a_trigger_the_reason_and_the_fast_period_are_said(
         asyncio.run(main())
     (said,) = [m for m in caplog.messages if m.startswith("no PSI trigger (")]
     why = f"{tmp_path / 'no-psi'}: No such file or directory"
-    assert said == f"no PSI trigger ({why}); the 50 ms fast path carries the reaction"
+    assert said == f"no PSI trigger ({why}); the 30 ms fast path carries the reaction"
 
 
 def test_a_failing_round_is_said_as_such(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -1,5 +1,5 @@
 """The QoS manager's collection: one full round (:meth:`Collector.sample`, every syncPeriod)
-and a cheap fast path (:meth:`Collector.fast`, every 50 ms between rounds).
+and a cheap fast path (:meth:`Collector.fast`, every 30 ms between rounds).
 
 Only containers the node model knows and has seen running are read — never a CREATED one,
 whose cgroup runc may still be building — and only those with a QoS class the manager acts

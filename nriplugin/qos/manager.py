@@ -14,15 +14,16 @@ the groups BE's quota sits on are the kubelet's, and a kubelet restarted after t
 find them as it set them. BE's tasks keep SCHED_IDLE meanwhile, so LS keeps its priority until
 the next agent's first round.
 
-Timing: a full round every ``syncPeriod`` (1 s), and a fast path every 50 ms between rounds
-(and after each round) that reads only node CPU, BE's own usage and the pods root's (a few
-files) and, when what LS and the system use jumps, runs the strategies' ``between_rounds`` at
-once (CPUSuppress tightens BE's limit). What the pods use is read from their root's own
-counter over the last interval (``node_resource.FastWindow``), so a short interval is not
-tick noise; a rise is followed with sooner samples, each measuring it from the sample that
-first showed it (an interval all inside it) and deciding. A kernel that accepts PSI triggers
-wakes a round at once on a CPU stall; on one that refuses them, the fast path alone keeps the
-reaction to an LS spike within a fast period or two (koordlet: 1-2 s).
+Timing: a full round every ``syncPeriod`` (1 s), and a fast path every 30 ms between rounds
+(250 ms while BE runs next to nothing; and after each round) that reads only node CPU, BE's
+own usage and the pods root's (a few files) and, when what LS and the system use jumps, runs
+the strategies' ``between_rounds`` at once (CPUSuppress tightens BE's limit). What the pods
+use is read from their root's own counter over the last interval
+(``node_resource.FastWindow``), so a short interval is not tick noise; a rise is followed
+with sooner samples, each measuring it from the sample that first showed it (an interval all
+inside it) and what LS's pods waited for a CPU since, and deciding. A kernel that accepts PSI
+triggers wakes a round at once on a CPU stall; on one that refuses them, the fast path alone
+keeps the reaction to an LS spike within a fast period or two (koordlet: 1-2 s).
 """
 
 from __future__ import annotations
@@ -72,8 +73,9 @@ HISTORY = 300.0  # seconds of samples kept for the trends: five minutes
 
 log = logging.getLogger("nriplugin.qos")
 
-FAST_PERIOD = 0.05  # seconds between fast samples (two /proc reads and a few counters: cheap)
-FAST_FOLLOW = 0.03  # seconds between fast samples while a rise of non-BE usage is followed
+FAST_PERIOD = 0.03  # seconds between fast samples (two /proc reads and a few counters: cheap)
+FAST_FOLLOW = 0.03  # seconds from the sample that shows a rise of non-BE usage to the first that measures it
+FAST_REFINE = 0.02  # seconds between the samples that follow a rise after that (each measures it from its start)
 FAST_IDLE = 0.25  # seconds between fast samples while BE uses next to no CPU: nothing to cut
 FAST_BE_BUSY = 0.05  # cores: BE using less than this (over a fast interval) has nothing to cut
 FAST_JUMP = 0.15  # cores: a change in non-BE usage that calls for a decision now
@@ -219,6 +221,7 @@ class QoSManager:
         self._non_be = 0.0  # non-BE usage at the last decision
         self._rise: float | None = None  # the sample that first showed the rise being followed
         self._rise_stall: int | None = None  # the LS pods' CPU waits (µs) at that sample
+        self._follows = 0  # samples that measured the rise followed (FAST_FOLLOW, then FAST_REFINE)
         self._be_idle = False  # BE used next to no CPU in the last fast interval (FAST_IDLE)
         self._task: asyncio.Task[None] | None = None
         self.psi_path = psi_path
@@ -294,12 +297,21 @@ class QoSManager:
             except Exception:  # a round must never end the loop
                 log.exception("QoS round failed; trying again next round")
             # a rise followed: the next sample sooner, measuring it from inside
-            wait = FAST_FOLLOW if rising else FAST_IDLE if self._be_idle else FAST_PERIOD
+            wait = self._wait(rising)
             if self._trigger is None and not (self.ls_pressure and self.ls_pressure.fds):
                 await asyncio.sleep(wait)  # nothing else can wake us: the cheap wait
             else:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), wait)
+
+    def _wait(self, rising: bool) -> float:
+        """Until the next fast sample: sooner while a rise is followed — the first that
+        measures it a whole FAST_FOLLOW inside it (a shorter interval would read the counters'
+        tick lag as load), the next ones sooner still, since each measures from the rise's
+        start and so over a longer interval; slower while BE runs next to nothing."""
+        if rising:
+            return FAST_REFINE if self._follows else FAST_FOLLOW
+        return FAST_IDLE if self._be_idle else FAST_PERIOD
 
     def _sync_period(self) -> float:
         return float(self.rules.policy.qosManager.syncPeriod)
@@ -417,13 +429,14 @@ class QoSManager:
         rise = self._rise
         if rise is not None and fast.t - rise < FAST_WINDOW:
             since = self._fast.since(rise)
+            self._follows += 1
             self._between(fast.t, last, replace(self._waiting(usage if since is None else since, fast.t), rise=rise))
             return True
         self._rise = None
         if abs(usage.non_be - self._non_be) < FAST_JUMP:
             return False
         if usage.non_be > self._non_be:
-            self._rise = fast.t  # followed from here
+            self._rise, self._follows = fast.t, 0  # followed from here
             self._rise_stall = self.collector.stall_us(self.pods.ls())
             return True
         self._between(fast.t, last, usage)
