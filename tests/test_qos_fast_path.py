@@ -25,7 +25,7 @@ from nriplugin.reconciler import Reconciler
 from testkit.kernel_tree import proc_tree, v1_counters, v1_tree, v2_counters, v2_tree
 from testkit.runtime_peer import make_container, make_pod
 from tests.test_features import caps
-from tests.test_qos_manager import BE_GROUP, node_with_pods, seed_policy
+from tests.test_qos_manager import BE_GROUP, Script, node_with_pods, seed_policy
 
 # the window ------------------------------------------------------------------------------------
 
@@ -108,6 +108,14 @@ def test_proc_stat_tick_noise_alone_writes_nothing(tmp_path: Path) -> None:
     assert mgr.limiter.writes == writes
 
 
+def settle(mgr: QoSManager, s: Script) -> None:
+    """A full round, then a span of fast samples: the pods' counter is read over the last interval."""
+    mgr.round()
+    for _ in range(4):
+        s.advance(0.05)
+        mgr.fast_round()
+
+
 def test_a_spike_is_cut_by_the_first_sample_that_lies_inside_it(tmp_path: Path) -> None:
     _, _, mgr, s, quota = node_with_pods(tmp_path)
     mgr.round()
@@ -130,10 +138,7 @@ def test_a_rise_is_sized_by_what_ls_waits_for_too_where_its_pods_have_psi(tmp_pa
     node, _, mgr, s, quota = node_with_pods(tmp_path)
     mgr.pods.pressure_path = lambda group: f"/psi/{group}/cpu.pressure"  # as on v2 or a hybrid host
     node.model.pod_seen(make_pod(4, "LS", parent="/kubepods/burstable/pod4"))
-    mgr.round()
-    for _ in range(4):
-        s.advance(0.05)
-        mgr.fast_round()
+    settle(mgr, s)
     s.ls, s.ls_wait, s.be = 0.8, 0.2, 1.2  # LS asks for a core, gets 0.8 of it while BE runs
     s.advance(0.05)
     assert mgr.fast_round() is True  # the rise seen: followed; its waits counted from here
@@ -144,10 +149,7 @@ def test_a_rise_is_sized_by_what_ls_waits_for_too_where_its_pods_have_psi(tmp_pa
 
 def test_without_psi_files_a_rise_is_sized_by_use_alone(tmp_path: Path) -> None:
     _, _, mgr, s, quota = node_with_pods(tmp_path)
-    mgr.round()
-    for _ in range(4):
-        s.advance(0.05)
-        mgr.fast_round()
+    settle(mgr, s)
     s.ls, s.ls_wait, s.be = 0.8, 0.2, 1.2
     s.advance(0.05)
     assert mgr.fast_round() is True
@@ -188,20 +190,17 @@ def test_a_rise_brings_the_next_sample_forward(tmp_path: Path, monkeypatch: pyte
     assert run_loop(mgr, 5, monkeypatch) == [FAST_PERIOD, FAST_FOLLOW, FAST_FOLLOW, FAST_PERIOD, FAST_PERIOD]
 
 
-def test_a_rise_is_measured_first_a_follow_period_after_then_sooner(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The first sample that measures a rise lies a whole FAST_FOLLOW inside it; the next ones,
-    each measuring from the rise's start over a longer interval, come every FAST_REFINE."""
-    _, _, mgr, s, _ = node_with_pods(tmp_path)
-    mgr.round()
+def run_timed(
+    mgr: QoSManager, s: Script, turns: int, at: Callable[[int], None], monkeypatch: pytest.MonkeyPatch
+) -> list[float]:
+    """Run the manager's loop for ``turns`` waits, each advancing the script's clock by as
+    much; ``at(n)`` changes the load after the n-th wait."""
     waits: list[float] = []
 
     async def sleep(seconds: float) -> None:
         waits.append(seconds)
-        if len(waits) == 4:
-            s.ls, s.be = 1.0, 1.0  # LS spins a core
-        if len(waits) >= 9:
+        at(len(waits))
+        if len(waits) >= turns:
             raise asyncio.CancelledError
         s.advance(seconds)
 
@@ -213,6 +212,22 @@ def test_a_rise_is_measured_first_a_follow_period_after_then_sooner(
             await mgr.run()
 
     asyncio.run(main())
+    return waits
+
+
+def test_a_rise_is_measured_first_a_follow_period_after_then_sooner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first sample that measures a rise lies a whole FAST_FOLLOW inside it; the next ones,
+    each measuring from the rise's start over a longer interval, come every FAST_REFINE."""
+    _, _, mgr, s, _ = node_with_pods(tmp_path)
+    mgr.round()
+
+    def at(n: int) -> None:
+        if n == 4:
+            s.ls, s.be = 1.0, 1.0  # LS spins a core
+
+    waits = run_timed(mgr, s, 9, at, monkeypatch)
     assert waits[3:8] == [FAST_PERIOD, FAST_FOLLOW, FAST_REFINE, FAST_REFINE, FAST_REFINE]
 
 
@@ -223,24 +238,12 @@ def test_while_be_runs_next_to_nothing_the_fast_path_samples_slower(
     _, _, mgr, s, _ = node_with_pods(tmp_path)
     s.be = 0.0
     mgr.round()
-    waits: list[float] = []
 
-    async def sleep(seconds: float) -> None:
-        waits.append(seconds)
-        if len(waits) == 6:
+    def at(n: int) -> None:
+        if n == 6:
             s.be = 1.5  # BE wakes
-        if len(waits) >= 9:
-            raise asyncio.CancelledError
-        s.advance(seconds)
 
-    monkeypatch.setattr(asyncio, "sleep", sleep)
-    mgr.psi_path = None
-
-    async def main() -> None:
-        with pytest.raises(asyncio.CancelledError):
-            await mgr.run()
-
-    asyncio.run(main())
+    waits = run_timed(mgr, s, 9, at, monkeypatch)
     assert FAST_IDLE in waits[:6] and waits[5] == FAST_IDLE
     assert waits[-2:] == [FAST_PERIOD, FAST_PERIOD]  # seen at the next sample: back to the fast period
 
@@ -319,24 +322,19 @@ def spike_on(tmp_path: Path, counters: Callable[[str, int], None], root: Path, q
     col.close()
 
 
-def test_a_spike_on_a_v1_tree_is_cut_from_cpuacct_usage(tmp_path: Path) -> None:
-    root = v1_tree(tmp_path / "cg", ["kubepods/besteffort", "kubepods/burstable"])
-    spike_on(
-        tmp_path,
-        lambda g, ns: v1_counters(root, g, usage_ns=ns),
-        root,
-        lambda: (root / "cpu" / BE_GROUP / "cpu.cfs_quota_us").read_text().strip(),
-    )
-
-
-def test_a_spike_on_a_v2_tree_is_cut_from_cpu_stat_usage_usec(tmp_path: Path) -> None:
-    root = v2_tree(tmp_path / "cg", ["kubepods/besteffort", "kubepods/burstable"])
-    spike_on(
-        tmp_path,
-        lambda g, ns: v2_counters(root, g, usage_ns=ns),
-        root,
-        lambda: (root / BE_GROUP / "cpu.max").read_text().split()[0],
-    )
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_a_spike_is_cut_from_the_pods_roots_counter(tmp_path: Path, version: str) -> None:
+    """v1: ``cpuacct.usage``; v2: ``cpu.stat`` ``usage_usec``."""
+    groups = ["kubepods/besteffort", "kubepods/burstable"]
+    root = (v1_tree if version == "v1" else v2_tree)(tmp_path / "cg", groups)
+    if version == "v1":
+        quota = root / "cpu" / BE_GROUP / "cpu.cfs_quota_us"
+        spike_on(tmp_path, lambda g, ns: v1_counters(root, g, usage_ns=ns), root, lambda: quota.read_text().strip())
+    else:
+        cpu_max = root / BE_GROUP / "cpu.max"
+        spike_on(
+            tmp_path, lambda g, ns: v2_counters(root, g, usage_ns=ns), root, lambda: cpu_max.read_text().split()[0]
+        )
 
 
 def test_a_hold_counts_the_fast_paths_longer_window_not_its_short_peak() -> None:
@@ -353,10 +351,7 @@ def test_a_hold_counts_the_fast_paths_longer_window_not_its_short_peak() -> None
 
 def test_a_cut_made_for_a_rise_is_refined_as_the_rise_is_measured_more_exactly(tmp_path: Path) -> None:
     _, _, mgr, s, quota = node_with_pods(tmp_path)
-    mgr.round()
-    for _ in range(4):
-        s.advance(0.05)
-        mgr.fast_round()
+    settle(mgr, s)
     writes = mgr.limiter.writes
     s.ls, s.be = 0.6, 1.4
     s.advance(0.05)
