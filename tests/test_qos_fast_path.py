@@ -349,6 +349,46 @@ def test_a_hold_counts_the_fast_paths_longer_window_not_its_short_peak() -> None
     assert lim.step(3.5, 0.5, tighten_only=True, held=1.0) == 0.5
 
 
+def test_a_raise_waits_while_rises_keep_coming() -> None:
+    """A noisy LS load rises again and again: each rise the fast path follows restarts a
+    raise's hold, so BE stays where the rises cut it until they stop."""
+    lim = Limiter(deadband=0.2, relax_hold=2.0)
+    assert lim.step(0.0, 0.6) == 0.6  # cut for a rise
+    for i in range(1, 41):  # 4 s of samples wanting more, a rise every 0.5 s
+        t = 0.1 * i
+        if i % 5 == 0:
+            lim.rising(t)
+        assert lim.step(t, 1.2) is None
+    raised = [t for i in range(41, 70) if lim.step(t := 0.1 * i, 1.2) is not None]
+    assert raised and raised[0] == pytest.approx(4.0 + 2.0)  # the hold counted from the last rise
+
+
+def test_a_noisy_ls_load_is_not_given_back_between_its_peaks(tmp_path: Path) -> None:
+    """LS spinning in short chunks: each a rise the fast path follows and cuts for, the full
+    rounds between them seeing LS idle, the fast path's longer window a fraction of a core.
+    BE's limit is raised only once the chunks stop: a raise between them would be undone by
+    the next one."""
+    _, _, mgr, s, _ = node_with_pods(tmp_path)
+    settle(mgr, s)
+    t0, limits = s.t, []
+
+    def run(until: float, chunks: bool) -> None:
+        while s.t - t0 < until:
+            busy = chunks and (s.t - t0 + 0.25) % 0.5 < 0.1  # 100 ms of a core every 500 ms, between rounds
+            s.ls, s.be = (1.0, 1.0) if busy else (0.0, 2.0)
+            s.advance(0.03)
+            mgr.round() if int((s.t - t0) / 1.0) != int((s.t - t0 - 0.03) / 1.0) else mgr.fast_round()
+            limits.append(mgr.limiter.current)
+
+    run(8.0, chunks=True)
+    cut = min(x for x in limits if x is not None)
+    first = next(i for i, x in enumerate(limits) if x is not None and x < cut + 0.01)
+    held = [x for x in limits[first:] if x is not None]
+    assert cut < 0.5 and max(held) < cut + 0.01  # cut at the first chunk, held through the rest
+    run(14.0, chunks=False)
+    assert mgr.limiter.current is not None and mgr.limiter.current > cut + 0.2  # given back once they stop
+
+
 def test_a_cut_made_for_a_rise_is_refined_as_the_rise_is_measured_more_exactly(tmp_path: Path) -> None:
     _, _, mgr, s, quota = node_with_pods(tmp_path)
     settle(mgr, s)

@@ -15,9 +15,10 @@ A floor keeps BE from being starved to zero.
 When to write (:class:`Limiter`): a tighter limit is applied at once when it is more than the
 deadband below the current one (LS needs it now); a looser one only after it has stayed more than
 the deadband above for ``relax_hold`` seconds — doubled for each raise that followed a cut in the
-last minute — and at most ``max_relax_per_minute`` such raises a minute. A stationary LS load, noisy
-or not, therefore leaves the limit alone — unlike koordlet's cpuset path, which can rewrite BE's
-cpuset every second (koordinator#1103).
+last minute — and at most ``max_relax_per_minute`` such raises a minute; a rise the fast path
+follows starts that hold again. A stationary LS load, noisy or not, therefore leaves the limit
+alone — unlike koordlet's cpuset path, which can rewrite BE's cpuset every second
+(koordinator#1103).
 """
 
 from __future__ import annotations
@@ -171,6 +172,13 @@ class Limiter:
         self._last_was_cut = False
         return self._write(up)
 
+    def rising(self, now: float) -> None:
+        """The fast path is following a rise of what LS needs: a raise's hold starts again.
+        A load that keeps rising again (noisy LS) is not gone between its peaks, and a raise
+        between them is undone by the next one."""
+        if self._above_since is not None:
+            self._above_since = None
+
     def hold(self, reversal: bool) -> float:
         """How long a higher target must last: ``relax_hold``, doubled for each reversal in the
         last minute when this raise would be one more (at most a minute). An LS load that
@@ -245,6 +253,8 @@ class CPUSuppressStrategy(Strategy):
         if fast is not None and fast.held is not None:
             held = self.target(r, replace(cap, non_be_usage=fast.held)).cores
         rise = None if fast is None else fast.rise
+        if rise is not None:
+            self.limiter.rising(r.t)
         band = REFINE_CORES if rise is not None and rise == self._cut_for else None
         writes = self.limiter.writes
         self.apply(r, self.target(r, cap), tighten_only=True, held=held, band=band)
