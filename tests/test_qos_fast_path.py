@@ -349,6 +349,24 @@ def test_a_hold_counts_the_fast_paths_longer_window_not_its_short_peak() -> None
     assert lim.step(3.5, 0.5, tighten_only=True, held=1.0) == 0.5
 
 
+def test_a_rise_that_begins_inside_a_followed_one_is_measured_from_where_it_began(tmp_path: Path) -> None:
+    """A small rise is being followed when LS spins a core: from the sample that shows that,
+    the rise is measured from the sample before it, not from the small one's start."""
+    _, _, mgr, s, quota = node_with_pods(tmp_path)
+    settle(mgr, s)
+    s.ls, s.be = 0.3, 1.7  # a small rise: followed from here
+    s.advance(0.05)
+    assert mgr.fast_round() is True
+    s.advance(FAST_FOLLOW)
+    assert mgr.fast_round() is True  # 2 x 65 % - 0.3 = 1.0: within the deadband, nothing cut
+    s.ls, s.be = 1.0, 1.0  # LS spins a core
+    s.advance(FAST_REFINE)
+    assert mgr.fast_round() is True  # measured from the small rise's start: 0.58
+    s.advance(FAST_FOLLOW)
+    assert mgr.fast_round() is True  # measured from the sample before the spike: 1.0
+    assert int(quota.read_text()) == pytest.approx(30000, abs=10)  # 2 x 65 % - 1.0
+
+
 def test_a_raise_waits_while_rises_keep_coming() -> None:
     """A noisy LS load rises again and again: each rise the fast path follows restarts a
     raise's hold, so BE stays where the rises cut it until they stop."""

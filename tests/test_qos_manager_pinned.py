@@ -25,6 +25,7 @@ from nriplugin.qos.manager import (
     FAST_OUTSIDE,
     FAST_PERIOD,
     FAST_REFINE,
+    FAST_RESTART,
     FAST_WINDOW,
     HISTORY,
     QoSManager,
@@ -87,7 +88,7 @@ def test_constants() -> None:
         1.0,
         300.0,
     )
-    assert (FAST_IDLE, FAST_BE_BUSY, FAST_REFINE) == (0.25, 0.05, 0.02)
+    assert (FAST_IDLE, FAST_BE_BUSY, FAST_REFINE, FAST_RESTART) == (0.25, 0.05, 0.02, 0.3)
 
 
 def test_a_new_manager_starts_low_with_the_policys_assessors(tmp_path: Path) -> None:

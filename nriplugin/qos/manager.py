@@ -79,6 +79,9 @@ FAST_REFINE = 0.02  # seconds between the samples that follow a rise after that 
 FAST_IDLE = 0.25  # seconds between fast samples while BE uses next to no CPU: nothing to cut
 FAST_BE_BUSY = 0.05  # cores: BE using less than this (over a fast interval) has nothing to cut
 FAST_JUMP = 0.15  # cores: a change in non-BE usage that calls for a decision now
+# cores: a followed rise's last interval this far above its measure since its start began
+# later (more than a short interval's tick error): it is followed from the sample before
+FAST_RESTART = 0.3
 FAST_WINDOW = 0.15  # seconds of /proc/stat samples non-BE usage is measured over without a pods counter
 FAST_OUTSIDE = 1.0  # seconds of /proc/stat samples what runs outside the pods is measured over
 
@@ -222,6 +225,7 @@ class QoSManager:
         self._rise: float | None = None  # the sample that first showed the rise being followed
         self._rise_stall: int | None = None  # the LS pods' CPU waits (µs) at that sample
         self._follows = 0  # samples that measured the rise followed (FAST_FOLLOW, then FAST_REFINE)
+        self._last: tuple[float, int | None] | None = None  # the last fast sample's time, LS's waits then
         self._be_idle = False  # BE used next to no CPU in the last fast interval (FAST_IDLE)
         self._task: asyncio.Task[None] | None = None
         self.psi_path = psi_path
@@ -426,11 +430,18 @@ class QoSManager:
         # BE that runs next to nothing takes no CPU from LS: sampling it slower costs no
         # reaction (a BE that wakes is seen within FAST_IDLE, and the cut follows at FAST_PERIOD)
         self._be_idle = usage.be < FAST_BE_BUSY
-        rise = self._rise
+        rise, before, self._last = self._rise, self._last, None
         if rise is not None and fast.t - rise < FAST_WINDOW:
             since = self._fast.since(rise)
             self._follows += 1
-            self._between(fast.t, last, replace(self._waiting(usage if since is None else since, fast.t), rise=rise))
+            waiting = self._waiting(usage if since is None else since, fast.t)
+            self._between(fast.t, last, replace(waiting, rise=rise))
+            if since is not None and before is not None and usage.non_be - since.non_be >= FAST_RESTART:
+                # LS rose again after the sample the rise is followed from (that one showed
+                # something smaller: noise, another load): from here on it is measured from
+                # the sample before this one, the last that did not show it
+                self._rise, self._rise_stall = before
+                self._follows = 0
             return True
         self._rise = None
         if abs(usage.non_be - self._non_be) < FAST_JUMP:
@@ -438,6 +449,7 @@ class QoSManager:
         if usage.non_be > self._non_be:
             self._rise, self._follows = fast.t, 0  # followed from here
             self._rise_stall = self.collector.stall_us(self.pods.ls())
+            self._last = (fast.t, self._rise_stall)
             return True
         self._between(fast.t, last, usage)
         return False
@@ -449,10 +461,9 @@ class QoSManager:
         only part of what it asks for — BE's tasks still hold CPUs until the cut — and a cut
         sized by use alone would leave BE above what LS leaves it."""
         rise, before = self._rise, self._rise_stall
-        if rise is None or before is None or t <= rise:
-            return usage
-        now = self.collector.stall_us(self.pods.ls())
-        if now is None:
+        now = None if rise is None or before is None or t <= rise else self.collector.stall_us(self.pods.ls())
+        self._last = (t, now)
+        if rise is None or before is None or now is None:
             return usage
         waiting = max(0, now - before) / 1e6 / (t - rise)
         held = None if usage.held is None else usage.held + waiting
