@@ -41,7 +41,7 @@ log = logging.getLogger("nriplugin.qos")
 SUPPRESS = "qos:cpuSuppress"  # the overlays' owner
 IDLE = "qos:giveBackIdle"  # the owner of the cpu.idle a previous agent left on BE's groups
 KUBELET_BE_SHARES = 2  # the kubelet's cpu.shares for its besteffort group (MinShares)
-REFINE_CORES = 0.05  # cores: the step a cut made for a rise may be refined by while it is followed
+REFINE_CORES = 0.02  # cores: the step a cut made for a rise may be refined by while it is followed
 
 
 @dataclass(frozen=True, slots=True)
