@@ -160,8 +160,8 @@ def write_section(path: Path, r: dict[str, Any], cmd: str) -> None:
 Command: `.venv/bin/python -m {cmd}` ({os.cpu_count()} CPUs, {time.strftime("%Y-%m-%d")}), on
 the private containerd 1.7.24 with NRI: {r["containers"]} running containers (half BE with batch
 resources, half LS with a quota); each plugin measured over {r["window_s"]:.0f} s after it settled,
-with nothing happening but its own loops (nriplugin: the QoS manager's 1 s rounds and 50 ms
-fast path, a reconciler pass and a CRI inventory every {r["resync_s"]:.0f} s;
+with nothing happening but its own loops (nriplugin: the QoS manager's 1 s rounds and 30 ms
+fast path (250 ms while BE idles), a reconciler pass and a CRI inventory every {r["resync_s"]:.0f} s;
 {ours.get("entries", 0):.0f} managed cgroups, {ours.get("passes", 0):.0f} full passes so far).
 
 | plugin | CPU (share of one core) | RSS | peak RSS |
@@ -341,7 +341,7 @@ with its 95 % bootstrap interval over rounds.
 The same configuration for both: one NodeSLO (written directly, no koord-manager):
 `resourceUsedThresholdWithBE: {{enable: true, cpuSuppressThresholdPercent: 65}}`, each agent's
 default suppression policy (koordlet: cpuset; nriplugin: cfsQuota). nriplugin: `nriplugin run`
-with its embedded default policy (QoS manager's 1 s rounds and 50 ms fast path, reconciler,
+with its embedded default policy (QoS manager's 1 s rounds and 30 ms fast path (250 ms while BE idles), reconciler,
 CRI inventory, metrics) and its cluster side on (`--cluster on`: NodeSLO watch, NodeMetric
 report). koordlet v1.8.0 (`testkit/peers/koordlet.sh`, `testkit/koordlet.py`): host mode,
 `-feature-gates={KOORDLET_GATES}` over its defaults, `-v=2`, its NRI plugin registered

@@ -7,7 +7,8 @@ how fast the quota reacts, so it asks for one at every level (bench/colocation.p
 the default itself does to LS).
 
 - reaction to an LS spike: a host ``yes``, kept stopped inside the LS container's cpu and
-  cpuacct cgroups, is continued (SIGCONT); from that instant, the time until BE's group quota
+  cpuacct cgroups (and its unified-hierarchy group on a hybrid host, as runc puts each of the
+  container's processes), is continued (SIGCONT); from that instant, the time until BE's group quota
   (``kubepods/besteffort/cpu.cfs_quota_us``, polled every ~5 ms) reads at or below the cut
   (``--cut`` cores, 0.8: what LS's one-core request leaves BE at MEDIUM, (2 - 1) x 0.8; the
   usage budget may cut deeper), and until BE's measured usage (the BE
@@ -38,6 +39,7 @@ Usage (root, cgroup v1, 2 CPUs): .venv/bin/python -m bench.qos [--spikes 12] [--
 from __future__ import annotations
 
 import argparse
+import calendar
 import itertools
 import json
 import os
@@ -155,7 +157,7 @@ def pct(v: list[float], q: float) -> float:
 
 
 class Spinner:
-    """One thread of ``yes`` inside the LS container's cpu and cpuacct cgroups, stopped until
+    """One thread of ``yes`` inside the LS container's CPU cgroups, stopped until
     :meth:`go`. It is started stopped (``kill -STOP $$`` before ``exec yes``) and moved while
     stopped, so it never spins outside LS, and continued once at set-up so the exec is done."""
 
@@ -202,7 +204,10 @@ class Node:
         self.ls_acct = rt.container_cgroup(ls, ls_c, "cpuacct")
         self.be_acct = harness.CGROUP_FS / "cpuacct" / be.config.linux.cgroup_parent.lstrip("/")
         self.be_group = harness.CGROUP_FS / "cpu" / rt.cgroup_root / "kubepods" / "besteffort"
-        self.spinner = Spinner([rt.container_cgroup(ls, ls_c, c) for c in ("cpu", "cpuacct")])
+        # where runc put the container: the v1 cpu and cpuacct groups, and on a hybrid host its
+        # group in the unified hierarchy too (where the kernel keeps the container's PSI)
+        groups = [rt.container_cgroup(ls, ls_c, c) for c in ("cpu", "cpuacct", "unified")]
+        self.spinner = Spinner([g for g in groups if g.is_dir()])
 
     def quota(self) -> float:
         return quota_cores(self.be_group)
@@ -218,6 +223,23 @@ class Node:
 
     def log_lines(self) -> list[str]:
         return [ln for ln in self.plugin.logs().splitlines() if "BE limited to" in ln]
+
+    def decisions(self, since: float, until: float) -> list[tuple[float, float]]:
+        """The agent's BE-limit decisions logged between two wall-clock times: (when, cores).
+        A decision is logged where it is made, in the fast sample that showed the change (its
+        time to the millisecond), before the writer writes it."""
+        out = []
+        for ln in self.log_lines():
+            try:
+                rec = json.loads(ln)
+                ts = str(rec["ts"])
+                t = calendar.timegm(time.strptime(ts[:19], "%Y-%m-%dT%H:%M:%S")) + int(ts[20:23]) / 1e3
+                cores = float(rec["be_limit_cores"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            if since <= t <= until:
+                out.append((t, cores))
+        return out
 
 
 class Timeline(threading.Thread):
@@ -247,6 +269,7 @@ def spike(node: Node, cut: float, spin: float) -> dict[str, Any]:
     before = node.quota()
     samples: list[tuple[float, float, float]] = []  # t since the spike, BE cpu seconds, quota
     j0, ls0, be0 = node_jiffies(), acct_seconds(node.ls_acct), acct_seconds(node.be_acct)
+    w0 = time.time()  # the log's clock (its timestamps are wall-clock, to the millisecond)
     t0 = time.monotonic()
     node.spinner.go()
     first = reached = usage_under = None
@@ -271,6 +294,11 @@ def spike(node: Node, cut: float, spin: float) -> dict[str, Any]:
     after = node.quota()
     node.spinner.stop()
     spun = time.monotonic() - t0
+    # the log's timestamps are truncated to the millisecond: a decision in the spike's first
+    # millisecond may read as before it
+    made = node.decisions(w0 - 0.001, w0 + spun)
+    decided = made[0][0] if made else None
+    cut_decided = next((t for t, cores in made if cores <= cut), None)
     ls, be = (acct_seconds(node.ls_acct) - ls0) / spun, (acct_seconds(node.be_acct) - be0) / spun
     other = busy_cores(j0, node_jiffies()) - ls - be
     back = node.wait_quota(lambda q: q > cut + 0.1, 25.0)
@@ -280,6 +308,8 @@ def spike(node: Node, cut: float, spin: float) -> dict[str, Any]:
         "first_change_ms": None if first is None else first * 1e3,
         "cut_ms": None if reached is None else reached * 1e3,
         "usage_under_ms": None if usage_under is None else usage_under * 1e3,
+        "decision_ms": None if decided is None else max(0.0, decided - w0) * 1e3,
+        "cut_decision_ms": None if cut_decided is None else max(0.0, cut_decided - w0) * 1e3,
         "given_back_s": back,
         "restored": node.quota(),
         "ls_cores": ls,
@@ -507,17 +537,42 @@ def summarize(r: dict[str, Any]) -> dict[str, Any]:
 
     cut, use, first = col("cut_ms"), col("usage_under_ms"), col("first_change_ms")
     back = col("given_back_s")
+    decided, cut_decided = col("decision_ms"), col("cut_decision_ms")
+    # the write: from the decision that cut to the quota file showing it (the file polled every
+    # POLL, the log to the millisecond)
+    written = [
+        e["cut_ms"] - e["cut_decision_ms"] for e in eps if e["cut_ms"] is not None and e["cut_decision_ms"] is not None
+    ]
     return {
         "n": len(eps),
         "all": len(every),
         "other": (min(e["other_cores"] for e in every), max(e["other_cores"] for e in every)),
         "cut": (len(cut), pct(cut, 0.5), pct(cut, 0.99), max(cut, default=float("nan"))),
         "first": (len(first), pct(first, 0.5), max(first, default=float("nan"))),
+        "decided": (len(decided), pct(decided, 0.5), pct(decided, 0.99), max(decided, default=float("nan"))),
+        "cut_decided": (
+            len(cut_decided),
+            pct(cut_decided, 0.5),
+            pct(cut_decided, 0.99),
+            max(cut_decided, default=float("nan")),
+        ),
+        "written": (len(written), pct(written, 0.5), max(written, default=float("nan"))),
         "usage": (len(use), pct(use, 0.5), pct(use, 0.99), max(use, default=float("nan"))),
         "back": (len(back), pct(back, 0.5), max(back, default=float("nan"))),
         "after": statistics.median(e["after"] for e in eps),
         "before": statistics.median(e["before"] for e in eps),
     }
+
+
+def commit() -> str:
+    """The commit measured (``-dirty`` with local changes to the agent or the benchmarks)."""
+    root = Path(__file__).resolve().parents[1]
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=root)
+    code = ["nriplugin", "bench/*.py", "pyproject.toml"]
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no", "--", *code], capture_output=True, text=True, cwd=root
+    )
+    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
 def write_section(path: Path, r: dict[str, Any], command: str, plot: Path | None) -> None:
@@ -544,6 +599,22 @@ def write_section(path: Path, r: dict[str, Any], command: str, plot: Path | None
         ("same, p99", ms(s["cut"][2]), "< 200 ms"),
         ("same, max", ms(s["cut"][3]), ""),
         ("LS spike -> BE's first quota write, p50 / max", f"{s['first'][1]:.0f} / {s['first'][2]:.0f} ms", ""),
+        (
+            "LS spike -> the agent's first decision (made in the first sample that shows the spike), "
+            f"p50 / p99 / max ({s['decided'][0]} spikes)",
+            f"{s['decided'][1]:.0f} / {s['decided'][2]:.0f} / {s['decided'][3]:.0f} ms",
+            "",
+        ),
+        (
+            f"LS spike -> the decision that cuts BE to <= {sp['cut_cores']:g} cores, p50 / p99 / max",
+            f"{s['cut_decided'][1]:.0f} / {s['cut_decided'][2]:.0f} / {s['cut_decided'][3]:.0f} ms",
+            "",
+        ),
+        (
+            "that decision -> the quota file shows it (the write; the file polled every 5 ms), p50 / max",
+            f"{s['written'][1]:.0f} / {s['written'][2]:.0f} ms",
+            "",
+        ),
         (
             "LS spike -> BE's usage (100 ms windows after the cut) under its limit, p50 / p99 / max",
             f"{s['usage'][1]:.0f} / {s['usage'][2]:.0f} / {s['usage'][3]:.0f} ms",
@@ -591,14 +662,15 @@ def write_section(path: Path, r: dict[str, Any], command: str, plot: Path | None
     section = f"""<!-- qos:begin -->
 ## QoS manager: reaction, decision latency, footprint, writes under noise (`bench/qos.py`)
 
-Command: `.venv/bin/{command}` ({os.cpu_count()} CPUs, {time.strftime("%Y-%m-%d")}), on the private
-containerd 1.7.24 and the host's cgroup v1 tree, the agent with its **embedded default policy and
+Command: `.venv/bin/{command}` ({os.cpu_count()} CPUs, {time.strftime("%Y-%m-%d")}), commit `{r["commit"]}`,
+on the private containerd 1.7.24 and the host's cgroup v1 tree, the agent with its **embedded default policy and
 `quotaFrom: LOW`** (a quota at every CPU level: the default gives BE's idle group none below HIGH,
 so an idle LS would leave nothing to cut; `bench/colocation.py` measures the default itself;
-balanced profile, syncPeriod 1 s, the 50 ms fast path, usage budget 65 %, deadband 0.2 cores,
+balanced profile, syncPeriod 1 s, the 30 ms fast path (250 ms while BE idles), usage budget 90 %, deadband 0.2 cores,
 raiseDelay 2 s, doubled for each raise after a cut in the last minute, at most 4 such a minute): an
 LS pod requesting one core, a BE pod spinning two threads. A spike is a host `yes` kept stopped
-inside the LS container's cpu and cpuacct cgroups and continued (SIGCONT) for {sp["spin_s"]:g} s,
+inside the LS container's cpu and cpuacct cgroups (and its group in the unified hierarchy beside
+them, as runc places the container's own processes) and continued (SIGCONT) for {sp["spin_s"]:g} s,
 one every {sp["interval_s"]:g} s at the earliest (an LS load that comes back every half minute), and
 only once BE's limit has been given back (else a spike cannot show a cut; waited for up to 45 s);
 BE's quota is read from
@@ -608,10 +680,15 @@ BE's quota is read from
 
 Reading: a decision round is {dec["mean"]:.1f} ms on average, of which collection is {col["mean"]:.1f} ms.
 The give-back waits for the CPU pressure level to fall back (see the score in the timeline),
-not only for raiseDelay. Below `reserveLSRequestFrom` (HIGH) BE's limit follows what LS uses,
-measured over the fast path's 150 ms window, so a spike is cut in steps as LS's usage shows
-(the first write, then the cut). The figures move with whatever else runs on this shared
-machine: the usage budget counts any non-BE work, not only LS's.
+not only for raiseDelay. Below `reserveLSRequestFrom` (HIGH) BE's limit follows what LS uses
+as the fast path measures it: the pods root's CPU counter (what runs outside the pods from
+`/proc/stat` over a second); a rise is followed with samples every 30 ms, each measuring it
+from the sample that first showed it, so the cut is decided by the first sample whose interval
+lies inside the spike, and refined as that measure sharpens. The rows "the
+agent's first decision" and "the decision that cuts" are the log's timestamps of those
+decisions (each made in the fast sample that showed the change, to the millisecond); "the
+write" is from that decision to the quota file showing it. The figures move with whatever
+else runs on this shared machine: the usage budget counts any non-BE work, not only LS's.
 
 Noisy load: the spinner continued and stopped in chunks, busy and idle each uniform in
 100-300 ms (seed {nz["seed"]}; duty {nz["duty"] * 100:.0f} %, LS used {nz["ls_cores"]:.2f} cores and BE
@@ -623,7 +700,7 @@ The {mn["containers"]} containers (half BE, half LS, busybox `sleep`; the LS one
 CPU request) were added after the spikes and the noise, next to the two pods above; the agent
 then managed {mn["entries"]:.0f} cgroups (the node was
 {mn["node_busy_cores"]:.2f} cores busy in the window). Agent CPU is its utime+stime over the window, with BE
-spinning, so the fast path runs every 50 ms throughout.
+spinning, so the fast path runs every 30 ms throughout.
 {png}<!-- qos:end -->
 """
     replace_section(path, "qos", section)
@@ -923,6 +1000,7 @@ def main() -> int:
         result = run(rt, args)
     finally:
         rt.teardown()
+    result["commit"] = commit()
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     print({k: v for k, v in result.items() if k != "spikes"})

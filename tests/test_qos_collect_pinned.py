@@ -126,6 +126,9 @@ def test_no_periods_no_throttled_ratio() -> None:
     assert rnd.by_class()["LS"].throttled_ratio == 0.0
 
 
+PSI = "some avg10=0.00 avg60=0.00 avg300=0.00 total={total}\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+
+
 def test_a_groups_cpu_seconds_and_pressure_file(tmp_path: Path) -> None:
     from nriplugin.kernel.cgroup import Cgroups
     from nriplugin.node.desired import DesiredState
@@ -140,7 +143,17 @@ def test_a_groups_cpu_seconds_and_pressure_file(tmp_path: Path) -> None:
     m = NodeModel()
     col = Collector(m, DesiredState(m, RuleCache(), caps()), Cgroups(root))
     assert col.group_cpu_seconds(be) == 2.5 and col.group_cpu_seconds("kubepods/gone") is None
-    assert col.pressure_path(be) is None  # v1: no per-group PSI
+    assert col.pressure_path(be) is None  # v1 alone: no per-group PSI
+    col.close()
+    (root / "unified" / be).mkdir(parents=True)  # a hybrid host: the unified hierarchy beside v1
+    (root / "unified" / "cgroup.controllers").write_text("\n")
+    col = Collector(m, DesiredState(m, RuleCache(), caps()), Cgroups(root))
+    assert col.pressure_path(be) == f"{root}/unified/{be}/cpu.pressure"
+    (root / "unified" / be / "cpu.pressure").write_text(PSI.format(total=1500))
+    (root / "unified" / "kubepods" / "cpu.pressure").write_text(PSI.format(total=500))
+    files = [f"{root}/unified/{be}/cpu.pressure", f"{root}/unified/kubepods/cpu.pressure"]
+    assert col.stall_us(files) == 2000  # summed over the groups
+    assert col.stall_us([f"{root}/unified/gone/cpu.pressure"]) is None
     col.close()
     v2 = v2_tree(tmp_path / "v2", [be])
     col = Collector(m, DesiredState(m, RuleCache(), caps()), Cgroups(v2))

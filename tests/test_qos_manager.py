@@ -5,7 +5,7 @@ writes nothing, disabling the manager gives BE its CPU back."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +28,7 @@ from tests.test_features import caps
 from tests.test_reconciler import occupied
 
 BE_GROUP = "kubepods/besteffort"
+PODS_ROOT = "kubepods"
 
 
 @dataclass
@@ -39,6 +40,12 @@ class Script:
     ls_request: float = 1.0
     be: float = 2.0
     be_seconds: float = 0.0
+    ls_seconds: float = 0.0
+    ls_wait: float = 0.0  # cores' worth of time LS's pods had a task waiting for a CPU
+    ls_stall_us: float = 0.0
+    pods_counter: bool = True  # the pods root's counter can be read
+    fast_t: float | None = None  # the last fast sample's time
+    ls_waits: bool | None = None  # whether the last round asked for LS's waits
     rounds: int = 0
     fast_reads: list[float] = field(default_factory=list)
     by_container: dict[str, ContainerUsage] = field(default_factory=dict)
@@ -46,9 +53,12 @@ class Script:
     def advance(self, dt: float) -> None:
         self.t += dt
         self.be_seconds += self.be * dt
+        self.ls_seconds += self.ls * dt
+        self.ls_stall_us += self.ls_wait * dt * 1e6
 
-    def sample(self, be_groups: Sequence[str] = ()) -> NodeSample:
+    def sample(self, be_groups: Sequence[str] = (), ls_waits: bool = True) -> NodeSample:
         self.rounds += 1
+        self.ls_waits = ls_waits
         return NodeSample(
             t=self.t,
             interval=1.0,
@@ -64,18 +74,27 @@ class Script:
             be_cpu_seconds=self.be_seconds if be_groups else None,
         )
 
-    async def sample_async(self, be_groups: Sequence[str] = ()) -> NodeSample:
-        return self.sample(be_groups)
+    async def sample_async(self, be_groups: Sequence[str] = (), ls_waits: bool = True) -> NodeSample:
+        return self.sample(be_groups, ls_waits)
 
     def fast(self) -> FastSample:
-        return FastSample(t=self.t, interval=0.1, cpu_busy_cores=self.ls + self.be)
+        interval = 0.1 if self.fast_t is None else self.t - self.fast_t
+        self.fast_t = self.t
+        return FastSample(t=self.t, interval=interval, cpu_busy_cores=self.ls + self.be)
 
     def group_cpu_seconds(self, group: str) -> float | None:
+        """BE's QoS-level group's counter; the pods root's counts LS too."""
+        if group == PODS_ROOT:
+            return self.be_seconds + self.ls_seconds if self.pods_counter else None
         self.fast_reads.append(self.t)
         return self.be_seconds
 
     def pressure_path(self, group: str) -> str | None:
         return None  # cgroup v1
+
+    def stall_us(self, files: Iterable[str]) -> int | None:
+        """LS's waits, when the test gave its pods PSI files (as on v2 or a hybrid host)."""
+        return int(self.ls_stall_us) if set(files) else None
 
 
 def seed_dict() -> dict[str, object]:
@@ -139,7 +158,9 @@ def test_rounds_limit_be_cut_fast_and_give_back_after_the_hold(tmp_path: Path) -
     mgr.fast_round()  # first fast sample: a baseline only
     s.ls, s.be = 1.0, 1.0  # LS spins one core
     s.advance(0.1)
-    mgr.fast_round()  # 100 ms later: 2 x 65% - 1.0 = 0.3 core, at once
+    assert mgr.fast_round() is True  # 100 ms later: the rise seen, followed
+    s.advance(0.02)
+    mgr.fast_round()  # measured inside the rise: 2 x 65% - 1.0 = 0.3 core, at once
     assert quota.read_text() == "30000"
     assert s.rounds == 1  # no full round was needed
     s.ls, s.be = 0.0, 0.3
@@ -168,11 +189,14 @@ def test_a_full_round_reads_bes_groups_for_the_usage_budget(tmp_path: Path) -> N
 
 def test_a_stationary_noisy_load_writes_nothing(tmp_path: Path) -> None:
     _, _, mgr, s, _ = node_with_pods(tmp_path)
-    s.ls = 0.4
+    s.ls = 0.6  # LS's peak: BE's groups read twice, the usage budget holds BE at 2 x 65 % - 0.6
     mgr.round()
+    s.advance(1.0)
+    mgr.round()
+    assert mgr.limiter.current == pytest.approx(0.7)
     writes = mgr.limiter.writes
     for i in range(600):  # a minute of 100 ms steps, LS wobbling by +-0.1 core
-        s.ls = 0.4 + (0.1 if i % 2 else -0.1)
+        s.ls = 0.5 + (0.1 if i % 2 else -0.1)
         s.advance(0.1)
         mgr.round() if i % 10 == 0 else mgr.fast_round()
     assert mgr.limiter.writes == writes
@@ -261,7 +285,9 @@ def test_the_cpuset_policy_moves_be_between_whole_cpus_and_lifts_cleanly(tmp_pat
     mgr.fast_round()
     s.ls, s.be = 1.0, 1.0
     s.advance(0.1)
-    mgr.fast_round()  # LS spins a core: 0.3 core -> one CPU, at once
+    mgr.fast_round()  # LS spins a core: followed
+    s.advance(0.02)
+    mgr.fast_round()  # 0.3 core -> one CPU, at once
     assert cpus.read_text() == "3"
     writes = mgr.limiter.writes
     for i in range(100):  # LS wobbling around its core: same count, nothing written

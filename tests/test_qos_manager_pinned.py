@@ -17,9 +17,21 @@ import pytest
 
 from nriplugin.policy.model import PLUGINS, Policy
 from nriplugin.qos.levels import Level, Thresholds
-from nriplugin.qos.manager import FAST_JUMP, FAST_PERIOD, FAST_WINDOW, HISTORY, QoSManager
+from nriplugin.qos.manager import (
+    FAST_BE_BUSY,
+    FAST_FOLLOW,
+    FAST_IDLE,
+    FAST_JUMP,
+    FAST_OUTSIDE,
+    FAST_PERIOD,
+    FAST_REFINE,
+    FAST_RESTART,
+    FAST_WINDOW,
+    HISTORY,
+    QoSManager,
+)
 from nriplugin.qos.sample import NodeSample
-from nriplugin.qos.strategy import FastUsage, Round
+from nriplugin.qos.strategy import Round
 from tests.test_qos_manager import BE_GROUP, Script, node_with_pods
 
 
@@ -68,7 +80,15 @@ class Seen:
 
 
 def test_constants() -> None:
-    assert (FAST_PERIOD, FAST_JUMP, FAST_WINDOW, HISTORY) == (0.05, 0.15, 0.15, 300.0)
+    assert (FAST_PERIOD, FAST_FOLLOW, FAST_JUMP, FAST_WINDOW, FAST_OUTSIDE, HISTORY) == (
+        0.03,
+        0.03,
+        0.15,
+        0.15,
+        1.0,
+        300.0,
+    )
+    assert (FAST_IDLE, FAST_BE_BUSY, FAST_REFINE, FAST_RESTART) == (0.25, 0.05, 0.02, 0.3)
 
 
 def test_a_new_manager_starts_low_with_the_policys_assessors(tmp_path: Path) -> None:
@@ -113,28 +133,53 @@ def test_a_reload_applies_the_new_pressure_settings_at_the_next_round(tmp_path: 
 
 def test_the_fast_path_decides_only_on_a_jump(tmp_path: Path) -> None:
     _, _, mgr, s, quota = node_with_pods(tmp_path)
-    mgr.fast_round()  # no round yet: nothing read
+    assert mgr.fast_round() is False  # no round yet: nothing read
     assert s.fast_reads == []
     mgr.round()
     assert quota.read_text() == "100000"
     s.advance(0.1)
-    mgr.fast_round()  # the baseline of BE's counter
+    assert mgr.fast_round() is False  # the baseline of BE's and the pods' counters
     assert len(s.fast_reads) == 1
+    s.advance(0.1)
+    mgr.fast_round()  # the pods' counter read over FAST_WINDOW: the last interval is what the pods use
     writes = mgr.limiter.writes
     s.ls = 0.125  # non-BE up by 0.125 core: less than FAST_JUMP
     s.advance(0.1)
-    mgr.fast_round()
+    assert mgr.fast_round() is False
     assert mgr.limiter.writes == writes
-    s.ls = 1.25  # a jump: the usage budget cuts BE at once, by what the window has seen of it
+    s.ls = 1.25  # a jump: a rise, followed; its first sample straddles its start: no decision
     s.advance(0.1)
-    mgr.fast_round()  # 0.2 s window: (0.125 + 1.25) / 2 = 0.6875 -> 2 x 65 % - 0.6875 = 0.6125
-    assert quota.read_text() == "61250"
-    s.advance(0.1)
-    mgr.fast_round()  # the window all after the jump: 2 x 65 % - 1.25 = 0.05 -> floor 0.1
+    assert mgr.fast_round() is True
+    assert mgr.limiter.writes == writes
+    s.advance(0.1)  # the rise measured inside it: 2 x 65 % - 1.25 = 0.05 -> floor 0.1
+    assert mgr.fast_round() is True
     assert quota.read_text() == "10000"
     s.advance(0.1)
-    mgr.fast_round()  # no change since the last decision: nothing to do
-    assert mgr.limiter.writes == writes + 2
+    assert mgr.fast_round() is False  # FAST_WINDOW since the rise; no change since the last decision
+    assert mgr.limiter.writes == writes + 1
+    s.ls = 0.0
+    s.advance(0.1)
+    assert mgr.fast_round() is False  # a fall is decided on too (it cuts nothing), but is no rise
+    assert mgr._non_be == 0.0
+
+
+def test_without_the_pods_counter_the_fast_path_reads_proc_stat_over_its_window(tmp_path: Path) -> None:
+    _, _, mgr, s, quota = node_with_pods(tmp_path)
+    s.pods_counter = False
+    mgr.round()
+    s.advance(0.1)
+    mgr.fast_round()  # the baseline of BE's counter
+    writes = mgr.limiter.writes
+    s.ls = 0.125
+    s.advance(0.1)
+    mgr.fast_round()
+    s.ls = 1.25  # a jump: 0.2 s window, (0.125 + 1.25) / 2 = 0.6875: a rise, followed
+    s.advance(0.1)
+    assert mgr.fast_round() is True
+    s.advance(0.02)  # the window from 0.22 s back: (0.125 x 0.1 + 1.25 x 0.12) / 0.22 = 0.7386
+    assert mgr.fast_round() is True
+    assert quota.read_text() == "56136"  # 2 x 65 % - 0.7386: what /proc/stat's window has seen of it
+    assert mgr.limiter.writes == writes + 1
 
 
 def test_the_fast_path_waits_for_be_groups_and_a_readable_counter(tmp_path: Path) -> None:
@@ -146,7 +191,7 @@ def test_the_fast_path_waits_for_be_groups_and_a_readable_counter(tmp_path: Path
     assert s.fast_reads == []  # no BE group: nothing to read
     mgr.groups = [BE_GROUP, "kubepods.slice/kubepods-besteffort.slice"]
     readings = iter([1.0, 2.0, None, 3.0, 4.0])
-    s.group_cpu_seconds = lambda group: next(readings)  # type: ignore[method-assign]
+    s.group_cpu_seconds = lambda group: None if "/" not in group else next(readings)  # type: ignore[method-assign]
     s.advance(0.1)
     mgr.fast_round()  # 1 + 2: a baseline
     s.ls = 1.5
@@ -260,7 +305,7 @@ def test_the_loop(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
             real = s.sample
             failed: list[int] = []
 
-            def fail(be_groups: object = ()) -> NodeSample:
+            def fail(be_groups: object = (), ls_waits: bool = True) -> NodeSample:
                 failed.append(1)
                 raise RuntimeError("boom")
 
@@ -281,7 +326,7 @@ def test_the_loop(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, "nriplugin.qos"):
         asyncio.run(main())
     assert "QoS round failed; trying again next round" in caplog.text
-    assert "no PSI trigger (" in caplog.text and "the 50 ms fast path carries the reaction" in caplog.text
+    assert "no PSI trigger (" in caplog.text and "the 30 ms fast path carries the reaction" in caplog.text
 
 
 def test_stop_before_start_is_harmless(tmp_path: Path) -> None:
@@ -342,7 +387,7 @@ def test_a_rounds_time_includes_its_collection(tmp_path: Path) -> None:
     seen = Seen()
     mgr.observer = seen
     real = s.sample
-    s.sample = lambda be_groups=(): replace(real(be_groups), collect_seconds=0.5)  # type: ignore[method-assign]
+    s.sample = lambda be_groups=(), ls_waits=True: replace(real(be_groups), collect_seconds=0.5)  # type: ignore[method-assign]
     mgr.round()
     seconds, collect = seen.rounds[0]
     assert collect == 0.5 and 0.5 <= seconds < 30
@@ -475,13 +520,18 @@ def test_the_fast_path_decides_at_a_jump_of_exactly_fast_jump(tmp_path: Path) ->
     assert mgr._non_be == 0.0
     s.ls = FAST_JUMP
     s.advance(0.1)
-    mgr.fast_round()
+    assert mgr.fast_round() is True  # a rise: followed, nothing decided on the sample that first shows it
+    assert between.rounds == [] and mgr._non_be == 0.0
+    rise = s.t
+    s.advance(0.02)
+    assert mgr.fast_round() is True  # within FAST_WINDOW of the rise: every sample decides
     (r,) = between.rounds
-    assert r.fast == FastUsage(0.0, FAST_JUMP) and r.t == s.t and r.sample is mgr.last
+    assert r.fast is not None and r.fast.be == 0.0 and r.fast.non_be == pytest.approx(FAST_JUMP) and r.fast.rise == rise
+    assert r.t == s.t and r.sample is mgr.last
     assert (r.level, r.cpu_score, r.memory_score) == (mgr.level, mgr.cpu.score, mgr.memory.score)
-    assert mgr._non_be == FAST_JUMP
-    s.advance(0.1)
-    mgr.fast_round()
+    assert mgr._non_be == pytest.approx(FAST_JUMP)
+    s.advance(0.15)
+    assert mgr.fast_round() is False  # the rise no longer followed
     assert len(between.rounds) == 1  # the same non-BE usage as at the last decision: nothing
 
 
@@ -490,6 +540,8 @@ def test_the_fast_path_hands_the_scores_on(tmp_path: Path) -> None:
     mgr.cpu._score, mgr.memory._score = 61.0, 23.0
     s.ls = 1.0
     s.advance(0.1)
+    mgr.fast_round()
+    s.advance(0.02)
     mgr.fast_round()
     (r,) = between.rounds
     assert (r.cpu_score, r.memory_score) == (61.0, 23.0)
@@ -505,13 +557,17 @@ def test_the_fast_path_sums_bes_groups(tmp_path: Path) -> None:
     mgr, s, between = fast_scene(tmp_path)
     counters = {BE_GROUP: 1.0, "kubepods.slice/kubepods-besteffort.slice": 2.0}
     mgr.groups = list(counters)
-    s.group_cpu_seconds = lambda group: counters[group]  # type: ignore[method-assign]
+    s.group_cpu_seconds = lambda group: counters.get(group)  # type: ignore[method-assign]
     s.advance(0.1)
     mgr.fast_round()
     counters[BE_GROUP] += 0.1  # 1 core
     counters["kubepods.slice/kubepods-besteffort.slice"] += 0.2  # 2 cores
     s.ls, s.be = 0.5, 3.0
     s.advance(0.1)
+    mgr.fast_round()  # a rise, followed
+    counters[BE_GROUP] += 0.02
+    counters["kubepods.slice/kubepods-besteffort.slice"] += 0.04
+    s.advance(0.02)
     mgr.fast_round()
     (r,) = between.rounds
     assert r.fast is not None and r.fast.be == pytest.approx(3.0) and r.fast.non_be == pytest.approx(0.5)
@@ -522,7 +578,7 @@ def test_round_async_takes_the_pods_in_and_samples_their_groups(tmp_path: Path) 
     asked: list[object] = []
     real = s.sample
 
-    def sample(be_groups: Sequence[str] = ()) -> NodeSample:
+    def sample(be_groups: Sequence[str] = (), ls_waits: bool = True) -> NodeSample:
         asked.append(list(be_groups))
         return real(be_groups)
 
@@ -537,7 +593,7 @@ def test_a_falling_memory_score_is_smoothed_too(tmp_path: Path) -> None:
     _, _, mgr, s, _ = node_with_pods(tmp_path)
     real = s.sample
     avail = [0]
-    s.sample = lambda be_groups=(): replace(real(be_groups), mem_available=avail[0])  # type: ignore[method-assign]
+    s.sample = lambda be_groups=(), ls_waits=True: replace(real(be_groups), mem_available=avail[0])  # type: ignore[method-assign]
     mgr.round()
     high = mgr.memory.score
     avail[0] = 6 << 30
@@ -634,7 +690,7 @@ def test_without_a_trigger_the_reason_and_the_fast_period_are_said(
         asyncio.run(main())
     (said,) = [m for m in caplog.messages if m.startswith("no PSI trigger (")]
     why = f"{tmp_path / 'no-psi'}: No such file or directory"
-    assert said == f"no PSI trigger ({why}); the 50 ms fast path carries the reaction"
+    assert said == f"no PSI trigger ({why}); the 30 ms fast path carries the reaction"
 
 
 def test_a_failing_round_is_said_as_such(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -642,7 +698,7 @@ def test_a_failing_round_is_said_as_such(tmp_path: Path, caplog: pytest.LogCaptu
     _, _, mgr, s, _ = node_with_pods(tmp_path, p)
     mgr.psi_path = None
 
-    def fail(be_groups: object = ()) -> NodeSample:
+    def fail(be_groups: object = (), ls_waits: bool = True) -> NodeSample:
         raise RuntimeError("boom")
 
     s.sample = fail  # type: ignore[method-assign]

@@ -587,28 +587,28 @@ def test_the_fast_window_averages_tick_noise_and_shows_a_step_at_once() -> None:
     for i in range(20):  # 50 ms samples of a steady 1.2 cores read as 0.8 and 1.6 by turns
         t, be = t + 0.05, be + 0.025  # BE: 0.5 core
         got = w.add(t, 0.05, 0.8 if i % 2 else 1.6, be)
-        assert got is not None
-        seen.append(got)
+        assert got is not None and got.held == got.non_be  # without the pods' counter: one window
+        seen.append((got.non_be + got.be, got.be))
     busy, be_cores = seen[-1]
     assert abs(busy - 1.2) <= 0.14 and be_cores == pytest.approx(0.5)  # one sample alone: 0.8 or 1.6
     assert all(abs(b - 1.2) <= 0.14 for b, _ in seen[3:])  # from a full window on, never a lone peak
     t, be = t + 0.05, be + 0.025
-    busy, _ = w.add(t, 0.05, 2.0, be) or (0.0, 0.0)  # LS jumps by 0.8 core: a third shows at once
+    busy = rate(w.add(t, 0.05, 2.0, be), 0.5)  # LS jumps by 0.8 core: a third shows at once
     assert 1.4 <= busy <= 1.6
     for _ in range(3):
         t, be = t + 0.05, be + 0.025
-        busy, _ = w.add(t, 0.05, 2.0, be) or (0.0, 0.0)
+        busy = rate(w.add(t, 0.05, 2.0, be), 0.5)
     assert busy == pytest.approx(2.0)  # the whole window after the step
     assert w.add(t + 0.05, 0.05, 2.0, None) is None  # BE unread: start again
     assert w.add(t + 0.1, 0.05, 2.0, be) is None
     back = w.add(t + 0.15, 0.05, 1.0, be - 1)
-    assert back is not None and back[0] == pytest.approx(1.0) and back[1] == 0.0  # a counter going back: no usage
+    assert back is not None and back.non_be == pytest.approx(1.0) and back.be == 0.0  # a counter going back: no usage
 
 
-def rate(got: tuple[float, float] | None) -> float:
-    """The node's busy cores a window gave (BE standing still at 0)."""
-    assert got is not None and got[1] == 0.0
-    return got[0]
+def rate(got: FastUsage | None, be: float = 0.0) -> float:
+    """The node's busy cores a window gave (BE at ``be``)."""
+    assert got is not None and got.be == pytest.approx(be)
+    return got.non_be + got.be
 
 
 def test_the_fast_window_spans_at_least_its_span_from_the_newest_point_that_allows_it() -> None:

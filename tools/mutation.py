@@ -297,8 +297,8 @@ EQUIVALENT: dict[str, str] = {
     ),
     _QM + "__init____mutmut_43": _FALSE_NONE,
     _QM + "__init____mutmut_45": _FALSE_NONE,
-    _QM + "_be_seconds__mutmut_3": (
-        "BE's counters summed from 1 rather than 0: a constant offset, and only differences of the sum are used"
+    _QM + "_seconds__mutmut_3": (
+        "the groups' counters summed from 1 rather than 0: a constant offset, and only differences of the sum are used"
     ),
     _QM + "_why_not__mutmut_21": _FALSE_NONE,
     _QM + "start__mutmut_5": _FIRES,

@@ -11,7 +11,7 @@ What drives what:
   ``--resync-seconds`` and after each Synchronize;
 - the **QoS manager** (``qos/``) measures the node and the classes (``qos/collect.py``), scores
   the pressure (``qos/scores.py``, ``qos/levels.py``) and suppresses BE / lets LS burst as
-  overlays on the desired state (``qos/manager.py``), every ``syncPeriod`` and on a 50 ms
+  overlays on the desired state (``qos/manager.py``), every ``syncPeriod`` and on a 30 ms
   fast path;
 - **network QoS** (``netqos/``) keeps the pods' tc rules, off the hook path;
 - the **runtime lock** (``agent/lock.py``) makes this agent the only one serving the runtime.

@@ -26,6 +26,7 @@ MAX_WEIGHT, MIN_WEIGHT = 10000, 1
 PID_MAX_LIMIT = 4 * 1024 * 1024  # the kernel's ceiling on pid numbers (64-bit), so on pids.max
 MIN_QUOTA_US = 1000  # the kernel's smallest CFS quota (1 ms)
 CFS_PERIOD_US = 100_000  # the kernel's default CFS period (100 ms), and the kubelet's: where none is set
+HYBRID_UNIFIED = "unified"  # where a v1 hybrid host mounts the cgroup v2 hierarchy, under the cgroup root
 
 
 def cfs_period(value: object) -> int:
@@ -245,6 +246,7 @@ class Cgroups:
         self._real_bases: dict[str, str] = {}
         self._resolved: dict[str, str] = {}  # directory -> its real path
         self._child_files: frozenset[str] | None = None  # v2 with no group yet: a probe group's files
+        self._hybrid: bool | None = None  # v1 with the unified hierarchy beside it (pressure_file)
         if self.version is None:
             self.version = detect_version(self.root)
 
@@ -275,6 +277,19 @@ class Cgroups:
         if not checked:
             return self._path(ctrl, group)
         return self._dir(ctrl, group)
+
+    def pressure_file(self, group: str, resource: str = "cpu") -> str | None:
+        """A group's PSI file (``cpu.pressure``): on v2 in its own directory; on a v1 hybrid
+        host in the unified hierarchy (``<root>/unified``), where runc and the kubelet create
+        each group too and the kernel keeps per-group PSI whatever the v1 controllers. None
+        on a v1 host without that hierarchy: v1 itself has no per-group PSI."""
+        if self.version is Version.V2:
+            return f"{self._dir('', group)}/{resource}.pressure"
+        if self._hybrid is None:
+            self._hybrid = os.path.exists(f"{self._path(HYBRID_UNIFIED)}/cgroup.controllers")
+        if not self._hybrid:
+            return None
+        return f"{self._dir(HYBRID_UNIFIED, group)}/{resource}.pressure"
 
     def _path(self, controller: str, group: str = "") -> str:
         return "/".join([self._prefix, *(p for p in (controller, group) if p)]) or "/"

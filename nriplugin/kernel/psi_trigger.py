@@ -6,7 +6,7 @@ event loop watches.
 
 Kernels may refuse a trigger (this project's test machines answer EINVAL to any trigger on
 ``/proc/pressure/*``): :func:`open_trigger` then returns None and why, and the QoS manager's
-50 ms fast path carries the reaction alone.
+30 ms fast path carries the reaction alone.
 """
 
 from __future__ import annotations

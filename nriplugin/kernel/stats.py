@@ -18,6 +18,7 @@ import contextlib
 import math
 import os
 import resource
+from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -575,6 +576,18 @@ class Stats:  # pragma: no mutate block (file I/O, not a parser: tools/mutation.
         """The ``some`` total of /proc/pressure/cpu alone (the fast path)."""
         text = self.files.read(self._pressure + "cpu")
         return None if text is None else parse_psi_some_total(text)
+
+    def stall_us(self, files: Iterable[str]) -> int | None:
+        """The ``some`` totals of these PSI files summed (µs): how long each group had a
+        task waiting for a CPU. Opened and closed per read: they are read only while the
+        fast path follows a rise, and a pod's file goes with its pod. None when none reads."""
+        total, read = 0, False
+        for path in files:
+            text = self.files.read(path, keep=False)
+            v = None if text is None else parse_psi_some_total(text)
+            if v is not None:
+                total, read = total + v, True
+        return total if read else None
 
     def meminfo(self) -> MemInfo | None:
         text = self.files.read(self._meminfo)

@@ -142,7 +142,7 @@ class ResourceThresholdStrategy(_M):
 
     ``cpuSuppressThresholdPercent`` is 90 here where koordlet's default is 65: koordlet's loop
     sees an LS rise a second or two late and keeps a third of the node idle for it; this
-    agent's fast path cuts BE within 150 ms of it, and at 65 the node cannot be busier than
+    agent's fast path cuts BE within a fast sample or two of it, and at 65 the node cannot be busier than
     65 % whenever BE fills the rest (the colocation benchmark, docs/benchmarks.md). A
     NodeSLO's own value wins."""
 
@@ -267,7 +267,7 @@ class CPUSuppress(_M):
     what LS uses now (never more than its request). Requests are sized for peaks: reserving a
     calm LS's unused request kept it from BE on top of the usage budget's headroom (the
     colocation benchmark, docs/benchmarks.md). The usage budget's fast path gives it back to LS
-    within 150 ms of LS needing it, and BE's tasks run SCHED_IDLE (``beProcess.schedIdle``). ``LOW``
+    within a fast sample or two of LS needing it, and BE's tasks run SCHED_IDLE (``beProcess.schedIdle``). ``LOW``
     reserves the request at every level (the seed's formula).
 
     ``policy`` None follows ``resourceUsedThresholdWithBE.cpuSuppressPolicy`` (cfsQuota by

@@ -1,5 +1,5 @@
 """The QoS manager's collection: one full round (:meth:`Collector.sample`, every syncPeriod)
-and a cheap fast path (:meth:`Collector.fast`, every 50 ms between rounds).
+and a cheap fast path (:meth:`Collector.fast`, every 30 ms between rounds).
 
 Only containers the node model knows and has seen running are read — never a CREATED one,
 whose cgroup runc may still be building — and only those with a QoS class the manager acts
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple, Protocol
@@ -357,17 +357,19 @@ class Collector:
 
     # the full round -----------------------------------------------------------------------------
 
-    def sample(self, be_groups: Sequence[str] = ()) -> NodeSample:
+    def sample(self, be_groups: Sequence[str] = (), ls_waits: bool = True) -> NodeSample:
         """One round, in one go. With ``be_groups`` (the QoS-level groups that hold BE pods)
         BE's CPU is their counters' (a pod that just started counts at once), and BE
         containers' own CPU is read only with their memory (every ``memory_every`` rounds:
-        what eviction ranks by): half the reads of a round where half the containers are BE."""
-        return _run(self._sample(be_groups))
+        what eviction ranks by): half the reads of a round where half the containers are BE.
+        ``ls_waits``: also LS containers' waits for a CPU (on cgroup v1 every LS task's
+        run-queue delay: a file per task), only when a strategy will use them."""
+        return _run(self._sample(be_groups, ls_waits))
 
-    async def sample_async(self, be_groups: Sequence[str] = ()) -> NodeSample:
+    async def sample_async(self, be_groups: Sequence[str] = (), ls_waits: bool = True) -> NodeSample:
         """:meth:`sample`, giving the event loop back between turns. Its ``collect_seconds``
         is the reading's own time, not the waits between turns."""
-        steps = self._sample(be_groups)
+        steps = self._sample(be_groups, ls_waits)
         paused = 0.0  # time spent at yields (other callbacks' turn)
         while True:
             try:
@@ -379,7 +381,7 @@ class Collector:
             await self.pacer.give_way()
             paused += time.perf_counter() - left
 
-    def _sample(self, be_groups: Sequence[str]) -> Generator[None, None, NodeSample]:
+    def _sample(self, be_groups: Sequence[str], ls_waits: bool = True) -> Generator[None, None, NodeSample]:
         """A round's steps: a yield at the end of each turn; the sample is the return value."""
         started = time.perf_counter()
         self._rounds += 1
@@ -389,7 +391,7 @@ class Collector:
         node = self._node()
         be_group = self._group_cores(t, be_groups) if be_groups else None
         memory_read = self._rounds % self.memory_every == 0
-        by_class, ls_growth = yield from self._classes(t, be_group is not None, memory_read)
+        by_class, ls_growth = yield from self._classes(t, be_group is not None, memory_read, ls_waits)
         if be_group is not None and QoSClass.BE.value in by_class:
             by_class[QoSClass.BE.value] = replace(by_class[QoSClass.BE.value], cpu_cores=be_group[0])
         if self._ls_rss_held is None:
@@ -455,7 +457,7 @@ class Collector:
         return 0.0 if d is None else d[1][0] / 1e9 / d[0], total / 1e9
 
     def _classes(
-        self, t: float, be_from_groups: bool, memory_read: bool
+        self, t: float, be_from_groups: bool, memory_read: bool, ls_waits: bool = True
     ) -> Generator[None, None, tuple[dict[str, ClassUsage], int]]:
         """Per-class sums, and the RSS growth of LS containers measured in the last round too;
         a step (yield) at the end of each turn. ``be_from_groups``: BE's CPU comes from its
@@ -476,7 +478,7 @@ class Collector:
             if turn.over():
                 yield
                 turn.restart()
-            self._container(rnd, t, r.container.id, r, be_from_groups, memory_read)
+            self._container(rnd, t, r.container.id, r, be_from_groups, memory_read, ls_waits)
         quotas: dict[str, _PodQuota] = {}
         for pod, limits in rnd.ls_pods.values():
             if turn.over():
@@ -488,7 +490,9 @@ class Collector:
         self.by_container = rnd.by_container
         return rnd.by_class(), rnd.ls_growth
 
-    def _container(self, rnd: _Round, t: float, key: str, r: Record, be_from_groups: bool, memory_read: bool) -> None:
+    def _container(
+        self, rnd: _Round, t: float, key: str, r: Record, be_from_groups: bool, memory_read: bool, ls_waits: bool = True
+    ) -> None:
         """One container into the round: skipped when not running (CREATED: runc may still be
         building its cgroup), not collected, or its cgroup missing (looked for again after a
         wait that doubles); a BE container between its memory reads carries its last; any
@@ -517,7 +521,7 @@ class Collector:
         if be_from_groups and f.qos is QoSClass.BE and before is not None and not full:
             rnd.carried(key, f, before)  # read again with its memory
             return
-        cpu = self.stats.cpu(group, throttling=f.throttling, waiting=f.qos in LS_CLASSES)
+        cpu = self.stats.cpu(group, throttling=f.throttling, waiting=ls_waits and f.qos in LS_CLASSES)
         if cpu is None:  # the cgroup is gone (a removal on its way), or not there
             wait = min(ABSENT_MAX_WAIT, 2 * absent[1]) if absent is not None else 1
             self._absent[key] = (self._rounds + wait, wait)
@@ -615,13 +619,16 @@ class Collector:
         return None if cpu is None else cpu.usage_ns / 1e9
 
     def pressure_path(self, group: str) -> str | None:
-        """A group's ``cpu.pressure`` (cgroup v2; None on v1, which has no per-group PSI)."""
-        if not self.stats.v2:
-            return None
+        """A group's ``cpu.pressure`` (cgroup v2, or a v1 host's unified hierarchy beside it;
+        None on a v1 host without one: v1 has no per-group PSI)."""
         try:
-            return f"{self.stats.cgroups.group_path(group, 'cpu')}/cpu.pressure"
+            return self.stats.cgroups.pressure_file(group)
         except OSError:
             return None
+
+    def stall_us(self, files: Iterable[str]) -> int | None:
+        """How long these groups had a task waiting for a CPU, summed (µs; the fast path)."""
+        return self.stats.stall_us(files)
 
     def close(self) -> None:
         """Close the counter files kept open between rounds."""

@@ -4,20 +4,21 @@ Two bounds, the tighter wins:
 - the level's: ``(total - LS reserve - system reserved - LS burst granted) x ratio(level)`` —
   LS bursts are served first, BE gets what is left, so the sum never exceeds the node. The LS
   reserve is LS's request from ``reserveLSRequestFrom`` (HIGH) up, and below it what LS uses:
-  a calm LS's unused request goes to BE, and the usage budget below takes it back within the
-  fast path's 150 ms window when LS needs it;
+  a calm LS's unused request goes to BE, and the usage budget below takes it back within a
+  fast sample or two when LS needs it;
 - Koordinator's usage budget (NodeSLO ``cpuSuppressThresholdPercent``): ``total x threshold -
-  what everything but BE uses now``. It follows LS's actual use, so it reacts within one fast
-  sample (50 ms) to an LS spike, long before a pressure level (smoothed, with hysteresis)
+  what everything but BE uses now``. It follows LS's actual use, so it reacts to an LS spike
+  within the first fast sample whose interval lies inside it, long before a pressure level (smoothed, with hysteresis)
   moves, and gives BE back what LS leaves idle.
 A floor keeps BE from being starved to zero.
 
 When to write (:class:`Limiter`): a tighter limit is applied at once when it is more than the
 deadband below the current one (LS needs it now); a looser one only after it has stayed more than
 the deadband above for ``relax_hold`` seconds — doubled for each raise that followed a cut in the
-last minute — and at most ``max_relax_per_minute`` such raises a minute. A stationary LS load, noisy
-or not, therefore leaves the limit alone — unlike koordlet's cpuset path, which can rewrite BE's
-cpuset every second (koordinator#1103).
+last minute — and at most ``max_relax_per_minute`` such raises a minute; a rise the fast path
+follows starts that hold again. A stationary LS load, noisy or not, therefore leaves the limit
+alone — unlike koordlet's cpuset path, which can rewrite BE's cpuset every second
+(koordinator#1103).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from nriplugin.kernel.cgroup import CFS_PERIOD_US, MIN_QUOTA_US
 from nriplugin.policy.model import CPUSuppress, QoSManagerPolicy
@@ -40,6 +41,7 @@ log = logging.getLogger("nriplugin.qos")
 SUPPRESS = "qos:cpuSuppress"  # the overlays' owner
 IDLE = "qos:giveBackIdle"  # the owner of the cpu.idle a previous agent left on BE's groups
 KUBELET_BE_SHARES = 2  # the kubelet's cpu.shares for its besteffort group (MinShares)
+REFINE_CORES = 0.02  # cores: the step a cut made for a rise may be refined by while it is followed
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +110,8 @@ class Limiter:
 
     The rate limit is on *reversals*: a raise that follows a cut counts (that is what a
     flapping load does), further raises on the way back up do not, so BE gets its CPU back in
-    as many steps as the pressure falls through. ``tighten_only`` steps (the 50 ms fast path:
-    short windows, noisy) may cut but never touch the hold of a raise, which full rounds
+    as many steps as the pressure falls through. ``tighten_only`` steps (the fast path:
+    short windows) may cut but never touch the hold of a raise, which full rounds
     (1 s windows) decide, though they count towards the lowest target seen while a raise is
     held: a raise goes only as high as every sample of the hold allowed."""
 
@@ -124,15 +126,26 @@ class Limiter:
     _last_was_cut: bool = True
     _lowest: float = 0.0  # the lowest target since the hold began
 
-    def step(self, now: float, target: float, tighten_only: bool = False) -> float | None:
-        """The limit to write now, or None to leave it."""
+    def step(
+        self,
+        now: float,
+        target: float,
+        tighten_only: bool = False,
+        held: float | None = None,
+        band: float | None = None,
+    ) -> float | None:
+        """The limit to write now, or None to leave it. ``held``: what the sample allows over a
+        longer window than ``target``'s (the fast path's), for the lowest target of a hold.
+        ``band``: a cut's deadband for this step, when smaller than the policy's (a cut being
+        refined as the rise it was made for is measured more exactly)."""
         cur = self.current
-        if cur is None or target < cur - self.deadband:
+        cut_band = self.deadband if band is None else min(band, self.deadband)
+        if cur is None or target < cur - cut_band:
             self._above_since = None
             self._last_was_cut = cur is not None
             return self._write(target)
-        if self._above_since is not None:
-            self._lowest = min(self._lowest, target)  # every sample counts, the fast path's too
+        if self._above_since is not None:  # every sample counts, the fast path's too
+            self._lowest = min(self._lowest, target if held is None else held)
         if tighten_only:
             return None
         if target <= cur + self.deadband:
@@ -158,6 +171,13 @@ class Limiter:
         self._above_since = None
         self._last_was_cut = False
         return self._write(up)
+
+    def rising(self, now: float) -> None:
+        """The fast path is following a rise of what LS needs: a raise's hold starts again.
+        A load that keeps rising again (noisy LS) is not gone between its peaks, and a raise
+        between them is undone by the next one."""
+        if self._above_since is not None:
+            self._above_since = None
 
     def hold(self, reversal: bool) -> float:
         """How long a higher target must last: ``relax_hold``, doubled for each reversal in the
@@ -200,6 +220,7 @@ class CPUSuppressStrategy(Strategy):
         self._checked_idle: set[str] = set()  # QoS-level groups checked for a left cpu.idle
         self._why = ""  # the reason of the quota in force (cfsQuota), for a birth's lift and back
         self._lifted: float | None = None  # when a BE birth lifted the quota (node/births.py)
+        self._cut_for: float | None = None  # the rise (its first sample's time) the fast path cut for
         host.model.births.subscribe(self._births)
 
     @classmethod
@@ -220,8 +241,25 @@ class CPUSuppressStrategy(Strategy):
         r.be_target = target if math.isfinite(target) else None
 
     def between_rounds(self, r: Round) -> None:
-        if r.capacity is not None:
-            self.apply(r, self.target(r, r.capacity), tighten_only=True)
+        """The fast path's cut. A rise is measured more exactly with each sample that follows
+        it (a longer interval inside it): a cut made for it is refined by as little as
+        REFINE_CORES until the rise is no longer followed, so its first, rough measure does
+        not leave BE above what the rise allows (the deadband would keep it there). A rise that
+        made no cut (BE was limited enough already) is not refined: a noisy load writes no more."""
+        cap, fast = r.capacity, r.fast
+        if cap is None:
+            return
+        held = None
+        if fast is not None and fast.held is not None:
+            held = self.target(r, replace(cap, non_be_usage=fast.held)).cores
+        rise = None if fast is None else fast.rise
+        if rise is not None:
+            self.limiter.rising(r.t)
+        band = REFINE_CORES if rise is not None and rise == self._cut_for else None
+        writes = self.limiter.writes
+        self.apply(r, self.target(r, cap), tighten_only=True, held=held, band=band)
+        if rise is not None and self.limiter.writes != writes:
+            self._cut_for = rise
 
     def unquoted(self, r: Round) -> bool:
         """Whether BE goes without a quota this round: its tasks run SCHED_IDLE
@@ -252,7 +290,9 @@ class CPUSuppressStrategy(Strategy):
             ls_reserve=cap.ls_usage if calm else None,
         )
 
-    def apply(self, r: Round, target: Target, tighten_only: bool = False) -> None:
+    def apply(
+        self, r: Round, target: Target, tighten_only: bool = False, held: float | None = None, band: float | None = None
+    ) -> None:
         groups = self.host.groups
         if not groups:
             return
@@ -262,7 +302,7 @@ class CPUSuppressStrategy(Strategy):
         s, lim = r.config.cpuSuppress, self.limiter
         lim.deadband, lim.relax_hold, lim.max_relax_per_minute = s.deadbandCores, s.raiseDelay, s.maxWritesPerMinute
         before = lim.current
-        new = lim.step(r.t, target.cores, tighten_only)
+        new = lim.step(r.t, target.cores, tighten_only, held, band)
         if new is None:
             return
         finite = math.isfinite(new)

@@ -14,12 +14,16 @@ the groups BE's quota sits on are the kubelet's, and a kubelet restarted after t
 find them as it set them. BE's tasks keep SCHED_IDLE meanwhile, so LS keeps its priority until
 the next agent's first round.
 
-Timing: a full round every ``syncPeriod`` (1 s), and a fast path every 50 ms between rounds
-that reads only node CPU and BE's own usage (a few files) and, when what LS and the system use
-jumps, runs the strategies' ``between_rounds`` at once (CPUSuppress tightens BE's limit). A
-kernel that accepts PSI triggers wakes a round at once on a CPU stall; on one that refuses
-them, the fast path alone keeps the reaction to an LS spike within a few fast periods
-(koordlet: 1-2 s).
+Timing: a full round every ``syncPeriod`` (1 s), and a fast path every 30 ms between rounds
+(250 ms while BE runs next to nothing; and after each round) that reads only node CPU, BE's
+own usage and the pods root's (a few files) and, when what LS and the system use jumps, runs
+the strategies' ``between_rounds`` at once (CPUSuppress tightens BE's limit). What the pods
+use is read from their root's own counter over the last interval
+(``node_resource.FastWindow``), so a short interval is not tick noise; a rise is followed
+with sooner samples, each measuring it from the sample that first showed it (an interval all
+inside it) and what LS's pods waited for a CPU since, and deciding. A kernel that accepts PSI
+triggers wakes a round at once on a CPU stall; on one that refuses them, the fast path alone
+keeps the reaction to an LS spike within a fast period or two (koordlet: 1-2 s).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 from nriplugin.kernel.psi_trigger import PressureWatch, Trigger, open_trigger
 from nriplugin.node.desired import DesiredState
@@ -68,9 +73,17 @@ HISTORY = 300.0  # seconds of samples kept for the trends: five minutes
 
 log = logging.getLogger("nriplugin.qos")
 
-FAST_PERIOD = 0.05  # seconds between fast samples (two /proc reads and BE's counter: cheap)
+FAST_PERIOD = 0.03  # seconds between fast samples (two /proc reads and a few counters: cheap)
+FAST_FOLLOW = 0.03  # seconds from the sample that shows a rise of non-BE usage to the first that measures it
+FAST_REFINE = 0.02  # seconds between the samples that follow a rise after that (each measures it from its start)
+FAST_IDLE = 0.25  # seconds between fast samples while BE uses next to no CPU: nothing to cut
+FAST_BE_BUSY = 0.05  # cores: BE using less than this (over a fast interval) has nothing to cut
 FAST_JUMP = 0.15  # cores: a change in non-BE usage that calls for a decision now
-FAST_WINDOW = 0.15  # seconds of fast samples non-BE usage is measured over (node_resource.FastWindow)
+# cores: a followed rise's last interval this far above its measure since its start began
+# later (more than a short interval's tick error): it is followed from the sample before
+FAST_RESTART = 0.3
+FAST_WINDOW = 0.15  # seconds of /proc/stat samples non-BE usage is measured over without a pods counter
+FAST_OUTSIDE = 1.0  # seconds of /proc/stat samples what runs outside the pods is measured over
 
 
 def _be_parent(group: str) -> str | None:
@@ -205,9 +218,15 @@ class QoSManager:
         self.cpu_terms: dict[str, float] | None = None  # the last raw CPU score's terms
         self.groups: list[str] = []  # the QoS-level groups holding BE pods
         self.pods = PodGroups(model, desired, collector.pressure_path, pacer)
-        self._fast = node_resource.FastWindow(FAST_WINDOW)  # node and BE usage between rounds
+        self._fast = node_resource.FastWindow(FAST_WINDOW, FAST_OUTSIDE)  # node and BE usage between rounds
         self._fast_groups: list[str] = []  # the BE groups whose counters the window sums
+        self._fast_roots: list[str] = []  # the pods roots holding them (their counters: all pods)
         self._non_be = 0.0  # non-BE usage at the last decision
+        self._rise: float | None = None  # the sample that first showed the rise being followed
+        self._rise_stall: int | None = None  # the LS pods' CPU waits (µs) at that sample
+        self._follows = 0  # samples that measured the rise followed (FAST_FOLLOW, then FAST_REFINE)
+        self._last: tuple[float, int | None] | None = None  # the last fast sample's time, LS's waits then
+        self._be_idle = False  # BE used next to no CPU in the last fast interval (FAST_IDLE)
         self._task: asyncio.Task[None] | None = None
         self.psi_path = psi_path
         self._trigger: Trigger | None = None
@@ -267,23 +286,36 @@ class QoSManager:
     async def run(self) -> None:
         next_round = 0.0
         while True:
+            rising = False
             try:
                 now = time.monotonic()
                 if now >= next_round or self._wake.is_set():
                     self._wake.clear()
                     await self.round_async()
                     next_round = now + self._sync_period()
-                else:
-                    self.fast_round()
+                # every turn, a full round's too: a round read over the last second would
+                # otherwise leave a spike that began just before it unseen for a fast period
+                rising = self.fast_round()
             except asyncio.CancelledError:
                 raise
             except Exception:  # a round must never end the loop
                 log.exception("QoS round failed; trying again next round")
+            # a rise followed: the next sample sooner, measuring it from inside
+            wait = self._wait(rising)
             if self._trigger is None and not (self.ls_pressure and self.ls_pressure.fds):
-                await asyncio.sleep(FAST_PERIOD)  # nothing else can wake us: the cheap wait
+                await asyncio.sleep(wait)  # nothing else can wake us: the cheap wait
             else:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), FAST_PERIOD)
+                    await asyncio.wait_for(self._wake.wait(), wait)
+
+    def _wait(self, rising: bool) -> float:
+        """Until the next fast sample: sooner while a rise is followed — the first that
+        measures it a whole FAST_FOLLOW inside it (a shorter interval would read the counters'
+        tick lag as load), the next ones sooner still, since each measures from the rise's
+        start and so over a longer interval; slower while BE runs next to nothing."""
+        if rising:
+            return FAST_REFINE if self._follows else FAST_FOLLOW
+        return FAST_IDLE if self._be_idle else FAST_PERIOD
 
     def _sync_period(self) -> float:
         return float(self.rules.policy.qosManager.syncPeriod)
@@ -295,7 +327,7 @@ class QoSManager:
         on = self._enabled()
         if on or self.usage is not None:
             self._pods_moved(self.pods.refresh())
-            sample = self.collector.sample(self.groups)
+            sample = self.collector.sample(self.groups, self._ls_waits())
             self._measured(sample)
             if on:
                 self._decide(sample)
@@ -308,10 +340,15 @@ class QoSManager:
         on = self._enabled()
         if on or self.usage is not None:
             self._pods_moved(await self.pods.refresh_async())
-            sample = await self.collector.sample_async(self.groups)
+            sample = await self.collector.sample_async(self.groups, self._ls_waits())
             self._measured(sample)
             if on:
                 self._decide(sample)
+
+    def _ls_waits(self) -> bool:
+        """Whether a strategy the policy runs decides on LS's waits for a CPU this round."""
+        policy = self.rules.policy
+        return any(c.reads_ls_waits(policy) for c in STRATEGIES)
 
     def _measured(self, sample: NodeSample) -> None:
         """The round's measurements into the usage kept over time (the NodeMetric report's)."""
@@ -366,38 +403,81 @@ class QoSManager:
         if s.off(t, why):
             log.info("QoS overlays withdrawn (%s): %s", s.name, why)
 
-    def fast_round(self) -> None:
-        """Between rounds: node CPU and BE's usage only; decide now if non-BE usage jumped. BE
-        births that never reached StartContainer end here (node/births.py)."""
+    def fast_round(self) -> bool:
+        """Between rounds: node CPU, BE's usage and the pods' only; decide now if non-BE usage
+        fell or rose by FAST_JUMP. A rise is followed for FAST_WINDOW: the sample that first
+        shows it straddles its start (it shows only part of it) and decides nothing; the next
+        samples come sooner, each measuring the pods from that sample on (all inside the
+        rise, more exactly with each), and each decides. Returns whether a rise is being
+        followed. BE births that never reached StartContainer end here (node/births.py)."""
         self.model.births.expire()
-        policy = self.rules.policy
-        if not policy.qosManager.enable or not self.groups or self.last is None:
-            return
+        last = self.last
+        if not self.rules.policy.qosManager.enable or not self.groups or last is None:
+            self._be_idle = last is not None  # no BE group (or the manager off): nothing to cut
+            return False
         if self.groups != self._fast_groups:  # the counters' sum is over other groups now
             self._fast.reset()
             self._fast_groups = list(self.groups)
+            self._fast_roots = sorted({root for g in self.groups if (root := g.rpartition("/")[0])})
+            self._rise = None
         fast = self.collector.fast()
-        usage = self._fast.add(fast.t, fast.interval, fast.cpu_busy_cores, self._be_seconds())
+        be_seconds = self._seconds(self.groups)
+        pods_seconds = self._seconds(self._fast_roots)
+        usage = self._fast.add(fast.t, fast.interval, fast.cpu_busy_cores, be_seconds, pods_seconds)
         if usage is None:
-            return
-        busy, be = usage
-        non_be = max(0.0, busy - be)
-        if abs(non_be - self._non_be) < FAST_JUMP:
-            return
-        r = Round(
-            fast.t,
-            self.last,
-            self.level,
-            self.cpu.score,
-            self.memory.score,
-            policy,
-            FastUsage(be, non_be),
-            cpu_terms=self.cpu_terms,
-        )
+            self._rise, self._be_idle = None, False
+            return False
+        # BE that runs next to nothing takes no CPU from LS: sampling it slower costs no
+        # reaction (a BE that wakes is seen within FAST_IDLE, and the cut follows at FAST_PERIOD)
+        self._be_idle = usage.be < FAST_BE_BUSY
+        rise, before, self._last = self._rise, self._last, None
+        if rise is not None and fast.t - rise < FAST_WINDOW:
+            since = self._fast.since(rise)
+            self._follows += 1
+            waiting = self._waiting(usage if since is None else since, fast.t)
+            self._between(fast.t, last, replace(waiting, rise=rise))
+            if since is not None and before is not None and usage.non_be - since.non_be >= FAST_RESTART:
+                # LS rose again after the sample the rise is followed from (that one showed
+                # something smaller: noise, another load): from here on it is measured from
+                # the sample before this one, the last that did not show it
+                self._rise, self._rise_stall = before
+                self._follows = 0
+            return True
+        self._rise = None
+        if abs(usage.non_be - self._non_be) < FAST_JUMP:
+            return False
+        if usage.non_be > self._non_be:
+            self._rise, self._follows = fast.t, 0  # followed from here
+            self._rise_stall = self.collector.stall_us(self.pods.ls())
+            self._last = (fast.t, self._rise_stall)
+            return True
+        self._between(fast.t, last, usage)
+        return False
+
+    def _waiting(self, usage: FastUsage, t: float) -> FastUsage:
+        """What LS needs while a rise is followed: what it uses, and the time its pods had a
+        task waiting for a CPU since the rise began (their PSI ``some``, where the kernel keeps
+        it per group: v2, or a v1 host's unified hierarchy). Under contention LS's use shows
+        only part of what it asks for — BE's tasks still hold CPUs until the cut — and a cut
+        sized by use alone would leave BE above what LS leaves it."""
+        rise, before = self._rise, self._rise_stall
+        now = None if rise is None or before is None or t <= rise else self.collector.stall_us(self.pods.ls())
+        self._last = (t, now)
+        if rise is None or before is None or now is None:
+            return usage
+        waiting = max(0, now - before) / 1e6 / (t - rise)
+        held = None if usage.held is None else usage.held + waiting
+        return replace(usage, non_be=usage.non_be + waiting, held=held)
+
+    def _between(self, t: float, last: NodeSample, usage: FastUsage) -> None:
+        """The strategies' decisions between rounds, on what the fast path measured and the
+        last full round's sample."""
+        policy = self.rules.policy
+        r = Round(t, last, self.level, self.cpu.score, self.memory.score, policy, usage, cpu_terms=self.cpu_terms)
         for s in self.strategies:
             if s.runs(r.config) and not (s.needs_capacity and r.capacity is None):
                 s.between_rounds(r)
-        self._non_be = non_be
+        self._non_be = usage.non_be
 
     def watch_ls_pressure(self) -> None:
         """On cgroup v2, a CPU stall of an LS pod (its ``cpu.pressure`` trigger) wakes a round
@@ -411,11 +491,12 @@ class QoSManager:
             log.info("no PSI trigger on LS groups (%s: %s); the fast path carries the reaction", path, why)
             self._ls_refused_said = True
 
-    def _be_seconds(self) -> float | None:
-        if not self.groups:
+    def _seconds(self, groups: list[str]) -> float | None:
+        """The CPU ``groups`` used so far, together (None: none, or one unreadable)."""
+        if not groups:
             return None
         total = 0.0
-        for g in self.groups:
+        for g in groups:
             v = self.collector.group_cpu_seconds(g)
             if v is None:
                 return None

@@ -18,7 +18,7 @@ from collections import deque
 from dataclasses import replace
 
 from nriplugin.qos.sample import LS_CLASSES, NodeSample
-from nriplugin.qos.strategy import Capacity, Host, Round, Strategy, register
+from nriplugin.qos.strategy import Capacity, FastUsage, Host, Round, Strategy, register
 
 
 def capacity(sample: NodeSample) -> Capacity:
@@ -54,39 +54,125 @@ class Rate:
 
 
 class FastWindow:
-    """Node busy and BE's usage over the last ``span`` seconds of fast samples.
+    """Node busy and BE's usage between rounds, from the fast samples.
 
-    One 50 ms sample of /proc/stat is off by up to a tick per CPU at each end (at 100 Hz, 0.2
-    core per CPU). The fast path would cut BE on that noise, and the limiter's raise, which
-    goes no higher than the lowest target of its hold, would keep BE where the noise's peaks
-    put it. Over 150 ms the error is a third of that, and a step of LS load shows a third of
-    itself 50 ms after it began and all of itself after 150 ms."""
+    With the pods root's own CPU counter (``pods_seconds``: ``cpuacct.usage`` on cgroup v1,
+    ``cpu.stat`` ``usage_usec`` on v2, both the scheduler's runtime in ns), what the pods other
+    than BE use is measured over the last interval alone: such a counter lags the truth by at
+    most a scheduler tick per CPU, so one short interval shows an LS step whole as soon as it
+    lies inside the step, without reading noise as load. It is measured over ``span`` too
+    (``FastUsage.held``): what a raise's hold counts, so that an LS peak shorter than that
+    cuts BE but does not keep it at the peak's height. What runs outside the pods (system
+    daemons, the kernel, the agent) is known only from /proc/stat, which counts in 10 ms ticks:
+    it is taken over ``outside_span`` (that work moves slowly), and the fine reading waits
+    until at least ``span`` of it is in.
 
-    def __init__(self, span: float) -> None:
+    Without a pods counter, everything comes from /proc/stat over ``span``: one 50 ms sample
+    is off by up to a tick per CPU at each end, which the fast path would cut BE on, and the
+    limiter's raise, which goes no higher than the lowest target of its hold, would keep BE
+    where those peaks put it. Over ``span`` the error is a third of that, and a step of LS
+    load shows a third of itself 50 ms after it began and all of itself after ``span``."""
+
+    def __init__(self, span: float, outside_span: float = 0.0) -> None:
         self.span = span
+        self.outside_span = max(span, outside_span)
         self._busy = 0.0  # node busy core-seconds summed over the samples
-        self._points: deque[tuple[float, float, float]] = deque()  # (t, busy so far, BE seconds)
+        # (t, busy so far, BE seconds, pods seconds or None)
+        self._points: deque[tuple[float, float, float, float | None]] = deque()
 
     def reset(self) -> None:
         """BE's groups changed (their counters' sum jumps) or a reading failed: start again."""
         self._points.clear()
 
-    def add(self, t: float, interval: float, busy_cores: float, be_seconds: float | None) -> tuple[float, float] | None:
-        """Node busy and BE's usage, in cores, over the window ending at ``t`` (None until
-        two readings are in)."""
+    def add(
+        self,
+        t: float,
+        interval: float,
+        busy_cores: float,
+        be_seconds: float | None,
+        pods_seconds: float | None = None,
+    ) -> FastUsage | None:
+        """BE's usage and everything else's, in cores, as the window ending at ``t`` shows them
+        now and over ``span`` (None until two readings are in)."""
         if be_seconds is None:
             self.reset()
             return None
         self._busy += busy_cores * interval
         pts = self._points
-        pts.append((t, self._busy, be_seconds))
-        while len(pts) > 2 and t - pts[1][0] >= self.span:
-            pts.popleft()  # the oldest point left still opens a window of at least ``span``
-        t0, busy0, be0 = pts[0]
-        if len(pts) < 2 or t <= t0:
+        pts.append((t, self._busy, be_seconds, pods_seconds))
+        keep = self.span if pods_seconds is None else self.outside_span
+        while len(pts) > 2 and t - pts[1][0] >= keep:
+            pts.popleft()  # the oldest point left still opens a window of at least ``keep``
+        if len(pts) < 2:
+            return None
+        if pods_seconds is not None:
+            fine = self._fine(t, be_seconds, pods_seconds)
+            if fine is not None:
+                return fine
+        t0, busy0, be0, _ = self._start(t, with_pods=False)
+        if t <= t0:
             return None
         dt = t - t0
-        return (self._busy - busy0) / dt, max(0.0, be_seconds - be0) / dt
+        be = max(0.0, be_seconds - be0) / dt
+        non_be = max(0.0, (self._busy - busy0) / dt - be)
+        return FastUsage(be, non_be, non_be)
+
+    def _start(self, t: float, with_pods: bool) -> tuple[float, float, float, float | None]:
+        """The newest point before ``t`` that opens a window of at least ``span`` (with a pods
+        reading, if asked), else the oldest such."""
+        pts = self._points
+        start = next((p for p in pts if not with_pods or p[3] is not None), pts[0])
+        for i in range(len(pts) - 2, 0, -1):
+            p = pts[i]
+            if t - p[0] >= self.span and (not with_pods or p[3] is not None):
+                return p
+        return start
+
+    def _fine(self, t: float, be_seconds: float, pods_seconds: float) -> FastUsage | None:
+        """From the pods root's counter: the pods over the last interval (and over ``span``),
+        the rest over the oldest reading of it kept (None until that is ``span`` old, or
+        without one before)."""
+        pts = self._points
+        prev, first = pts[-2], next(p for p in pts if p[3] is not None)
+        if prev[3] is None or t <= prev[0] or t - first[0] < self.span:
+            return None
+        outside = self._outside(t, pods_seconds)
+        be, now = self._pods(prev, t, be_seconds, pods_seconds)
+        _, held = self._pods(self._start(t, with_pods=True), t, be_seconds, pods_seconds)
+        return FastUsage(be, now + outside, held + outside)
+
+    def since(self, t0: float) -> FastUsage | None:
+        """As :meth:`add` measured the newest reading, but the pods from the reading at ``t0``
+        on: a rise being followed, from the sample that first showed it — an interval all
+        inside the rise, longer (so exacter) with each sample. None without the pods' counter
+        at both ends, or before a span of /proc/stat is in."""
+        pts = self._points
+        if len(pts) < 2:
+            return None
+        t, _, be_seconds, pods_seconds = pts[-1]
+        start = next((p for p in pts if p[0] == t0), None)
+        first = next((p for p in pts if p[3] is not None), None)
+        if start is None or start[3] is None or pods_seconds is None or first is None:
+            return None
+        if t <= t0 or t - first[0] < self.span:
+            return None
+        outside = self._outside(t, pods_seconds)
+        be, in_pods = self._pods(start, t, be_seconds, pods_seconds)
+        _, held = self._pods(self._start(t, with_pods=True), t, be_seconds, pods_seconds)
+        return FastUsage(be, in_pods + outside, held + outside)
+
+    def _pods(
+        self, since: tuple[float, float, float, float | None], t: float, be_seconds: float, pods_seconds: float
+    ) -> tuple[float, float]:
+        """BE's cores and the other pods' from the point ``since`` to ``t``."""
+        dt = t - since[0]
+        be = be_seconds - since[2]
+        return max(0.0, be) / dt, max(0.0, (pods_seconds - (since[3] or 0.0)) - be) / dt
+
+    def _outside(self, t: float, pods_seconds: float) -> float:
+        """What runs outside the pods, from the oldest reading of their counter kept."""
+        first = next(p for p in self._points if p[3] is not None)
+        return max(0.0, (self._busy - first[1]) - (pods_seconds - (first[3] or 0.0))) / (t - first[0])
 
 
 @register

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, TypeVar, cast
 
@@ -62,10 +62,17 @@ class Capacity:
 
 @dataclass(frozen=True, slots=True)
 class FastUsage:
-    """Between full rounds: BE's usage and everything else's, measured just now (cores)."""
+    """Between full rounds: BE's usage and everything else's, measured just now (cores), and
+    everything else's over a longer window (``held``; None: the same): a cut follows the
+    former, the lowest target a raise's hold counts the latter, so LS's short peaks cut at once
+    without holding BE at their height."""
 
     be: float
     non_be: float
+    held: float | None = None
+    # the time of the sample that first showed the rise this one follows (None: none): a cut
+    # made for it may be refined by less than the deadband while the measure of it sharpens
+    rise: float | None = None
 
 
 @dataclass(slots=True)
@@ -114,11 +121,12 @@ class Decision:
 class CollectorView(Protocol):
     @property
     def by_container(self) -> Mapping[str, ContainerUsage]: ...
-    def sample(self, be_groups: Sequence[str] = ()) -> NodeSample: ...
-    async def sample_async(self, be_groups: Sequence[str] = ()) -> NodeSample: ...
+    def sample(self, be_groups: Sequence[str] = (), ls_waits: bool = True) -> NodeSample: ...
+    async def sample_async(self, be_groups: Sequence[str] = (), ls_waits: bool = True) -> NodeSample: ...
     def fast(self) -> FastSample: ...
     def group_cpu_seconds(self, group: str) -> float | None: ...
     def pressure_path(self, group: str) -> str | None: ...
+    def stall_us(self, files: Iterable[str]) -> int | None: ...
 
 
 class Owner(Protocol):
@@ -185,6 +193,12 @@ class Strategy(Protocol):
     def runs(cls, cfg: QoSManagerPolicy) -> bool:
         """Whether the policy runs it: the manager on, the name listed, its section enabled."""
         return cfg.enable and cls.name in cfg.plugins and cls.configured(cfg)
+
+    @classmethod
+    def reads_ls_waits(cls, policy: Policy) -> bool:
+        """Whether it decides on LS containers' waits for a CPU, so a round must read them (on
+        cgroup v1 a file per LS task: the bulk of a large node's round)."""
+        return False
 
     def decide(self, r: Round) -> None:
         """A full round's decision; what later strategies need goes into ``r``."""

@@ -29,7 +29,7 @@ from nriplugin.kernel.memory_events import MemoryEvents
 from nriplugin.kernel.stats import Stats, WorkingSet
 from nriplugin.node.model import NodeModel
 from nriplugin.policy.cache import RuleCache
-from nriplugin.policy.model import QoSManagerPolicy
+from nriplugin.policy.model import Policy, QoSManagerPolicy
 from nriplugin.policy.qos import QoSClass
 from nriplugin.qos.collect import ContainerUsage, batch_cpu_request
 from nriplugin.qos.eviction.cpu import CpuConfig, CpuEvictDecider, CpuFacts
@@ -451,6 +451,12 @@ class CPUEvictStrategy(Strategy):
     @classmethod
     def configured(cls, cfg: QoSManagerPolicy) -> bool:
         return cfg.cpuEvict.enabled
+
+    @classmethod
+    def reads_ls_waits(cls, policy: Policy) -> bool:
+        """LS's stall is one of its triggers, except while BE's tasks run SCHED_IDLE: then it
+        evicts on no stall (``eviction/cpu.py``)."""
+        return cls.runs(policy.qosManager) and not policy.beProcess.schedIdle
 
     def decide(self, r: Round) -> None:
         if self.host.eviction is not None:
