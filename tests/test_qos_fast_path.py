@@ -7,7 +7,8 @@ v2 trees through the real collector, and with a scripted loop (no timing)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -96,10 +97,10 @@ def test_proc_stat_tick_noise_alone_writes_nothing(tmp_path: Path) -> None:
     real = s.fast
     turn = [0]
 
-    def noisy() -> object:
+    def noisy(sums: Sequence[Sequence[str]] = ()) -> object:
         turn[0] += 1
-        f = real()
-        return type(f)(f.t, f.interval, f.cpu_busy_cores + (0.4 if turn[0] % 2 else -0.4))
+        f = real(sums)
+        return replace(f, cpu_busy_cores=f.cpu_busy_cores + (0.4 if turn[0] % 2 else -0.4))
 
     s.fast = noisy  # type: ignore[method-assign,assignment]
     for i in range(400):  # 20 s of 50 ms samples, a full round every second

@@ -77,10 +77,25 @@ class Script:
     async def sample_async(self, be_groups: Sequence[str] = (), ls_waits: bool = True) -> NodeSample:
         return self.sample(be_groups, ls_waits)
 
-    def fast(self) -> FastSample:
+    def fast(self, sums: Sequence[Sequence[str]] = ()) -> FastSample:
         interval = 0.1 if self.fast_t is None else self.t - self.fast_t
         self.fast_t = self.t
-        return FastSample(t=self.t, interval=interval, cpu_busy_cores=self.ls + self.be)
+        seconds = tuple(self.sum(groups) for groups in sums)
+        return FastSample(t=self.t, interval=interval, cpu_busy_cores=self.ls + self.be, seconds=seconds)
+
+    def sum(self, groups: Sequence[str]) -> float | None:
+        if not groups:
+            return None
+        total = 0.0
+        for g in groups:
+            v = self.group_cpu_seconds(g)
+            if v is None:
+                return None
+            total += v
+        return total
+
+    def wake(self, wait: float) -> float:
+        return wait
 
     def group_cpu_seconds(self, group: str) -> float | None:
         """BE's QoS-level group's counter; the pods root's counts LS too."""

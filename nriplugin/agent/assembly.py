@@ -418,11 +418,15 @@ class Agent:
         rules.subscribe(lambda v: metrics.policy_version.set(v.version))
         self.follow_unused(metrics, rules)
         reconciler, inventory = self.build_loops(node, metrics, stub)
+        from nriplugin.kernel.tick import Tick
         from nriplugin.qos.collect import Collector
         from nriplugin.qos.manager import QoSManager
 
         proc = Path(self.ns.proc_root)
-        collector = Collector(node.model, node.desired, node.cgroups, proc_root=proc, pacer=self.pacer)
+        tick = Tick.probe()
+        if tick is None:
+            log.info("no scheduler tick found (no coarse clock that moves): fast samples are timed by the clock alone")
+        collector = Collector(node.model, node.desired, node.cgroups, proc_root=proc, pacer=self.pacer, tick=tick)
         usage = self.build_usage()
         qos = QoSManager(
             node.model,

@@ -28,6 +28,7 @@ from nriplugin.intent.core import InvalidInput, requested
 from nriplugin.kernel import paths
 from nriplugin.kernel.cgroup import CFS_PERIOD_US, Cgroups, cfs_period
 from nriplugin.kernel.stats import CpuStat, MemInfo, ProcCpu, Psi, Stats
+from nriplugin.kernel.tick import Tick
 from nriplugin.node.model import Record, State, pod_key
 from nriplugin.nri import api_pb2 as api
 from nriplugin.pacing.turns import Pacer
@@ -323,9 +324,13 @@ class Collector:
         max_open: int | None = None,
         memory_every: int = MEMORY_EVERY,
         pacer: Pacer | None = None,
+        tick: Tick | None = None,
     ) -> None:
         """``pacer``: the loop shared with the hooks (the agent's): :meth:`sample_async` gives
-        it back between turns; default: turns measured in time alone."""
+        it back between turns; default: turns measured in time alone. ``tick``: the scheduler's
+        (kernel/tick.py), which the fast samples are timed to and measured between; None: read
+        when woken, timed by the clock alone."""
+        self.tick = tick
         self.pacer = Pacer() if pacer is None else pacer
         self.model = model
         self.desired = desired
@@ -636,11 +641,22 @@ class Collector:
 
     # the fast path ------------------------------------------------------------------------------
 
-    def fast(self) -> FastSample:
-        """Node CPU and the PSI cpu ``some`` stall total: two reads of /proc, no cgroups."""
-        t = self.clock()
-        proc = self.stats.proc_cpu()
-        stall = self.stats.node_cpu_stall_us()
+    def fast(self, sums: Sequence[Sequence[str]] = ()) -> FastSample:
+        """Node CPU, the PSI cpu ``some`` stall total and the CPU each of ``sums`` (sets of
+        QoS-level groups, e.g. BE's) has used so far: a few reads of /proc and one counter per
+        group. With the tick known, the sample is timed at the tick before its reads, all of
+        which fall between two ticks (read again, once, if one fell inside them)."""
+        for _ in range(2):
+            read = self.clock()
+            proc = self.stats.proc_cpu()
+            stall = self.stats.node_cpu_stall_us()
+            seconds = tuple(self._sum(groups) for groups in sums)
+            if self.tick is None:
+                t = read
+                break
+            t = self.tick.last(read)
+            if self.tick.last(self.clock()) == t:
+                break
         interval = 0.0 if self._fast_t is None else max(0.0, t - self._fast_t)
         self._fast_t = t
         busy = busy_cores(self._fast_cpu, proc)
@@ -651,4 +667,23 @@ class Collector:
             if self._fast_stall is not None:
                 delta = max(0, stall - self._fast_stall)
             self._fast_stall = stall
-        return FastSample(t, interval, busy, delta)
+        return FastSample(t, interval, busy, delta, seconds)
+
+    def _sum(self, groups: Sequence[str]) -> float | None:
+        """The CPU ``groups`` used so far, together (None: none, or one unreadable)."""
+        if not groups:
+            return None
+        total = 0.0
+        for g in groups:
+            v = self.group_cpu_seconds(g)
+            if v is None:
+                return None
+            total += v
+        return total
+
+    def wake(self, wait: float) -> float:
+        """Seconds until the next fast sample, ``wait`` after the last: past the tick at or
+        before that, when the tick is known."""
+        if self.tick is None or self._fast_t is None:
+            return wait
+        return self.tick.wake(self.clock(), self._fast_t, wait)

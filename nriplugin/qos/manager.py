@@ -300,8 +300,9 @@ class QoSManager:
                 raise
             except Exception:  # a round must never end the loop
                 log.exception("QoS round failed; trying again next round")
-            # a rise followed: the next sample sooner, measuring it from inside
-            wait = self._wait(rising)
+            # a rise followed: the next sample sooner, measuring it from inside; past a tick,
+            # when every CPU's counters are current (kernel/tick.py)
+            wait = self.collector.wake(self._wait(rising))
             if self._trigger is None and not (self.ls_pressure and self.ls_pressure.fds):
                 await asyncio.sleep(wait)  # nothing else can wake us: the cheap wait
             else:
@@ -420,9 +421,8 @@ class QoSManager:
             self._fast_groups = list(self.groups)
             self._fast_roots = sorted({root for g in self.groups if (root := g.rpartition("/")[0])})
             self._rise = None
-        fast = self.collector.fast()
-        be_seconds = self._seconds(self.groups)
-        pods_seconds = self._seconds(self._fast_roots)
+        fast = self.collector.fast((self.groups, self._fast_roots))
+        be_seconds, pods_seconds = fast.seconds
         usage = self._fast.add(fast.t, fast.interval, fast.cpu_busy_cores, be_seconds, pods_seconds)
         if usage is None:
             self._rise, self._be_idle = None, False
@@ -490,18 +490,6 @@ class QoSManager:
             path, why = next(iter(watch.refused.items()))
             log.info("no PSI trigger on LS groups (%s: %s); the fast path carries the reaction", path, why)
             self._ls_refused_said = True
-
-    def _seconds(self, groups: list[str]) -> float | None:
-        """The CPU ``groups`` used so far, together (None: none, or one unreadable)."""
-        if not groups:
-            return None
-        total = 0.0
-        for g in groups:
-            v = self.collector.group_cpu_seconds(g)
-            if v is None:
-                return None
-            total += v
-        return total
 
     # assessment -------------------------------------------------------------------------------
 

@@ -59,8 +59,9 @@ class FastWindow:
     With the pods root's own CPU counter (``pods_seconds``: ``cpuacct.usage`` on cgroup v1,
     ``cpu.stat`` ``usage_usec`` on v2, both the scheduler's runtime in ns), what the pods other
     than BE use is measured over the last interval alone: such a counter lags the truth by at
-    most a scheduler tick per CPU, so one short interval shows an LS step whole as soon as it
-    lies inside the step, without reading noise as load. It is measured over ``span`` too
+    most a scheduler tick per CPU, and not at all at samples timed just past a tick
+    (kernel/tick.py), so one short interval shows an LS step whole as soon as it lies inside
+    the step, without reading noise as load. It is measured over ``span`` too
     (``FastUsage.held``): what a raise's hold counts, so that an LS peak shorter than that
     cuts BE but does not keep it at the peak's height. What runs outside the pods (system
     daemons, the kernel, the agent) is known only from /proc/stat, which counts in 10 ms ticks:

@@ -75,9 +75,11 @@ class NodeSample:
 @dataclass(frozen=True, slots=True)
 class FastSample:
     """The cheap path (every fast period, ``qos.manager.FAST_PERIOD``): node CPU and PSI
-    totals only, a few reads of /proc."""
+    totals, a few reads of /proc, and the CPU counters of the QoS-level groups asked for. ``t``
+    is the scheduler's tick before the reads where it is known (kernel/tick.py)."""
 
     t: float
     interval: float
     cpu_busy_cores: float
     psi_cpu_some_delta_us: int = 0
+    seconds: tuple[float | None, ...] = ()  # the CPU each set of groups asked for has used so far
