@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from nriplugin.kernel.cgroup import Cgroups
-from nriplugin.kernel.tick import AFTER_NS, COARSE, WATCH_TICKS, Tick
+from nriplugin.kernel.tick import AFTER_NS, BRACKET_NS, COARSE, WATCH_TICKS, Tick
 from nriplugin.qos.collect import Collector
 from testkit.kernel_tree import proc_tree, v1_counters, v1_tree
 from tests.test_qos_manager import BE_GROUP, node_with_pods
@@ -41,6 +41,23 @@ def test_the_probe_finds_the_tick_where_the_coarse_clock_moves() -> None:
     tick = Tick.probe(c.clock, c.coarse, resolution=0.004)
     assert tick is not None and tick.period_ns == 4 * MS
     assert 1_300_000 <= tick.phase_ns <= 1_302_000  # the read after the move, a step or two late
+
+
+def test_a_move_seen_late_is_passed_over_for_the_next() -> None:
+    """The watcher preempted for 0.7 ms just before the first move sees it 0.7 ms late: that
+    is no tick's instant. The next move, seen in time, is."""
+    c = Clocks(start=1000 * MS + 300_000, step=1_000, period=4 * MS, phase=1_300_000)
+    coarse, stalled = c.coarse, [False]
+
+    def preempted() -> int:
+        if not stalled[0] and c.t >= 1001 * MS + 299_000:
+            c.t += 700_000
+            stalled[0] = True
+        return coarse()
+
+    tick = Tick.probe(c.clock, preempted, resolution=0.004)
+    assert tick is not None and 1_300_000 <= tick.phase_ns <= 1_300_000 + BRACKET_NS
+    assert stalled[0] and c.t > 1005 * MS  # the move at 1001.3 ms was seen late; the one at 1005.3 in time
 
 
 @pytest.mark.parametrize("resolution", [1e-9, 0.05])
@@ -122,13 +139,24 @@ def test_without_a_tick_a_sample_is_timed_when_read_and_waits_are_as_asked(tmp_p
 
 
 def test_on_this_kernel_the_tick_found_predicts_where_the_coarse_clock_moves() -> None:
+    """Ten moves seen in time (within BRACKET_NS of the read before, as the probe takes
+    them): none before a predicted tick by more than the probe's and this watch's latenesses
+    together (2 x BRACKET_NS), and most within 0.2 ms after it (the coarse clock moves in the
+    tick's handler, which now and then runs late)."""
     tick = Tick.probe()
     assert tick is not None and tick.period_ns == round(time.clock_getres(COARSE) * 1e9)
-    for _ in range(5):
+    seen: list[int] = []
+    for _ in range(1000):
         start = time.clock_gettime_ns(COARSE)
+        before = time.monotonic_ns()
         while (moved := time.clock_gettime_ns(COARSE)) == start:
-            pass
+            before = time.monotonic_ns()
         t = time.monotonic_ns()
-        assert moved != start
-        since = t - round(tick.last(t / 1e9) * 1e9)  # from the tick predicted last
-        assert since < 200_000 or since > tick.period_ns - 20_000, since
+        if moved != start and t - before <= BRACKET_NS:
+            seen.append(t - round(tick.last(t / 1e9) * 1e9))  # from the tick predicted last
+        if len(seen) == 10:
+            break
+    assert len(seen) == 10
+    early = [s for s in seen if s >= tick.period_ns // 2]
+    assert all(s > tick.period_ns - 2 * BRACKET_NS for s in early), seen
+    assert sum(s < 200_000 for s in seen) + len(early) >= 7, seen

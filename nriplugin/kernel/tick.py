@@ -11,8 +11,9 @@ has no lag at either end. The reading CPU's own task was charged when the reader
 switched out), so what is left is the reader's lateness past the tick, well under a tick.
 
 CLOCK_MONOTONIC_COARSE moves once a tick: its resolution is the tick's period, and the instant it
-moves is a tick, found once by watching it (at most a few ticks of spinning; the phase holds
-since boot).
+moves is a tick, found once by watching it (the phase holds since boot). A move is taken only
+when it is seen within BRACKET_NS of the read before it: a watcher preempted between two reads
+(a busy node) would see it late, and is given the next tick instead.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from dataclasses import dataclass
 COARSE = 6  # CLOCK_MONOTONIC_COARSE on Linux (the time module does not name it)
 AFTER_NS = 200_000  # a sample this long after a tick: every CPU's tick handler has charged its task
 PERIOD_NS = (100_000, 20_000_000)  # the periods taken for a tick (HZ 10000 to 50); others: no tick
-WATCH_TICKS = 3  # how long the probe watches the coarse clock for it to move, in periods
+WATCH_TICKS = 10  # how long the probe watches for a move it sees in time, in periods
+BRACKET_NS = 20_000  # a move seen no later than this after the read before it is a tick's instant
 
 Clock = Callable[[], int]  # ns
 
@@ -52,14 +54,18 @@ class Tick:
             if not PERIOD_NS[0] <= period <= PERIOD_NS[1]:
                 return None
             start = coarse()
-            deadline = clock() + WATCH_TICKS * period
+            before = clock()
+            deadline = before + WATCH_TICKS * period
             while True:
                 c = coarse()
                 t = clock()
                 if c != start:
-                    return cls(period, t % period)
+                    if t - before <= BRACKET_NS:
+                        return cls(period, t % period)
+                    start = c  # seen late (the watcher was preempted): the next move
                 if t > deadline:
                     return None
+                before = t
         except OSError:
             return None
 
