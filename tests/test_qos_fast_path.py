@@ -71,6 +71,21 @@ def test_the_pods_counter_waits_for_a_span_of_proc_stat_and_both_readings() -> N
     assert fine is not None and (fine.non_be, fine.held) == pytest.approx((1.0 + 1.75, 1.0 + 1.75))
 
 
+def test_a_followed_rise_takes_what_runs_outside_the_pods_as_it_stood_when_the_rise_began() -> None:
+    """Outside the pods is measured over a second: a burst there enters that window a sample
+    at a time. Followed, that ramp would refine a cut at every sample; the pods' part still
+    sharpens with each."""
+    w = FastWindow(0.25, 1.0)  # quarter-second samples: exact in binary
+    for k in range(5):  # the node 1 core busy, all of it in the pods (BE none)
+        w.add(0.25 * k, 0.25, 1.0, 0.0, 0.25 * k)
+    # from the sample at 1.0 on: the pods 2 cores (LS up by one), outside the pods a core
+    for k, ramp in ((1, 0.25), (2, 0.5), (3, 0.75)):
+        plain = w.add(1.0 + 0.25 * k, 0.25, 3.0, 0.0, 1.0 + 0.5 * k)
+        assert plain is not None and plain.non_be == pytest.approx(2.0 + ramp)  # the outside second fills
+        followed = w.since(1.0)
+        assert followed is not None and followed.non_be == pytest.approx(2.0)  # as it stood at 1.0: none
+
+
 def test_the_pods_counter_counts_be_once_and_never_below_zero() -> None:
     w = FastWindow(0.1, 1.0)
     w.add(0.0, 0.0, 2.0, 0.0, 0.0)

@@ -145,8 +145,11 @@ class FastWindow:
     def since(self, t0: float) -> FastUsage | None:
         """As :meth:`add` measured the newest reading, but the pods from the reading at ``t0``
         on: a rise being followed, from the sample that first showed it — an interval all
-        inside the rise, longer (so exacter) with each sample. None without the pods' counter
-        at both ends, or before a span of /proc/stat is in."""
+        inside the rise, longer (so exacter) with each sample. What runs outside the pods is
+        taken as it stood at ``t0``: measured over ``outside_span`` it only ramps while a rise
+        is followed (a burst outside enters that window a sample at a time), and following a
+        ramp would refine a cut at every sample for what a full round measures anyway. None
+        without the pods' counter at both ends, or before a span of /proc/stat is in."""
         pts = self._points
         if len(pts) < 2:
             return None
@@ -157,7 +160,7 @@ class FastWindow:
             return None
         if t <= t0 or t - first[0] < self.span:
             return None
-        outside = self._outside(t, pods_seconds)
+        outside = self._outside(t, pods_seconds) if t0 - first[0] < self.span else self._outside(t0, start[3], start[1])
         be, in_pods = self._pods(start, t, be_seconds, pods_seconds)
         _, held = self._pods(self._start(t, with_pods=True), t, be_seconds, pods_seconds)
         return FastUsage(be, in_pods + outside, held + outside)
@@ -170,10 +173,12 @@ class FastWindow:
         be = be_seconds - since[2]
         return max(0.0, be) / dt, max(0.0, (pods_seconds - (since[3] or 0.0)) - be) / dt
 
-    def _outside(self, t: float, pods_seconds: float) -> float:
-        """What runs outside the pods, from the oldest reading of their counter kept."""
+    def _outside(self, t: float, pods_seconds: float, busy: float | None = None) -> float:
+        """What runs outside the pods up to ``t`` (its busy total ``busy``; default: the
+        newest), from the oldest reading of their counter kept."""
         first = next(p for p in self._points if p[3] is not None)
-        return max(0.0, (self._busy - first[1]) - (pods_seconds - (first[3] or 0.0))) / (t - first[0])
+        done = self._busy if busy is None else busy
+        return max(0.0, (done - first[1]) - (pods_seconds - (first[3] or 0.0))) / (t - first[0])
 
 
 @register
