@@ -162,6 +162,7 @@ class Spinner:
     stopped, so it never spins outside LS, and continued once at set-up so the exec is done."""
 
     def __init__(self, cgroups: list[Path]) -> None:
+        self.cgroups = cgroups
         self.proc = subprocess.Popen(["/bin/sh", "-c", "kill -STOP $$; exec yes >/dev/null"])
         self._wait_state("T")
         for g in cgroups:
@@ -178,6 +179,20 @@ class Spinner:
                 return
             time.sleep(0.001)
         raise TimeoutError(f"spinner {self.proc.pid} not in state {want}")
+
+    def check(self) -> None:
+        """Raise unless the spinner is alive and still in every group it joined: a signal to a
+        dead child (a zombie) succeeds silently, and a spike without its load measures nothing."""
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"the LS spinner {self.proc.pid} exited: {self.proc.returncode}")
+        left = [str(g) for g in self.cgroups if str(self.proc.pid) not in (g / "cgroup.procs").read_text().split()]
+        if left:
+            raise RuntimeError(f"the LS spinner {self.proc.pid} is no longer in {', '.join(left)}")
+
+    def cpu_seconds(self) -> float:
+        """The spinner's own CPU time (utime + stime)."""
+        f = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
     def go(self) -> None:
         os.kill(self.proc.pid, signal.SIGCONT)
@@ -269,6 +284,8 @@ def spike(node: Node, cut: float, spin: float) -> dict[str, Any]:
     before = node.quota()
     samples: list[tuple[float, float, float]] = []  # t since the spike, BE cpu seconds, quota
     j0, ls0, be0 = node_jiffies(), acct_seconds(node.ls_acct), acct_seconds(node.be_acct)
+    node.spinner.check()
+    spinner0 = node.spinner.cpu_seconds()
     w0 = time.time()  # the log's clock (its timestamps are wall-clock, to the millisecond)
     t0 = time.monotonic()
     node.spinner.go()
@@ -294,6 +311,8 @@ def spike(node: Node, cut: float, spin: float) -> dict[str, Any]:
     after = node.quota()
     node.spinner.stop()
     spun = time.monotonic() - t0
+    spinner = (node.spinner.cpu_seconds() - spinner0) / spun
+    node.spinner.check()
     # the log's timestamps are truncated to the millisecond: a decision in the spike's first
     # millisecond may read as before it
     made = node.decisions(w0 - 0.001, w0 + spun)
@@ -313,6 +332,7 @@ def spike(node: Node, cut: float, spin: float) -> dict[str, Any]:
         "given_back_s": back,
         "restored": node.quota(),
         "ls_cores": ls,
+        "spinner_cores": spinner,
         "be_cores": be,
         "other_cores": other,
     }
@@ -408,6 +428,7 @@ def noise(node: Node, minutes: float, seed: int) -> dict[str, Any]:
                 last = q
             time.sleep(SAMPLE)
 
+    node.spinner.check()
     m0, logs0 = metrics(node.plugin), len(node.log_lines())
     ls0, be0, j0 = acct_seconds(node.ls_acct), acct_seconds(node.be_acct), node_jiffies()
     th = threading.Thread(target=sampler, daemon=True)
@@ -425,6 +446,7 @@ def noise(node: Node, minutes: float, seed: int) -> dict[str, Any]:
     elapsed = time.monotonic() - t0
     stop.set()
     th.join()
+    node.spinner.check()
     m1 = metrics(node.plugin)
     changes = [(t - t0, q) for t, q in seen[1:]]  # the first sample is the starting value
     return {
