@@ -780,14 +780,18 @@ class HostQosNode(Node):
         pods = [node.pod_manifest("web", LS, resources=res), node.pod_manifest("batch", BE, command=SPIN_TWO)]
         node.wait_running(node.create_pods(pods), 120)
         listed = {p.metadata.name: p for p in node.core().list_namespaced_pod("default").items}
-        cpu, acct = (harness.CGROUP_FS / c / node.pods_root for c in ("cpu", "cpuacct"))
+        cpu, acct, unified = (harness.CGROUP_FS / c / node.pods_root for c in ("cpu", "cpuacct", "unified"))
         ls = listed["web"]
         cid = ls.status.container_statuses[0].container_id.split("://", 1)[-1]
         ls_dir = f"burstable/pod{ls.metadata.uid}/{cid}"
         self.ls_acct = acct / ls_dir
         self.be_acct = acct / f"besteffort/pod{listed['batch'].metadata.uid}"
         self.be_group = cpu / "besteffort"
-        self.spinner = Spinner([cpu / ls_dir, acct / ls_dir])
+        # as in the standalone mode: the container's v1 cpu and cpuacct groups, and on a hybrid
+        # host its group in the unified hierarchy too (the kubelet's cgroupfs driver and runc
+        # put it at the same path there), where the kernel keeps the PSI the agent reads for LS
+        groups = [cpu / ls_dir, acct / ls_dir, unified / ls_dir]
+        self.spinner = Spinner([g for g in groups if g.is_dir()])
         self.plugin: Any = None
 
     def log_lines(self) -> list[str]:
