@@ -16,7 +16,9 @@ the default itself does to LS).
   ``--spike-seconds`` and is stopped; the next spike waits for its slot (``--interval``, 31 s)
   and for BE's limit to be given back. The slot is chosen for the embedded default: a raise
   after a cut waits ``raiseDelay`` (2 s) doubled for each such raise in the last minute, so with
-  one spike every ~31 s a raise waits about 4 s;
+  one spike every ~31 s a raise waits about 4 s. Around each spike the spinner is checked to
+  be alive and still in its groups (a SIGCONT to a dead, unreaped child succeeds silently: the
+  run stops instead), and a spike is measurable only if the spinner itself ran (``SPUN``);
 - BE-limit writes under a stationary noisy LS load: the same spinner continued and stopped in
   random chunks (busy and idle each uniform in 100-300 ms, seeded: a 50 % duty cycle on
   average, 25-75 % chunk by chunk) for ``--noise-minutes``; changes counted by the agent
@@ -71,6 +73,7 @@ SPIN_TWO = ["/bin/sh", "-c", "yes >/dev/null & yes >/dev/null"]
 POLL = 0.005  # seconds between reads of the quota file and the counters during a spike
 SAMPLE = 0.05  # seconds between timeline / noise samples
 WINDOW = 0.1  # seconds: BE's "measured usage" is over trailing windows this long (one CFS period)
+SPUN = 0.5  # cores: a spike counts only if the spinner itself ran at least this much (one thread: ~1)
 METRIC = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$")
 
 
@@ -355,7 +358,8 @@ def spikes(node: Node, n: int, interval: float, cut: float, spin: float, plot: P
             time.sleep(2.0)
         r = spike(node, cut, spin)
         r["waited_for_limit_s"] = waited
-        r["valid"] = waited is not None and r["before"] > cut + 0.1
+        # measurable: from a limit given back, and with the load there (the spinner ran)
+        r["valid"] = waited is not None and r["before"] > cut + 0.1 and r["spinner_cores"] >= SPUN
         if timeline is not None:
             time.sleep(3.0)
             timeline.done.set()
