@@ -167,12 +167,16 @@ class Spinner:
     def __init__(self, cgroups: list[Path]) -> None:
         self.cgroups = cgroups
         self.proc = subprocess.Popen(["/bin/sh", "-c", "kill -STOP $$; exec yes >/dev/null"])
-        self._wait_state("T")
-        for g in cgroups:
-            (g / "cgroup.procs").write_text(str(self.proc.pid))
-        self.go()
-        time.sleep(0.05)
-        self.stop()
+        try:
+            self._wait_state("T")
+            for g in cgroups:
+                (g / "cgroup.procs").write_text(str(self.proc.pid))
+            self.go()
+            time.sleep(0.05)
+            self.stop()
+        except BaseException:
+            self.kill()  # not left stopped (or spinning) behind a failed set-up
+            raise
 
     def _wait_state(self, want: str) -> None:
         deadline = time.monotonic() + 5

@@ -40,3 +40,18 @@ def test_the_spinner_check_fails_once_it_is_dead_or_out_of_its_groups(tmp_path: 
             spinner.check()
     finally:
         spinner.kill()
+
+
+def test_a_spinner_that_cannot_join_its_groups_is_not_left_behind(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        qos.Spinner([tmp_path / "gone"])
+    # its child was killed and reaped: no stopped `sh` or `yes` of ours is left
+    mine = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _parent(p) == os.getpid()]
+    assert mine == []
+
+
+def _parent(proc: Path) -> int | None:
+    try:
+        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
