@@ -973,8 +973,10 @@ requesting one core, a BE pod spinning two threads. {r["rounds"]} rounds; in eac
 koordlet run alone one after the other (first in the round alternating), each started with
 BE's quota reset to none (the kubelet's), its first limit awaited, settled {args.settle:g} s, then
 the same functions as the section above: {args.spikes} spikes (a `yes` continued inside the LS
-container's cgroups for {args.spike_seconds:g} s, one every {args.interval:g} s at the earliest and only
-once BE's quota is given back), BE's quota read from the kubelet's
+container's cgroups, its v1 cpu and cpuacct groups and its group in the unified hierarchy, where
+the kernel keeps the PSI nriplugin reads, for {args.spike_seconds:g} s, one every {args.interval:g} s at
+the earliest and only once BE's quota is given back; measurable only if the `yes` itself ran
+{SPUN:g} cores or more), BE's quota read from the kubelet's
 `kubepods/besteffort/cpu.cfs_quota_us` every ~5 ms; then {args.noise_minutes:g} min of the noisy
 LS load (busy and idle chunks uniform in 100-300 ms, seed {args.seed}).
 
