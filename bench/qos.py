@@ -190,8 +190,10 @@ class Spinner:
     def check(self) -> None:
         """Raise unless the spinner is alive and still in every group it joined: a signal to a
         dead child (a zombie) succeeds silently, and a spike without its load measures nothing."""
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"the LS spinner {self.proc.pid} exited: {self.proc.returncode}")
+        rc = self.proc.poll()
+        if rc is not None:
+            how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit status {rc}"
+            raise RuntimeError(f"the LS spinner {self.proc.pid} exited: {rc} ({how})")
         left = [str(g) for g in self.cgroups if str(self.proc.pid) not in (g / "cgroup.procs").read_text().split()]
         if left:
             raise RuntimeError(f"the LS spinner {self.proc.pid} is no longer in {', '.join(left)}")

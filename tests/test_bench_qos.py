@@ -36,7 +36,7 @@ def test_the_spinner_check_fails_once_it_is_dead_or_out_of_its_groups(tmp_path: 
         os.kill(spinner.proc.pid, signal.SIGKILL)
         spinner._wait_state("Z")  # dead, not yet reaped
         spinner.go()  # no error: the reason for the check
-        with pytest.raises(RuntimeError, match="exited: -9"):
+        with pytest.raises(RuntimeError, match=r"exited: -9 \(killed by SIGKILL\)"):
             spinner.check()
     finally:
         spinner.kill()
