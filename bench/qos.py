@@ -16,7 +16,9 @@ the default itself does to LS).
   ``--spike-seconds`` and is stopped; the next spike waits for its slot (``--interval``, 31 s)
   and for BE's limit to be given back. The slot is chosen for the embedded default: a raise
   after a cut waits ``raiseDelay`` (2 s) doubled for each such raise in the last minute, so with
-  one spike every ~31 s a raise waits about 4 s;
+  one spike every ~31 s a raise waits about 4 s. Around each spike the spinner is checked to
+  be alive and still in its groups (a SIGCONT to a dead, unreaped child succeeds silently: the
+  run stops instead), and a spike is measurable only if the spinner itself ran (``SPUN``);
 - BE-limit writes under a stationary noisy LS load: the same spinner continued and stopped in
   random chunks (busy and idle each uniform in 100-300 ms, seeded: a 50 % duty cycle on
   average, 25-75 % chunk by chunk) for ``--noise-minutes``; changes counted by the agent
@@ -71,6 +73,7 @@ SPIN_TWO = ["/bin/sh", "-c", "yes >/dev/null & yes >/dev/null"]
 POLL = 0.005  # seconds between reads of the quota file and the counters during a spike
 SAMPLE = 0.05  # seconds between timeline / noise samples
 WINDOW = 0.1  # seconds: BE's "measured usage" is over trailing windows this long (one CFS period)
+SPUN = 0.5  # cores: a spike counts only if the spinner itself ran at least this much (one thread: ~1)
 METRIC = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$")
 
 
@@ -162,13 +165,18 @@ class Spinner:
     stopped, so it never spins outside LS, and continued once at set-up so the exec is done."""
 
     def __init__(self, cgroups: list[Path]) -> None:
+        self.cgroups = cgroups
         self.proc = subprocess.Popen(["/bin/sh", "-c", "kill -STOP $$; exec yes >/dev/null"])
-        self._wait_state("T")
-        for g in cgroups:
-            (g / "cgroup.procs").write_text(str(self.proc.pid))
-        self.go()
-        time.sleep(0.05)
-        self.stop()
+        try:
+            self._wait_state("T")
+            for g in cgroups:
+                (g / "cgroup.procs").write_text(str(self.proc.pid))
+            self.go()
+            time.sleep(0.05)
+            self.stop()
+        except BaseException:
+            self.kill()  # not left stopped (or spinning) behind a failed set-up
+            raise
 
     def _wait_state(self, want: str) -> None:
         deadline = time.monotonic() + 5
@@ -178,6 +186,22 @@ class Spinner:
                 return
             time.sleep(0.001)
         raise TimeoutError(f"spinner {self.proc.pid} not in state {want}")
+
+    def check(self) -> None:
+        """Raise unless the spinner is alive and still in every group it joined: a signal to a
+        dead child (a zombie) succeeds silently, and a spike without its load measures nothing."""
+        rc = self.proc.poll()
+        if rc is not None:
+            how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit status {rc}"
+            raise RuntimeError(f"the LS spinner {self.proc.pid} exited: {rc} ({how})")
+        left = [str(g) for g in self.cgroups if str(self.proc.pid) not in (g / "cgroup.procs").read_text().split()]
+        if left:
+            raise RuntimeError(f"the LS spinner {self.proc.pid} is no longer in {', '.join(left)}")
+
+    def cpu_seconds(self) -> float:
+        """The spinner's own CPU time (utime + stime)."""
+        f = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
     def go(self) -> None:
         os.kill(self.proc.pid, signal.SIGCONT)
@@ -269,6 +293,8 @@ def spike(node: Node, cut: float, spin: float) -> dict[str, Any]:
     before = node.quota()
     samples: list[tuple[float, float, float]] = []  # t since the spike, BE cpu seconds, quota
     j0, ls0, be0 = node_jiffies(), acct_seconds(node.ls_acct), acct_seconds(node.be_acct)
+    node.spinner.check()
+    spinner0 = node.spinner.cpu_seconds()
     w0 = time.time()  # the log's clock (its timestamps are wall-clock, to the millisecond)
     t0 = time.monotonic()
     node.spinner.go()
@@ -294,6 +320,8 @@ def spike(node: Node, cut: float, spin: float) -> dict[str, Any]:
     after = node.quota()
     node.spinner.stop()
     spun = time.monotonic() - t0
+    spinner = (node.spinner.cpu_seconds() - spinner0) / spun
+    node.spinner.check()
     # the log's timestamps are truncated to the millisecond: a decision in the spike's first
     # millisecond may read as before it
     made = node.decisions(w0 - 0.001, w0 + spun)
@@ -313,6 +341,7 @@ def spike(node: Node, cut: float, spin: float) -> dict[str, Any]:
         "given_back_s": back,
         "restored": node.quota(),
         "ls_cores": ls,
+        "spinner_cores": spinner,
         "be_cores": be,
         "other_cores": other,
     }
@@ -335,7 +364,8 @@ def spikes(node: Node, n: int, interval: float, cut: float, spin: float, plot: P
             time.sleep(2.0)
         r = spike(node, cut, spin)
         r["waited_for_limit_s"] = waited
-        r["valid"] = waited is not None and r["before"] > cut + 0.1
+        # measurable: from a limit given back, and with the load there (the spinner ran)
+        r["valid"] = waited is not None and r["before"] > cut + 0.1 and r["spinner_cores"] >= SPUN
         if timeline is not None:
             time.sleep(3.0)
             timeline.done.set()
@@ -408,6 +438,7 @@ def noise(node: Node, minutes: float, seed: int) -> dict[str, Any]:
                 last = q
             time.sleep(SAMPLE)
 
+    node.spinner.check()
     m0, logs0 = metrics(node.plugin), len(node.log_lines())
     ls0, be0, j0 = acct_seconds(node.ls_acct), acct_seconds(node.be_acct), node_jiffies()
     th = threading.Thread(target=sampler, daemon=True)
@@ -425,6 +456,7 @@ def noise(node: Node, minutes: float, seed: int) -> dict[str, Any]:
     elapsed = time.monotonic() - t0
     stop.set()
     th.join()
+    node.spinner.check()
     m1 = metrics(node.plugin)
     changes = [(t - t0, q) for t, q in seen[1:]]  # the first sample is the starting value
     return {
@@ -758,14 +790,18 @@ class HostQosNode(Node):
         pods = [node.pod_manifest("web", LS, resources=res), node.pod_manifest("batch", BE, command=SPIN_TWO)]
         node.wait_running(node.create_pods(pods), 120)
         listed = {p.metadata.name: p for p in node.core().list_namespaced_pod("default").items}
-        cpu, acct = (harness.CGROUP_FS / c / node.pods_root for c in ("cpu", "cpuacct"))
+        cpu, acct, unified = (harness.CGROUP_FS / c / node.pods_root for c in ("cpu", "cpuacct", "unified"))
         ls = listed["web"]
         cid = ls.status.container_statuses[0].container_id.split("://", 1)[-1]
         ls_dir = f"burstable/pod{ls.metadata.uid}/{cid}"
         self.ls_acct = acct / ls_dir
         self.be_acct = acct / f"besteffort/pod{listed['batch'].metadata.uid}"
         self.be_group = cpu / "besteffort"
-        self.spinner = Spinner([cpu / ls_dir, acct / ls_dir])
+        # as in the standalone mode: the container's v1 cpu and cpuacct groups, and on a hybrid
+        # host its group in the unified hierarchy too (the kubelet's cgroupfs driver and runc
+        # put it at the same path there), where the kernel keeps the PSI the agent reads for LS
+        groups = [cpu / ls_dir, acct / ls_dir, unified / ls_dir]
+        self.spinner = Spinner([g for g in groups if g.is_dir()])
         self.plugin: Any = None
 
     def log_lines(self) -> list[str]:
@@ -939,8 +975,10 @@ requesting one core, a BE pod spinning two threads. {r["rounds"]} rounds; in eac
 koordlet run alone one after the other (first in the round alternating), each started with
 BE's quota reset to none (the kubelet's), its first limit awaited, settled {args.settle:g} s, then
 the same functions as the section above: {args.spikes} spikes (a `yes` continued inside the LS
-container's cgroups for {args.spike_seconds:g} s, one every {args.interval:g} s at the earliest and only
-once BE's quota is given back), BE's quota read from the kubelet's
+container's cgroups, its v1 cpu and cpuacct groups and its group in the unified hierarchy, where
+the kernel keeps the PSI nriplugin reads, for {args.spike_seconds:g} s, one every {args.interval:g} s at
+the earliest and only once BE's quota is given back; measurable only if the `yes` itself ran
+{SPUN:g} cores or more), BE's quota read from the kubelet's
 `kubepods/besteffort/cpu.cfs_quota_us` every ~5 ms; then {args.noise_minutes:g} min of the noisy
 LS load (busy and idle chunks uniform in 100-300 ms, seed {args.seed}).
 
