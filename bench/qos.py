@@ -718,10 +718,11 @@ pods from `/proc/stat` over a second) and, while a rise is followed, the time LS
 task waiting for a CPU (their PSI `some`, here from the unified hierarchy beside v1); a rise is
 followed with a sample 30 ms after the one that first showed it and then every 20 ms, each
 measuring it from that first sample, so the cut is decided by the first sample whose interval
-lies inside the spike, and refined (by 0.02 cores or more) as that measure sharpens. Where
-the first of them cuts short of the 0.8 line, it read what LS needed 0.07-0.10 cores short
-(0.95-0.96 against the 1.03-1.06 the refinements settle at, 20-40 ms later): over 30 ms,
-the cgroup counter's lag of up to a scheduler tick (4 ms here) is that much. The rows "the
+lies inside the spike, and refined (by 0.02 cores or more) as that measure sharpens. The
+samples are timed just past the scheduler's tick and measured between ticks (28 and 20 ms
+here), where every other CPU's counter is current: before that (`bac7621`) the first
+measuring sample read what LS needed 0.07-0.10 cores short in 4 of 12 spikes (a tick of the
+cgroup counter's lag over 30 ms) and a refinement 20-40 ms later made the cut. The rows "the
 agent's first decision" and "the decision that cuts" are the log's timestamps of those
 decisions (each made in the fast sample that showed the change, to the millisecond); "the
 write" is from that decision to the quota file showing it. The figures move with whatever
