@@ -17,7 +17,7 @@ from nriplugin.node.assembly import Node
 from nriplugin.policy.cache import RuleCache
 from nriplugin.policy.model import Policy
 from nriplugin.policy.qos import QoSClass
-from nriplugin.qos.collect import ContainerUsage
+from nriplugin.qos.collect import ContainerUsage, summed
 from nriplugin.qos.cpu_suppress import IDLE
 from nriplugin.qos.manager import BURST, SUPPRESS, QoSManager
 from nriplugin.qos.sample import ClassUsage, FastSample, NodeSample
@@ -80,19 +80,8 @@ class Script:
     def fast(self, sums: Sequence[Sequence[str]] = ()) -> FastSample:
         interval = 0.1 if self.fast_t is None else self.t - self.fast_t
         self.fast_t = self.t
-        seconds = tuple(self.sum(groups) for groups in sums)
+        seconds = tuple(summed(self.group_cpu_seconds, groups) for groups in sums)
         return FastSample(t=self.t, interval=interval, cpu_busy_cores=self.ls + self.be, seconds=seconds)
-
-    def sum(self, groups: Sequence[str]) -> float | None:
-        if not groups:
-            return None
-        total = 0.0
-        for g in groups:
-            v = self.group_cpu_seconds(g)
-            if v is None:
-                return None
-            total += v
-        return total
 
     def wake(self, wait: float) -> float:
         return wait

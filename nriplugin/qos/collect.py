@@ -302,6 +302,20 @@ def _run(steps: Generator[None, None, NodeSample]) -> NodeSample:
             return done.value  # type: ignore[no-any-return]
 
 
+def summed(read: Callable[[str], float | None], groups: Sequence[str]) -> float | None:
+    """The CPU ``groups`` used so far, together, each as ``read`` gives it (None: none, or one
+    unreadable)."""
+    if not groups:
+        return None
+    total = 0.0
+    for g in groups:
+        v = read(g)
+        if v is None:
+            return None
+        total += v
+    return total
+
+
 class Collector:
     """Measures the node and the QoS classes of the containers ``model`` knows.
 
@@ -670,16 +684,7 @@ class Collector:
         return FastSample(t, interval, busy, delta, seconds)
 
     def _sum(self, groups: Sequence[str]) -> float | None:
-        """The CPU ``groups`` used so far, together (None: none, or one unreadable)."""
-        if not groups:
-            return None
-        total = 0.0
-        for g in groups:
-            v = self.group_cpu_seconds(g)
-            if v is None:
-                return None
-            total += v
-        return total
+        return summed(self.group_cpu_seconds, groups)
 
     def wake(self, wait: float) -> float:
         """Seconds until the next fast sample, ``wait`` after the last: past the tick at or
