@@ -993,7 +993,9 @@ collectors' last 1-second samples, skipping changes under 1 % of the node and ra
 most 10 % of the node per second; **nriplugin** (`nriplugin run --cluster on`, the embedded
 default policy plus the section above's one change, `quotaFrom: LOW`, in a policy file under
 the NodeSLO) takes the lower of its level budget and the same usage formula, in 1 s rounds plus
-its 50 ms fast path, raising after a cut only after `raiseDelay`.
+its fast path (a sample every 30 ms while BE runs, timed to the scheduler's tick; a rise measured
+28 ms after the sample that shows it, counting LS's PSI waits), raising after a cut only after
+`raiseDelay`, doubled for each raise in the last minute.
 
 | figure | nriplugin | koordlet | koordlet / nriplugin |
 |---|---|---|---|
